@@ -1,0 +1,56 @@
+//! The one error type of the core. Variants are named for what the caller can do about them;
+//! context lives in fields so bindings can map each variant to a fitting exception.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value (or argument) is invalid; `key` names the field.
+    #[error("invalid value for '{key}': {reason}")]
+    Config { key: String, reason: String },
+
+    /// A sample's file does not exist.
+    #[error("sample {sample} ({path}) not found")]
+    NotFound { sample: u64, path: PathBuf },
+
+    /// Reading or writing a file failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The dataset differs from its index (a file changed size, appeared or vanished).
+    #[error("dataset changed after indexing: {path}: {reason}; delete the index ({index}) or let it rebuild")]
+    Changed { path: PathBuf, index: PathBuf, reason: String },
+
+    /// An index file belongs to another dataset or is damaged.
+    #[error("index {index} {reason}")]
+    BadIndex { index: PathBuf, reason: String },
+
+    /// A sample does not fit a buffer or storage class.
+    #[error("sample {sample} ({path}) is {size} bytes, larger than {what} ({capacity} bytes)")]
+    TooLarge { sample: u64, path: String, size: u64, what: String, capacity: u64 },
+
+    /// Consumption went past what the schedule holds.
+    #[error("{0}")]
+    Exhausted(String),
+
+    /// The job was shut down while waiting.
+    #[error("the job was shut down")]
+    Cancelled,
+}
+
+impl Error {
+    pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Config { key: key.into(), reason: reason.into() }
+    }
+
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}

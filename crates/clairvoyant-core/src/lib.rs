@@ -1,0 +1,7 @@
+//! clairvoyant core: access streams, placement, performance model, sources, node-shared tiers
+//! and the prefetching engine. No Python here; bindings live in `clairvoyant-py`.
+
+pub mod error;
+pub mod schedule;
+
+pub use error::{Error, Result};
