@@ -2,6 +2,8 @@
 //! and the prefetching engine. No Python here; bindings live in `clairvoyant-py`.
 
 pub mod error;
+pub mod model;
 pub mod schedule;
+pub mod source;
 
 pub use error::{Error, Result};

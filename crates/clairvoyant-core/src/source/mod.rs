@@ -1,0 +1,44 @@
+//! Sources: where the dataset lives. One small trait, one file per backend; wrappers such as
+//! the emulated shared file system compose around any source.
+
+use std::path::PathBuf;
+
+use crate::error::Result;
+
+pub mod dir;
+pub mod emulated;
+pub mod index;
+pub mod list;
+
+// pub use dir::image_folder;
+// pub use emulated::{EmulatedFs, EmulatedSpec, Throttled};
+// pub use index::{Index, IndexEntry};
+// pub use list::file_list;
+
+/// A dataset of `len()` samples with known sizes and integer labels.
+pub trait Source: Send + Sync {
+    /// Number of samples.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Size in bytes of `sample`, as indexed.
+    fn size(&self, sample: u32) -> u64;
+    /// Integer label of `sample`.
+    fn label(&self, sample: u32) -> i64;
+    /// Where `sample` lives (named in every error about it).
+    fn path(&self, sample: u32) -> PathBuf;
+    /// Read the whole of `sample` into `buf`, whose length is `size(sample)`. A missing file is
+    /// `Error::NotFound`; a file whose size differs from the index is `Error::Changed`.
+    fn read_into(&self, sample: u32, buf: &mut [u8]) -> Result<()>;
+    /// Identifies the dataset and its index contents: equal fingerprints mean equal samples.
+    fn fingerprint(&self) -> u64;
+    /// Largest sample, as (sample, size); None when empty.
+    fn largest(&self) -> Option<(u32, u64)> {
+        (0..self.len() as u32).map(|k| (k, self.size(k))).max_by_key(|&(k, s)| (s, std::cmp::Reverse(k)))
+    }
+    /// Sum of all sample sizes.
+    fn total_bytes(&self) -> u64 {
+        (0..self.len() as u32).map(|k| self.size(k)).sum()
+    }
+}
