@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod model;
+pub mod plan;
 pub mod schedule;
 pub mod source;
 
