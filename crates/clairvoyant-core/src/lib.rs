@@ -1,10 +1,12 @@
 //! clairvoyant core: access streams, placement, performance model, sources, node-shared tiers
 //! and the prefetching engine. No Python here; bindings live in `clairvoyant-py`.
 
+pub mod engine;
 pub mod error;
 pub mod model;
 pub mod plan;
 pub mod schedule;
 pub mod source;
+pub mod tier;
 
 pub use error::{Error, Result};

@@ -1,0 +1,286 @@
+//! Node-shared tiers: one cache per machine, mapped by every local rank. A state word per sample
+//! lives in a shared-memory segment; the memory class is a second segment laid out statically by
+//! the placement (a sample's offset is known before it is fetched); a directory class keeps one
+//! file per sample. Local ranks claim, fill and read samples through these words, so a sample is
+//! cached once per node and read from the dataset's storage once.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use memmap2::MmapRaw;
+
+use crate::error::{Error, Result};
+
+pub mod futex;
+
+/// State of a sample in its class.
+pub const EMPTY: u32 = 0;
+pub const FILLING: u32 = 1;
+pub const READY: u32 = 2;
+pub const FAILED: u32 = 3;
+
+const MAGIC: u64 = 0x4356_4e4f_4445_0001; // "CVNODE" v1
+const HEADER_WORDS: usize = 8; // magic, attached, initialised, samples, pad...
+
+/// What a class can be asked to do with a sample.
+#[derive(Clone, Debug)]
+pub enum ClassStore {
+    /// Bytes at a static offset in the shared memory arena.
+    Memory,
+    /// One file per sample in a node-local directory.
+    Directory(PathBuf),
+}
+
+/// The node cache: shared state words, the memory arena and directory classes.
+pub struct NodeCache {
+    state_path: PathBuf,
+    state: MmapRaw,
+    samples: usize,
+    arena_path: Option<PathBuf>,
+    arena: Option<MmapRaw>,
+    arena_len: u64,
+    dirs: Vec<PathBuf>,
+    detached: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: the mappings are only accessed through atomics (state words) or at disjoint, claimed
+// byte ranges of the arena (a range is written only by the claimant of its sample and read only
+// after the READY state is published with Release ordering).
+unsafe impl Send for NodeCache {}
+unsafe impl Sync for NodeCache {}
+
+fn shm_dir() -> PathBuf {
+    let dev_shm = Path::new("/dev/shm");
+    if dev_shm.is_dir() {
+        dev_shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+fn open_shared(path: &Path, len: u64) -> Result<(File, MmapRaw)> {
+    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(|e| Error::io(path, e))?;
+    // Every local rank asks for the same length; set_len on an already-sized file is a no-op and
+    // new pages read as zero (= EMPTY).
+    let cur = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if cur < len {
+        file.set_len(len).map_err(|e| Error::io(path, e))?;
+    }
+    let map = MmapRaw::map_raw(&file).map_err(|e| Error::io(path, e))?;
+    Ok((file, map))
+}
+
+impl NodeCache {
+    /// Attach to (or create) the node cache named `key`. `arena_len` is the memory class's used
+    /// bytes (0 for none); `dirs` are the directory classes' base paths (each gets a `key`
+    /// subdirectory).
+    pub fn attach(key: &str, samples: usize, arena_len: u64, dirs: &[PathBuf]) -> Result<NodeCache> {
+        let base = shm_dir();
+        let state_path = base.join(format!("clairvoyant-{key}.state"));
+        let state_len = ((HEADER_WORDS + samples) * 4) as u64;
+        let (_f, state) = open_shared(&state_path, state_len)?;
+        let (arena_path, arena) = if arena_len > 0 {
+            let p = base.join(format!("clairvoyant-{key}.mem"));
+            let (_f, m) = open_shared(&p, arena_len)?;
+            (Some(p), Some(m))
+        } else {
+            (None, None)
+        };
+        let mut class_dirs = Vec::new();
+        for d in dirs {
+            let dir = d.join(format!("clairvoyant-{key}"));
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            class_dirs.push(dir);
+        }
+        let cache = NodeCache {
+            state_path,
+            state,
+            samples,
+            arena_path,
+            arena,
+            arena_len,
+            dirs: class_dirs,
+            detached: false.into(),
+        };
+        let magic = cache.header(0);
+        let _ = magic.compare_exchange(0, MAGIC as u32, Ordering::AcqRel, Ordering::Acquire);
+        if magic.load(Ordering::Acquire) != MAGIC as u32 {
+            return Err(Error::BadIndex { index: cache.state_path.clone(), reason: "is not a clairvoyant node cache".into() });
+        }
+        cache.header(1).fetch_add(1, Ordering::AcqRel);
+        Ok(cache)
+    }
+
+    fn header(&self, i: usize) -> &AtomicU32 {
+        self.word(i)
+    }
+
+    fn word(&self, i: usize) -> &AtomicU32 {
+        assert!(i < HEADER_WORDS + self.samples);
+        // SAFETY: the mapping is at least (HEADER_WORDS + samples) * 4 bytes, page aligned, and
+        // lives as long as self; AtomicU32 has the alignment and size of u32.
+        unsafe { &*(self.state.as_mut_ptr().add(i * 4) as *const AtomicU32) }
+    }
+
+    /// The state word of `sample`.
+    pub fn state(&self, sample: u32) -> &AtomicU32 {
+        self.word(HEADER_WORDS + sample as usize)
+    }
+
+    /// Try to claim `sample` for filling (EMPTY -> FILLING).
+    pub fn claim(&self, sample: u32) -> bool {
+        self.state(sample).compare_exchange(EMPTY, FILLING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Publish the outcome of a fill and wake waiters (in any local process).
+    pub fn publish(&self, sample: u32, ok: bool) {
+        let w = self.state(sample);
+        w.store(if ok { READY } else { FAILED }, Ordering::Release);
+        futex::wake_all(w);
+    }
+
+    /// Give a claimed sample back (e.g. the fill was cancelled) so another rank may fill it.
+    pub fn unclaim(&self, sample: u32) {
+        let w = self.state(sample);
+        w.store(EMPTY, Ordering::Release);
+        futex::wake_all(w);
+    }
+
+    /// Wait up to `timeout` while `sample` is being filled elsewhere; returns the state seen last.
+    pub fn wait_filled(&self, sample: u32, timeout: Duration) -> u32 {
+        let w = self.state(sample);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let s = w.load(Ordering::Acquire);
+            if s != FILLING {
+                return s;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return s;
+            }
+            futex::wait(w, FILLING, deadline - now);
+        }
+    }
+
+    pub fn is_ready(&self, sample: u32) -> bool {
+        self.state(sample).load(Ordering::Acquire) == READY
+    }
+
+    /// The arena bytes at `offset..offset+len` as a raw pointer (memory class).
+    pub fn arena_ptr(&self, offset: u64, len: u64) -> *mut u8 {
+        let arena = self.arena.as_ref().expect("memory class not configured");
+        assert!(offset + len <= self.arena_len, "arena range out of bounds");
+        // SAFETY: bounds checked above; the mapping lives as long as self.
+        unsafe { arena.as_mut_ptr().add(offset as usize) }
+    }
+
+    /// Path of `sample`'s file in directory class `dir` (index among the directory classes).
+    pub fn file_path(&self, dir: usize, sample: u32) -> PathBuf {
+        self.dirs[dir].join(format!("{sample}"))
+    }
+
+    /// Write `bytes` as `sample`'s file in directory class `dir`, atomically (tmp + rename).
+    pub fn write_file(&self, dir: usize, sample: u32, bytes: &[u8]) -> Result<()> {
+        let path = self.file_path(dir, sample);
+        let tmp = self.dirs[dir].join(format!(".{sample}.{}.tmp", std::process::id()));
+        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
+    }
+
+    /// Read `sample`'s file in directory class `dir` into `buf`.
+    pub fn read_file(&self, dir: usize, sample: u32, buf: &mut [u8]) -> Result<()> {
+        use std::io::Read;
+        let path = self.file_path(dir, sample);
+        let mut f = File::open(&path).map_err(|e| Error::io(&path, e))?;
+        f.read_exact(buf).map_err(|e| Error::io(&path, e))
+    }
+
+    /// Detach; the last local process to detach removes the segments and directories.
+    pub fn detach(&self) {
+        if self.detached.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if self.header(1).fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _ = std::fs::remove_file(&self.state_path);
+            if let Some(p) = &self.arena_path {
+                let _ = std::fs::remove_file(p);
+            }
+            for d in &self.dirs {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
+}
+
+impl Drop for NodeCache {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// A process-wide counter, handy for statistics shared by threads.
+#[derive(Default, Debug)]
+pub struct Counter {
+    pub samples: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+impl Counter {
+    pub fn add(&self, bytes: u64) {
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_fill_publish_shared_between_handles() {
+        let key = format!("test-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
+        let dir = tempfile::tempdir().unwrap();
+        let a = NodeCache::attach(&key, 10, 100, &[dir.path().to_path_buf()]).unwrap();
+        let b = NodeCache::attach(&key, 10, 100, &[dir.path().to_path_buf()]).unwrap();
+        assert!(a.claim(3));
+        assert!(!b.claim(3));
+        // SAFETY: 3..13 lies inside the 100-byte arena, claimed by `a`.
+        unsafe { std::ptr::copy_nonoverlapping(b"helloworld".as_ptr(), a.arena_ptr(3, 10), 10) };
+        let t = std::thread::spawn({
+            let key = key.clone();
+            let d = dir.path().to_path_buf();
+            move || {
+                let c = NodeCache::attach(&key, 10, 100, &[d]).unwrap();
+                c.wait_filled(3, Duration::from_secs(5))
+            }
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        a.publish(3, true);
+        assert_eq!(t.join().unwrap(), READY);
+        // SAFETY: published READY above.
+        let got = unsafe { std::slice::from_raw_parts(b.arena_ptr(3, 10), 10) };
+        assert_eq!(got, b"helloworld");
+        b.write_file(0, 7, b"xyz").unwrap();
+        let mut buf = [0u8; 3];
+        a.read_file(0, 7, &mut buf).unwrap();
+        assert_eq!(&buf, b"xyz");
+        let state = a.state_path.clone();
+        drop(a);
+        assert!(state.exists());
+        drop(b);
+        assert!(!state.exists(), "last detach removes the segment");
+    }
+
+    #[test]
+    fn wait_times_out_instead_of_hanging() {
+        let key = format!("test-timeout-{}", std::process::id());
+        let a = NodeCache::attach(&key, 4, 0, &[]).unwrap();
+        assert!(a.claim(1));
+        let t0 = std::time::Instant::now();
+        assert_eq!(a.wait_filled(1, Duration::from_millis(50)), FILLING);
+        assert!(t0.elapsed() >= Duration::from_millis(45));
+    }
+}

@@ -1,0 +1,285 @@
+//! End-to-end tests of the engine on an in-memory source: order, exactly-once, node sharing,
+//! capacity bounds, errors at the right sample, no hangs.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clairvoyant_core::engine::{Engine, JobSpec, Src};
+use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
+use clairvoyant_core::schedule::Schedule;
+use clairvoyant_core::source::Source;
+use clairvoyant_core::{Error, Result};
+
+/// Deterministic bytes for sample k, of varying sizes; counts reads per sample.
+struct MemSource {
+    sizes: Vec<u64>,
+    reads: Vec<AtomicU64>,
+    missing: Mutex<Vec<u32>>,
+    delay: Duration,
+    fingerprint: u64,
+}
+
+impl MemSource {
+    fn new(n: usize, delay: Duration) -> Arc<MemSource> {
+        Arc::new(MemSource {
+            sizes: (0..n as u64).map(|k| 100 + (k * 37) % 900).collect(),
+            reads: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            missing: Mutex::new(vec![]),
+            delay,
+            fingerprint: rand_fingerprint(),
+        })
+    }
+    fn byte(k: u32, i: usize) -> u8 {
+        (k as usize * 31 + i) as u8
+    }
+    fn total_reads(&self) -> u64 {
+        self.reads.iter().map(|r| r.load(Ordering::Relaxed)).sum()
+    }
+}
+
+fn rand_fingerprint() -> u64 {
+    use std::time::SystemTime;
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 ^ std::process::id() as u64
+}
+
+impl Source for MemSource {
+    fn len(&self) -> usize {
+        self.sizes.len()
+    }
+    fn size(&self, k: u32) -> u64 {
+        self.sizes[k as usize]
+    }
+    fn label(&self, k: u32) -> i64 {
+        (k % 7) as i64
+    }
+    fn path(&self, k: u32) -> PathBuf {
+        PathBuf::from(format!("mem/{k}"))
+    }
+    fn read_into(&self, k: u32, buf: &mut [u8]) -> Result<()> {
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        if self.missing.lock().unwrap().contains(&k) {
+            return Err(Error::NotFound { sample: k as u64, path: self.path(k) });
+        }
+        self.reads[k as usize].fetch_add(1, Ordering::Relaxed);
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = Self::byte(k, i);
+        }
+        Ok(())
+    }
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+}
+
+fn model(staging: u64, memory: u64, ssd: Option<(PathBuf, u64)>) -> SystemModel {
+    let mut classes = vec![ClassSpec {
+        name: "memory".into(),
+        kind: ClassKind::Memory,
+        capacity: memory,
+        threads: 2,
+        read_mbps: Curve::constant(10_000.0),
+        write_mbps: Curve::constant(10_000.0),
+    }];
+    if let Some((path, cap)) = ssd {
+        classes.push(ClassSpec {
+            name: "ssd".into(),
+            kind: ClassKind::Directory { path },
+            capacity: cap,
+            threads: 1,
+            read_mbps: Curve::constant(2_000.0),
+            write_mbps: Curve::constant(1_000.0),
+        });
+    }
+    SystemModel {
+        staging: StagingSpec { capacity: staging, threads: 3 },
+        pfs: PfsSpec { read_mbps: Curve::constant(100.0), open_latency_s: 0.001 },
+        classes,
+        interconnect_mbps: None,
+        compute_mbps: None,
+        preprocess_mbps: None,
+    }
+}
+
+fn spec(n: u64, world: u32, rank: u32, local: Vec<u32>, epochs: u32, run: &str) -> JobSpec {
+    JobSpec {
+        schedule: Schedule::shuffle(n, world, 4, epochs, 11, false).unwrap(),
+        rank,
+        local_ranks: local,
+        run_id: run.to_string(),
+    }
+}
+
+/// Consume everything; check order and bytes; return the sources seen per epoch.
+fn consume_all(engine: &Engine, sched: &Schedule, rank: u32, hold: bool) -> Vec<Vec<Src>> {
+    let mut out = Vec::new();
+    let mut held = Vec::new();
+    for e in 0..engine.epochs() {
+        engine.begin_epoch(e).unwrap();
+        let expect = sched.rank_epoch(rank, e).unwrap().samples;
+        let mut srcs = Vec::new();
+        for &k in &expect {
+            let l = engine.next(Duration::from_secs(20)).unwrap().expect("sample in time");
+            assert_eq!(l.sample, k);
+            assert_eq!(l.label, (k % 7) as i64);
+            // SAFETY: the lease is valid until released.
+            let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
+            assert_eq!(bytes.len() as u64, 100 + (k as u64 * 37) % 900);
+            assert!(bytes.iter().enumerate().all(|(i, &b)| b == MemSource::byte(k, i)), "bytes of sample {k}");
+            srcs.push(l.source);
+            if hold {
+                held.push(l.pos);
+            } else {
+                engine.release(l.pos);
+            }
+        }
+        out.push(srcs);
+    }
+    assert!(matches!(engine.next(Duration::from_millis(10)), Err(Error::Exhausted(_))));
+    engine.release_many(&held);
+    out
+}
+
+#[test]
+fn one_rank_in_order_and_cached_after_first_epoch() {
+    let src = MemSource::new(300, Duration::ZERO);
+    let m = model(4096, 1 << 20, None);
+    let sp = spec(300, 1, 0, vec![0], 3, "t1");
+    let sched = sp.schedule.clone();
+    let engine = Engine::start(src.clone(), &m, sp).unwrap();
+    let srcs = consume_all(&engine, &sched, 0, false);
+    assert_eq!(src.total_reads(), 300, "the source is read once per sample over the run");
+    assert!(srcs[1].iter().chain(&srcs[2]).all(|&s| s == Src::Memory));
+    let stats = engine.stats();
+    assert_eq!(stats.iter().map(|s| s.samples).sum::<u64>(), 900);
+    assert_eq!(stats.iter().map(|s| s.pfs_files_read).sum::<u64>(), 300);
+    assert_eq!(stats[1].pfs_bytes_read, 0);
+}
+
+#[test]
+fn local_ranks_share_one_node_cache() {
+    let src = MemSource::new(500, Duration::from_micros(200));
+    let m = model(8192, 1 << 20, None);
+    let threads: Vec<_> = (0..2u32)
+        .map(|r| {
+            let (src, m) = (src.clone(), m.clone());
+            std::thread::spawn(move || {
+                let sp = spec(500, 2, r, vec![0, 1], 3, "shared-run");
+                let sched = sp.schedule.clone();
+                let engine = Engine::start(src, &m, sp).unwrap();
+                consume_all(&engine, &sched, r, false);
+                engine.stats()
+            })
+        })
+        .collect();
+    let stats: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // Every sample read from the source exactly once across both ranks and three epochs.
+    assert!(src.reads.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+    let consumed: u64 = stats.iter().flatten().map(|s| s.samples).sum();
+    assert_eq!(consumed, 1500);
+}
+
+#[test]
+fn capacity_bounds_and_ssd_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = MemSource::new(400, Duration::ZERO);
+    let total: u64 = (0..400u32).map(|k| src.size(k)).sum();
+    let m = model(4096, total / 4, Some((dir.path().to_path_buf(), total / 4)));
+    let sp = spec(400, 1, 0, vec![0], 3, "t3");
+    let sched = sp.schedule.clone();
+    let engine = Engine::start(src.clone(), &m, sp).unwrap();
+    let summary = engine.placement_summary().to_vec();
+    assert!(summary[0].2 <= total / 4 && summary[1].2 <= total / 4);
+    assert!(summary[0].2 > 0 && summary[1].2 > 0);
+    let srcs = consume_all(&engine, &sched, 0, false);
+    let later: Vec<Src> = srcs[2].clone();
+    assert!(later.contains(&Src::Ssd) && later.contains(&Src::Memory) && later.contains(&Src::Pfs));
+    // Files on the SSD class never exceed its capacity.
+    let on_disk: u64 = walk_size(dir.path());
+    assert!(on_disk <= total / 4, "{on_disk} > {}", total / 4);
+}
+
+fn walk_size(p: &std::path::Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(p).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            n += walk_size(&e.path());
+        } else {
+            n += e.metadata().unwrap().len();
+        }
+    }
+    n
+}
+
+#[test]
+fn holding_every_sample_does_not_hang() {
+    let src = MemSource::new(200, Duration::ZERO);
+    // Staging fits only a few samples and nothing is cached in memory.
+    let m = model(2048, 0, None);
+    let sp = spec(200, 1, 0, vec![0], 2, "t4");
+    let sched = sp.schedule.clone();
+    let engine = Engine::start(src.clone(), &m, sp).unwrap();
+    consume_all(&engine, &sched, 0, true);
+    assert!(engine.stats()[0].overflow_bytes > 0);
+}
+
+#[test]
+fn missing_sample_fails_at_its_position_and_the_epoch_goes_on() {
+    let src = MemSource::new(100, Duration::ZERO);
+    let sp = spec(100, 1, 0, vec![0], 1, "t5");
+    let order = sp.schedule.rank_epoch(0, 0).unwrap().samples;
+    let bad = order[10];
+    src.missing.lock().unwrap().push(bad);
+    let engine = Engine::start(src.clone(), &model(4096, 1 << 20, None), sp).unwrap();
+    for (i, &k) in order.iter().enumerate() {
+        match engine.next(Duration::from_secs(10)) {
+            Ok(Some(l)) => {
+                assert_ne!(i, 10);
+                assert_eq!(l.sample, k);
+                engine.release(l.pos);
+            }
+            Err(Error::NotFound { sample, path }) => {
+                assert_eq!(i, 10);
+                assert_eq!(sample, bad as u64);
+                assert!(path.to_string_lossy().contains(&bad.to_string()));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn staging_or_class_too_small_names_the_sample() {
+    let src = MemSource::new(50, Duration::ZERO);
+    let largest = (0..50u32).max_by_key(|&k| src.size(k)).unwrap();
+    let err = Engine::start(src.clone(), &model(500, 1 << 20, None), spec(50, 1, 0, vec![0], 1, "t6")).err().unwrap();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::TooLarge { .. }), "{msg}");
+    assert!(msg.contains(&format!("mem/{largest}")) && msg.contains("staging"), "{msg}");
+    let err = Engine::start(src, &model(1 << 20, 500, None), spec(50, 1, 0, vec![0], 1, "t6b")).err().unwrap();
+    assert!(err.to_string().contains("class.memory.capacity"), "{err}");
+}
+
+#[test]
+fn epochs_in_order_and_shutdown_wakes_consumer() {
+    let src = MemSource::new(64, Duration::from_millis(50));
+    let engine = Arc::new(Engine::start(src, &model(4096, 0, None), spec(64, 1, 0, vec![0], 3, "t7")).unwrap());
+    engine.begin_epoch(1).unwrap(); // skips epoch 0
+    assert!(engine.begin_epoch(0).is_err());
+    assert!(engine.begin_epoch(3).is_err());
+    let e2 = engine.clone();
+    let waiter = std::thread::spawn(move || loop {
+        match e2.next(Duration::from_millis(100)) {
+            Ok(Some(l)) => e2.release(l.pos),
+            Ok(None) => {}
+            Err(e) => return e,
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    engine.shutdown();
+    assert!(matches!(waiter.join().unwrap(), Error::Cancelled));
+}
