@@ -1,1 +1,22 @@
-//! placeholder
+//! Thin PyO3 bindings: the private module `clairvoyant._native`. Each file mirrors a core module;
+//! bodies extract arguments, call the core with the GIL released and convert results.
+
+use pyo3::prelude::*;
+
+mod engine;
+mod errors;
+mod model;
+mod schedule;
+mod source;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(schedule::access_stream, m)?)?;
+    m.add_function(wrap_pyfunction!(schedule::access_stream_from_order, m)?)?;
+    m.add_function(wrap_pyfunction!(schedule::plan_report, m)?)?;
+    source::register(m)?;
+    model::register(m)?;
+    engine::register(m)?;
+    Ok(())
+}

@@ -9,6 +9,7 @@ pub mod dir;
 pub mod emulated;
 pub mod index;
 pub mod list;
+pub mod synthetic;
 
 // pub use dir::image_folder;
 // pub use emulated::{EmulatedFs, EmulatedSpec, Throttled};

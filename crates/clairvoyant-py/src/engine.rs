@@ -1,0 +1,208 @@
+//! Bindings of `clairvoyant_core::engine`: samples reach Python as read-only numpy views of the
+//! staging ring or of the node's shared memory, kept valid by a lease object that releases the
+//! staging space when the last view of it is gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clairvoyant_core::engine::{Engine, JobSpec, Lease, SOURCE_NAMES};
+use clairvoyant_core::model::SystemModel;
+use clairvoyant_core::schedule::Schedule;
+use numpy::ndarray::ArrayView1;
+use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{to_py, IntoPy};
+use crate::source::PySource;
+
+/// Keeps staged samples alive; releases them when garbage collected.
+#[pyclass(frozen, module = "clairvoyant._native")]
+struct LeaseHolder {
+    engine: Arc<Engine>,
+    positions: Vec<u64>,
+}
+
+impl Drop for LeaseHolder {
+    fn drop(&mut self) {
+        self.engine.release_many(&self.positions);
+    }
+}
+
+#[pyclass(name = "Engine", frozen, module = "clairvoyant._native")]
+pub struct PyEngine {
+    engine: Arc<Engine>,
+}
+
+fn view<'py>(lease: &Lease, holder: &Bound<'py, PyAny>) -> Bound<'py, PyArray1<u8>> {
+    // SAFETY: the lease's bytes stay valid and unchanged until `holder` (the array's base object)
+    // is dropped, which releases them; the array is made read-only below.
+    unsafe {
+        let v = ArrayView1::from_shape_ptr(lease.len, lease.ptr);
+        let arr = PyArray1::borrow_from_array(&v, holder.clone());
+        (*arr.as_array_ptr()).flags &= !numpy::npyffi::flags::NPY_ARRAY_WRITEABLE;
+        arr
+    }
+}
+
+impl PyEngine {
+    /// Wait for the next sample with the GIL released, waking every 100 ms for Ctrl-C.
+    fn wait_next(&self, py: Python<'_>) -> PyResult<Lease> {
+        loop {
+            match py.detach(|| self.engine.next(Duration::from_millis(100))) {
+                Ok(Some(l)) => return Ok(l),
+                Ok(None) => py.check_signals()?,
+                Err(e) => return Err(to_py(e)),
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl PyEngine {
+    #[new]
+    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: &PySource,
+        batch_size: u32,
+        epochs: u32,
+        seed: u64,
+        drop_last: bool,
+        rank: u32,
+        world_size: u32,
+        local_ranks: Vec<u32>,
+        run_id: String,
+        model_toml: Option<String>,
+        orders: Option<Vec<Vec<u32>>>,
+    ) -> PyResult<Self> {
+        let src = source.inner.clone();
+        let n = src.len() as u64;
+        let schedule = match orders {
+            Some(o) => Schedule::explicit(n, o, world_size, batch_size, drop_last),
+            None => Schedule::shuffle(n, world_size, batch_size, epochs, seed, drop_last),
+        }
+        .py_err()?;
+        let model = crate::model::model_from(model_toml)?;
+        let spec = JobSpec { schedule, rank, local_ranks, run_id };
+        let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
+        Ok(PyEngine { engine: Arc::new(engine) })
+    }
+
+    fn begin_epoch(&self, py: Python<'_>, epoch: u32) -> PyResult<()> {
+        py.detach(|| self.engine.begin_epoch(epoch)).py_err()
+    }
+
+    /// The next sample as (read-only uint8 view, label).
+    fn next_sample<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray1<u8>>, i64)> {
+        let lease = self.wait_next(py)?;
+        let holder = Bound::new(py, LeaseHolder { engine: self.engine.clone(), positions: vec![lease.pos] })?.into_any();
+        Ok((view(&lease, &holder), lease.label))
+    }
+
+    /// The next `n` samples as (list of views, int64 labels). If one of them fails, the rest of
+    /// the batch is still consumed (so batches stay aligned) and the first error is raised.
+    fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<(Vec<Bound<'py, PyArray1<u8>>>, Bound<'py, PyArray1<i64>>)> {
+        let mut leases = Vec::with_capacity(n);
+        let mut first_err = None;
+        for _ in 0..n {
+            match self.wait_next(py) {
+                Ok(l) => leases.push(l),
+                Err(e) if e.is_instance_of::<crate::errors::CancelledError>(py) || e.is_instance_of::<crate::errors::ExhaustedError>(py) || e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) => {
+                    self.engine.release_many(&leases.iter().map(|l: &Lease| l.pos).collect::<Vec<_>>());
+                    return Err(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        let holder = Bound::new(py, LeaseHolder { engine: self.engine.clone(), positions: leases.iter().map(|l| l.pos).collect() })?.into_any();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let views = leases.iter().map(|l| view(l, &holder)).collect();
+        let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
+        Ok((views, labels))
+    }
+
+    fn epoch_samples<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        self.check_epoch(epoch)?;
+        Ok(self.engine.epoch_samples(epoch).iter().map(|&k| k as i64).collect::<Vec<_>>().into_pyarray(py))
+    }
+
+    fn batch_ends<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        self.check_epoch(epoch)?;
+        Ok(self.engine.batch_ends(epoch).iter().map(|&k| k as i64).collect::<Vec<_>>().into_pyarray(py))
+    }
+
+    #[getter]
+    fn epochs(&self) -> u32 {
+        self.engine.epochs()
+    }
+
+    #[getter]
+    fn position(&self) -> u64 {
+        self.engine.position()
+    }
+
+    fn epoch_start(&self, epoch: u32) -> PyResult<u64> {
+        self.check_epoch(epoch)?;
+        Ok(self.engine.epoch_start(epoch))
+    }
+
+    /// (class name, samples, bytes) per storage class of this node's placement.
+    fn placement(&self) -> Vec<(String, u64, u64)> {
+        self.engine.placement_summary().to_vec()
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        let mut out = Vec::new();
+        for s in self.engine.stats() {
+            let d = PyDict::new(py);
+            d.set_item("epoch", s.epoch)?;
+            d.set_item("samples", s.samples)?;
+            d.set_item("bytes", s.bytes)?;
+            d.set_item("stall_seconds", s.stall_seconds)?;
+            let sources = PyDict::new(py);
+            for (name, (n, b)) in SOURCE_NAMES.iter().zip(s.by_source) {
+                let x = PyDict::new(py);
+                x.set_item("samples", n)?;
+                x.set_item("bytes", b)?;
+                sources.set_item(name, x)?;
+            }
+            d.set_item("sources", sources)?;
+            d.set_item("pfs_bytes_read", s.pfs_bytes_read)?;
+            d.set_item("pfs_files_read", s.pfs_files_read)?;
+            d.set_item("overflow_bytes", s.overflow_bytes)?;
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.engine.shutdown());
+    }
+}
+
+impl PyEngine {
+    fn check_epoch(&self, epoch: u32) -> PyResult<()> {
+        if epoch >= self.engine.epochs() {
+            return Err(crate::errors::ExhaustedError::new_err(format!(
+                "epoch {epoch} is past the job's last epoch ({})",
+                self.engine.epochs().saturating_sub(1)
+            )));
+        }
+        Ok(())
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEngine>()?;
+    m.add_class::<LeaseHolder>()?;
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn _model_type_check(_: &SystemModel) {}

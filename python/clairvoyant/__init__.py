@@ -1,0 +1,40 @@
+"""clairvoyant: clairvoyant prefetching and node-level caching for machine-learning training I/O.
+
+    job = clairvoyant.Job("/data/imagenet/train", batch_size=64, epochs=90)
+    for sample, label in job.epoch(0):
+        ...
+"""
+
+from . import _native
+from ._native import (
+    CancelledError,
+    CapacityError,
+    ClairvoyantError,
+    ConfigError,
+    DatasetChangedError,
+    ExhaustedError,
+    IndexMismatchError,
+    access_stream,
+    access_stream_from_order,
+)
+from .job import Job
+from .sources import EmulatedFs, FileList, ImageFolder, Synthetic
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Job",
+    "ImageFolder",
+    "FileList",
+    "Synthetic",
+    "EmulatedFs",
+    "access_stream",
+    "access_stream_from_order",
+    "ClairvoyantError",
+    "ConfigError",
+    "CapacityError",
+    "DatasetChangedError",
+    "IndexMismatchError",
+    "ExhaustedError",
+    "CancelledError",
+]

@@ -1,0 +1,82 @@
+"""Launcher environment: rank, world size, the ranks sharing this machine, and a run id that
+all local ranks of one run agree on. Every launcher variable clairvoyant reads is listed here.
+
+| variable                                  | launcher        | meaning                         |
+|-------------------------------------------|-----------------|---------------------------------|
+| RANK, WORLD_SIZE                          | torchrun        | global rank / number of ranks   |
+| LOCAL_RANK, LOCAL_WORLD_SIZE              | torchrun        | rank on this machine / count    |
+| TORCHELASTIC_RUN_ID                       | torchrun        | run id                          |
+| SLURM_PROCID, SLURM_NTASKS                | Slurm (srun)    | global rank / number of ranks   |
+| SLURM_LOCALID, SLURM_NTASKS_PER_NODE      | Slurm           | rank on node / ranks per node   |
+| SLURM_JOB_ID, SLURM_STEP_ID               | Slurm           | run id                          |
+| OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE| Open MPI        | global rank / number of ranks   |
+| OMPI_COMM_WORLD_LOCAL_RANK, ..._LOCAL_SIZE| Open MPI        | rank on node / ranks on node    |
+| PMI_RANK, PMI_SIZE                        | MPICH / Hydra   | global rank / number of ranks   |
+| MPI_LOCALRANKID, MPI_LOCALNRANKS          | MPICH / Hydra   | rank on node / ranks on node    |
+| CLAIRVOYANT_RUN_ID                        | any             | overrides the run id            |
+
+Local ranks are assumed to be numbered contiguously on each machine (the default of torchrun,
+Slurm's block distribution and mpirun --map-by core); pass ``local_ranks=`` to a Job otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_WORLD = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+_LOCAL_SIZE = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def _first_int(names: tuple[str, ...], env) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value is None or value == "":
+            continue
+        try:
+            # SLURM_NTASKS_PER_NODE may look like "4(x2)".
+            return int(value.split("(")[0])
+        except ValueError as exc:
+            raise ValueError(f"environment variable {name}={value!r} is not an integer") from exc
+    return None
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    world_size: int
+    local_ranks: list
+    run_id: str
+
+
+def detect(rank: int | None = None, world_size: int | None = None, local_ranks=None, env=None) -> Placement:
+    """Rank, world size, local ranks and run id from arguments, else the launcher's variables."""
+    env = os.environ if env is None else env
+    if rank is None:
+        rank = _first_int(_RANK, env) or 0
+    if world_size is None:
+        world_size = _first_int(_WORLD, env) or 1
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world size {world_size}")
+    if local_ranks is None:
+        local_rank = _first_int(_LOCAL_RANK, env)
+        local_size = _first_int(_LOCAL_SIZE, env)
+        if local_rank is None or local_size is None:
+            local_ranks = [rank]
+        else:
+            first = rank - local_rank
+            local_ranks = [r for r in range(first, first + local_size) if 0 <= r < world_size]
+    local_ranks = sorted(int(r) for r in local_ranks)
+    if rank not in local_ranks:
+        raise ValueError(f"local_ranks {local_ranks} must include this rank {rank}")
+    run_id = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID")
+    if not run_id and env.get("SLURM_JOB_ID"):
+        run_id = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    if not run_id:
+        # Ranks started by one launcher (torchrun, mpirun, multiprocessing) share a parent.
+        run_id = f"ppid-{os.getppid()}" if len(local_ranks) > 1 else f"pid-{os.getpid()}"
+    return Placement(rank, world_size, local_ranks, run_id)

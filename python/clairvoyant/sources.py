@@ -1,0 +1,98 @@
+"""Dataset sources a Job can read: an ImageFolder directory, a list of files with labels, or
+synthetic bytes. Any of them can be read through an emulated shared file system."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from . import _native
+
+
+class _Source:
+    _native: "_native.Source"
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+    @property
+    def labels(self) -> np.ndarray:
+        if getattr(self, "_labels", None) is None:
+            self._labels = np.asarray(self._native.labels(), dtype=np.int64)
+        return self._labels
+
+    @property
+    def paths(self) -> list:
+        if getattr(self, "_paths", None) is None:
+            self._paths = self._native.paths()
+        return self._paths
+
+    @property
+    def classes(self) -> list:
+        return list(getattr(self, "_classes", []) or [])
+
+    def size(self, sample: int) -> int:
+        return self._native.size(sample)
+
+    @property
+    def total_bytes(self) -> int:
+        return self._native.total_bytes()
+
+
+class ImageFolder(_Source):
+    """A directory with one sub-directory per class (torchvision's ImageFolder layout): labels
+    are class positions in sorted order, files sorted as torchvision does. The index is built
+    once and cached (``index_dir`` or the default cache directory)."""
+
+    def __init__(self, root: str | os.PathLike, emulated: "EmulatedFs | None" = None, index_dir=None):
+        self.root = os.fspath(root)
+        self._native = _native.image_folder(self.root, None if index_dir is None else os.fspath(index_dir), emulated)
+        self._classes = self._native.classes()
+
+    def __repr__(self):
+        return f"ImageFolder({self.root!r}, {len(self)} samples, {len(self._classes)} classes)"
+
+
+class FileList(_Source):
+    """A plain list of files with integer labels (or a text file of ``<path> <label>`` lines)."""
+
+    def __init__(self, paths: Sequence | str | os.PathLike, labels: Sequence[int] | None = None, emulated=None, index_dir=None):
+        if labels is None:
+            if not isinstance(paths, (str, os.PathLike)):
+                raise _native.ConfigError("invalid value for 'labels': required unless 'paths' is a list file")
+            paths, labels = _native.parse_list_file(os.fspath(paths))
+        paths = [os.fspath(p) for p in paths]
+        self._native = _native.file_list(paths, [int(x) for x in labels], None if index_dir is None else os.fspath(index_dir), emulated)
+
+    def __repr__(self):
+        return f"FileList({len(self)} samples)"
+
+
+class Synthetic(_Source):
+    """Deterministic in-memory samples of the given sizes; no storage underneath."""
+
+    def __init__(self, sizes: Sequence[int], labels: Sequence[int] | None = None):
+        self._native = _native.synthetic_source([int(s) for s in sizes], None if labels is None else [int(x) for x in labels])
+
+    def __repr__(self):
+        return f"Synthetic({len(self)} samples)"
+
+
+def as_source(source) -> _Source:
+    if isinstance(source, _Source):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        if os.path.isdir(source):
+            return ImageFolder(source)
+        if os.path.isfile(source):
+            return FileList(source)
+        raise FileNotFoundError(f"dataset {os.fspath(source)!r} does not exist")
+    raise TypeError(f"source must be a path, ImageFolder, FileList or Synthetic, not {type(source).__name__}")
+
+
+def EmulatedFs(state_path, open_latency_ms: float = 0.0, bandwidth_mbps: float = 100.0):
+    """An emulated shared file system: per-open latency and an aggregate bandwidth shared by every
+    process that opens the same ``state_path``. Pass it as ``emulated=`` to a source."""
+    return _native.EmulatedFs(os.fspath(state_path), float(open_latency_ms), float(bandwidth_mbps))
