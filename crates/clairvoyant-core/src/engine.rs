@@ -18,7 +18,7 @@ use crate::model::{ClassKind, SystemModel};
 use crate::plan::{AccessCounts, Placement, UNCACHED};
 use crate::schedule::Schedule;
 use crate::source::Source;
-use crate::tier::{NodeCache, FAILED, FILLING, READY};
+use crate::tier::{Acquire, NodeCache};
 
 /// Where the consumer's copy of a sample came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -604,26 +604,23 @@ impl Inner {
             0 => return Ok((Src::Staging, None)),
             2 => {
                 let off = self.offset[sample as usize];
-                match self.cache.state(sample).load(Ordering::Acquire) {
-                    READY => return Ok((Src::Memory, None)),
-                    FILLING if self.cache.wait_filled(sample, self.fill_timeout) == READY => return Ok((Src::Memory, None)),
-                    _ => {}
+                match self.cache.acquire(sample, self.fill_timeout) {
+                    Acquire::Ready => return Ok((Src::Memory, None)),
+                    Acquire::Claimed => {
+                        // SAFETY: claimed; exclusive until published.
+                        let dst = unsafe { std::slice::from_raw_parts_mut(self.cache.arena_ptr(off, len), len as usize) };
+                        let r = self.read_source(sample, dst);
+                        self.cache.publish(sample, r.is_ok());
+                        r?;
+                        return Ok((Src::Pfs, None));
+                    }
+                    Acquire::Unavailable => {
+                        // Failed or stuck elsewhere: read it ourselves into a private buffer.
+                        let mut heap = vec![0u8; len as usize].into_boxed_slice();
+                        self.read_source(sample, &mut heap)?;
+                        return Ok((Src::Pfs, Some(heap)));
+                    }
                 }
-                if self.cache.claim(sample) {
-                    // SAFETY: claimed; exclusive until published.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(self.cache.arena_ptr(off, len), len as usize) };
-                    let r = self.read_source(sample, dst);
-                    self.cache.publish(sample, r.is_ok());
-                    r?;
-                    return Ok((Src::Pfs, None));
-                }
-                if self.cache.is_ready(sample) {
-                    return Ok((Src::Memory, None));
-                }
-                // Failed or stuck elsewhere: read it ourselves into a private buffer.
-                let mut heap = vec![0u8; len as usize].into_boxed_slice();
-                self.read_source(sample, &mut heap)?;
-                return Ok((Src::Pfs, Some(heap)));
             }
             _ => {
                 let st = self.lock();
@@ -640,19 +637,16 @@ impl Inner {
             }
         };
         if let Some((_, ClassStore::Directory(d))) = self.store_of(sample) {
-            let mut state = self.cache.state(sample).load(Ordering::Acquire);
-            if state == FILLING {
-                state = self.cache.wait_filled(sample, self.fill_timeout);
-            }
-            if state == READY && self.cache.read_file(d, sample, dst).is_ok() {
-                return Ok((Src::Ssd, None));
-            }
-            if state != FAILED && self.cache.claim(sample) {
-                let r = self.read_source(sample, dst);
-                let ok = r.is_ok() && self.cache.write_file(d, sample, dst).is_ok();
-                self.cache.publish(sample, ok);
-                r?;
-                return Ok((Src::Pfs, None));
+            match self.cache.acquire(sample, self.fill_timeout) {
+                Acquire::Ready if self.cache.read_file(d, sample, dst).is_ok() => return Ok((Src::Ssd, None)),
+                Acquire::Claimed => {
+                    let r = self.read_source(sample, dst);
+                    let ok = r.is_ok() && self.cache.write_file(d, sample, dst).is_ok();
+                    self.cache.publish(sample, ok);
+                    r?;
+                    return Ok((Src::Pfs, None));
+                }
+                _ => {}
             }
         }
         self.read_source(sample, dst)?;

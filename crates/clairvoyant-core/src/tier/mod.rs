@@ -24,13 +24,12 @@ pub const FAILED: u32 = 3;
 const MAGIC: u64 = 0x4356_4e4f_4445_0001; // "CVNODE" v1
 const HEADER_WORDS: usize = 8; // magic, attached, initialised, samples, pad...
 
-/// What a class can be asked to do with a sample.
-#[derive(Clone, Debug)]
-pub enum ClassStore {
-    /// Bytes at a static offset in the shared memory arena.
-    Memory,
-    /// One file per sample in a node-local directory.
-    Directory(PathBuf),
+/// Outcome of [`NodeCache::acquire`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Acquire {
+    Ready,
+    Claimed,
+    Unavailable,
 }
 
 /// The node cache: shared state words, the memory arena and directory classes.
@@ -162,6 +161,29 @@ impl NodeCache {
                 return s;
             }
             futex::wait(w, FILLING, deadline - now);
+        }
+    }
+
+    /// Settle who provides `sample`: it is ready, or this caller now holds the claim to fill it,
+    /// or it is unavailable (failed, or still being filled elsewhere after `timeout`).
+    pub fn acquire(&self, sample: u32, timeout: Duration) -> Acquire {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.state(sample).load(Ordering::Acquire) {
+                READY => return Acquire::Ready,
+                EMPTY => {
+                    if self.claim(sample) {
+                        return Acquire::Claimed;
+                    }
+                }
+                FILLING => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() || self.wait_filled(sample, left) == FILLING {
+                        return Acquire::Unavailable;
+                    }
+                }
+                _ => return Acquire::Unavailable,
+            }
         }
     }
 
