@@ -191,11 +191,18 @@ impl Engine {
         if source.len() as u64 != sched.num_samples() as u64 {
             return Err(Error::config(
                 "num_samples",
-                format!("the schedule has {} samples but the source has {}", sched.num_samples(), source.len()),
+                format!(
+                    "the schedule has {} samples but the source has {}",
+                    sched.num_samples(),
+                    source.len()
+                ),
             ));
         }
         if !spec.local_ranks.contains(&spec.rank) {
-            return Err(Error::config("local_ranks", format!("must include this rank {}", spec.rank)));
+            return Err(Error::config(
+                "local_ranks",
+                format!("must include this rank {}", spec.rank),
+            ));
         }
         let (largest, largest_size) = source.largest().unwrap_or((0, 0));
         if largest_size > model.staging.capacity {
@@ -263,7 +270,12 @@ impl Engine {
 
         let mut key_hash = fnv1a(spec.run_id.as_bytes(), 0xcbf2_9ce4_8422_2325);
         key_hash = fnv1a(&source.fingerprint().to_le_bytes(), key_hash);
-        for v in [sched.world_size as u64, sched.batch_size as u64, sched.epochs as u64, sched.drop_last as u64] {
+        for v in [
+            sched.world_size as u64,
+            sched.batch_size as u64,
+            sched.epochs as u64,
+            sched.drop_last as u64,
+        ] {
             key_hash = fnv1a(&v.to_le_bytes(), key_hash);
         }
         if let crate::schedule::Order::Shuffle { seed, .. } = sched.order {
@@ -305,7 +317,14 @@ impl Engine {
             freed: Condvar::new(),
             shutdown: AtomicBool::new(false),
             fill_timeout: Duration::from_secs(30),
-            stats: Mutex::new((0..epochs).map(|e| EpochStats { epoch: e as u32, ..Default::default() }).collect()),
+            stats: Mutex::new(
+                (0..epochs)
+                    .map(|e| EpochStats {
+                        epoch: e as u32,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
             pfs_bytes: AtomicU64::new(0),
             pfs_files: AtomicU64::new(0),
             pfs_at_epoch_start: Mutex::new((0, 0)),
@@ -317,7 +336,12 @@ impl Engine {
         let local_count = spec.local_ranks.len();
         for (i, &j) in useful.iter().enumerate() {
             let share: Arc<Vec<u32>> = Arc::new(
-                placement.fill_order[i].iter().enumerate().filter(|(n, _)| n % local_count == local_index).map(|(_, &k)| k).collect(),
+                placement.fill_order[i]
+                    .iter()
+                    .enumerate()
+                    .filter(|(n, _)| n % local_count == local_index)
+                    .map(|(_, &k)| k)
+                    .collect(),
             );
             let next = Arc::new(AtomicUsize::new(0));
             for t in 0..model.classes[j].threads.max(1) {
@@ -339,12 +363,19 @@ impl Engine {
                     .expect("spawn staging prefetcher"),
             );
         }
-        Ok(Engine { inner, threads: Mutex::new(threads), placement_summary })
+        Ok(Engine {
+            inner,
+            threads: Mutex::new(threads),
+            placement_summary,
+        })
     }
 
     /// Samples of `epoch` for this rank, in order.
     pub fn epoch_samples(&self, epoch: u32) -> &[u32] {
-        let (a, b) = (self.inner.epoch_starts[epoch as usize], self.inner.epoch_starts[epoch as usize + 1]);
+        let (a, b) = (
+            self.inner.epoch_starts[epoch as usize],
+            self.inner.epoch_starts[epoch as usize + 1],
+        );
         &self.inner.stream[a as usize..b as usize]
     }
 
@@ -378,7 +409,10 @@ impl Engine {
         self.inner.check_pid()?;
         let epochs = self.epochs();
         if epoch >= epochs {
-            return Err(Error::Exhausted(format!("epoch {epoch} is past the job's last epoch ({})", epochs.saturating_sub(1))));
+            return Err(Error::Exhausted(format!(
+                "epoch {epoch} is past the job's last epoch ({})",
+                epochs.saturating_sub(1)
+            )));
         }
         let start = self.inner.epoch_starts[epoch as usize];
         let pos = self.position();
@@ -386,7 +420,11 @@ impl Engine {
             let cur = self.inner.epoch_of(pos);
             return Err(Error::Exhausted(format!(
                 "epoch {epoch} was already consumed (epochs are consumed in order; the next is {})",
-                if self.inner.epoch_starts[cur as usize] == pos { cur } else { cur + 1 }
+                if self.inner.epoch_starts[cur as usize] == pos {
+                    cur
+                } else {
+                    cur + 1
+                }
             )));
         }
         while self.position() < start {
@@ -466,7 +504,10 @@ impl Inner {
         if me != self.owner_pid {
             return Err(Error::config(
                 "job",
-                format!("created in process {} and used in forked process {me}; create the job in the process that uses it", self.owner_pid),
+                format!(
+                    "created in process {} and used in forked process {me}; create the job in the process that uses it",
+                    self.owner_pid
+                ),
             ));
         }
         Ok(())
@@ -514,7 +555,9 @@ impl Inner {
                 ClassStore::Memory => {
                     // SAFETY: the claim gives this thread exclusive write access to the
                     // sample's static arena range until it publishes.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(self.cache.arena_ptr(self.offset[k as usize], len), len as usize) };
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(self.cache.arena_ptr(self.offset[k as usize], len), len as usize)
+                    };
                     self.read_source(k, dst).is_ok()
                 }
                 ClassStore::Directory(d) => {
@@ -548,11 +591,18 @@ impl Inner {
                     let len = self.source.size(sample);
                     let slot = match self.store_of(sample) {
                         _ if len == 0 => Slot::Empty,
-                        Some((_, ClassStore::Memory)) => Slot::Arena { offset: self.offset[sample as usize], len },
+                        Some((_, ClassStore::Memory)) => Slot::Arena {
+                            offset: self.offset[sample as usize],
+                            len,
+                        },
                         _ => {
                             // Contiguous ring space; skip the ring's tail end if it is too short.
                             let phys = st.ring_head % self.ring_cap;
-                            let start = if phys + len > self.ring_cap { st.ring_head + (self.ring_cap - phys) } else { st.ring_head };
+                            let start = if phys + len > self.ring_cap {
+                                st.ring_head + (self.ring_cap - phys)
+                            } else {
+                                st.ring_head
+                            };
                             if start + len - st.ring_tail <= self.ring_cap {
                                 st.ring_head = start + len;
                                 Slot::Ring { start, len }
@@ -573,7 +623,12 @@ impl Inner {
                         Slot::Arena { .. } => 2,
                         Slot::Heap(_) => 3,
                     };
-                    st.entries.push_back(Entry { sample, slot, status: Status::Pending, released: false });
+                    st.entries.push_back(Entry {
+                        sample,
+                        slot,
+                        status: Status::Pending,
+                        released: false,
+                    });
                     break (pos, sample, kind);
                 }
             };
@@ -608,7 +663,8 @@ impl Inner {
                     Acquire::Ready => return Ok((Src::Memory, None)),
                     Acquire::Claimed => {
                         // SAFETY: claimed; exclusive until published.
-                        let dst = unsafe { std::slice::from_raw_parts_mut(self.cache.arena_ptr(off, len), len as usize) };
+                        let dst =
+                            unsafe { std::slice::from_raw_parts_mut(self.cache.arena_ptr(off, len), len as usize) };
                         let r = self.read_source(sample, dst);
                         self.cache.publish(sample, r.is_ok());
                         r?;
@@ -658,7 +714,10 @@ impl Inner {
         let mut st = self.lock();
         let pos = st.next_consume;
         if pos >= self.total() {
-            return Err(Error::Exhausted(format!("all {} epochs of this job were consumed", self.batch_ends.len())));
+            return Err(Error::Exhausted(format!(
+                "all {} epochs of this job were consumed",
+                self.batch_ends.len()
+            )));
         }
         loop {
             if self.shutdown.load(Ordering::Relaxed) {
@@ -677,7 +736,11 @@ impl Inner {
                 self.add_stall(pos, t0.elapsed());
                 return Ok(None);
             }
-            st = self.produced.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+            st = self
+                .produced
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
         let stalled = t0.elapsed();
         let idx = (pos - st.base) as usize;
@@ -697,7 +760,14 @@ impl Inner {
         match status {
             Status::Ready(source) => {
                 self.record(epoch, pos, stalled, len as u64, source, overflow);
-                Ok(Some(Lease { pos, sample, label: self.source.label(sample), ptr, len, source }))
+                Ok(Some(Lease {
+                    pos,
+                    sample,
+                    label: self.source.label(sample),
+                    ptr,
+                    len,
+                    source,
+                }))
             }
             Status::Failed(e) => {
                 self.release(&[pos]);
@@ -728,7 +798,10 @@ impl Inner {
         if pos + 1 == end {
             // Close the epoch's PFS figures.
             let mut base = self.pfs_at_epoch_start.lock().unwrap();
-            let (b, f) = (self.pfs_bytes.load(Ordering::Relaxed), self.pfs_files.load(Ordering::Relaxed));
+            let (b, f) = (
+                self.pfs_bytes.load(Ordering::Relaxed),
+                self.pfs_files.load(Ordering::Relaxed),
+            );
             s.pfs_bytes_read = b - base.0;
             s.pfs_files_read = f - base.1;
             *base = (b, f);

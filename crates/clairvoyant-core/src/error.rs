@@ -26,7 +26,11 @@ pub enum Error {
 
     /// The dataset differs from its index (a file changed size, appeared or vanished).
     #[error("dataset changed after indexing: {path}: {reason}; delete the index ({index}) or let it rebuild")]
-    Changed { path: PathBuf, index: PathBuf, reason: String },
+    Changed {
+        path: PathBuf,
+        index: PathBuf,
+        reason: String,
+    },
 
     /// An index file belongs to another dataset or is damaged.
     #[error("index {index} {reason}")]
@@ -34,7 +38,13 @@ pub enum Error {
 
     /// A sample does not fit a buffer or storage class.
     #[error("sample {sample} ({path}) is {size} bytes, larger than {what} ({capacity} bytes)")]
-    TooLarge { sample: u64, path: String, size: u64, what: String, capacity: u64 },
+    TooLarge {
+        sample: u64,
+        path: String,
+        size: u64,
+        what: String,
+        capacity: u64,
+    },
 
     /// Consumption went past what the schedule holds.
     #[error("{0}")]
@@ -47,10 +57,16 @@ pub enum Error {
 
 impl Error {
     pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Config { key: key.into(), reason: reason.into() }
+        Error::Config {
+            key: key.into(),
+            reason: reason.into(),
+        }
     }
 
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { path: path.into(), source }
+        Error::Io {
+            path: path.into(),
+            source,
+        }
     }
 }

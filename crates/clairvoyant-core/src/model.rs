@@ -133,7 +133,9 @@ impl SystemModel {
     pub fn useful_classes(&self, typical_bytes: u64, readers: u32) -> Vec<usize> {
         let pfs = self.fetch_seconds(Location::Pfs, typical_bytes, readers);
         (0..self.classes.len())
-            .filter(|&j| self.classes[j].capacity > 0 && self.fetch_seconds(Location::Class(j), typical_bytes, readers) < pfs)
+            .filter(|&j| {
+                self.classes[j].capacity > 0 && self.fetch_seconds(Location::Class(j), typical_bytes, readers) < pfs
+            })
             .collect()
     }
 

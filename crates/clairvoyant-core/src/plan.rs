@@ -29,7 +29,10 @@ impl AccessCounts {
         for e in 0..schedule.epochs {
             schedule.layout(e)?;
         }
-        let empty = || AccessCounts { counts: vec![0; f], first_need: vec![u64::MAX; f] };
+        let empty = || AccessCounts {
+            counts: vec![0; f],
+            first_need: vec![u64::MAX; f],
+        };
         let merged = (0..schedule.epochs)
             .into_par_iter()
             .try_fold(empty, |mut acc, e| -> Result<AccessCounts> {
@@ -117,7 +120,11 @@ impl Placement {
         let f = access.counts.len();
         let mut order: Vec<u32> = (0..f as u32).filter(|&k| access.counts[k as usize] > 0).collect();
         order.par_sort_unstable_by_key(|&k| {
-            (std::cmp::Reverse(access.counts[k as usize]), access.first_need[k as usize], k)
+            (
+                std::cmp::Reverse(access.counts[k as usize]),
+                access.first_need[k as usize],
+                k,
+            )
         });
         let mut class_of = vec![UNCACHED; f];
         let mut offset = vec![0u64; f];
@@ -156,8 +163,72 @@ impl Placement {
         for list in &mut fill_order {
             list.par_sort_unstable_by_key(|&k| (access.first_need[k as usize], k));
         }
-        Placement { class_of, offset, used, samples, fill_order }
+        Placement {
+            class_of,
+            offset,
+            used,
+            samples,
+            fill_order,
+        }
     }
+}
+
+/// The `plan` report: measured and expected access-count histograms of `ranks` and the
+/// placement of their samples into `classes` (name, capacity in bytes; fastest first).
+pub fn report(
+    schedule: &Schedule,
+    ranks: &[u32],
+    size: impl Fn(u32) -> u64,
+    classes: &[(String, u64)],
+) -> Result<serde_json::Value> {
+    let t0 = std::time::Instant::now();
+    let access = AccessCounts::compute(schedule, ranks)?;
+    let capacities: Vec<u64> = classes.iter().map(|c| c.1).collect();
+    let placement = Placement::compute(&access, &size, &capacities);
+    let seconds = t0.elapsed().as_secs_f64();
+    let f = schedule.num_samples() as u64;
+    let measured: serde_json::Map<String, serde_json::Value> = access
+        .histogram()
+        .into_iter()
+        .map(|(c, n)| (c.to_string(), n.into()))
+        .collect();
+    let expected: serde_json::Map<String, serde_json::Value> =
+        expected_histogram(f, schedule.epochs, schedule.world_size, ranks.len() as u32)
+            .into_iter()
+            .map(|(c, x)| (c.to_string(), ((x * 10.0).round() / 10.0).into()))
+            .collect();
+    let total_bytes: u64 = (0..f as u32).map(&size).sum();
+    let placed: Vec<serde_json::Value> = classes
+        .iter()
+        .enumerate()
+        .map(|(j, (name, cap))| {
+            serde_json::json!({"class": name, "capacity": cap, "samples": placement.samples[j], "bytes": placement.used[j]})
+        })
+        .collect();
+    let cached_samples: u64 = placement.samples.iter().sum();
+    let cached_bytes: u64 = placement.used.iter().sum();
+    let accesses: u64 = access.counts.iter().map(|&c| c as u64).sum();
+    let cached_accesses: u64 = (0..f as usize)
+        .filter(|&k| placement.class_of[k] != UNCACHED)
+        .map(|k| access.counts[k] as u64)
+        .sum();
+    Ok(serde_json::json!({
+        "samples": f,
+        "world_size": schedule.world_size,
+        "epochs": schedule.epochs,
+        "batch_size": schedule.batch_size,
+        "drop_last": schedule.drop_last,
+        "ranks": ranks,
+        "dataset_bytes": total_bytes,
+        "accesses": accesses,
+        "mean_accesses_per_sample": accesses as f64 / f.max(1) as f64,
+        "frequency_histogram": measured,
+        "expected_histogram": expected,
+        "placement": placed,
+        "uncached": {"samples": f - cached_samples, "bytes": total_bytes - cached_bytes},
+        "accesses_served_from_cache": cached_accesses,
+        "seconds": seconds,
+    }))
 }
 
 #[cfg(test)]
@@ -190,7 +261,10 @@ mod tests {
 
     #[test]
     fn most_frequent_go_to_fastest_class() {
-        let access = AccessCounts { counts: vec![1, 5, 3, 0, 5], first_need: vec![4, 3, 2, 1, 0] };
+        let access = AccessCounts {
+            counts: vec![1, 5, 3, 0, 5],
+            first_need: vec![4, 3, 2, 1, 0],
+        };
         let p = Placement::compute(&access, |_| 100, &[200, 100]);
         assert_eq!(p.class_of, vec![UNCACHED, 0, 1, UNCACHED, 0]);
         assert_eq!(p.fill_order[0], vec![4, 1]);
@@ -217,56 +291,4 @@ mod tests {
             }
         }
     }
-}
-
-/// The `plan` report: measured and expected access-count histograms of `ranks` and the
-/// placement of their samples into `classes` (name, capacity in bytes; fastest first).
-pub fn report(
-    schedule: &Schedule,
-    ranks: &[u32],
-    size: impl Fn(u32) -> u64,
-    classes: &[(String, u64)],
-) -> Result<serde_json::Value> {
-    let t0 = std::time::Instant::now();
-    let access = AccessCounts::compute(schedule, ranks)?;
-    let capacities: Vec<u64> = classes.iter().map(|c| c.1).collect();
-    let placement = Placement::compute(&access, &size, &capacities);
-    let seconds = t0.elapsed().as_secs_f64();
-    let f = schedule.num_samples() as u64;
-    let measured: serde_json::Map<String, serde_json::Value> =
-        access.histogram().into_iter().map(|(c, n)| (c.to_string(), n.into())).collect();
-    let expected: serde_json::Map<String, serde_json::Value> =
-        expected_histogram(f, schedule.epochs, schedule.world_size, ranks.len() as u32)
-            .into_iter()
-            .map(|(c, x)| (c.to_string(), ((x * 10.0).round() / 10.0).into()))
-            .collect();
-    let total_bytes: u64 = (0..f as u32).map(&size).sum();
-    let placed: Vec<serde_json::Value> = classes
-        .iter()
-        .enumerate()
-        .map(|(j, (name, cap))| {
-            serde_json::json!({"class": name, "capacity": cap, "samples": placement.samples[j], "bytes": placement.used[j]})
-        })
-        .collect();
-    let cached_samples: u64 = placement.samples.iter().sum();
-    let cached_bytes: u64 = placement.used.iter().sum();
-    let accesses: u64 = access.counts.iter().map(|&c| c as u64).sum();
-    let cached_accesses: u64 = (0..f as usize).filter(|&k| placement.class_of[k] != UNCACHED).map(|k| access.counts[k] as u64).sum();
-    Ok(serde_json::json!({
-        "samples": f,
-        "world_size": schedule.world_size,
-        "epochs": schedule.epochs,
-        "batch_size": schedule.batch_size,
-        "drop_last": schedule.drop_last,
-        "ranks": ranks,
-        "dataset_bytes": total_bytes,
-        "accesses": accesses,
-        "mean_accesses_per_sample": accesses as f64 / f.max(1) as f64,
-        "frequency_histogram": measured,
-        "expected_histogram": expected,
-        "placement": placed,
-        "uncached": {"samples": f - cached_samples, "bytes": total_bytes - cached_bytes},
-        "accesses_served_from_cache": cached_accesses,
-        "seconds": seconds,
-    }))
 }

@@ -79,7 +79,12 @@ impl Layout {
         if batch_size == 0 {
             return Err(Error::config("batch_size", "must be at least 1"));
         }
-        let layout = Layout { epoch_len, world_size, batch_size, drop_last };
+        let layout = Layout {
+            epoch_len,
+            world_size,
+            batch_size,
+            drop_last,
+        };
         let (n, b, m) = (world_size as u64, batch_size as u64, epoch_len);
         let rem = m % (n * b);
         let full = m / (n * b);
@@ -104,11 +109,17 @@ impl Layout {
 
     /// The batches of `rank`: ranges of positions in the epoch's global order.
     pub fn rank_batches(&self, rank: u32) -> Vec<std::ops::Range<u64>> {
-        let (n, b, m, r) = (self.world_size as u64, self.batch_size as u64, self.epoch_len, rank as u64);
+        let (n, b, m, r) = (
+            self.world_size as u64,
+            self.batch_size as u64,
+            self.epoch_len,
+            rank as u64,
+        );
         let round = n * b;
         let full = m / round;
         let rem = m % round;
-        let mut out: Vec<std::ops::Range<u64>> = (0..full).map(|h| h * round + r * b..h * round + (r + 1) * b).collect();
+        let mut out: Vec<std::ops::Range<u64>> =
+            (0..full).map(|h| h * round + r * b..h * round + (r + 1) * b).collect();
         if rem == 0 || self.drop_last {
             return out;
         }
@@ -156,27 +167,66 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    pub fn shuffle(num_samples: u64, world_size: u32, batch_size: u32, epochs: u32, seed: u64, drop_last: bool) -> Result<Self> {
-        let num_samples = u32::try_from(num_samples)
-            .map_err(|_| Error::config("num_samples", format!("{num_samples} exceeds the supported 4,294,967,295")))?;
-        let s = Schedule { order: Order::Shuffle { num_samples, seed }, epochs, world_size, batch_size, drop_last };
+    pub fn shuffle(
+        num_samples: u64,
+        world_size: u32,
+        batch_size: u32,
+        epochs: u32,
+        seed: u64,
+        drop_last: bool,
+    ) -> Result<Self> {
+        let num_samples = u32::try_from(num_samples).map_err(|_| {
+            Error::config(
+                "num_samples",
+                format!("{num_samples} exceeds the supported 4,294,967,295"),
+            )
+        })?;
+        let s = Schedule {
+            order: Order::Shuffle { num_samples, seed },
+            epochs,
+            world_size,
+            batch_size,
+            drop_last,
+        };
         s.layout(0)?;
         Ok(s)
     }
 
-    pub fn explicit(num_samples: u64, orders: Vec<Vec<u32>>, world_size: u32, batch_size: u32, drop_last: bool) -> Result<Self> {
-        let num_samples = u32::try_from(num_samples)
-            .map_err(|_| Error::config("num_samples", format!("{num_samples} exceeds the supported 4,294,967,295")))?;
+    pub fn explicit(
+        num_samples: u64,
+        orders: Vec<Vec<u32>>,
+        world_size: u32,
+        batch_size: u32,
+        drop_last: bool,
+    ) -> Result<Self> {
+        let num_samples = u32::try_from(num_samples).map_err(|_| {
+            Error::config(
+                "num_samples",
+                format!("{num_samples} exceeds the supported 4,294,967,295"),
+            )
+        })?;
         for (e, order) in orders.iter().enumerate() {
             if let Some(pos) = order.iter().position(|&k| k >= num_samples) {
                 return Err(Error::config(
                     "order",
-                    format!("epoch {e} position {pos}: sample {} is outside the dataset of {num_samples} samples", order[pos]),
+                    format!(
+                        "epoch {e} position {pos}: sample {} is outside the dataset of {num_samples} samples",
+                        order[pos]
+                    ),
                 ));
             }
         }
         let epochs = orders.len() as u32;
-        let s = Schedule { order: Order::Explicit { num_samples, epochs: orders }, epochs, world_size, batch_size, drop_last };
+        let s = Schedule {
+            order: Order::Explicit {
+                num_samples,
+                epochs: orders,
+            },
+            epochs,
+            world_size,
+            batch_size,
+            drop_last,
+        };
         for e in 0..epochs {
             s.layout(e)?;
         }
@@ -227,7 +277,10 @@ impl Schedule {
     pub fn rank_epoch(&self, rank: u32, epoch: u32) -> Result<RankEpoch> {
         self.check_rank(rank)?;
         if epoch >= self.epochs {
-            return Err(Error::config("epoch", format!("epoch {epoch} is outside the job's {} epochs", self.epochs)));
+            return Err(Error::config(
+                "epoch",
+                format!("epoch {epoch} is outside the job's {} epochs", self.epochs),
+            ));
         }
         let global = self.global_order(epoch);
         Ok(self.split(epoch, &global, &[rank])?.remove(0))
@@ -251,7 +304,10 @@ impl Schedule {
 
     fn check_rank(&self, rank: u32) -> Result<()> {
         if rank >= self.world_size {
-            return Err(Error::config("rank", format!("rank {rank} is outside world size {}", self.world_size)));
+            return Err(Error::config(
+                "rank",
+                format!("rank {rank} is outside world size {}", self.world_size),
+            ));
         }
         Ok(())
     }
@@ -289,7 +345,9 @@ mod tests {
     fn original_four_rank_example_is_balanced() {
         // 8000 samples, 4 ranks, batch 32: 62 full global batches and 64 left over.
         let l = Layout::new(8000, 4, 32, false).unwrap();
-        let counts: Vec<u64> = (0..4).map(|r| l.rank_batches(r).iter().map(|b| b.end - b.start).sum()).collect();
+        let counts: Vec<u64> = (0..4)
+            .map(|r| l.rank_batches(r).iter().map(|b| b.end - b.start).sum())
+            .collect();
         assert_eq!(counts, vec![2000, 2000, 2000, 2000]);
         assert!((0..4).all(|r| l.rank_batches(r).len() == 63));
     }
@@ -298,7 +356,9 @@ mod tests {
     fn small_remainder_is_resplit() {
         // 4 ranks x 8 = 32 per round; 66 = 2 rounds + 2.
         let l = Layout::new(66, 4, 8, false).unwrap();
-        let sizes: Vec<Vec<u64>> = (0..4).map(|r| l.rank_batches(r).iter().map(|b| b.end - b.start).collect()).collect();
+        let sizes: Vec<Vec<u64>> = (0..4)
+            .map(|r| l.rank_batches(r).iter().map(|b| b.end - b.start).collect())
+            .collect();
         assert_eq!(sizes[0], vec![8, 8, 1]);
         assert_eq!(sizes[3], vec![8, 7, 1]);
         assert!(Layout::new(66, 4, 1, false).is_err());

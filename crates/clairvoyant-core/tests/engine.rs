@@ -41,7 +41,11 @@ impl MemSource {
 
 fn rand_fingerprint() -> u64 {
     use std::time::SystemTime;
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos() as u64 ^ std::process::id() as u64
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        ^ std::process::id() as u64
 }
 
 impl Source for MemSource {
@@ -62,7 +66,10 @@ impl Source for MemSource {
             std::thread::sleep(self.delay);
         }
         if self.missing.lock().unwrap().contains(&k) {
-            return Err(Error::NotFound { sample: k as u64, path: self.path(k) });
+            return Err(Error::NotFound {
+                sample: k as u64,
+                path: self.path(k),
+            });
         }
         self.reads[k as usize].fetch_add(1, Ordering::Relaxed);
         for (i, b) in buf.iter_mut().enumerate() {
@@ -95,8 +102,14 @@ fn model(staging: u64, memory: u64, ssd: Option<(PathBuf, u64)>) -> SystemModel 
         });
     }
     SystemModel {
-        staging: StagingSpec { capacity: staging, threads: 3 },
-        pfs: PfsSpec { read_mbps: Curve::constant(100.0), open_latency_s: 0.001 },
+        staging: StagingSpec {
+            capacity: staging,
+            threads: 3,
+        },
+        pfs: PfsSpec {
+            read_mbps: Curve::constant(100.0),
+            open_latency_s: 0.001,
+        },
         classes,
         interconnect_mbps: None,
         compute_mbps: None,
@@ -128,7 +141,10 @@ fn consume_all(engine: &Engine, sched: &Schedule, rank: u32, hold: bool) -> Vec<
             // SAFETY: the lease is valid until released.
             let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
             assert_eq!(bytes.len() as u64, 100 + (k as u64 * 37) % 900);
-            assert!(bytes.iter().enumerate().all(|(i, &b)| b == MemSource::byte(k, i)), "bytes of sample {k}");
+            assert!(
+                bytes.iter().enumerate().all(|(i, &b)| b == MemSource::byte(k, i)),
+                "bytes of sample {k}"
+            );
             srcs.push(l.source);
             if hold {
                 held.push(l.pos);
@@ -138,7 +154,10 @@ fn consume_all(engine: &Engine, sched: &Schedule, rank: u32, hold: bool) -> Vec<
         }
         out.push(srcs);
     }
-    assert!(matches!(engine.next(Duration::from_millis(10)), Err(Error::Exhausted(_))));
+    assert!(matches!(
+        engine.next(Duration::from_millis(10)),
+        Err(Error::Exhausted(_))
+    ));
     engine.release_many(&held);
     out
 }
@@ -151,7 +170,11 @@ fn one_rank_in_order_and_cached_after_first_epoch() {
     let sched = sp.schedule.clone();
     let engine = Engine::start(src.clone(), &m, sp).unwrap();
     let srcs = consume_all(&engine, &sched, 0, false);
-    assert_eq!(src.total_reads(), 300, "the source is read once per sample over the run");
+    assert_eq!(
+        src.total_reads(),
+        300,
+        "the source is read once per sample over the run"
+    );
     assert!(srcs[1].iter().chain(&srcs[2]).all(|&s| s == Src::Memory));
     let stats = engine.stats();
     assert_eq!(stats.iter().map(|s| s.samples).sum::<u64>(), 900);
@@ -256,11 +279,22 @@ fn missing_sample_fails_at_its_position_and_the_epoch_goes_on() {
 fn staging_or_class_too_small_names_the_sample() {
     let src = MemSource::new(50, Duration::ZERO);
     let largest = (0..50u32).max_by_key(|&k| src.size(k)).unwrap();
-    let err = Engine::start(src.clone(), &model(500, 1 << 20, None), spec(50, 1, 0, vec![0], 1, "t6")).err().unwrap();
+    let err = Engine::start(
+        src.clone(),
+        &model(500, 1 << 20, None),
+        spec(50, 1, 0, vec![0], 1, "t6"),
+    )
+    .err()
+    .unwrap();
     let msg = err.to_string();
     assert!(matches!(err, Error::TooLarge { .. }), "{msg}");
-    assert!(msg.contains(&format!("mem/{largest}")) && msg.contains("staging"), "{msg}");
-    let err = Engine::start(src, &model(1 << 20, 500, None), spec(50, 1, 0, vec![0], 1, "t6b")).err().unwrap();
+    assert!(
+        msg.contains(&format!("mem/{largest}")) && msg.contains("staging"),
+        "{msg}"
+    );
+    let err = Engine::start(src, &model(1 << 20, 500, None), spec(50, 1, 0, vec![0], 1, "t6b"))
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("class.memory.capacity"), "{err}");
 }
 

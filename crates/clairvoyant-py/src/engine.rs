@@ -16,6 +16,9 @@ use pyo3::types::PyDict;
 use crate::errors::{to_py, IntoPy};
 use crate::source::PySource;
 
+/// A batch as handed to Python: views and labels.
+type Batch<'py> = (Vec<Bound<'py, PyArray1<u8>>>, Bound<'py, PyArray1<i64>>);
+
 /// Keeps staged samples alive; releases them when garbage collected.
 #[pyclass(frozen, module = "clairvoyant._native")]
 struct LeaseHolder {
@@ -85,9 +88,16 @@ impl PyEngine {
         }
         .py_err()?;
         let model = crate::model::model_from(model_toml)?;
-        let spec = JobSpec { schedule, rank, local_ranks, run_id };
+        let spec = JobSpec {
+            schedule,
+            rank,
+            local_ranks,
+            run_id,
+        };
         let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
-        Ok(PyEngine { engine: Arc::new(engine) })
+        Ok(PyEngine {
+            engine: Arc::new(engine),
+        })
     }
 
     fn begin_epoch(&self, py: Python<'_>, epoch: u32) -> PyResult<()> {
@@ -97,20 +107,32 @@ impl PyEngine {
     /// The next sample as (read-only uint8 view, label).
     fn next_sample<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray1<u8>>, i64)> {
         let lease = self.wait_next(py)?;
-        let holder = Bound::new(py, LeaseHolder { engine: self.engine.clone(), positions: vec![lease.pos] })?.into_any();
+        let holder = Bound::new(
+            py,
+            LeaseHolder {
+                engine: self.engine.clone(),
+                positions: vec![lease.pos],
+            },
+        )?
+        .into_any();
         Ok((view(&lease, &holder), lease.label))
     }
 
     /// The next `n` samples as (list of views, int64 labels). If one of them fails, the rest of
     /// the batch is still consumed (so batches stay aligned) and the first error is raised.
-    fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<(Vec<Bound<'py, PyArray1<u8>>>, Bound<'py, PyArray1<i64>>)> {
+    fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Batch<'py>> {
         let mut leases = Vec::with_capacity(n);
         let mut first_err = None;
         for _ in 0..n {
             match self.wait_next(py) {
                 Ok(l) => leases.push(l),
-                Err(e) if e.is_instance_of::<crate::errors::CancelledError>(py) || e.is_instance_of::<crate::errors::ExhaustedError>(py) || e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) => {
-                    self.engine.release_many(&leases.iter().map(|l: &Lease| l.pos).collect::<Vec<_>>());
+                Err(e)
+                    if e.is_instance_of::<crate::errors::CancelledError>(py)
+                        || e.is_instance_of::<crate::errors::ExhaustedError>(py)
+                        || e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) =>
+                {
+                    self.engine
+                        .release_many(&leases.iter().map(|l: &Lease| l.pos).collect::<Vec<_>>());
                     return Err(e);
                 }
                 Err(e) => {
@@ -118,7 +140,14 @@ impl PyEngine {
                 }
             }
         }
-        let holder = Bound::new(py, LeaseHolder { engine: self.engine.clone(), positions: leases.iter().map(|l| l.pos).collect() })?.into_any();
+        let holder = Bound::new(
+            py,
+            LeaseHolder {
+                engine: self.engine.clone(),
+                positions: leases.iter().map(|l| l.pos).collect(),
+            },
+        )?
+        .into_any();
         if let Some(e) = first_err {
             return Err(e);
         }
@@ -129,12 +158,24 @@ impl PyEngine {
 
     fn epoch_samples<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
         self.check_epoch(epoch)?;
-        Ok(self.engine.epoch_samples(epoch).iter().map(|&k| k as i64).collect::<Vec<_>>().into_pyarray(py))
+        Ok(self
+            .engine
+            .epoch_samples(epoch)
+            .iter()
+            .map(|&k| k as i64)
+            .collect::<Vec<_>>()
+            .into_pyarray(py))
     }
 
     fn batch_ends<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
         self.check_epoch(epoch)?;
-        Ok(self.engine.batch_ends(epoch).iter().map(|&k| k as i64).collect::<Vec<_>>().into_pyarray(py))
+        Ok(self
+            .engine
+            .batch_ends(epoch)
+            .iter()
+            .map(|&k| k as i64)
+            .collect::<Vec<_>>()
+            .into_pyarray(py))
     }
 
     #[getter]

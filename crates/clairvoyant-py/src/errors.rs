@@ -4,13 +4,48 @@ use clairvoyant_core::Error;
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
-pyo3::create_exception!(_native, ClairvoyantError, PyRuntimeError, "Base class of clairvoyant's own errors.");
-pyo3::create_exception!(_native, ConfigError, PyValueError, "An invalid configuration value or argument; the message names the field.");
-pyo3::create_exception!(_native, DatasetChangedError, ClairvoyantError, "The dataset changed after it was indexed.");
-pyo3::create_exception!(_native, IndexMismatchError, ClairvoyantError, "An index file belongs to another dataset or is damaged.");
-pyo3::create_exception!(_native, CapacityError, PyValueError, "A sample is larger than a buffer or storage class.");
-pyo3::create_exception!(_native, ExhaustedError, ClairvoyantError, "Consumption went past the end of the schedule or an epoch.");
-pyo3::create_exception!(_native, CancelledError, ClairvoyantError, "The job was closed while waiting.");
+pyo3::create_exception!(
+    _native,
+    ClairvoyantError,
+    PyRuntimeError,
+    "Base class of clairvoyant's own errors."
+);
+pyo3::create_exception!(
+    _native,
+    ConfigError,
+    PyValueError,
+    "An invalid configuration value or argument; the message names the field."
+);
+pyo3::create_exception!(
+    _native,
+    DatasetChangedError,
+    ClairvoyantError,
+    "The dataset changed after it was indexed."
+);
+pyo3::create_exception!(
+    _native,
+    IndexMismatchError,
+    ClairvoyantError,
+    "An index file belongs to another dataset or is damaged."
+);
+pyo3::create_exception!(
+    _native,
+    CapacityError,
+    PyValueError,
+    "A sample is larger than a buffer or storage class."
+);
+pyo3::create_exception!(
+    _native,
+    ExhaustedError,
+    ClairvoyantError,
+    "Consumption went past the end of the schedule or an epoch."
+);
+pyo3::create_exception!(
+    _native,
+    CancelledError,
+    ClairvoyantError,
+    "The job was closed while waiting."
+);
 
 pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();

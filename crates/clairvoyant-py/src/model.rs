@@ -16,8 +16,14 @@ pub fn model_from(toml_text: Option<String>) -> PyResult<SystemModel> {
 fn fallback() -> SystemModel {
     use clairvoyant_core::model::*;
     SystemModel {
-        staging: StagingSpec { capacity: 256 << 20, threads: 4 },
-        pfs: PfsSpec { read_mbps: Curve(vec![(1.0, 200.0), (8.0, 2000.0)]), open_latency_s: 0.001 },
+        staging: StagingSpec {
+            capacity: 256 << 20,
+            threads: 4,
+        },
+        pfs: PfsSpec {
+            read_mbps: Curve(vec![(1.0, 200.0), (8.0, 2000.0)]),
+            open_latency_s: 0.001,
+        },
         classes: vec![ClassSpec {
             name: "memory".into(),
             kind: ClassKind::Memory,

@@ -9,6 +9,7 @@ use crate::errors::IntoPy;
 
 /// One int64 array per epoch: `rank`'s samples in access order.
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (num_samples, world_size, rank, epochs, batch_size, seed, drop_last=false))]
 pub fn access_stream<'py>(
     py: Python<'py>,
@@ -44,7 +45,14 @@ fn streams<'py>(py: Python<'py>, s: &Schedule, rank: u32) -> PyResult<Vec<Bound<
     let per_epoch = py.detach(|| s.streams(&[rank])).py_err()?;
     Ok(per_epoch
         .into_iter()
-        .map(|mut e| e.remove(0).samples.into_iter().map(i64::from).collect::<Vec<_>>().into_pyarray(py))
+        .map(|mut e| {
+            e.remove(0)
+                .samples
+                .into_iter()
+                .map(i64::from)
+                .collect::<Vec<_>>()
+                .into_pyarray(py)
+        })
         .collect())
 }
 
@@ -67,7 +75,13 @@ pub fn plan_report(
     let s = Schedule::shuffle(num_samples, world_size, batch_size, epochs, seed, drop_last).py_err()?;
     let report = py
         .detach(|| {
-            let size = |k: u32| if sample_bytes.len() == 1 { sample_bytes[0] } else { sample_bytes[k as usize] };
+            let size = |k: u32| {
+                if sample_bytes.len() == 1 {
+                    sample_bytes[0]
+                } else {
+                    sample_bytes[k as usize]
+                }
+            };
             plan::report(&s, &ranks, size, &classes)
         })
         .py_err()?;

@@ -33,7 +33,9 @@ impl PySource {
         (0..self.inner.len() as u32).map(|k| self.inner.label(k)).collect()
     }
     fn paths(&self) -> Vec<String> {
-        (0..self.inner.len() as u32).map(|k| self.inner.path(k).display().to_string()).collect()
+        (0..self.inner.len() as u32)
+            .map(|k| self.inner.path(k).display().to_string())
+            .collect()
     }
     #[getter]
     fn fingerprint(&self) -> u64 {
@@ -45,7 +47,9 @@ impl PySource {
 #[pyfunction]
 #[pyo3(signature = (sizes, labels=None))]
 pub fn synthetic_source(sizes: Vec<u64>, labels: Option<Vec<i64>>) -> PySource {
-    PySource { inner: Arc::new(Synthetic::new(sizes, labels.unwrap_or_default())) }
+    PySource {
+        inner: Arc::new(Synthetic::new(sizes, labels.unwrap_or_default())),
+    }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -36,7 +36,9 @@ pub trait Source: Send + Sync {
     fn fingerprint(&self) -> u64;
     /// Largest sample, as (sample, size); None when empty.
     fn largest(&self) -> Option<(u32, u64)> {
-        (0..self.len() as u32).map(|k| (k, self.size(k))).max_by_key(|&(k, s)| (s, std::cmp::Reverse(k)))
+        (0..self.len() as u32)
+            .map(|k| (k, self.size(k)))
+            .max_by_key(|&(k, s)| (s, std::cmp::Reverse(k)))
     }
     /// Sum of all sample sizes.
     fn total_bytes(&self) -> u64 {

@@ -60,7 +60,13 @@ fn shm_dir() -> PathBuf {
 }
 
 fn open_shared(path: &Path, len: u64) -> Result<(File, MmapRaw)> {
-    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(|e| Error::io(path, e))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
     // Every local rank asks for the same length; set_len on an already-sized file is a no-op and
     // new pages read as zero (= EMPTY).
     let cur = file.metadata().map_err(|e| Error::io(path, e))?.len();
@@ -106,7 +112,10 @@ impl NodeCache {
         let magic = cache.header(0);
         let _ = magic.compare_exchange(0, MAGIC as u32, Ordering::AcqRel, Ordering::Acquire);
         if magic.load(Ordering::Acquire) != MAGIC as u32 {
-            return Err(Error::BadIndex { index: cache.state_path.clone(), reason: "is not a clairvoyant node cache".into() });
+            return Err(Error::BadIndex {
+                index: cache.state_path.clone(),
+                reason: "is not a clairvoyant node cache".into(),
+            });
         }
         cache.header(1).fetch_add(1, Ordering::AcqRel);
         Ok(cache)
@@ -130,7 +139,9 @@ impl NodeCache {
 
     /// Try to claim `sample` for filling (EMPTY -> FILLING).
     pub fn claim(&self, sample: u32) -> bool {
-        self.state(sample).compare_exchange(EMPTY, FILLING, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        self.state(sample)
+            .compare_exchange(EMPTY, FILLING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
     /// Publish the outcome of a fill and wake waiters (in any local process).
