@@ -384,3 +384,54 @@ fn emulated_handles_on_one_state_file_share_counters_and_bandwidth() {
     a.reset_counters();
     assert_eq!((b.files_read(), b.bytes_read()), (0, 0));
 }
+
+/// Set in child processes of `processes_opening_at_once_scan_once`: "<root>|<index dir>".
+const CHILD_ENV: &str = "CLAIRVOYANT_TEST_CHILD_OPEN";
+
+#[test]
+fn processes_opening_at_once_scan_once() {
+    if let Ok(arg) = std::env::var(CHILD_ENV) {
+        let (root, ix) = arg.split_once('|').unwrap();
+        let s = image_folder(Path::new(root), Some(Path::new(ix))).unwrap();
+        println!("CHILD {:016x} {}", s.fingerprint(), s.index_was_reused());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("data");
+    make_tree(&root);
+    let ix = tmp.path().join("ix");
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "processes_opening_at_once_scan_once",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, format!("{}|{}", root.display(), ix.display()))
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8(out.stdout).unwrap();
+        let line = text
+            .lines()
+            .find_map(|l| l.split_once("CHILD ").map(|(_, r)| r))
+            .unwrap_or_else(|| panic!("no child result in {text:?}"))
+            .to_string();
+        seen.push(line);
+    }
+    let fp = format!("{:016x}", image_folder(&root, Some(&ix)).unwrap().fingerprint());
+    assert!(seen.iter().all(|l| l.starts_with(&fp)), "{seen:?}");
+    assert_eq!(
+        seen.iter().filter(|l| l.ends_with("false")).count(),
+        1,
+        "exactly one process scans: {seen:?}"
+    );
+}

@@ -194,9 +194,13 @@ fn walk(
             ft.is_dir()
         };
         let name = entry.file_name();
-        let name = name
-            .to_str()
-            .ok_or_else(|| Error::config("root", format!("{} is not valid UTF-8", path.display())))?;
+        let Some(name) = name.to_str() else {
+            // Index paths are UTF-8; a name that is not can only be skipped if it would not be used.
+            if is_dir || has_image_extension(&name.to_string_lossy()) {
+                return Err(Error::config("root", format!("{} is not valid UTF-8", path.display())));
+            }
+            continue;
+        };
         if is_dir {
             subdirs.push(name.to_string());
         } else if has_image_extension(name) {
