@@ -1,1 +1,694 @@
-//! see mod.rs
+//! The on-disk index of a file-backed dataset (sample paths, sizes, labels) and `FileSource`, the
+//! `Source` both `image_folder` and `file_list` return. Indexes are reused while the directory
+//! mtimes recorded at scan time are unchanged; one process scans while the others wait on a lock.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::Source;
+use crate::error::{Error, Result};
+
+/// Overrides the directory where indexes are kept.
+pub const CACHE_DIR_ENV: &str = "CLAIRVOYANT_CACHE_DIR";
+
+const MAGIC: &[u8; 8] = b"CVINDEX\0";
+/// Bumped on any change of the layout below; other versions are treated as damaged and rebuilt.
+pub const FORMAT_VERSION: u32 = 1;
+const FILE_PREFIX: &str = "index-";
+const FILE_SUFFIX: &str = ".cvidx";
+
+/// A directory modified this close to (or after) the start of a scan may have changed within the
+/// same timestamp tick as the scan read it, so its unchanged mtime proves nothing ("racy git").
+/// 2 s covers the coarsest common granularity (FAT; some NFS servers store whole seconds).
+const RACY_WINDOW_NS: i64 = 2_000_000_000;
+
+/// 64-bit FNV-1a (http://www.isthe.com/chongo/tech/comp/fnv/): tiny, stable across platforms and
+/// releases, good enough to tell datasets apart and to detect damage (not an adversary).
+#[derive(Clone, Copy, Debug)]
+pub struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    pub fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    /// Length-prefixed, so that ("ab", "c") and ("a", "bc") hash differently.
+    pub fn write_str(&mut self, s: &str) {
+        self.write(&(s.len() as u64).to_le_bytes());
+        self.write(s.as_bytes());
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// One sample of an index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Relative to the dataset root for directory datasets; absolute for file lists.
+    pub path: String,
+    pub size: u64,
+    pub label: i64,
+}
+
+/// A directory seen during the scan, with its mtime then: adding, removing or renaming an entry
+/// changes a directory's mtime, so checking these detects such changes without a stat per file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirStamp {
+    /// Absolute path.
+    pub path: String,
+    pub mtime_ns: i64,
+}
+
+/// Whether an index still describes its dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Freshness {
+    /// Every recorded directory is unchanged and was last modified well before the scan.
+    Fresh,
+    /// Unchanged, but some directory was modified within `RACY_WINDOW_NS` of the scan.
+    Racy,
+    /// A directory changed or vanished.
+    Stale,
+}
+
+/// A dataset's samples, as scanned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Index {
+    /// Canonical dataset root for directory datasets; empty for file lists (entries are absolute).
+    pub root: PathBuf,
+    /// `dir:<canonical root>` or `list:<16 hex of the list hash>`; names the index file.
+    pub identity: String,
+    /// Class names, in label order (empty for file lists).
+    pub classes: Vec<String>,
+    pub entries: Vec<IndexEntry>,
+    pub dirs: Vec<DirStamp>,
+    /// Wall clock (ns since the Unix epoch) when the scan began and when it ended.
+    pub scan_start_ns: i64,
+    pub built_ns: i64,
+}
+
+impl Index {
+    /// Stable 64-bit FNV-1a hash of identity, classes and entries; equal fingerprints mean the
+    /// same samples with the same sizes and labels.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = Fnv1a::default();
+        h.write_str(&self.identity);
+        h.write(&(self.classes.len() as u64).to_le_bytes());
+        for c in &self.classes {
+            h.write_str(c);
+        }
+        h.write(&(self.entries.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            h.write_str(&e.path);
+            h.write(&e.size.to_le_bytes());
+            h.write(&e.label.to_le_bytes());
+        }
+        h.finish()
+    }
+
+    /// File name of the index for `identity`: `index-<16 hex of FNV-1a(identity)>.cvidx`.
+    pub fn file_name(identity: &str) -> String {
+        let mut h = Fnv1a::default();
+        h.write(identity.as_bytes());
+        format!("{FILE_PREFIX}{:016x}{FILE_SUFFIX}", h.finish())
+    }
+
+    /// Human-readable dataset this index belongs to (for errors).
+    pub fn describe_identity(identity: &str) -> String {
+        match identity.strip_prefix("dir:") {
+            Some(root) => format!("root {root}"),
+            None => format!("file list {}", identity.strip_prefix("list:").unwrap_or(identity)),
+        }
+    }
+
+    /// Binary layout, all integers little-endian: magic, u32 version, identity, classes, dir
+    /// stamps, entries, i64 scan start and end, then a u64 FNV-1a of everything before it.
+    /// Strings are u32 length + UTF-8; lists are u64 count + items.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(64 + self.entries.len() * 48);
+        w.extend_from_slice(MAGIC);
+        w.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        put_str(&mut w, &self.identity);
+        w.extend_from_slice(&(self.classes.len() as u64).to_le_bytes());
+        for c in &self.classes {
+            put_str(&mut w, c);
+        }
+        w.extend_from_slice(&(self.dirs.len() as u64).to_le_bytes());
+        for d in &self.dirs {
+            put_str(&mut w, &d.path);
+            w.extend_from_slice(&d.mtime_ns.to_le_bytes());
+        }
+        w.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            put_str(&mut w, &e.path);
+            w.extend_from_slice(&e.size.to_le_bytes());
+            w.extend_from_slice(&e.label.to_le_bytes());
+        }
+        w.extend_from_slice(&self.scan_start_ns.to_le_bytes());
+        w.extend_from_slice(&self.built_ns.to_le_bytes());
+        let mut h = Fnv1a::default();
+        h.write(&w);
+        w.extend_from_slice(&h.finish().to_le_bytes());
+        w
+    }
+
+    /// Parses `bytes`; any damage (bad magic, version, checksum, truncation) is `BadIndex`
+    /// naming `index`.
+    pub fn from_bytes(bytes: &[u8], index: &Path) -> Result<Index> {
+        let bad = |reason: &str| Error::BadIndex {
+            index: index.to_path_buf(),
+            reason: reason.to_string(),
+        };
+        if bytes.len() < MAGIC.len() + 4 + 8 || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(bad("is not a clairvoyant index (bad magic)"));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 8);
+        let mut h = Fnv1a::default();
+        h.write(body);
+        if h.finish().to_le_bytes() != sum {
+            return Err(bad("is damaged (checksum mismatch)"));
+        }
+        let mut r = Reader {
+            buf: body,
+            pos: MAGIC.len(),
+        };
+        let version = r.u32().ok_or_else(|| bad("is truncated"))?;
+        if version != FORMAT_VERSION {
+            return Err(bad(&format!("has format version {version}, expected {FORMAT_VERSION}")));
+        }
+        let parse = |r: &mut Reader| -> Option<Index> {
+            let identity = r.string()?;
+            let classes = (0..r.count()?).map(|_| r.string()).collect::<Option<Vec<_>>>()?;
+            let dirs = (0..r.count()?)
+                .map(|_| {
+                    Some(DirStamp {
+                        path: r.string()?,
+                        mtime_ns: r.u64()? as i64,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?;
+            let entries = (0..r.count()?)
+                .map(|_| {
+                    Some(IndexEntry {
+                        path: r.string()?,
+                        size: r.u64()?,
+                        label: r.u64()? as i64,
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?;
+            let scan_start_ns = r.u64()? as i64;
+            let built_ns = r.u64()? as i64;
+            let root = identity.strip_prefix("dir:").map(PathBuf::from).unwrap_or_default();
+            (r.pos == r.buf.len()).then_some(Index {
+                root,
+                identity,
+                classes,
+                entries,
+                dirs,
+                scan_start_ns,
+                built_ns,
+            })
+        };
+        parse(&mut r).ok_or_else(|| bad("is malformed (lengths do not add up)"))
+    }
+
+    /// Reads and parses an index file.
+    pub fn load(path: &Path) -> Result<Index> {
+        let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
+        Index::from_bytes(&bytes, path)
+    }
+
+    /// Writes atomically: a temporary file in the same directory, synced, then renamed over
+    /// `path`, so readers see the old index or the new one, never half of one.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(
+            ".tmp.{}.{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tmp = PathBuf::from(tmp);
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&self.to_bytes())?;
+            f.sync_all()
+        };
+        if let Err(e) = write() {
+            let _ = fs::remove_file(&tmp);
+            return Err(Error::io(&tmp, e));
+        }
+        fs::rename(&tmp, path).map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            Error::io(path, e)
+        })
+    }
+
+    /// Compares the recorded directory mtimes with the file system (one stat per directory).
+    pub fn freshness(&self) -> Freshness {
+        let mut fresh = Freshness::Fresh;
+        for d in &self.dirs {
+            match dir_mtime_ns(Path::new(&d.path)) {
+                Ok(m) if m == d.mtime_ns => {
+                    if m > self.scan_start_ns.saturating_sub(RACY_WINDOW_NS) {
+                        fresh = Freshness::Racy;
+                    }
+                }
+                _ => return Freshness::Stale,
+            }
+        }
+        fresh
+    }
+}
+
+fn put_str(w: &mut Vec<u8>, s: &str) {
+    w.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    w.extend_from_slice(s.as_bytes());
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len())?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Some(s)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    /// A list length, bounded by the bytes left so damaged counts cannot trigger huge allocations.
+    fn count(&mut self) -> Option<usize> {
+        let n = self.u64()?;
+        (n <= (self.buf.len() - self.pos) as u64).then_some(n as usize)
+    }
+    fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
+/// Wall clock in ns since the Unix epoch (comparable with file mtimes).
+pub(crate) fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// mtime in ns of the directory at `path`, following symlinks.
+pub(crate) fn dir_mtime_ns(path: &Path) -> std::io::Result<i64> {
+    let m = fs::metadata(path)?;
+    Ok(m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()))
+}
+
+/// `$CLAIRVOYANT_CACHE_DIR`, else `$XDG_CACHE_HOME/clairvoyant`, else `~/.cache/clairvoyant`.
+pub fn default_index_dir() -> Result<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(d) = var(CACHE_DIR_ENV) {
+        return Ok(d);
+    }
+    if let Some(d) = var("XDG_CACHE_HOME") {
+        return Ok(d.join("clairvoyant"));
+    }
+    if let Some(h) = var("HOME") {
+        return Ok(h.join(".cache").join("clairvoyant"));
+    }
+    Err(Error::config(
+        "index_dir",
+        format!("none given and neither {CACHE_DIR_ENV}, XDG_CACHE_HOME nor HOME is set"),
+    ))
+}
+
+/// Where the index for `identity` lives in `index_dir` (or the default directory).
+pub(crate) fn index_path_in(index_dir: Option<&Path>, identity: &str) -> Result<PathBuf> {
+    let dir = match index_dir {
+        Some(d) => d.to_path_buf(),
+        None => default_index_dir()?,
+    };
+    Ok(dir.join(Index::file_name(identity)))
+}
+
+/// An exclusive `flock` on `<index>.lock`, released when dropped or when the process dies (the
+/// kernel drops it with the descriptor), so a crashed scanner never blocks the others for good.
+struct IndexLock {
+    _file: File,
+}
+
+impl IndexLock {
+    fn acquire(index_path: &Path) -> Result<IndexLock> {
+        let mut p = index_path.as_os_str().to_owned();
+        p.push(".lock");
+        let path = PathBuf::from(p);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        loop {
+            // SAFETY: flock on a descriptor we own and keep open for the lifetime of the guard.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(IndexLock { _file: file });
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != ErrorKind::Interrupted {
+                return Err(Error::io(&path, e));
+            }
+        }
+    }
+}
+
+/// Reads the index at `path` if it belongs to `identity`. Missing or damaged: None (rebuild). Of
+/// another dataset: `BadIndex` when the caller named the file explicitly, else None.
+fn try_load(path: &Path, identity: &str, explicit: bool) -> Result<Option<Index>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let Ok(index) = Index::from_bytes(&bytes, path) else {
+        return Ok(None);
+    };
+    if index.identity != identity {
+        if explicit {
+            return Err(Error::BadIndex {
+                index: path.to_path_buf(),
+                reason: format!(
+                    "belongs to another dataset ({}), not to {}",
+                    Index::describe_identity(&index.identity),
+                    Index::describe_identity(identity)
+                ),
+            });
+        }
+        return Ok(None);
+    }
+    Ok(Some(index))
+}
+
+/// Loads the index at `path` for `identity` if still fresh, else scans with `build` under the
+/// lock and saves the result. Returns the index and whether it was reused (no scan here).
+pub(crate) fn load_or_build(
+    path: &Path,
+    identity: &str,
+    explicit: bool,
+    build: impl FnOnce() -> Result<Index>,
+) -> Result<(Index, bool)> {
+    let call_start = now_ns();
+    // Fast path without the lock: writes are atomic renames, so what we read is whole.
+    if let Some(ix) = try_load(path, identity, explicit)? {
+        if ix.freshness() == Freshness::Fresh {
+            return Ok((ix, true));
+        }
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let _lock = IndexLock::acquire(path)?;
+    // Another process may have scanned while we waited. A racy index built after this call began
+    // is as fresh as a scan we would start now, so take it rather than scanning once per rank.
+    if let Some(ix) = try_load(path, identity, explicit)? {
+        match ix.freshness() {
+            Freshness::Fresh => return Ok((ix, true)),
+            Freshness::Racy if ix.built_ns >= call_start => return Ok((ix, true)),
+            _ => {}
+        }
+    }
+    let ix = build()?;
+    ix.save(path)?;
+    Ok((ix, false))
+}
+
+/// A dataset of plain files described by an [`Index`]: one file per sample, read whole.
+#[derive(Debug)]
+pub struct FileSource {
+    index: Index,
+    /// Prefix joined with entry paths: the absolute root as the caller named it (symlinks kept),
+    /// or empty for file lists whose entries are absolute.
+    base: PathBuf,
+    index_path: Option<PathBuf>,
+    reused: bool,
+    fingerprint: u64,
+}
+
+impl FileSource {
+    /// Wraps an index; `index_path` is where it is stored (None for an in-memory index).
+    pub fn new(index: Index, base: PathBuf, index_path: Option<PathBuf>, reused: bool) -> FileSource {
+        let fingerprint = index.fingerprint();
+        FileSource {
+            index,
+            base,
+            index_path,
+            reused,
+            fingerprint,
+        }
+    }
+
+    /// The index file backing this source, if any.
+    pub fn index_path(&self) -> Option<&Path> {
+        self.index_path.as_deref()
+    }
+
+    /// Class names in label order (empty for file lists).
+    pub fn classes(&self) -> &[String] {
+        &self.index.classes
+    }
+
+    /// True when the index was loaded from disk without scanning the dataset in this call.
+    pub fn index_was_reused(&self) -> bool {
+        self.reused
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+}
+
+impl Source for FileSource {
+    fn len(&self) -> usize {
+        self.index.entries.len()
+    }
+
+    fn size(&self, sample: u32) -> u64 {
+        self.index.entries[sample as usize].size
+    }
+
+    fn label(&self, sample: u32) -> i64 {
+        self.index.entries[sample as usize].label
+    }
+
+    fn path(&self, sample: u32) -> PathBuf {
+        self.base.join(&self.index.entries[sample as usize].path)
+    }
+
+    fn read_into(&self, sample: u32, buf: &mut [u8]) -> Result<()> {
+        let index = self.index_path.clone().unwrap_or_else(|| PathBuf::from("(in memory)"));
+        read_exact_file(sample as u64, &self.path(sample), buf, &index)
+    }
+
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+}
+
+/// Reads the file at `path`, which must be exactly `buf.len()` bytes long. A missing file is
+/// `NotFound`; a shorter or longer one is `Changed` (longer is detected by reading one byte more,
+/// which costs nothing extra on the common path because EOF comes back in the same call).
+pub(crate) fn read_exact_file(sample: u64, path: &Path, buf: &mut [u8], index: &Path) -> Result<()> {
+    let mut f = File::open(path).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => Error::NotFound {
+            sample,
+            path: path.to_path_buf(),
+        },
+        _ => Error::io(path, e),
+    })?;
+    let want = buf.len();
+    let changed = |f: &File, reason: &str| {
+        let now = f
+            .metadata()
+            .map(|m| format!(", now {} bytes", m.len()))
+            .unwrap_or_default();
+        Error::Changed {
+            path: path.to_path_buf(),
+            index: index.to_path_buf(),
+            reason: format!("{reason} (indexed {want} bytes{now})"),
+        }
+    };
+    let mut filled = 0;
+    while filled < buf.len() {
+        match f.read(&mut buf[filled..]) {
+            Ok(0) => return Err(changed(&f, "file is shorter than indexed")),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    }
+    let mut extra = [0u8; 1];
+    loop {
+        match f.read(&mut extra) {
+            Ok(0) => return Ok(()),
+            Ok(_) => return Err(changed(&f, "file is longer than indexed")),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io(path, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_index(root: &Path) -> Index {
+        Index {
+            root: root.to_path_buf(),
+            identity: format!("dir:{}", root.display()),
+            classes: vec!["a".into(), "b".into()],
+            entries: vec![
+                IndexEntry {
+                    path: "a/1.jpg".into(),
+                    size: 3,
+                    label: 0,
+                },
+                IndexEntry {
+                    path: "b/x/2.png".into(),
+                    size: 0,
+                    label: 1,
+                },
+            ],
+            dirs: vec![DirStamp {
+                path: root.display().to_string(),
+                mtime_ns: 5,
+            }],
+            scan_start_ns: 10,
+            built_ns: 11,
+        }
+    }
+
+    #[test]
+    fn fnv1a_known_vectors() {
+        // Published test vectors of 64-bit FNV-1a.
+        let h = |s: &[u8]| {
+            let mut f = Fnv1a::default();
+            f.write(s);
+            f.finish()
+        };
+        assert_eq!(h(b""), 0xcbf29ce484222325);
+        assert_eq!(h(b"a"), 0xaf63dc4c8601ec8c);
+        assert_eq!(h(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn round_trip_and_stable_fingerprint() {
+        let ix = sample_index(Path::new("/data/set"));
+        let back = Index::from_bytes(&ix.to_bytes(), Path::new("x")).unwrap();
+        assert_eq!(back, ix);
+        assert_eq!(back.fingerprint(), ix.fingerprint());
+        let mut other = ix.clone();
+        other.entries[0].size = 4;
+        assert_ne!(other.fingerprint(), ix.fingerprint());
+        assert_eq!(
+            Index::file_name("dir:/data/set").len(),
+            "index-".len() + 16 + ".cvidx".len()
+        );
+    }
+
+    #[test]
+    fn every_truncation_and_bit_flip_is_detected() {
+        let bytes = sample_index(Path::new("/r")).to_bytes();
+        for n in 0..bytes.len() {
+            assert!(
+                Index::from_bytes(&bytes[..n], Path::new("x")).is_err(),
+                "truncated to {n}"
+            );
+        }
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(
+                matches!(Index::from_bytes(&b, Path::new("x")), Err(Error::BadIndex { .. })),
+                "flip at {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn read_exact_file_reports_size_changes() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        fs::write(&p, b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        read_exact_file(0, &p, &mut buf, Path::new("ix")).unwrap();
+        assert_eq!(&buf, b"hello");
+        let mut short = [0u8; 4];
+        assert!(matches!(
+            read_exact_file(0, &p, &mut short, Path::new("ix")),
+            Err(Error::Changed { .. })
+        ));
+        let mut long = [0u8; 6];
+        assert!(matches!(
+            read_exact_file(0, &p, &mut long, Path::new("ix")),
+            Err(Error::Changed { .. })
+        ));
+        let missing = d.path().join("nope");
+        match read_exact_file(7, &missing, &mut buf, Path::new("ix")) {
+            Err(Error::NotFound { sample: 7, path }) => assert_eq!(path, missing),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn load_or_build_scans_once_then_reuses() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        fs::create_dir(&data).unwrap();
+        // Back-date the directory so the first scan is not racy.
+        File::open(&data)
+            .unwrap()
+            .set_modified(SystemTime::now() - std::time::Duration::from_secs(60))
+            .unwrap();
+        let build = || {
+            let mut ix = sample_index(&data);
+            ix.dirs = vec![DirStamp {
+                path: data.display().to_string(),
+                mtime_ns: dir_mtime_ns(&data).unwrap(),
+            }];
+            ix.scan_start_ns = now_ns();
+            ix.built_ns = now_ns();
+            Ok(ix)
+        };
+        let ip = d.path().join("ix").join(Index::file_name("id"));
+        let id = format!("dir:{}", data.display());
+        let (a, reused) = load_or_build(&ip, &id, false, build).unwrap();
+        assert!(!reused);
+        let (b, reused) = load_or_build(&ip, &id, false, || panic!("must not rescan")).unwrap();
+        assert!(reused);
+        assert_eq!(a, b);
+        fs::write(data.join("new"), b"").unwrap();
+        let (_, reused) = load_or_build(&ip, &id, false, build).unwrap();
+        assert!(!reused, "a changed directory is rescanned");
+        let err = load_or_build(&ip, "dir:/elsewhere", true, build).unwrap_err();
+        assert!(matches!(err, Error::BadIndex { .. }), "{err}");
+    }
+}

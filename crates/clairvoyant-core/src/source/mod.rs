@@ -11,10 +11,10 @@ pub mod index;
 pub mod list;
 pub mod synthetic;
 
-// pub use dir::image_folder;
-// pub use emulated::{EmulatedFs, EmulatedSpec, Throttled};
-// pub use index::{Index, IndexEntry};
-// pub use list::file_list;
+pub use dir::{image_folder, image_folder_with_index};
+pub use emulated::{EmulatedFs, EmulatedSpec, Throttled};
+pub use index::{default_index_dir, FileSource, Index, IndexEntry};
+pub use list::{file_list, file_list_with_index, parse_list_file};
 
 /// A dataset of `len()` samples with known sizes and integer labels.
 pub trait Source: Send + Sync {
