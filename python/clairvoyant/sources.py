@@ -40,15 +40,30 @@ class _Source:
     def total_bytes(self) -> int:
         return self._native.total_bytes()
 
+    @property
+    def index_path(self) -> str | None:
+        """The cached index file (None for synthetic sources)."""
+        return self._native.index_path
+
+    @property
+    def index_reused(self) -> bool:
+        """True when the cached index was reused instead of rescanning the dataset."""
+        return self._native.index_reused
+
 
 class ImageFolder(_Source):
     """A directory with one sub-directory per class (torchvision's ImageFolder layout): labels
     are class positions in sorted order, files sorted as torchvision does. The index is built
     once and cached (``index_dir`` or the default cache directory)."""
 
-    def __init__(self, root: str | os.PathLike, emulated: "EmulatedFs | None" = None, index_dir=None):
+    def __init__(self, root: str | os.PathLike, emulated: "EmulatedFs | None" = None, index_dir=None, index_path=None):
         self.root = os.fspath(root)
-        self._native = _native.image_folder(self.root, None if index_dir is None else os.fspath(index_dir), emulated)
+        self._native = _native.image_folder(
+            self.root,
+            None if index_dir is None else os.fspath(index_dir),
+            emulated,
+            None if index_path is None else os.fspath(index_path),
+        )
         self._classes = self._native.classes()
 
     def __repr__(self):

@@ -1,15 +1,36 @@
 //! Bindings of `clairvoyant_core::source`: source objects that Python passes to a job.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clairvoyant_core::source::synthetic::Synthetic;
-use clairvoyant_core::source::Source;
+use clairvoyant_core::source::{self, EmulatedFs, EmulatedSpec, FileSource, Source, Throttled};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::errors::IntoPy;
 
 /// Any dataset source; built by the constructors below.
 #[pyclass(name = "Source", frozen, module = "clairvoyant._native")]
 pub struct PySource {
     pub inner: Arc<dyn Source>,
+    classes: Vec<String>,
+    index_path: Option<PathBuf>,
+    index_reused: bool,
+}
+
+impl PySource {
+    fn from_files(files: FileSource, emulated: Option<&PyEmulatedFs>) -> PySource {
+        let classes = files.classes().to_vec();
+        let index_path = files.index_path().map(Path::to_path_buf);
+        let index_reused = files.index_was_reused();
+        let files: Arc<dyn Source> = Arc::new(files);
+        let inner: Arc<dyn Source> = match emulated {
+            Some(fs) => Arc::new(Throttled::new(files, fs.inner.clone())),
+            None => files,
+        };
+        PySource { inner, classes, index_path, index_reused }
+    }
 }
 
 #[pymethods]
@@ -41,6 +62,109 @@ impl PySource {
     fn fingerprint(&self) -> u64 {
         self.inner.fingerprint()
     }
+    fn classes(&self) -> Vec<String> {
+        self.classes.clone()
+    }
+    /// The index file backing this source (None for synthetic sources).
+    #[getter]
+    fn index_path(&self) -> Option<String> {
+        self.index_path.as_ref().map(|p| p.display().to_string())
+    }
+    /// Whether the cached index was reused rather than rebuilt.
+    #[getter]
+    fn index_reused(&self) -> bool {
+        self.index_reused
+    }
+}
+
+/// An ImageFolder directory (torchvision layout and order), indexed once and cached.
+#[pyfunction]
+#[pyo3(signature = (root, index_dir=None, emulated=None, index_path=None))]
+pub fn image_folder(
+    py: Python<'_>,
+    root: PathBuf,
+    index_dir: Option<PathBuf>,
+    emulated: Option<PyRef<'_, PyEmulatedFs>>,
+    index_path: Option<PathBuf>,
+) -> PyResult<PySource> {
+    let files = py
+        .detach(|| match &index_path {
+            Some(p) => source::image_folder_with_index(&root, p),
+            None => source::image_folder(&root, index_dir.as_deref()),
+        })
+        .py_err()?;
+    Ok(PySource::from_files(files, emulated.as_deref()))
+}
+
+/// A list of files with labels, indexed once and cached.
+#[pyfunction]
+#[pyo3(signature = (paths, labels, index_dir=None, emulated=None))]
+pub fn file_list(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    labels: Vec<i64>,
+    index_dir: Option<PathBuf>,
+    emulated: Option<PyRef<'_, PyEmulatedFs>>,
+) -> PyResult<PySource> {
+    let files = py.detach(|| source::file_list(&paths, &labels, index_dir.as_deref())).py_err()?;
+    Ok(PySource::from_files(files, emulated.as_deref()))
+}
+
+/// Parse a text file of `<path> <label>` lines.
+#[pyfunction]
+pub fn parse_list_file(path: PathBuf) -> PyResult<(Vec<PathBuf>, Vec<i64>)> {
+    source::parse_list_file(&path).py_err()
+}
+
+/// An emulated shared file system: per-open latency and an aggregate bandwidth shared by every
+/// process that opens the same state file.
+#[pyclass(name = "EmulatedFs", frozen, module = "clairvoyant._native")]
+pub struct PyEmulatedFs {
+    inner: Arc<EmulatedFs>,
+}
+
+#[pymethods]
+impl PyEmulatedFs {
+    #[new]
+    fn new(state_path: PathBuf, open_latency_ms: f64, bandwidth_mbps: f64) -> PyResult<Self> {
+        let spec = EmulatedSpec { open_latency_s: open_latency_ms / 1e3, bandwidth_mbps };
+        Ok(PyEmulatedFs { inner: EmulatedFs::open(spec, &state_path).py_err()? })
+    }
+
+    /// Read a whole file through the emulation (the GIL is released while waiting).
+    fn read<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = py.detach(|| self.inner.read_file(&path)).py_err()?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    #[getter]
+    fn bytes_read(&self) -> u64 {
+        self.inner.bytes_read()
+    }
+
+    #[getter]
+    fn files_read(&self) -> u64 {
+        self.inner.files_read()
+    }
+
+    #[getter]
+    fn open_latency_ms(&self) -> f64 {
+        self.inner.spec().open_latency_s * 1e3
+    }
+
+    #[getter]
+    fn bandwidth_mbps(&self) -> f64 {
+        self.inner.spec().bandwidth_mbps
+    }
+
+    #[getter]
+    fn state_path(&self) -> String {
+        self.inner.state_path().display().to_string()
+    }
+
+    fn reset(&self) {
+        self.inner.reset_counters();
+    }
 }
 
 /// Deterministic in-memory bytes of the given sizes (tests, overhead measurements).
@@ -49,11 +173,18 @@ impl PySource {
 pub fn synthetic_source(sizes: Vec<u64>, labels: Option<Vec<i64>>) -> PySource {
     PySource {
         inner: Arc::new(Synthetic::new(sizes, labels.unwrap_or_default())),
+        classes: Vec::new(),
+        index_path: None,
+        index_reused: false,
     }
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySource>()?;
+    m.add_class::<PyEmulatedFs>()?;
     m.add_function(wrap_pyfunction!(synthetic_source, m)?)?;
+    m.add_function(wrap_pyfunction!(image_folder, m)?)?;
+    m.add_function(wrap_pyfunction!(file_list, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_list_file, m)?)?;
     Ok(())
 }
