@@ -29,7 +29,12 @@ impl PySource {
             Some(fs) => Arc::new(Throttled::new(files, fs.inner.clone())),
             None => files,
         };
-        PySource { inner, classes, index_path, index_reused }
+        PySource {
+            inner,
+            classes,
+            index_path,
+            index_reused,
+        }
     }
 }
 
@@ -106,7 +111,9 @@ pub fn file_list(
     index_dir: Option<PathBuf>,
     emulated: Option<PyRef<'_, PyEmulatedFs>>,
 ) -> PyResult<PySource> {
-    let files = py.detach(|| source::file_list(&paths, &labels, index_dir.as_deref())).py_err()?;
+    let files = py
+        .detach(|| source::file_list(&paths, &labels, index_dir.as_deref()))
+        .py_err()?;
     Ok(PySource::from_files(files, emulated.as_deref()))
 }
 
@@ -127,8 +134,13 @@ pub struct PyEmulatedFs {
 impl PyEmulatedFs {
     #[new]
     fn new(state_path: PathBuf, open_latency_ms: f64, bandwidth_mbps: f64) -> PyResult<Self> {
-        let spec = EmulatedSpec { open_latency_s: open_latency_ms / 1e3, bandwidth_mbps };
-        Ok(PyEmulatedFs { inner: EmulatedFs::open(spec, &state_path).py_err()? })
+        let spec = EmulatedSpec {
+            open_latency_s: open_latency_ms / 1e3,
+            bandwidth_mbps,
+        };
+        Ok(PyEmulatedFs {
+            inner: EmulatedFs::open(spec, &state_path).py_err()?,
+        })
     }
 
     /// Read a whole file through the emulation (the GIL is released while waiting).

@@ -21,8 +21,11 @@ pub const FILLING: u32 = 1;
 pub const READY: u32 = 2;
 pub const FAILED: u32 = 3;
 
-const MAGIC: u64 = 0x4356_4e4f_4445_0001; // "CVNODE" v1
-const HEADER_WORDS: usize = 8; // magic, attached, initialised, samples, pad...
+const MAGIC: u32 = 0x4356_0002; // "CV", layout version 2
+/// Header words: magic, attach count, 6 reserved, then one slot per attached process id.
+const PID_SLOTS: usize = 64;
+const FIRST_PID_SLOT: usize = 8;
+const HEADER_WORDS: usize = FIRST_PID_SLOT + PID_SLOTS;
 
 /// Outcome of [`NodeCache::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,14 +113,25 @@ impl NodeCache {
             detached: false.into(),
         };
         let magic = cache.header(0);
-        let _ = magic.compare_exchange(0, MAGIC as u32, Ordering::AcqRel, Ordering::Acquire);
-        if magic.load(Ordering::Acquire) != MAGIC as u32 {
+        let _ = magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
+        if magic.load(Ordering::Acquire) != MAGIC {
             return Err(Error::BadIndex {
                 index: cache.state_path.clone(),
                 reason: "is not a clairvoyant node cache".into(),
             });
         }
         cache.header(1).fetch_add(1, Ordering::AcqRel);
+        let pid = std::process::id();
+        let recorded = (FIRST_PID_SLOT..HEADER_WORDS).any(|i| cache.header(i).load(Ordering::Relaxed) == pid);
+        if !recorded {
+            let _ = (FIRST_PID_SLOT..HEADER_WORDS).find(|&i| {
+                cache
+                    .header(i)
+                    .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            });
+        }
+        remove_stale_segments(&base, &cache.state_path);
         Ok(cache)
     }
 
@@ -236,6 +250,8 @@ impl NodeCache {
         if self.detached.swap(true, Ordering::AcqRel) {
             return;
         }
+        // The process's slot stays: another job of this process may still use the segment, and
+        // the janitor only removes segments whose recorded processes are all gone.
         if self.header(1).fetch_sub(1, Ordering::AcqRel) == 1 {
             let _ = std::fs::remove_file(&self.state_path);
             if let Some(p) = &self.arena_path {
@@ -244,6 +260,40 @@ impl NodeCache {
             for d in &self.dirs {
                 let _ = std::fs::remove_dir_all(d);
             }
+        }
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+/// Remove node caches left behind by runs whose processes all died without detaching (a crash
+/// would otherwise pin their shared memory until reboot). A segment is stale only when it
+/// records at least one process and none of them is alive.
+fn remove_stale_segments(dir: &Path, except: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if path == except || !name.starts_with("clairvoyant-") || !name.ends_with(".state") {
+            continue;
+        }
+        let mut head = vec![0u8; HEADER_WORDS * 4];
+        let Ok(mut file) = File::open(&path) else { continue };
+        if std::io::Read::read_exact(&mut file, &mut head).is_err() {
+            continue;
+        }
+        let word = |i: usize| u32::from_ne_bytes(head[i * 4..i * 4 + 4].try_into().unwrap());
+        if word(0) != MAGIC {
+            continue;
+        }
+        let pids: Vec<u32> = (FIRST_PID_SLOT..HEADER_WORDS).map(word).filter(|&p| p != 0).collect();
+        if !pids.is_empty() && pids.iter().all(|&p| !process_alive(p)) {
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(path.with_extension("mem"));
         }
     }
 }
@@ -305,6 +355,26 @@ mod tests {
         assert!(state.exists());
         drop(b);
         assert!(!state.exists(), "last detach removes the segment");
+    }
+
+    #[test]
+    fn segments_of_dead_processes_are_removed() {
+        let base = shm_dir();
+        let stale = base.join(format!("clairvoyant-stale-test-{}.state", std::process::id()));
+        let mem = stale.with_extension("mem");
+        let mut header = vec![0u8; HEADER_WORDS * 4 + 16];
+        header[0..4].copy_from_slice(&MAGIC.to_ne_bytes());
+        // A pid far above pid_max is never alive.
+        header[FIRST_PID_SLOT * 4..FIRST_PID_SLOT * 4 + 4].copy_from_slice(&0x7fff_fff0u32.to_ne_bytes());
+        std::fs::write(&stale, &header).unwrap();
+        std::fs::write(&mem, b"data").unwrap();
+        let live = base.join(format!("clairvoyant-live-test-{}.state", std::process::id()));
+        header[FIRST_PID_SLOT * 4..FIRST_PID_SLOT * 4 + 4].copy_from_slice(&std::process::id().to_ne_bytes());
+        std::fs::write(&live, &header).unwrap();
+        let _c = NodeCache::attach(&format!("janitor-{}", std::process::id()), 1, 0, &[]).unwrap();
+        assert!(!stale.exists() && !mem.exists(), "stale segment removed");
+        assert!(live.exists(), "a live process's segment stays");
+        std::fs::remove_file(live).unwrap();
     }
 
     #[test]
