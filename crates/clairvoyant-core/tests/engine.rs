@@ -317,3 +317,18 @@ fn epochs_in_order_and_shutdown_wakes_consumer() {
     engine.shutdown();
     assert!(matches!(waiter.join().unwrap(), Error::Cancelled));
 }
+
+#[test]
+fn a_tier_slower_than_the_source_is_not_used() {
+    let src = MemSource::new(100, Duration::ZERO);
+    let mut m = model(4096, 1 << 20, None);
+    // The source reads at 50 GB/s per reader (a page-cached dataset); the memory class at 10 GB/s.
+    m.pfs = PfsSpec { read_mbps: Curve::constant(50_000.0), open_latency_s: 0.0 };
+    let sp = spec(100, 1, 0, vec![0], 2, "t8");
+    let sched = sp.schedule.clone();
+    let engine = Engine::start(src.clone(), &m, sp).unwrap();
+    assert!(engine.placement_summary().is_empty());
+    let srcs = consume_all(&engine, &sched, 0, false);
+    assert!(srcs.iter().flatten().all(|&s| s == Src::Pfs));
+    assert_eq!(src.total_reads(), 200);
+}
