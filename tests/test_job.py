@@ -149,3 +149,28 @@ def test_job_cannot_be_used_after_fork():
     assert "forked process" in msg
     assert sum(1 for _ in job.epoch(0)) == 10
     job.close()
+
+
+def test_resume_reproduces_the_uninterrupted_run():
+    n = 90
+    full = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=4, epochs=4, seed=9, rank=1, world_size=2, local_ranks=[1])
+    want = {e: [bytes(s) for s, _ in full.epoch(e)] for e in range(4)}
+    full.close()
+    resumed = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=4, epochs=4, seed=9, rank=1, world_size=2, local_ranks=[1], start_epoch=2)
+    with pytest.raises(clairvoyant.ExhaustedError, match="start epoch"):
+        resumed.epoch(1)
+    for e in (2, 3):
+        assert [bytes(s) for s, _ in resumed.epoch(e)] == want[e]
+    assert resumed.stats()[0]["samples"] == 0
+    resumed.close()
+
+
+def test_explicit_order_job():
+    n = 12
+    orders = [list(range(n)), list(reversed(range(n)))]
+    job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=3, epochs=2, order=orders)
+    assert job.epochs == 2
+    assert job.samples_of(1).tolist() == list(reversed(range(n)))
+    got = [int(np.frombuffer(s, np.uint8)[0]) for s, _ in job.epoch(0)]
+    assert got == [(k * 31) % 256 for k in range(n)]
+    job.close()

@@ -22,6 +22,10 @@ class Job:
 
     Every rank derives the same access streams from ``seed`` without communicating (seed 0 by
     default, as DistributedSampler). Ranks on one machine share one node cache.
+
+    ``order`` replaces the seeded shuffle with explicit global orders, one per epoch (any
+    sampler, materialised ahead). ``start_epoch`` resumes a run: epochs before it are neither
+    served nor fetched, and later epochs are exactly those of an uninterrupted run.
     """
 
     def __init__(
@@ -36,6 +40,7 @@ class Job:
         config: str | os.PathLike | None = None,
         order: Sequence[Sequence[int]] | None = None,
         local_ranks: Sequence[int] | None = None,
+        start_epoch: int = 0,
     ):
         if batch_size < 1:
             raise _native.ConfigError(f"invalid value for 'batch_size': must be at least 1, got {batch_size}")
@@ -61,6 +66,7 @@ class Job:
             where.run_id,
             model_toml,
             orders,
+            start_epoch,
         )
         self.epochs = self._engine.epochs
         self._closed = False

@@ -61,6 +61,8 @@ pub struct JobSpec {
     pub local_ranks: Vec<u32>,
     /// Same string on every local rank of one run, different between concurrent runs.
     pub run_id: String,
+    /// First epoch to serve (a resumed run); earlier epochs are neither fetched nor cached for.
+    pub first_epoch: u32,
 }
 
 /// A consumed sample: valid until released.
@@ -147,6 +149,7 @@ pub struct Engine {
     inner: Arc<Inner>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     placement_summary: Vec<(String, u64, u64)>,
+    first_epoch: u32,
 }
 
 /// The staging ring's bytes: zero-initialised lazily by the allocator, so untouched capacity
@@ -227,10 +230,16 @@ impl Engine {
         }
 
         // This rank's stream over the whole run.
-        let streams = sched.streams(&[spec.rank])?;
+        if spec.first_epoch >= sched.epochs {
+            return Err(Error::config(
+                "start_epoch",
+                format!("{} is not below the job's {} epochs", spec.first_epoch, sched.epochs),
+            ));
+        }
+        let streams = sched.streams_from(&[spec.rank], spec.first_epoch)?;
         let mut stream = Vec::new();
-        let mut epoch_starts = vec![0u64];
-        let mut batch_ends = Vec::new();
+        let mut epoch_starts = vec![0u64; spec.first_epoch as usize + 1];
+        let mut batch_ends = vec![Vec::new(); spec.first_epoch as usize];
         for epoch in streams {
             let e = epoch.into_iter().next().expect("one rank");
             stream.extend_from_slice(&e.samples);
@@ -243,7 +252,7 @@ impl Engine {
         let typical = if f == 0 { 0 } else { source.total_bytes() / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
         let capacities: Vec<u64> = useful.iter().map(|&j| model.classes[j].capacity).collect();
-        let access = AccessCounts::compute(sched, &spec.local_ranks)?;
+        let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
         let placement = Placement::compute(&access, |k| source.size(k), &capacities);
 
         let mut stores = Vec::new();
@@ -270,6 +279,7 @@ impl Engine {
 
         let mut key_hash = fnv1a(spec.run_id.as_bytes(), 0xcbf2_9ce4_8422_2325);
         key_hash = fnv1a(&source.fingerprint().to_le_bytes(), key_hash);
+        key_hash = fnv1a(&spec.first_epoch.to_le_bytes(), key_hash);
         for v in [
             sched.world_size as u64,
             sched.batch_size as u64,
@@ -367,6 +377,7 @@ impl Engine {
             inner,
             threads: Mutex::new(threads),
             placement_summary,
+            first_epoch: spec.first_epoch,
         })
     }
 
@@ -412,6 +423,12 @@ impl Engine {
             return Err(Error::Exhausted(format!(
                 "epoch {epoch} is past the job's last epoch ({})",
                 epochs.saturating_sub(1)
+            )));
+        }
+        if epoch < self.first_epoch {
+            return Err(Error::Exhausted(format!(
+                "epoch {epoch} is before the job's start epoch {}",
+                self.first_epoch
             )));
         }
         let start = self.inner.epoch_starts[epoch as usize];

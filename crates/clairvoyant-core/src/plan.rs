@@ -25,6 +25,11 @@ impl AccessCounts {
     /// Count the accesses of `ranks` (one rank, or all ranks of a node) over every epoch.
     /// One shuffle per epoch, epochs in parallel, per-thread counters merged at the end.
     pub fn compute(schedule: &Schedule, ranks: &[u32]) -> Result<Self> {
+        Self::compute_from(schedule, ranks, 0)
+    }
+
+    /// Like [`AccessCounts::compute`] over epochs `first..` only (a resumed run).
+    pub fn compute_from(schedule: &Schedule, ranks: &[u32], first: u32) -> Result<Self> {
         let f = schedule.num_samples() as usize;
         for e in 0..schedule.epochs {
             schedule.layout(e)?;
@@ -33,7 +38,7 @@ impl AccessCounts {
             counts: vec![0; f],
             first_need: vec![u64::MAX; f],
         };
-        let merged = (0..schedule.epochs)
+        let merged = (first.min(schedule.epochs)..schedule.epochs)
             .into_par_iter()
             .try_fold(empty, |mut acc, e| -> Result<AccessCounts> {
                 let global = schedule.global_order(e);

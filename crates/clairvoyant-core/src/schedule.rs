@@ -289,11 +289,16 @@ impl Schedule {
     /// The streams of several ranks for every epoch, computed with one shuffle per epoch
     /// (epochs in parallel). `out[e][i]` belongs to `ranks[i]`.
     pub fn streams(&self, ranks: &[u32]) -> Result<Vec<Vec<RankEpoch>>> {
+        self.streams_from(ranks, 0)
+    }
+
+    /// Like [`Schedule::streams`] for epochs `first..epochs` only (resuming a run).
+    pub fn streams_from(&self, ranks: &[u32], first: u32) -> Result<Vec<Vec<RankEpoch>>> {
         use rayon::prelude::*;
         for &r in ranks {
             self.check_rank(r)?;
         }
-        (0..self.epochs)
+        (first.min(self.epochs)..self.epochs)
             .into_par_iter()
             .map(|e| {
                 let global = self.global_order(e);

@@ -123,6 +123,7 @@ fn spec(n: u64, world: u32, rank: u32, local: Vec<u32>, epochs: u32, run: &str) 
         rank,
         local_ranks: local,
         run_id: run.to_string(),
+        first_epoch: 0,
     }
 }
 
@@ -323,7 +324,10 @@ fn a_tier_slower_than_the_source_is_not_used() {
     let src = MemSource::new(100, Duration::ZERO);
     let mut m = model(4096, 1 << 20, None);
     // The source reads at 50 GB/s per reader (a page-cached dataset); the memory class at 10 GB/s.
-    m.pfs = PfsSpec { read_mbps: Curve::constant(50_000.0), open_latency_s: 0.0 };
+    m.pfs = PfsSpec {
+        read_mbps: Curve::constant(50_000.0),
+        open_latency_s: 0.0,
+    };
     let sp = spec(100, 1, 0, vec![0], 2, "t8");
     let sched = sp.schedule.clone();
     let engine = Engine::start(src.clone(), &m, sp).unwrap();
@@ -331,4 +335,33 @@ fn a_tier_slower_than_the_source_is_not_used() {
     let srcs = consume_all(&engine, &sched, 0, false);
     assert!(srcs.iter().flatten().all(|&s| s == Src::Pfs));
     assert_eq!(src.total_reads(), 200);
+}
+
+#[test]
+fn resumed_job_serves_the_same_later_epochs() {
+    let src = MemSource::new(120, Duration::ZERO);
+    let m = model(4096, 1 << 20, None);
+    let mut sp = spec(120, 2, 1, vec![1], 4, "t9");
+    sp.first_epoch = 2;
+    let sched = sp.schedule.clone();
+    let engine = Engine::start(src.clone(), &m, sp).unwrap();
+    assert!(engine.begin_epoch(1).is_err());
+    for e in 2..4 {
+        engine.begin_epoch(e).unwrap();
+        for &k in &sched.rank_epoch(1, e).unwrap().samples {
+            let l = engine.next(Duration::from_secs(10)).unwrap().unwrap();
+            assert_eq!(l.sample, k);
+            engine.release(l.pos);
+        }
+    }
+    // Only the samples of the two remaining epochs were read.
+    assert_eq!(
+        src.reads.iter().filter(|r| r.load(Ordering::Relaxed) > 0).count() as u64,
+        {
+            let mut seen: Vec<u32> = (2..4).flat_map(|e| sched.rank_epoch(1, e).unwrap().samples).collect();
+            seen.sort();
+            seen.dedup();
+            seen.len() as u64
+        }
+    );
 }

@@ -64,7 +64,7 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None))]
+    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None, start_epoch=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -79,6 +79,7 @@ impl PyEngine {
         run_id: String,
         model_toml: Option<String>,
         orders: Option<Vec<Vec<u32>>>,
+        start_epoch: u32,
     ) -> PyResult<Self> {
         let src = source.inner.clone();
         let n = src.len() as u64;
@@ -93,6 +94,7 @@ impl PyEngine {
             rank,
             local_ranks,
             run_id,
+            first_epoch: start_epoch,
         };
         let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
         Ok(PyEngine {
