@@ -3,7 +3,9 @@
 
 pub mod error;
 pub mod model;
+pub mod probe;
 pub mod schedule;
 pub mod source;
+pub mod sysinfo;
 
 pub use error::{Error, Result};
