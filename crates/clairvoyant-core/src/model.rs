@@ -119,20 +119,32 @@ impl Curve {
     /// finite. Errors name `key`.
     pub fn check(&self, key: &str) -> Result<()> {
         if self.0.is_empty() {
-            return Err(Error::config(key, "has no points; give one number (MB/s) or [[threads, MB/s], ...]"));
+            return Err(Error::config(
+                key,
+                "has no points; give one number (MB/s) or [[threads, MB/s], ...]",
+            ));
         }
         let mut prev: Option<f64> = None;
         for (i, &(x, y)) in self.0.iter().enumerate() {
             if !x.is_finite() || x < 1.0 {
-                return Err(Error::config(key, format!("point {i} has x = {x}; thread/reader counts must be finite and >= 1")));
+                return Err(Error::config(
+                    key,
+                    format!("point {i} has x = {x}; thread/reader counts must be finite and >= 1"),
+                ));
             }
             if let Some(p) = prev {
                 if x <= p {
-                    return Err(Error::config(key, format!("point {i} has x = {x} after x = {p}; x must be strictly increasing")));
+                    return Err(Error::config(
+                        key,
+                        format!("point {i} has x = {x} after x = {p}; x must be strictly increasing"),
+                    ));
                 }
             }
             if !y.is_finite() || y <= 0.0 {
-                return Err(Error::config(key, format!("point {i} (x = {x}) has {y} MB/s; throughput must be finite and > 0")));
+                return Err(Error::config(
+                    key,
+                    format!("point {i} (x = {x}) has {y} MB/s; throughput must be finite and > 0"),
+                ));
             }
             prev = Some(x);
         }
@@ -186,7 +198,11 @@ pub struct StagingSpec {
 impl StagingSpec {
     /// A staging buffer with the default (DRAM) write curve.
     pub fn new(capacity: u64, threads: u32) -> Self {
-        StagingSpec { capacity, threads, write_mbps: default_staging_write() }
+        StagingSpec {
+            capacity,
+            threads,
+            write_mbps: default_staging_write(),
+        }
     }
 }
 
@@ -316,7 +332,9 @@ impl SystemModel {
     pub fn useful_classes(&self, typical_bytes: u64, readers: u32) -> Vec<usize> {
         let pfs = self.fetch_seconds(Location::Pfs, typical_bytes, readers);
         (0..self.classes.len())
-            .filter(|&j| self.classes[j].capacity > 0 && self.fetch_seconds(Location::Class(j), typical_bytes, readers) < pfs)
+            .filter(|&j| {
+                self.classes[j].capacity > 0 && self.fetch_seconds(Location::Class(j), typical_bytes, readers) < pfs
+            })
             .collect()
     }
 
@@ -358,16 +376,20 @@ fn check_threads(key: &str, threads: u32) -> Result<()> {
         return Err(Error::config(key, "is 0; at least 1 prefetch thread is needed"));
     }
     if threads > MAX_THREADS {
-        return Err(Error::config(key, format!("is {threads}; at most {MAX_THREADS} threads are allowed")));
+        return Err(Error::config(
+            key,
+            format!("is {threads}; at most {MAX_THREADS} threads are allowed"),
+        ));
     }
     Ok(())
 }
 
 fn check_rate(key: &str, v: Option<f64>) -> Result<()> {
     match v {
-        Some(x) if !x.is_finite() || x <= 0.0 => {
-            Err(Error::config(key, format!("is {x}; must be a finite throughput > 0 MB/s (or left out)")))
-        }
+        Some(x) if !x.is_finite() || x <= 0.0 => Err(Error::config(
+            key,
+            format!("is {x}; must be a finite throughput > 0 MB/s (or left out)"),
+        )),
         _ => Ok(()),
     }
 }
@@ -393,7 +415,10 @@ impl SystemModel {
         self.pfs.read_mbps.check("pfs.read_mbps")?;
         let lat = self.pfs.open_latency_s;
         if !lat.is_finite() || lat < 0.0 {
-            return Err(Error::config("pfs.open_latency_ms", format!("is {} ms; must be finite and >= 0", lat * 1e3)));
+            return Err(Error::config(
+                "pfs.open_latency_ms",
+                format!("is {} ms; must be finite and >= 0", lat * 1e3),
+            ));
         }
         let mut memory: Option<&str> = None;
         for (i, c) in self.classes.iter().enumerate() {
@@ -401,7 +426,10 @@ impl SystemModel {
             if !valid_name(&c.name) {
                 return Err(Error::config(
                     format!("{key}.name"),
-                    format!("is {:?}; a class name is non-empty and uses only letters, digits, '_' and '-'", c.name),
+                    format!(
+                        "is {:?}; a class name is non-empty and uses only letters, digits, '_' and '-'",
+                        c.name
+                    ),
                 ));
             }
             if let Some(first) = self.classes[..i].iter().position(|o| o.name == c.name) {
@@ -425,7 +453,10 @@ impl SystemModel {
                 }
                 ClassKind::Directory { path } => {
                     if path.as_os_str().is_empty() {
-                        return Err(Error::config(format!("{key}.path"), "is empty; a directory class needs a path"));
+                        return Err(Error::config(
+                            format!("{key}.path"),
+                            "is empty; a directory class needs a path",
+                        ));
                     }
                     let dup = self.classes[..i]
                         .iter()
@@ -433,7 +464,11 @@ impl SystemModel {
                     if let Some(o) = dup {
                         return Err(Error::config(
                             format!("{key}.path"),
-                            format!("{} is also the path of class '{}'; each directory class needs its own", path.display(), o.name),
+                            format!(
+                                "{} is also the path of class '{}'; each directory class needs its own",
+                                path.display(),
+                                o.name
+                            ),
                         ));
                     }
                 }
@@ -474,12 +509,18 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     const HELP: &str = "expected a byte count such as 0, 1048576, \"512MiB\", \"8 GiB\" or \"1.5GB\" \
                         (units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)";
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(t.len());
     let (num, unit) = (t[..split].replace('_', ""), t[split..].trim().to_ascii_lowercase());
     if num.is_empty() {
         return Err(format!("found {s:?}; {HELP}"));
     }
-    let Some(&(_, mult)) = UNITS.iter().find(|(u, _)| *u == unit).or(if unit.is_empty() { Some(&UNITS[0]) } else { None })
+    let Some(&(_, mult)) =
+        UNITS
+            .iter()
+            .find(|(u, _)| *u == unit)
+            .or(if unit.is_empty() { Some(&UNITS[0]) } else { None })
     else {
         return Err(format!("found {s:?}: unknown unit {unit:?}; {HELP}"));
     };
@@ -533,7 +574,9 @@ impl Reader<'_> {
     }
 
     fn table<'t>(&self, v: &'t toml::Value, key: &str, allowed: &[&str]) -> Result<&'t toml::Table> {
-        let t = v.as_table().ok_or_else(|| self.err(key, format!("found {}; expected a table", describe(v))))?;
+        let t = v
+            .as_table()
+            .ok_or_else(|| self.err(key, format!("found {}; expected a table", describe(v))))?;
         self.keys(t, key, allowed)?;
         Ok(t)
     }
@@ -541,7 +584,11 @@ impl Reader<'_> {
     fn keys(&self, t: &toml::Table, prefix: &str, allowed: &[&str]) -> Result<()> {
         for k in t.keys() {
             if !allowed.contains(&k.as_str()) {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 return Err(self.err(key, format!("unknown key; allowed here: {}", allowed.join(", "))));
             }
         }
@@ -554,7 +601,10 @@ impl Reader<'_> {
             toml::Value::String(s) => parse_bytes(s).map_err(|r| self.err(key, r)),
             _ => Err(self.err(
                 key,
-                format!("found {}; expected a byte count >= 0 such as 1048576, \"512MiB\" or \"8 GiB\"", describe(v)),
+                format!(
+                    "found {}; expected a byte count >= 0 such as 1048576, \"512MiB\" or \"8 GiB\"",
+                    describe(v)
+                ),
             )),
         }
     }
@@ -562,7 +612,10 @@ impl Reader<'_> {
     fn threads(&self, v: &toml::Value, key: &str) -> Result<u32> {
         match v {
             toml::Value::Integer(n) if (0..=u32::MAX as i64).contains(n) => Ok(*n as u32),
-            _ => Err(self.err(key, format!("found {}; expected a thread count (integer >= 1)", describe(v)))),
+            _ => Err(self.err(
+                key,
+                format!("found {}; expected a thread count (integer >= 1)", describe(v)),
+            )),
         }
     }
 
@@ -580,7 +633,13 @@ impl Reader<'_> {
             let mut pts = Vec::with_capacity(arr.len());
             for (i, p) in arr.iter().enumerate() {
                 let pair = p.as_array().filter(|a| a.len() == 2).ok_or_else(|| {
-                    self.err(key, format!("point {i}: found {}; expected a pair [threads, MB/s] ({WANT})", describe(p)))
+                    self.err(
+                        key,
+                        format!(
+                            "point {i}: found {}; expected a pair [threads, MB/s] ({WANT})",
+                            describe(p)
+                        ),
+                    )
                 })?;
                 let x = self.number(&pair[0], key, WANT)?;
                 let y = self.number(&pair[1], key, WANT)?;
@@ -597,7 +656,9 @@ impl Reader<'_> {
     }
 
     fn path(&self, v: &toml::Value, key: &str) -> Result<PathBuf> {
-        let s = v.as_str().ok_or_else(|| self.err(key, format!("found {}; expected a directory path", describe(v))))?;
+        let s = v
+            .as_str()
+            .ok_or_else(|| self.err(key, format!("found {}; expected a directory path", describe(v))))?;
         let p = PathBuf::from(s);
         if p.is_relative() && !s.is_empty() {
             if let Some(dir) = self.origin.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -609,30 +670,54 @@ impl Reader<'_> {
 
     fn class(&self, v: &toml::Value, i: usize, base: &SystemModel) -> Result<ClassSpec> {
         const ALLOWED: &[&str] = &["name", "kind", "path", "capacity", "threads", "read_mbps", "write_mbps"];
-        let t = v.as_table().ok_or_else(|| self.err(format!("class[{i}]"), format!("found {}; expected a table", describe(v))))?;
+        let t = v.as_table().ok_or_else(|| {
+            self.err(
+                format!("class[{i}]"),
+                format!("found {}; expected a table", describe(v)),
+            )
+        })?;
         let name = match t.get("name") {
             None => return Err(self.err(format!("class[{i}].name"), "missing; every [[class]] needs a name")),
             Some(n) => n
                 .as_str()
-                .ok_or_else(|| self.err(format!("class[{i}].name"), format!("found {}; expected a string", describe(n))))?
+                .ok_or_else(|| {
+                    self.err(
+                        format!("class[{i}].name"),
+                        format!("found {}; expected a string", describe(n)),
+                    )
+                })?
                 .to_string(),
         };
-        let prefix = if valid_name(&name) { format!("class.{name}") } else { format!("class[{i}]") };
+        let prefix = if valid_name(&name) {
+            format!("class.{name}")
+        } else {
+            format!("class[{i}]")
+        };
         self.keys(t, &prefix, ALLOWED)?;
         let k = |f: &str| format!("{prefix}.{f}");
         let kind = match t.get("kind") {
             None => return Err(self.err(k("kind"), "missing; expected \"memory\" or \"directory\"")),
             Some(toml::Value::String(s)) if s == "memory" => {
                 if t.contains_key("path") {
-                    return Err(self.err(k("path"), "a memory class has no path; remove it or use kind = \"directory\""));
+                    return Err(self.err(
+                        k("path"),
+                        "a memory class has no path; remove it or use kind = \"directory\"",
+                    ));
                 }
                 ClassKind::Memory
             }
             Some(toml::Value::String(s)) if s == "directory" => match t.get("path") {
-                Some(p) => ClassKind::Directory { path: self.path(p, &k("path"))? },
+                Some(p) => ClassKind::Directory {
+                    path: self.path(p, &k("path"))?,
+                },
                 None => return Err(self.err(k("path"), "missing; a directory class needs a path")),
             },
-            Some(other) => return Err(self.err(k("kind"), format!("found {}; expected \"memory\" or \"directory\"", describe(other)))),
+            Some(other) => {
+                return Err(self.err(
+                    k("kind"),
+                    format!("found {}; expected \"memory\" or \"directory\"", describe(other)),
+                ))
+            }
         };
         // Defaults: the detected class of the same kind, else the built-in typical numbers.
         let mut spec = match &kind {
@@ -662,7 +747,14 @@ impl Reader<'_> {
     }
 
     fn model(&self, doc: &toml::Table, base: SystemModel) -> Result<SystemModel> {
-        const TOP: &[&str] = &["staging", "pfs", "class", "interconnect_mbps", "compute_mbps", "preprocess_mbps"];
+        const TOP: &[&str] = &[
+            "staging",
+            "pfs",
+            "class",
+            "interconnect_mbps",
+            "compute_mbps",
+            "preprocess_mbps",
+        ];
         self.keys(doc, "", TOP)?;
         let mut m = base;
         if let Some(v) = doc.get("staging") {
@@ -688,10 +780,20 @@ impl Reader<'_> {
         }
         if let Some(v) = doc.get("class") {
             let arr = v.as_array().ok_or_else(|| {
-                self.err("class", format!("found {}; expected [[class]] tables (or class = [] for none)", describe(v)))
+                self.err(
+                    "class",
+                    format!(
+                        "found {}; expected [[class]] tables (or class = [] for none)",
+                        describe(v)
+                    ),
+                )
             })?;
             let base = m.clone();
-            m.classes = arr.iter().enumerate().map(|(i, c)| self.class(c, i, &base)).collect::<Result<_>>()?;
+            m.classes = arr
+                .iter()
+                .enumerate()
+                .map(|(i, c)| self.class(c, i, &base))
+                .collect::<Result<_>>()?;
         }
         for (key, slot) in [
             ("interconnect_mbps", &mut m.interconnect_mbps),
@@ -724,14 +826,17 @@ fn fmt_curve(c: &Curve) -> String {
             return fmt_f64(*y);
         }
     }
-    let pts: Vec<String> = c
-        .0
-        .iter()
-        .map(|&(x, y)| {
-            let xs = if x.fract() == 0.0 && x.abs() < 1e15 { format!("{}", x as i64) } else { fmt_f64(x) };
-            format!("[{xs}, {}]", fmt_f64(y))
-        })
-        .collect();
+    let pts: Vec<String> =
+        c.0.iter()
+            .map(|&(x, y)| {
+                let xs = if x.fract() == 0.0 && x.abs() < 1e15 {
+                    format!("{}", x as i64)
+                } else {
+                    fmt_f64(x)
+                };
+                format!("[{xs}, {}]", fmt_f64(y))
+            })
+            .collect();
     format!("[{}]", pts.join(", "))
 }
 
@@ -834,7 +939,11 @@ impl SystemModel {
             match &c.kind {
                 ClassKind::Memory => o.push_str("kind = \"memory\"\n"),
                 ClassKind::Directory { path } => {
-                    let _ = write!(o, "kind = \"directory\"\npath = {}\n", toml_str(&path.to_string_lossy()));
+                    let _ = write!(
+                        o,
+                        "kind = \"directory\"\npath = {}\n",
+                        toml_str(&path.to_string_lossy())
+                    );
                 }
             }
             let _ = write!(
@@ -865,7 +974,11 @@ mod tests {
     use crate::sysinfo::{Machine, ENV_LOCK};
 
     fn base() -> SystemModel {
-        let m = Machine { mem_total: Some(16 << 30), mem_available: Some(8 << 30), cpus: 4 };
+        let m = Machine {
+            mem_total: Some(16 << 30),
+            mem_available: Some(8 << 30),
+            cpus: 4,
+        };
         SystemModel::detect_on(&m, Some(PathBuf::from("/nonexistent/clairvoyant-ssd")))
     }
 
@@ -937,7 +1050,12 @@ write_mbps = [[1, 300.0], [4, 900.0]]
         assert_eq!(m.classes[0].capacity, 8 << 30);
         assert_eq!(m.classes[0].write_mbps, Curve::constant(4000.0));
         assert_eq!(m.classes[1].capacity, 1_500_000_000);
-        assert_eq!(m.classes[1].kind, ClassKind::Directory { path: "/local/scratch/cv".into() });
+        assert_eq!(
+            m.classes[1].kind,
+            ClassKind::Directory {
+                path: "/local/scratch/cv".into()
+            }
+        );
         assert_eq!(m.interconnect_mbps, Some(10000.0));
         assert_eq!(m.compute_mbps, Some(800.0));
         assert_eq!(m.preprocess_mbps, Some(1500.5));
@@ -981,7 +1099,12 @@ write_mbps = [[1, 300.0], [4, 900.0]]
     #[test]
     fn relative_directory_path_is_relative_to_the_file() {
         let m = parse("[[class]]\nname = \"ssd\"\nkind = \"directory\"\npath = \"scratch\"\ncapacity = 0\n").unwrap();
-        assert_eq!(m.classes[0].kind, ClassKind::Directory { path: "/etc/test/scratch".into() });
+        assert_eq!(
+            m.classes[0].kind,
+            ClassKind::Directory {
+                path: "/etc/test/scratch".into()
+            }
+        );
     }
 
     #[test]
@@ -1034,7 +1157,10 @@ write_mbps = [[1, 300.0], [4, 900.0]]
         assert!(e.to_string().contains("/etc/test/system.toml"), "{e}");
         assert!(e.to_string().contains("staging.threads"), "{e}");
         let e = parse("[staging]\ncapacity = \"lots\"\n").unwrap_err();
-        assert!(e.to_string().contains("/etc/test/system.toml") && e.to_string().contains("\"lots\""), "{e}");
+        assert!(
+            e.to_string().contains("/etc/test/system.toml") && e.to_string().contains("\"lots\""),
+            "{e}"
+        );
 
         let _g = ENV_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let dir = tempfile::tempdir().unwrap();
@@ -1042,7 +1168,10 @@ write_mbps = [[1, 300.0], [4, 900.0]]
         std::fs::write(&path, "[staging]\ncapacity = \"1 GiB\"\nthreads = -3\n").unwrap();
         let e = SystemModel::load(&path).unwrap_err();
         assert!(e.to_string().contains(&path.display().to_string()), "{e}");
-        assert!(matches!(&e, Error::Config { key, .. } if key == "staging.threads"), "{e}");
+        assert!(
+            matches!(&e, Error::Config { key, .. } if key == "staging.threads"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1061,10 +1190,22 @@ write_mbps = [[1, 300.0], [4, 900.0]]
         assert_eq!(key_of(parse("[pfs]\nread_mbps = [[1, 2, 3]]\n")), "pfs.read_mbps");
         assert_eq!(key_of(parse("[[class]]\nkind = \"memory\"\n")), "class[0].name");
         assert_eq!(key_of(parse("[[class]]\nname = \"x\"\n")), "class.x.kind");
-        assert_eq!(key_of(parse("[[class]]\nname = \"x\"\nkind = \"tape\"\n")), "class.x.kind");
-        assert_eq!(key_of(parse("[[class]]\nname = \"x\"\nkind = \"directory\"\n")), "class.x.path");
-        assert_eq!(key_of(parse("[[class]]\nname = \"x\"\nkind = \"memory\"\npath = \"/a\"\n")), "class.x.path");
-        assert_eq!(key_of(parse("[[class]]\nname = \"m\"\nkind = \"memory\"\ncapacity = 1.5\n")), "class.m.capacity");
+        assert_eq!(
+            key_of(parse("[[class]]\nname = \"x\"\nkind = \"tape\"\n")),
+            "class.x.kind"
+        );
+        assert_eq!(
+            key_of(parse("[[class]]\nname = \"x\"\nkind = \"directory\"\n")),
+            "class.x.path"
+        );
+        assert_eq!(
+            key_of(parse("[[class]]\nname = \"x\"\nkind = \"memory\"\npath = \"/a\"\n")),
+            "class.x.path"
+        );
+        assert_eq!(
+            key_of(parse("[[class]]\nname = \"m\"\nkind = \"memory\"\ncapacity = 1.5\n")),
+            "class.m.capacity"
+        );
         assert_eq!(key_of(parse("compute_mbps = \"quick\"\n")), "compute_mbps");
     }
 
@@ -1093,7 +1234,10 @@ write_mbps = [[1, 300.0], [4, 900.0]]
 
     #[test]
     fn rule_curve_x_at_least_one() {
-        assert_eq!(invalid_key(|m| m.pfs.read_mbps = Curve(vec![(0.0, 10.0), (2.0, 20.0)])), "pfs.read_mbps");
+        assert_eq!(
+            invalid_key(|m| m.pfs.read_mbps = Curve(vec![(0.0, 10.0), (2.0, 20.0)])),
+            "pfs.read_mbps"
+        );
     }
 
     #[test]
@@ -1110,9 +1254,18 @@ write_mbps = [[1, 300.0], [4, 900.0]]
 
     #[test]
     fn rule_curve_y_positive() {
-        assert_eq!(invalid_key(|m| m.staging.write_mbps = Curve(vec![(1.0, 0.0)])), "staging.write_mbps");
-        assert_eq!(invalid_key(|m| m.pfs.read_mbps = Curve(vec![(1.0, f64::NAN)])), "pfs.read_mbps");
-        assert_eq!(key_of(parse("[pfs]\nread_mbps = [[1, 100.0], [2, -1.0]]\n")), "pfs.read_mbps");
+        assert_eq!(
+            invalid_key(|m| m.staging.write_mbps = Curve(vec![(1.0, 0.0)])),
+            "staging.write_mbps"
+        );
+        assert_eq!(
+            invalid_key(|m| m.pfs.read_mbps = Curve(vec![(1.0, f64::NAN)])),
+            "pfs.read_mbps"
+        );
+        assert_eq!(
+            key_of(parse("[pfs]\nread_mbps = [[1, 100.0], [2, -1.0]]\n")),
+            "pfs.read_mbps"
+        );
     }
 
     #[test]
@@ -1127,7 +1280,10 @@ write_mbps = [[1, 300.0], [4, 900.0]]
 
     #[test]
     fn rule_unique_class_names() {
-        assert_eq!(invalid_key(|m| m.classes[1].name = "memory".into()), "class.memory.name");
+        assert_eq!(
+            invalid_key(|m| m.classes[1].name = "memory".into()),
+            "class.memory.name"
+        );
     }
 
     #[test]
@@ -1138,7 +1294,10 @@ write_mbps = [[1, 300.0], [4, 900.0]]
 
     #[test]
     fn rule_directory_needs_path() {
-        assert_eq!(invalid_key(|m| m.classes[1].kind = ClassKind::Directory { path: PathBuf::new() }), "class.ssd.path");
+        assert_eq!(
+            invalid_key(|m| m.classes[1].kind = ClassKind::Directory { path: PathBuf::new() }),
+            "class.ssd.path"
+        );
     }
 
     #[test]
@@ -1165,13 +1324,19 @@ write_mbps = [[1, 300.0], [4, 900.0]]
     fn rule_optional_rates_positive() {
         assert_eq!(invalid_key(|m| m.interconnect_mbps = Some(0.0)), "interconnect_mbps");
         assert_eq!(invalid_key(|m| m.compute_mbps = Some(-1.0)), "compute_mbps");
-        assert_eq!(invalid_key(|m| m.preprocess_mbps = Some(f64::INFINITY)), "preprocess_mbps");
+        assert_eq!(
+            invalid_key(|m| m.preprocess_mbps = Some(f64::INFINITY)),
+            "preprocess_mbps"
+        );
     }
 
     fn two_tier(pfs_mbps: f64, class_mbps: f64) -> SystemModel {
         SystemModel {
             staging: StagingSpec::new(64 << 20, 2),
-            pfs: PfsSpec { read_mbps: Curve::constant(pfs_mbps), open_latency_s: 0.0 },
+            pfs: PfsSpec {
+                read_mbps: Curve::constant(pfs_mbps),
+                open_latency_s: 0.0,
+            },
             classes: vec![ClassSpec {
                 name: "ssd".into(),
                 kind: ClassKind::Directory { path: "/x".into() },

@@ -49,7 +49,13 @@ pub struct ProbeOptions<'a> {
 
 impl Default for ProbeOptions<'_> {
     fn default() -> Self {
-        ProbeOptions { ssd_dir: None, max_files: 256, threads: vec![1, 2, 4, 8], budget_s: 10.0, progress: None }
+        ProbeOptions {
+            ssd_dir: None,
+            max_files: 256,
+            threads: vec![1, 2, 4, 8],
+            budget_s: 10.0,
+            progress: None,
+        }
     }
 }
 
@@ -83,17 +89,27 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
     if threads.is_empty() || threads[0] == 0 || threads[threads.len() - 1] > MAX_THREADS {
         return Err(Error::config(
             "threads",
-            format!("is {:?}; give one or more thread counts in 1..={MAX_THREADS}", opts.threads),
+            format!(
+                "is {:?}; give one or more thread counts in 1..={MAX_THREADS}",
+                opts.threads
+            ),
         ));
     }
     if !(opts.budget_s.is_finite() && opts.budget_s > 0.0) {
-        return Err(Error::config("budget_s", format!("is {}; give a positive number of seconds", opts.budget_s)));
+        return Err(Error::config(
+            "budget_s",
+            format!("is {}; give a positive number of seconds", opts.budget_s),
+        ));
     }
     if opts.max_files == 0 {
         return Err(Error::config("max_files", "is 0; at least 1 file must be read"));
     }
     let budget = Duration::from_secs_f64(opts.budget_s);
-    let (storage_share, memory_share) = if opts.ssd_dir.is_some() { (0.5, 0.15) } else { (0.8, 0.2) };
+    let (storage_share, memory_share) = if opts.ssd_dir.is_some() {
+        (0.5, 0.15)
+    } else {
+        (0.8, 0.2)
+    };
     let storage_end = start + budget.mul_f64(storage_share);
     let memory_end = storage_end + budget.mul_f64(memory_share);
     let end = start + budget;
@@ -103,7 +119,10 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
     let walk_end = start + budget.mul_f64(storage_share * 0.25);
     let mut files = walk(dataset, opts.max_files.saturating_mul(16).max(1024), walk_end)?;
     if files.is_empty() {
-        return Err(Error::config("dataset", format!("{}: no non-empty files found to measure", dataset.display())));
+        return Err(Error::config(
+            "dataset",
+            format!("{}: no non-empty files found to measure", dataset.display()),
+        ));
     }
     let mean_size = files.iter().map(|f| f.1).sum::<u64>() / files.len() as u64;
     shuffle(&mut files, 0x5eed_c1a1_4701_a417);
@@ -123,12 +142,22 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
         opens += r.opens;
         let io = r.elapsed.saturating_sub(r.open_time / p).max(r.elapsed.mul_f64(0.05));
         let mbps = rate(r.bytes, io);
-        opts.say(&format!("probe: storage, {p} readers: {mbps:.1} MB/s ({} files)", r.opens));
+        opts.say(&format!(
+            "probe: storage, {p} readers: {mbps:.1} MB/s ({} files)",
+            r.opens
+        ));
         points.push((p as f64, mbps));
     }
-    let open_latency_s = if opens > 0 { open_total.as_secs_f64() / opens as f64 } else { 0.0 };
+    let open_latency_s = if opens > 0 {
+        open_total.as_secs_f64() / opens as f64
+    } else {
+        0.0
+    };
     opts.say(&format!("probe: storage open latency {:.3} ms", open_latency_s * 1e3));
-    base.pfs = PfsSpec { read_mbps: Curve(points), open_latency_s };
+    base.pfs = PfsSpec {
+        read_mbps: Curve(points),
+        open_latency_s,
+    };
 
     // Memory.
     let mut points = Vec::new();
@@ -166,7 +195,8 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
         let j = match j {
             Some(j) => j,
             None => {
-                base.classes.push(defaults::directory_class("ssd", dir.clone(), Some(0)));
+                base.classes
+                    .push(defaults::directory_class("ssd", dir.clone(), Some(0)));
                 base.classes.len() - 1
             }
         };
@@ -193,7 +223,11 @@ fn rate(bytes: u64, t: Duration) -> f64 {
 fn walk(root: &Path, max: usize, deadline: Instant) -> Result<Vec<(PathBuf, u64)>> {
     let meta = std::fs::metadata(root).map_err(|e| Error::io(root, e))?;
     if meta.is_file() {
-        return Ok(if meta.len() > 0 { vec![(root.to_path_buf(), meta.len())] } else { vec![] });
+        return Ok(if meta.len() > 0 {
+            vec![(root.to_path_buf(), meta.len())]
+        } else {
+            vec![]
+        });
     }
     let mut out = Vec::new();
     let mut stack = vec![root.to_path_buf()];
@@ -401,7 +435,10 @@ fn probe_dir(dir: &Path, size: usize, threads: &[u32], end: Instant, opts: &Prob
                     })
                 })
                 .collect();
-            workers.into_iter().map(|w| w.join().expect("probe writer panicked")).collect()
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("probe writer panicked"))
+                .collect()
         })?;
         let n: usize = written.iter().map(Vec::len).sum();
         let w = rate(n as u64 * size as u64, start.elapsed());
@@ -437,7 +474,10 @@ fn probe_dir(dir: &Path, size: usize, threads: &[u32], end: Instant, opts: &Prob
         for path in written.iter().flatten() {
             let _ = std::fs::remove_file(path);
         }
-        opts.say(&format!("probe: {} with {p} threads: write {w:.0} MB/s, read {r:.0} MB/s ({n} files)", dir.display()));
+        opts.say(&format!(
+            "probe: {} with {p} threads: write {w:.0} MB/s, read {r:.0} MB/s ({n} files)",
+            dir.display()
+        ));
         wp.push((p as f64, w));
         rp.push((p as f64, r));
     }
@@ -485,7 +525,10 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         m.validate().unwrap();
         check_curve(&m.pfs.read_mbps);
-        assert_eq!(m.pfs.read_mbps.0.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1.0, 2.0, 4.0]);
+        assert_eq!(
+            m.pfs.read_mbps.0.iter().map(|p| p.0).collect::<Vec<_>>(),
+            vec![1.0, 2.0, 4.0]
+        );
         assert!(m.pfs.open_latency_s >= 0.0);
         check_curve(&m.staging.write_mbps);
         for c in &m.classes {
@@ -493,7 +536,12 @@ mod tests {
             check_curve(&c.write_mbps);
         }
         let j = m.class_index("ssd").unwrap();
-        assert_eq!(m.classes[j].kind, ClassKind::Directory { path: ssd.path().to_path_buf() });
+        assert_eq!(
+            m.classes[j].kind,
+            ClassKind::Directory {
+                path: ssd.path().to_path_buf()
+            }
+        );
         // Nothing left behind in the SSD directory.
         assert_eq!(std::fs::read_dir(ssd.path()).unwrap().count(), 0);
         assert!(lines.borrow().iter().any(|l| l.contains("storage")));
@@ -510,7 +558,10 @@ mod tests {
         let data = tempfile::tempdir().unwrap();
         let f = data.path().join("one.bin");
         std::fs::write(&f, vec![1u8; 100_000]).unwrap();
-        let opts = ProbeOptions { budget_s: 0.3, ..Default::default() };
+        let opts = ProbeOptions {
+            budget_s: 0.3,
+            ..Default::default()
+        };
         let m = probe(&f, &opts).unwrap();
         m.validate().unwrap();
         check_curve(&m.pfs.read_mbps);
@@ -524,16 +575,31 @@ mod tests {
             Err(Error::Config { key, .. }) => key,
             other => panic!("{other:?}"),
         };
-        let o = ProbeOptions { threads: vec![], ..Default::default() };
+        let o = ProbeOptions {
+            threads: vec![],
+            ..Default::default()
+        };
         assert_eq!(key(probe(data.path(), &o)), "threads");
-        let o = ProbeOptions { threads: vec![0, 2], ..Default::default() };
+        let o = ProbeOptions {
+            threads: vec![0, 2],
+            ..Default::default()
+        };
         assert_eq!(key(probe(data.path(), &o)), "threads");
-        let o = ProbeOptions { budget_s: 0.0, ..Default::default() };
+        let o = ProbeOptions {
+            budget_s: 0.0,
+            ..Default::default()
+        };
         assert_eq!(key(probe(data.path(), &o)), "budget_s");
-        let o = ProbeOptions { max_files: 0, ..Default::default() };
+        let o = ProbeOptions {
+            max_files: 0,
+            ..Default::default()
+        };
         assert_eq!(key(probe(data.path(), &o)), "max_files");
         // No files to read.
-        let o = ProbeOptions { budget_s: 0.2, ..Default::default() };
+        let o = ProbeOptions {
+            budget_s: 0.2,
+            ..Default::default()
+        };
         assert_eq!(key(probe(data.path(), &o)), "dataset");
         assert!(matches!(probe(&data.path().join("missing"), &o), Err(Error::Io { .. })));
     }
@@ -545,7 +611,12 @@ mod tests {
     fn probe_report() {
         let ssd = tempfile::tempdir().unwrap();
         let log = |s: &str| eprintln!("{s}");
-        let opts = ProbeOptions { ssd_dir: Some(ssd.path().to_path_buf()), budget_s: 6.0, progress: Some(&log), ..Default::default() };
+        let opts = ProbeOptions {
+            ssd_dir: Some(ssd.path().to_path_buf()),
+            budget_s: 6.0,
+            progress: Some(&log),
+            ..Default::default()
+        };
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let m = probe(&root, &opts).unwrap();
         println!("{}", m.to_toml_string());

@@ -145,8 +145,11 @@ pub mod defaults {
     /// A directory class with SSD curves; `capacity` None means [`DISK_SHARE`] of the free space
     /// of the file system holding `path` (0 when that cannot be found out).
     pub fn directory_class(name: &str, path: PathBuf, capacity: Option<u64>) -> ClassSpec {
-        let capacity =
-            capacity.unwrap_or_else(|| super::free_space(&path).map(|f| (f as f64 * DISK_SHARE) as u64).unwrap_or(0));
+        let capacity = capacity.unwrap_or_else(|| {
+            super::free_space(&path)
+                .map(|f| (f as f64 * DISK_SHARE) as u64)
+                .unwrap_or(0)
+        });
         ClassSpec {
             name: name.into(),
             kind: ClassKind::Directory { path },
@@ -180,10 +183,15 @@ pub struct Machine {
 
 impl Machine {
     pub fn detect() -> Self {
-        let (mem_total, mem_available) =
-            std::fs::read_to_string("/proc/meminfo").map(|t| parse_meminfo(&t)).unwrap_or((None, None));
+        let (mem_total, mem_available) = std::fs::read_to_string("/proc/meminfo")
+            .map(|t| parse_meminfo(&t))
+            .unwrap_or((None, None));
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        Machine { mem_total, mem_available, cpus }
+        Machine {
+            mem_total,
+            mem_available,
+            cpus,
+        }
     }
 }
 
@@ -224,8 +232,12 @@ pub fn free_space(path: &Path) -> Result<u64> {
 #[cfg(unix)]
 fn statvfs_free(p: &Path) -> Result<u64> {
     use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| Error::io(p, std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL")))?;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+        Error::io(
+            p,
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "path contains NUL"),
+        )
+    })?;
     // SAFETY: `st` is plain old data written by statvfs; `c` is a valid NUL-terminated string.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
@@ -237,7 +249,10 @@ fn statvfs_free(p: &Path) -> Result<u64> {
 
 #[cfg(not(unix))]
 fn statvfs_free(p: &Path) -> Result<u64> {
-    Err(Error::io(p, std::io::Error::new(std::io::ErrorKind::Unsupported, "free space unknown on this platform")))
+    Err(Error::io(
+        p,
+        std::io::Error::new(std::io::ErrorKind::Unsupported, "free space unknown on this platform"),
+    ))
 }
 
 impl SystemModel {
@@ -283,8 +298,15 @@ impl SystemModel {
             None => directory_class("ssd", env::cache_dir().join("ssd"), Some(0)),
         };
         SystemModel {
-            staging: StagingSpec { capacity: staging_cap, threads, write_mbps: dram_write() },
-            pfs: PfsSpec { read_mbps: pfs_read(), open_latency_s: PFS_OPEN_LATENCY_S },
+            staging: StagingSpec {
+                capacity: staging_cap,
+                threads,
+                write_mbps: dram_write(),
+            },
+            pfs: PfsSpec {
+                read_mbps: pfs_read(),
+                open_latency_s: PFS_OPEN_LATENCY_S,
+            },
             classes: vec![memory_class(memory_cap), ssd],
             interconnect_mbps: None,
             compute_mbps: None,
@@ -394,7 +416,13 @@ mod tests {
     #[test]
     fn env_vars_are_declared_once() {
         let names: Vec<_> = env::ALL.iter().map(|v| v.name).collect();
-        for n in ["CLAIRVOYANT_CONFIG", "CLAIRVOYANT_CACHE_DIR", "CLAIRVOYANT_SSD_DIR", "CLAIRVOYANT_MEMORY", "CLAIRVOYANT_STAGING"] {
+        for n in [
+            "CLAIRVOYANT_CONFIG",
+            "CLAIRVOYANT_CACHE_DIR",
+            "CLAIRVOYANT_SSD_DIR",
+            "CLAIRVOYANT_MEMORY",
+            "CLAIRVOYANT_STAGING",
+        ] {
             assert_eq!(names.iter().filter(|&&x| x == n).count(), 1, "{n}");
         }
         assert!(env::ALL.iter().all(|v| !v.doc.is_empty() && !v.default.is_empty()));
@@ -422,8 +450,20 @@ mod tests {
 
     #[test]
     fn detect_on_small_and_unknown_machines() {
-        for (avail, cpus) in [(Some(64u64 << 20), 1), (Some(512 << 20), 2), (Some(256 << 30), 128), (None, 4)] {
-            let m = SystemModel::detect_on(&Machine { mem_total: avail, mem_available: avail, cpus }, None);
+        for (avail, cpus) in [
+            (Some(64u64 << 20), 1),
+            (Some(512 << 20), 2),
+            (Some(256 << 30), 128),
+            (None, 4),
+        ] {
+            let m = SystemModel::detect_on(
+                &Machine {
+                    mem_total: avail,
+                    mem_available: avail,
+                    cpus,
+                },
+                None,
+            );
             m.validate().unwrap();
             assert!((2..=8).contains(&m.staging.threads));
             if let Some(a) = avail {
@@ -432,9 +472,19 @@ mod tests {
                 assert!(mem as f64 <= a as f64 * defaults::MEMORY_SHARE);
             }
         }
-        let m = SystemModel::detect_on(&Machine { mem_total: None, mem_available: Some(64 << 30), cpus: 8 }, None);
+        let m = SystemModel::detect_on(
+            &Machine {
+                mem_total: None,
+                mem_available: Some(64 << 30),
+                cpus: 8,
+            },
+            None,
+        );
         assert_eq!(m.staging.capacity, defaults::STAGING_CAPACITY);
-        assert_eq!(m.classes[0].capacity, ((64u64 << 30) as f64 * 0.4) as u64 / defaults::MIB * defaults::MIB);
+        assert_eq!(
+            m.classes[0].capacity,
+            ((64u64 << 30) as f64 * 0.4) as u64 / defaults::MIB * defaults::MIB
+        );
     }
 
     #[test]
@@ -444,7 +494,12 @@ mod tests {
         let _g = EnvGuard::set(&all_unset(&[("CLAIRVOYANT_SSD_DIR", Some(&d))]));
         let m = SystemModel::detect();
         let ssd = &m.classes[m.class_index("ssd").unwrap()];
-        assert_eq!(ssd.kind, ClassKind::Directory { path: dir.path().to_path_buf() });
+        assert_eq!(
+            ssd.kind,
+            ClassKind::Directory {
+                path: dir.path().to_path_buf()
+            }
+        );
         let free = free_space(dir.path()).unwrap();
         assert!(ssd.capacity > 0 || free < 2 * defaults::MIB);
         assert!(ssd.capacity <= free / 2 + 1);
@@ -470,14 +525,20 @@ mod tests {
             ("CLAIRVOYANT_STAGING", Some("lots")),
         ]));
         let e = SystemModel::resolve(None).unwrap_err();
-        assert!(matches!(&e, Error::Config { key, .. } if key == "CLAIRVOYANT_STAGING"), "{e}");
+        assert!(
+            matches!(&e, Error::Config { key, .. } if key == "CLAIRVOYANT_STAGING"),
+            "{e}"
+        );
         drop(_g);
         let _g = EnvGuard::set(&all_unset(&[
             ("CLAIRVOYANT_CACHE_DIR", Some("/nonexistent/clairvoyant-cache")),
             ("CLAIRVOYANT_STAGING", Some("0")),
         ]));
         let e = SystemModel::resolve(None).unwrap_err();
-        assert!(matches!(&e, Error::Config { key, .. } if key == "staging.capacity"), "{e}");
+        assert!(
+            matches!(&e, Error::Config { key, .. } if key == "staging.capacity"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -485,7 +546,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("cache");
         let cache_s = cache.to_str().unwrap().to_string();
-        let mut cached = SystemModel::detect_on(&Machine { mem_total: None, mem_available: Some(8 << 30), cpus: 4 }, None);
+        let mut cached = SystemModel::detect_on(
+            &Machine {
+                mem_total: None,
+                mem_available: Some(8 << 30),
+                cpus: 4,
+            },
+            None,
+        );
         cached.pfs.read_mbps = Curve::constant(111.0);
         cached.save(cache.join("system.toml")).unwrap();
         let mut other = cached.clone();
@@ -518,7 +586,10 @@ mod tests {
         // A missing CLAIRVOYANT_CONFIG file is named with the variable.
         let _g = EnvGuard::set(&all_unset(&[("CLAIRVOYANT_CONFIG", Some("/nonexistent/x.toml"))]));
         let e = SystemModel::resolve(None).unwrap_err();
-        assert!(matches!(&e, Error::Config { key, reason } if key == "CLAIRVOYANT_CONFIG" && reason.contains("/nonexistent/x.toml")), "{e}");
+        assert!(
+            matches!(&e, Error::Config { key, reason } if key == "CLAIRVOYANT_CONFIG" && reason.contains("/nonexistent/x.toml")),
+            "{e}"
+        );
     }
 
     #[test]
