@@ -149,7 +149,7 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
         points.push((p as f64, mbps));
     }
     let open_latency_s = if opens > 0 {
-        open_total.as_secs_f64() / opens as f64
+        round_sig(open_total.as_secs_f64() / opens as f64, 3)
     } else {
         0.0
     };
@@ -212,10 +212,20 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
     Ok(base)
 }
 
-/// MB/s for `bytes` in `t`, never 0 (curves need y > 0).
+/// MB/s for `bytes` in `t` to 4 significant digits (measurements are not more precise, and the
+/// saved file stays readable), never 0 (curves need y > 0).
 fn rate(bytes: u64, t: Duration) -> f64 {
     let s = t.as_secs_f64().max(1e-6);
-    (bytes as f64 / 1e6 / s).max(1e-3)
+    round_sig((bytes as f64 / 1e6 / s).max(1e-3), 4)
+}
+
+/// `x` rounded to `digits` significant decimal digits.
+fn round_sig(x: f64, digits: i32) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
 }
 
 /// Non-empty regular files under `root` (or `root` itself when it is a file), with sizes; stops
@@ -620,6 +630,14 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let m = probe(&root, &opts).unwrap();
         println!("{}", m.to_toml_string());
+    }
+
+    #[test]
+    fn rounding() {
+        assert_eq!(round_sig(2069.4727502482565, 4), 2069.0);
+        assert_eq!(round_sig(0.00492595703125, 3), 0.00493);
+        assert_eq!(round_sig(13137.79, 4), 13140.0);
+        assert_eq!(rate(0, Duration::from_secs(1)), 1e-3);
     }
 
     #[test]
