@@ -179,6 +179,37 @@ impl Drop for RingBuf {
     }
 }
 
+/// The node cache's name: a hash of everything but capacities that decides the placement.
+fn node_key(spec: &JobSpec, fingerprint: u64) -> u64 {
+    let sched = &spec.schedule;
+    let mut h = fnv1a(spec.run_id.as_bytes(), 0xcbf2_9ce4_8422_2325);
+    h = fnv1a(&fingerprint.to_le_bytes(), h);
+    h = fnv1a(&spec.first_epoch.to_le_bytes(), h);
+    for v in [
+        sched.world_size as u64,
+        sched.batch_size as u64,
+        sched.epochs as u64,
+        sched.drop_last as u64,
+    ] {
+        h = fnv1a(&v.to_le_bytes(), h);
+    }
+    match &sched.order {
+        crate::schedule::Order::Shuffle { seed, .. } => h = fnv1a(&seed.to_le_bytes(), h),
+        crate::schedule::Order::Explicit { epochs, .. } => {
+            for order in epochs {
+                h = fnv1a(&(order.len() as u64).to_le_bytes(), h);
+                for k in order {
+                    h = fnv1a(&k.to_le_bytes(), h);
+                }
+            }
+        }
+    }
+    for r in &spec.local_ranks {
+        h = fnv1a(&r.to_le_bytes(), h);
+    }
+    h
+}
+
 fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
     for b in bytes {
         h ^= *b as u64;
@@ -247,11 +278,28 @@ impl Engine {
             batch_ends.push(e.batch_ends);
         }
 
-        // The node's placement, computed identically on every local rank.
+        // The node cache: every local rank derives the same key, agrees on the capacities the
+        // first rank proposed, and so computes the very same placement.
         let f = source.len();
+        let mut cache = NodeCache::attach(
+            &format!("{:016x}", node_key(&spec, source.fingerprint())),
+            f,
+            spec.local_ranks.len() as u32,
+        )?;
         let typical = if f == 0 { 0 } else { source.total_bytes() / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
-        let capacities: Vec<u64> = useful.iter().map(|&j| model.classes[j].capacity).collect();
+        let proposal: Vec<u64> = useful.iter().map(|&j| model.classes[j].capacity).collect();
+        let capacities = cache.agree(&proposal)?;
+        if capacities.len() != proposal.len() {
+            return Err(Error::config(
+                "class",
+                format!(
+                    "this rank would cache in {} classes but another local rank chose {}: give every local rank the same configuration",
+                    proposal.len(),
+                    capacities.len()
+                ),
+            ));
+        }
         let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
         let placement = Placement::compute(&access, |k| source.size(k), &capacities);
 
@@ -276,28 +324,7 @@ impl Engine {
                 }
             }
         }
-
-        let mut key_hash = fnv1a(spec.run_id.as_bytes(), 0xcbf2_9ce4_8422_2325);
-        key_hash = fnv1a(&source.fingerprint().to_le_bytes(), key_hash);
-        key_hash = fnv1a(&spec.first_epoch.to_le_bytes(), key_hash);
-        for v in [
-            sched.world_size as u64,
-            sched.batch_size as u64,
-            sched.epochs as u64,
-            sched.drop_last as u64,
-        ] {
-            key_hash = fnv1a(&v.to_le_bytes(), key_hash);
-        }
-        if let crate::schedule::Order::Shuffle { seed, .. } = sched.order {
-            key_hash = fnv1a(&seed.to_le_bytes(), key_hash);
-        }
-        for r in &spec.local_ranks {
-            key_hash = fnv1a(&r.to_le_bytes(), key_hash);
-        }
-        for c in &capacities {
-            key_hash = fnv1a(&c.to_le_bytes(), key_hash);
-        }
-        let cache = NodeCache::attach(&format!("{key_hash:016x}"), f, arena_len, &dirs)?;
+        cache.map_classes(arena_len, &dirs)?;
 
         let ring_cap = model.staging.capacity;
         let ring = RingBuf::new(ring_cap as usize);

@@ -5,8 +5,10 @@ pub mod engine;
 pub mod error;
 pub mod model;
 pub mod plan;
+pub mod probe;
 pub mod schedule;
 pub mod source;
+pub mod sysinfo;
 pub mod tier;
 
 pub use error::{Error, Result};

@@ -102,10 +102,7 @@ fn model(staging: u64, memory: u64, ssd: Option<(PathBuf, u64)>) -> SystemModel 
         });
     }
     SystemModel {
-        staging: StagingSpec {
-            capacity: staging,
-            threads: 3,
-        },
+        staging: StagingSpec::new(staging, 3),
         pfs: PfsSpec {
             read_mbps: Curve::constant(100.0),
             open_latency_s: 0.001,
@@ -189,7 +186,10 @@ fn local_ranks_share_one_node_cache() {
     let m = model(8192, 1 << 20, None);
     let threads: Vec<_> = (0..2u32)
         .map(|r| {
-            let (src, m) = (src.clone(), m.clone());
+            let (src, mut m) = (src.clone(), m.clone());
+            // Detected capacities differ between ranks started a moment apart; they must still
+            // agree on one placement.
+            m.classes[0].capacity += r as u64 * 4096;
             std::thread::spawn(move || {
                 let sp = spec(500, 2, r, vec![0, 1], 3, "shared-run");
                 let sched = sp.schedule.clone();

@@ -1,43 +1,65 @@
-//! Bindings of `clairvoyant_core::model`: system descriptions as TOML text.
+//! Bindings of `clairvoyant_core::model` and `probe`: system descriptions travel as TOML text.
+
+use std::path::{Path, PathBuf};
 
 use clairvoyant_core::model::SystemModel;
+use clairvoyant_core::probe::ProbeOptions;
 use pyo3::prelude::*;
 
-use crate::errors::ConfigError;
+use crate::errors::IntoPy;
 
-/// The model from TOML text, or the machine's defaults.
+/// The model from resolved TOML text (as `resolve_config` returns it), or resolved afresh.
 pub fn model_from(toml_text: Option<String>) -> PyResult<SystemModel> {
     match toml_text {
-        Some(t) => toml::from_str(&t).map_err(|e| ConfigError::new_err(e.to_string())),
-        None => Ok(fallback()),
+        Some(t) => SystemModel::from_toml_str(&t, Path::new("<resolved config>")).py_err(),
+        None => Ok(SystemModel::resolve(None).py_err()?.0),
     }
 }
 
-fn fallback() -> SystemModel {
-    use clairvoyant_core::model::*;
-    SystemModel {
-        staging: StagingSpec {
-            capacity: 256 << 20,
-            threads: 4,
-        },
-        pfs: PfsSpec {
-            read_mbps: Curve(vec![(1.0, 200.0), (8.0, 2000.0)]),
-            open_latency_s: 0.001,
-        },
-        classes: vec![ClassSpec {
-            name: "memory".into(),
-            kind: ClassKind::Memory,
-            capacity: 4 << 30,
-            threads: 2,
-            read_mbps: Curve(vec![(1.0, 5000.0), (4.0, 20000.0)]),
-            write_mbps: Curve(vec![(1.0, 5000.0), (4.0, 20000.0)]),
-        }],
-        interconnect_mbps: None,
-        compute_mbps: None,
-        preprocess_mbps: None,
-    }
+/// (path used or None for machine defaults, the model as TOML text): an explicit file, else
+/// $CLAIRVOYANT_CONFIG, else `<cache dir>/system.toml`, else detected; environment overrides
+/// applied; validated.
+#[pyfunction]
+#[pyo3(signature = (path=None))]
+pub fn resolve_config(path: Option<PathBuf>) -> PyResult<(Option<String>, String)> {
+    let (model, used) = SystemModel::resolve(path.as_deref()).py_err()?;
+    Ok((used.map(|p| p.display().to_string()), model.to_toml_string()))
 }
 
-pub fn register(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+/// Measure the dataset's storage and the local tiers; returns the model as TOML text and writes
+/// it to `output` when given. Progress goes to stderr.
+#[pyfunction]
+#[pyo3(signature = (dataset, output=None, ssd_dir=None, max_files=256, budget_s=10.0))]
+pub fn probe(
+    py: Python<'_>,
+    dataset: PathBuf,
+    output: Option<PathBuf>,
+    ssd_dir: Option<PathBuf>,
+    max_files: usize,
+    budget_s: f64,
+) -> PyResult<String> {
+    let model = py
+        .detach(|| {
+            let progress = |msg: &str| eprintln!("probe: {msg}");
+            let opts = ProbeOptions {
+                ssd_dir,
+                max_files,
+                budget_s,
+                progress: Some(&progress),
+                ..ProbeOptions::default()
+            };
+            let model = clairvoyant_core::probe::probe(&dataset, &opts)?;
+            if let Some(out) = &output {
+                model.save(out)?;
+            }
+            Ok::<_, clairvoyant_core::Error>(model)
+        })
+        .py_err()?;
+    Ok(model.to_toml_string())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(probe, m)?)?;
     Ok(())
 }

@@ -22,10 +22,14 @@ pub const READY: u32 = 2;
 pub const FAILED: u32 = 3;
 
 const MAGIC: u32 = 0x4356_0002; // "CV", layout version 2
-/// Header words: magic, attach count, 6 reserved, then one slot per attached process id.
+/// Header words: magic, attached now, detached so far, capacity agreement state, number of
+/// agreed capacities, 3 reserved, one slot per process id, then the agreed capacities (u64 as
+/// two words each).
 const PID_SLOTS: usize = 64;
 const FIRST_PID_SLOT: usize = 8;
-const HEADER_WORDS: usize = FIRST_PID_SLOT + PID_SLOTS;
+const MAX_CLASSES: usize = 8;
+const FIRST_CAPACITY: usize = FIRST_PID_SLOT + PID_SLOTS;
+const HEADER_WORDS: usize = FIRST_CAPACITY + 2 * MAX_CLASSES;
 
 /// Outcome of [`NodeCache::acquire`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +48,7 @@ pub struct NodeCache {
     arena: Option<MmapRaw>,
     arena_len: u64,
     dirs: Vec<PathBuf>,
+    users: u32,
     detached: std::sync::atomic::AtomicBool,
 }
 
@@ -81,27 +86,19 @@ fn open_shared(path: &Path, len: u64) -> Result<(File, MmapRaw)> {
 }
 
 impl NodeCache {
-    /// Attach to (or create) the node cache named `key`. `arena_len` is the memory class's used
-    /// bytes (0 for none); `dirs` are the directory classes' base paths (each gets a `key`
-    /// subdirectory).
-    pub fn attach(key: &str, samples: usize, arena_len: u64, dirs: &[PathBuf]) -> Result<NodeCache> {
+    /// Attach to (or create) the state of the node cache named `key`; then [`NodeCache::agree`]
+    /// on capacities and [`NodeCache::map_classes`].
+    ///
+    /// `users` is how many attachments (local ranks) the cache expects over its life: it is
+    /// removed once that many have detached and none is attached, so a rank that finishes
+    /// before another has started does not take the cache away from it.
+    pub fn attach(key: &str, samples: usize, users: u32) -> Result<NodeCache> {
         let base = shm_dir();
         let state_path = base.join(format!("clairvoyant-{key}.state"));
         let state_len = ((HEADER_WORDS + samples) * 4) as u64;
         let (_f, state) = open_shared(&state_path, state_len)?;
-        let (arena_path, arena) = if arena_len > 0 {
-            let p = base.join(format!("clairvoyant-{key}.mem"));
-            let (_f, m) = open_shared(&p, arena_len)?;
-            (Some(p), Some(m))
-        } else {
-            (None, None)
-        };
-        let mut class_dirs = Vec::new();
-        for d in dirs {
-            let dir = d.join(format!("clairvoyant-{key}"));
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            class_dirs.push(dir);
-        }
+        let (arena_path, arena, arena_len) = (None, None, 0);
+        let class_dirs = Vec::new();
         let cache = NodeCache {
             state_path,
             state,
@@ -110,6 +107,7 @@ impl NodeCache {
             arena,
             arena_len,
             dirs: class_dirs,
+            users,
             detached: false.into(),
         };
         let magic = cache.header(0);
@@ -133,6 +131,77 @@ impl NodeCache {
         }
         remove_stale_segments(&base, &cache.state_path);
         Ok(cache)
+    }
+
+    /// Agree with the other local ranks on the class capacities the placement uses: the first
+    /// rank to get here publishes its `proposal`, everyone gets the published values. (Detected
+    /// capacities depend on free memory and disk at the moment each rank starts, and the ranks
+    /// must compute the very same placement, since it fixes every sample's offset.)
+    pub fn agree(&self, proposal: &[u64]) -> Result<Vec<u64>> {
+        if proposal.len() > MAX_CLASSES {
+            return Err(Error::config(
+                "class",
+                format!("at most {MAX_CLASSES} storage classes are supported"),
+            ));
+        }
+        let flag = self.header(3);
+        if flag.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.header(4).store(proposal.len() as u32, Ordering::Relaxed);
+            for (i, &c) in proposal.iter().enumerate() {
+                self.header(FIRST_CAPACITY + 2 * i).store(c as u32, Ordering::Relaxed);
+                self.header(FIRST_CAPACITY + 2 * i + 1)
+                    .store((c >> 32) as u32, Ordering::Relaxed);
+            }
+            flag.store(2, Ordering::Release);
+            futex::wake_all(flag);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while flag.load(Ordering::Acquire) != 2 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(Error::Io {
+                    path: self.state_path.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "another local rank began initialising this node cache and did not finish; remove the file",
+                    ),
+                });
+            }
+            futex::wait(flag, 1, deadline - now);
+        }
+        let n = self.header(4).load(Ordering::Relaxed) as usize;
+        Ok((0..n)
+            .map(|i| {
+                let lo = self.header(FIRST_CAPACITY + 2 * i).load(Ordering::Relaxed) as u64;
+                let hi = self.header(FIRST_CAPACITY + 2 * i + 1).load(Ordering::Relaxed) as u64;
+                lo | (hi << 32)
+            })
+            .collect())
+    }
+
+    /// Map the memory class (`arena_len` used bytes; 0 for none) and create the directory
+    /// classes (a `clairvoyant-<key>` subdirectory of each path).
+    pub fn map_classes(&mut self, arena_len: u64, dirs: &[PathBuf]) -> Result<()> {
+        let key = self
+            .state_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".state"))
+            .expect("state file name")
+            .to_string();
+        if arena_len > 0 {
+            let p = self.state_path.with_extension("mem");
+            let (_f, m) = open_shared(&p, arena_len)?;
+            self.arena_path = Some(p);
+            self.arena = Some(m);
+            self.arena_len = arena_len;
+        }
+        for d in dirs {
+            let dir = d.join(&key);
+            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            self.dirs.push(dir);
+        }
+        Ok(())
     }
 
     fn header(&self, i: usize) -> &AtomicU32 {
@@ -252,7 +321,8 @@ impl NodeCache {
         }
         // The process's slot stays: another job of this process may still use the segment, and
         // the janitor only removes segments whose recorded processes are all gone.
-        if self.header(1).fetch_sub(1, Ordering::AcqRel) == 1 {
+        let done = self.header(2).fetch_add(1, Ordering::AcqRel) + 1;
+        if self.header(1).fetch_sub(1, Ordering::AcqRel) == 1 && done >= self.users {
             let _ = std::fs::remove_file(&self.state_path);
             if let Some(p) = &self.arena_path {
                 let _ = std::fs::remove_file(p);
@@ -326,8 +396,13 @@ mod tests {
     fn claim_fill_publish_shared_between_handles() {
         let key = format!("test-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
         let dir = tempfile::tempdir().unwrap();
-        let a = NodeCache::attach(&key, 10, 100, &[dir.path().to_path_buf()]).unwrap();
-        let b = NodeCache::attach(&key, 10, 100, &[dir.path().to_path_buf()]).unwrap();
+        let open = |key: &str, d: &Path| {
+            let mut c = NodeCache::attach(key, 10, 2).unwrap();
+            c.map_classes(100, &[d.to_path_buf()]).unwrap();
+            c
+        };
+        let a = open(&key, dir.path());
+        let b = open(&key, dir.path());
         assert!(a.claim(3));
         assert!(!b.claim(3));
         // SAFETY: 3..13 lies inside the 100-byte arena, claimed by `a`.
@@ -336,7 +411,8 @@ mod tests {
             let key = key.clone();
             let d = dir.path().to_path_buf();
             move || {
-                let c = NodeCache::attach(&key, 10, 100, &[d]).unwrap();
+                let mut c = NodeCache::attach(&key, 10, 2).unwrap();
+                c.map_classes(100, &[d]).unwrap();
                 c.wait_filled(3, Duration::from_secs(5))
             }
         });
@@ -371,16 +447,33 @@ mod tests {
         let live = base.join(format!("clairvoyant-live-test-{}.state", std::process::id()));
         header[FIRST_PID_SLOT * 4..FIRST_PID_SLOT * 4 + 4].copy_from_slice(&std::process::id().to_ne_bytes());
         std::fs::write(&live, &header).unwrap();
-        let _c = NodeCache::attach(&format!("janitor-{}", std::process::id()), 1, 0, &[]).unwrap();
+        let _c = NodeCache::attach(&format!("janitor-{}", std::process::id()), 1, 1).unwrap();
         assert!(!stale.exists() && !mem.exists(), "stale segment removed");
         assert!(live.exists(), "a live process's segment stays");
         std::fs::remove_file(live).unwrap();
     }
 
     #[test]
+    fn cache_outlives_an_early_finisher_until_every_user_came() {
+        let key = format!("test-users-{}", std::process::id());
+        let a = NodeCache::attach(&key, 4, 2).unwrap();
+        assert_eq!(a.agree(&[100, 7]).unwrap(), vec![100, 7]);
+        assert!(a.claim(0));
+        a.publish(0, true);
+        let state = a.state_path.clone();
+        drop(a);
+        assert!(state.exists(), "the second rank has not attached yet");
+        let b = NodeCache::attach(&key, 4, 2).unwrap();
+        assert_eq!(b.agree(&[5 << 33, 1]).unwrap(), vec![100, 7], "the first proposal wins");
+        assert!(b.is_ready(0), "the first rank's fill is still there");
+        drop(b);
+        assert!(!state.exists());
+    }
+
+    #[test]
     fn wait_times_out_instead_of_hanging() {
         let key = format!("test-timeout-{}", std::process::id());
-        let a = NodeCache::attach(&key, 4, 0, &[]).unwrap();
+        let a = NodeCache::attach(&key, 4, 1).unwrap();
         assert!(a.claim(1));
         let t0 = std::time::Instant::now();
         assert_eq!(a.wait_filled(1, Duration::from_millis(50)), FILLING);
