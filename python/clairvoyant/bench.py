@@ -35,8 +35,10 @@ TARGETS = {
 
 
 # -- (a) the demo comparison, larger ---------------------------------------------------------
-def bench_training(out: Path, samples: int, epochs: int, log) -> dict:
-    result = demo.run_comparison(out / "bench" / "training", out / "bench" / "data", samples=samples, epochs=epochs, log=log)
+def bench_training(out: Path, samples: int, epochs: int, log, progress: str = "stdout") -> dict:
+    result = demo.run_comparison(
+        out / "bench" / "training", out / "bench" / "data", samples=samples, epochs=epochs, log=log, progress=progress
+    )
     p, c = result["pytorch"], result["clairvoyant"]
     cfg = result["config"]
     bandwidth = cfg["bandwidth_mbps"] * 1e6
@@ -244,7 +246,8 @@ def main(argv: Optional[list] = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
 
-    training = bench_training(out, args.samples, args.epochs, log) if args.only in (None, "training") else None
+    progress = "stderr" if args.json else "stdout"
+    training = bench_training(out, args.samples, args.epochs, log, progress) if args.only in (None, "training") else None
     overhead = bench_overhead(out, args.small_files, log) if args.only in (None, "overhead") else None
     targets = evaluate(training, overhead)
     figures: dict[str, Any] = {

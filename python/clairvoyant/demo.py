@@ -147,6 +147,9 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
             fingerprints, seen[:] = list(seen), []
         epoch_seconds = time.perf_counter() - start
         ctx.sync()
+        if ctx.rank == 0 and cfg.get("progress"):
+            stream = sys.stderr if cfg["progress"] == "stderr" else sys.stdout
+            print(f"  {cfg['loader']}: epoch {epoch} took {epoch_seconds:.1f} s", file=stream, flush=True)
         row = {
             "epoch": epoch,
             "epoch_seconds": epoch_seconds,
@@ -220,6 +223,7 @@ def run_comparison(
     seed: int = 0,
     loaders: tuple = ("pytorch", "clairvoyant"),
     log=print,
+    progress: Optional[str] = "stdout",
 ) -> dict:
     """Generate (or reuse) the dataset and train with each loader; returns the result dict that
     ``out/demo.json`` holds."""
@@ -280,6 +284,7 @@ def run_comparison(
             "batch_size": batch_size,
             "num_workers": num_workers,
             "seed": seed,
+            "progress": progress,
         }
         fs.reset()
         before = fs.bytes_read
