@@ -36,7 +36,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterator, Optional
 
-import numpy as np
 import torch as _torch
 from torch.utils.data import default_collate
 
