@@ -1,0 +1,222 @@
+"""Emulation helpers for the demo, the benchmarks and the tests.
+
+- :func:`make_imagefolder` writes a deterministic ImageFolder of real JPEGs whose sizes vary.
+- :class:`EmulatedAccelerator` stands in for a GPU: a training step takes ``bytes / rate``
+  seconds, slept (so it costs no CPU), and the compute time is accumulated.
+- :func:`run_ranks` runs one function in N rank processes on this host (multiprocessing spawn),
+  each with the launcher variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK,
+  LOCAL_WORLD_SIZE) and a shared barrier so that ranks advance step by step as with DDP.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing as mp
+import os
+import shutil
+import time
+import traceback
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+# Bumped whenever the generated images change, so a stale dataset is regenerated.
+_FORMAT = 1
+_MARKER = ".clairvoyant-dataset.json"
+
+
+def make_imagefolder(
+    root: str | os.PathLike,
+    num_classes: int,
+    per_class: int,
+    size_range: tuple[int, int] = (112, 208),
+    seed: int = 0,
+    quality: int = 90,
+) -> int:
+    """Write ``num_classes * per_class`` JPEGs under ``root/class_XXX/img_XXXXX.jpg``.
+
+    Each image is a colour gradient with noise; side lengths are drawn from ``size_range`` so
+    file sizes vary (about 10-45 KB for the default range). The output depends only on the
+    arguments. When ``root`` already holds a dataset made with the same arguments it is reused.
+    Returns the total size of the files in bytes.
+    """
+    from PIL import Image
+
+    root = Path(root)
+    params = {
+        "format": _FORMAT,
+        "num_classes": num_classes,
+        "per_class": per_class,
+        "size_range": list(size_range),
+        "seed": seed,
+        "quality": quality,
+    }
+    marker = root / _MARKER
+    if marker.exists():
+        try:
+            recorded = json.loads(marker.read_text())
+            if recorded.get("params") == params:
+                return int(recorded["total_bytes"])
+        except (ValueError, KeyError):
+            pass
+    if root.exists():
+        shutil.rmtree(root)
+    tmp = root.with_name(root.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    lo, hi = size_range
+    total = 0
+    for c in range(num_classes):
+        class_dir = tmp / f"class_{c:03d}"
+        class_dir.mkdir(parents=True)
+        for i in range(per_class):
+            rng = np.random.default_rng([seed, c, i])
+            w, h = (int(x) for x in rng.integers(lo, hi + 1, size=2))
+            colour0, colour1 = rng.uniform(0, 255, size=(2, 3))
+            t = np.linspace(0.0, 1.0, w, dtype=np.float32)[None, :, None]
+            img = colour0 * (1 - t) + colour1 * t + rng.normal(0, rng.uniform(40, 120), size=(h, w, 3))
+            buf = io.BytesIO()
+            Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=quality)
+            data = buf.getvalue()
+            (class_dir / f"img_{i:05d}.jpg").write_bytes(data)
+            total += len(data)
+    (tmp / _MARKER).write_text(json.dumps({"params": params, "total_bytes": total}))
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(root)
+    return total
+
+
+def list_imagefolder(root: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
+    """(paths, labels, classes) of an ImageFolder directory, in torchvision's order: classes
+    sorted, files sorted within each class. Hidden files are skipped."""
+    root = Path(root)
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    paths: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        for f in sorted((root / name).iterdir()):
+            if f.is_file() and not f.name.startswith("."):
+                paths.append(str(f))
+                labels.append(label)
+    return paths, labels, classes
+
+
+def fingerprint(data: bytes | memoryview | np.ndarray) -> int:
+    """A cheap content fingerprint (CRC-32) that identifies a sample by its bytes."""
+    return zlib.crc32(data)
+
+
+class EmulatedAccelerator:
+    """A stand-in for a GPU that processes ``bytes_per_second`` bytes of samples per second.
+
+    ``step(batch_bytes)`` sleeps ``batch_bytes / bytes_per_second`` seconds, as a training step
+    on a real accelerator takes time without using the host CPU; ``compute_seconds`` is the
+    total time stepped.
+    """
+
+    def __init__(self, bytes_per_second: float):
+        if bytes_per_second <= 0:
+            raise ValueError(f"bytes_per_second must be positive, got {bytes_per_second}")
+        self.bytes_per_second = float(bytes_per_second)
+        self.compute_seconds = 0.0
+
+    def step(self, batch_bytes: float) -> float:
+        """Run one step on ``batch_bytes`` bytes; returns the seconds it took."""
+        seconds = batch_bytes / self.bytes_per_second
+        start = time.perf_counter()
+        deadline = start + seconds
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            time.sleep(left)
+        took = time.perf_counter() - start
+        self.compute_seconds += took
+        return took
+
+
+@dataclass
+class RankContext:
+    """What :func:`run_ranks` hands to each rank's function."""
+
+    rank: int
+    world_size: int
+    barrier: Any  # multiprocessing.Barrier shared by all ranks
+
+    def sync(self) -> None:
+        """Wait until every rank reaches this point (one DDP all-reduce)."""
+        self.barrier.wait()
+
+
+def _rank_main(fn, rank, world_size, barrier, results, env, args):
+    os.environ.update(env)
+    try:
+        out = fn(RankContext(rank, world_size, barrier), *args)
+        results.put((rank, True, out))
+    except BaseException:  # report every failure to the parent, then let the others go
+        barrier.abort()
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+) -> list[Any]:
+    """Run ``fn(RankContext, *args)`` in ``world_size`` spawned processes on this host and return
+    their results in rank order. ``fn`` must be importable (a module-level function).
+
+    Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (one machine) plus ``env``.
+    If any rank fails, the barrier is broken so the others stop too, and a RuntimeError carrying
+    the failing rank's traceback is raised.
+    """
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(world_size)
+    results = ctx.Queue()
+    procs = []
+    for rank in range(world_size):
+        penv = {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            **(env or {}),
+        }
+        p = ctx.Process(target=_rank_main, args=(fn, rank, world_size, barrier, results, penv, tuple(args)), daemon=False)
+        p.start()
+        procs.append(p)
+    outs: dict[int, Any] = {}
+    errors: list[str] = []
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while len(outs) + len(errors) < world_size:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                rank, ok, value = results.get(timeout=wait if wait is not None else 5.0)
+            except Exception:  # queue.Empty
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"ranks did not finish within {timeout} s")
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without reporting")
+                continue
+            if ok:
+                outs[rank] = value
+            else:
+                errors.append(f"rank {rank} failed:\n{value}")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [outs[r] for r in range(world_size)]

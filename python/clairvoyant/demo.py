@@ -1,0 +1,381 @@
+"""Demo: PyTorch's DataLoader and clairvoyant side by side on an emulated shared file system.
+
+``python -m clairvoyant.demo`` (or ``./dev demo``) generates a small ImageFolder of real JPEGs
+under ``out/demo/data`` (reused when present), emulates a shared file system with a per-open
+latency and an aggregate bandwidth shared by all ranks, and trains with an emulated accelerator
+on 2 rank processes for 3 epochs, twice:
+
+- PyTorch: a torchvision-style ImageFolder whose loader reads the file bytes through the
+  emulated file system, a DistributedSampler and ``torch.utils.data.DataLoader``.
+- clairvoyant: ``clairvoyant.Job`` over ``clairvoyant.ImageFolder(root, emulated=fs)`` and
+  ``clairvoyant.torch.DataLoader``.
+
+Both decode with PIL and apply the same transforms with one worker per rank (the same CPU
+budget). The accelerator's aggregate speed is ``--compute-ratio`` times the file
+system's bandwidth (default 0.8); calibrated so that PyTorch's DataLoader, which reads the whole
+dataset every epoch, keeps the accelerator about half busy.
+
+Per epoch it prints time, accelerator utilization (compute time / epoch time), stall time (time
+the training loop waited for data), samples by source and bytes read from the emulated file
+system, and writes ``out/demo.json`` and ``out/demo.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+from . import _report
+from ._emulation import EmulatedAccelerator, RankContext, fingerprint, list_imagefolder, make_imagefolder, run_ranks
+
+DEFAULT_SAMPLES = 2000
+DEFAULT_CLASSES = 10
+DEFAULT_BANDWIDTH_MBPS = 12.0
+DEFAULT_LATENCY_MS = 2.0
+# Accelerator speed / file system bandwidth. With one worker per rank, PyTorch's DataLoader
+# pays the open latency and the decode serially with the transfer, and ranks wait for each other
+# at every step, so it needs about twice the compute time per epoch at this ratio.
+DEFAULT_COMPUTE_RATIO = 0.8
+IMAGE_SIZE = 64
+
+
+def _transform():
+    from torchvision import transforms as T
+
+    return T.Compose([T.RandomResizedCrop(IMAGE_SIZE, scale=(0.25, 1.0)), T.RandomHorizontalFlip(), T.ToTensor()])
+
+
+class FsImageFolder:
+    """torchvision's ImageFolder, except that files are read through the emulated file system.
+
+    Items are ``(image, label, fingerprint of the bytes)`` so that the demo can check which
+    samples each epoch saw. The EmulatedFs is opened lazily in each process that reads (the
+    DataLoader's worker processes included).
+    """
+
+    def __init__(self, paths, labels, fs_args: tuple, transform=None):
+        self.paths, self.labels, self.fs_args, self.transform = list(paths), list(labels), fs_args, transform
+        self._fs = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_fs"] = None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        from .torch import pil_loader
+
+        if self._fs is None:
+            import clairvoyant
+
+            self._fs = clairvoyant.EmulatedFs(*self.fs_args)
+        data = self._fs.read(self.paths[index])
+        img = pil_loader(data)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.labels[index], fingerprint(data)
+
+
+def _train_rank(ctx: RankContext, cfg: dict) -> dict:
+    """One rank of one run: build the loader, train ``epochs`` epochs, report per-epoch figures."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import clairvoyant
+
+    from . import torch as ctorch
+    from .torch import pil_loader
+
+    torch.set_num_threads(1)
+    transform = _transform()  # imports torchvision outside the timed region
+    fs_args = (cfg["fs_state"], cfg["latency_ms"], cfg["bandwidth_mbps"])
+    fs = clairvoyant.EmulatedFs(*fs_args)
+    acc = EmulatedAccelerator(cfg["compute_bytes_per_second_per_rank"])
+    index_of = {fp: k for k, fp in enumerate(cfg["fingerprints"])}
+    mean_bytes = cfg["dataset_bytes"] / len(cfg["fingerprints"])
+    epochs, batch_size, workers = cfg["epochs"], cfg["batch_size"], cfg["num_workers"]
+    seen: list = []
+    job = None
+
+    ctx.sync()
+    start = time.perf_counter()
+    if cfg["loader"] == "pytorch":
+        dataset = FsImageFolder(cfg["paths"], cfg["labels"], fs_args, transform)
+        sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg["seed"])
+        loader: Any = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers)
+    else:
+
+        def recording_loader(data):
+            seen.append(fingerprint(data))
+            return pil_loader(data)
+
+        source = clairvoyant.ImageFolder(cfg["root"], emulated=fs)
+        job = clairvoyant.Job(source, batch_size=batch_size, epochs=epochs, seed=cfg["seed"])
+        dataset = ctorch.ImageFolder(job, transform, loader=recording_loader)
+        loader = ctorch.DataLoader(dataset, num_workers=workers)
+    setup_seconds = time.perf_counter() - start
+
+    out = []
+    for epoch in range(epochs):
+        if epoch > 0:
+            ctx.sync()
+            start = time.perf_counter()
+        (sampler if cfg["loader"] == "pytorch" else loader).set_epoch(epoch)
+        compute0 = acc.compute_seconds
+        stall = 0.0
+        fingerprints: list = []
+        it = iter(loader)
+        for _ in range(len(loader)):
+            t = time.perf_counter()
+            batch = next(it)
+            stall += time.perf_counter() - t
+            labels = batch[1]
+            if len(batch) > 2:
+                fingerprints.extend(int(x) for x in batch[2])
+            acc.step(len(labels) * mean_bytes)
+            ctx.sync()  # the gradient all-reduce: ranks advance together
+        if cfg["loader"] != "pytorch":
+            fingerprints, seen[:] = list(seen), []
+        epoch_seconds = time.perf_counter() - start
+        ctx.sync()
+        if ctx.rank == 0 and cfg.get("progress"):
+            stream = sys.stderr if cfg["progress"] == "stderr" else sys.stdout
+            print(f"  {cfg['loader']}: epoch {epoch} took {epoch_seconds:.1f} s", file=stream, flush=True)
+        row = {
+            "epoch": epoch,
+            "epoch_seconds": epoch_seconds,
+            "setup_seconds": setup_seconds if epoch == 0 else 0.0,
+            "compute_seconds": acc.compute_seconds - compute0,
+            "stall_seconds": stall,
+            "fs_bytes_read_total": fs.bytes_read,
+            "samples": [index_of.get(fp, -1) for fp in fingerprints],
+        }
+        if job is not None:
+            stats = job.stats()[epoch]
+            row["samples_by_source"] = {k: v["samples"] for k, v in stats["sources"].items()}
+        out.append(row)
+    if job is not None:
+        loader.close()
+        job.close()
+    return {"rank": ctx.rank, "epochs": out}
+
+
+def _merge(per_rank: list, loader: str, num_samples: int, fs_before: int) -> list:
+    """Per-epoch figures across ranks: the slowest rank's time, mean compute, summed counts."""
+    rows = []
+    prev = fs_before
+    for e in range(len(per_rank[0]["epochs"])):
+        eps = [r["epochs"][e] for r in per_rank]
+        epoch_seconds = max(x["epoch_seconds"] for x in eps)
+        compute = sum(x["compute_seconds"] for x in eps) / len(eps)
+        fs_total = max(x["fs_bytes_read_total"] for x in eps)
+        counts = collections.Counter(k for x in eps for k in x["samples"])
+        if loader == "pytorch":
+            by_source = {"pfs": sum(len(x["samples"]) for x in eps)}
+        else:
+            by_source = collections.Counter()
+            for x in eps:
+                by_source.update(x.get("samples_by_source", {}))
+            by_source = dict(by_source)
+        rows.append(
+            {
+                "epoch": e,
+                "epoch_seconds": round(epoch_seconds, 4),
+                "setup_seconds": round(max(x["setup_seconds"] for x in eps), 4),
+                "compute_seconds": round(compute, 4),
+                "accelerator_utilization": round(min(1.0, compute / epoch_seconds), 4),
+                "stall_seconds": round(max(x["stall_seconds"] for x in eps), 4),
+                "fs_bytes_read": fs_total - prev,
+                "samples_by_source": by_source,
+                "samples_seen": sum(counts.values()),
+                "unique_samples_seen": len([k for k in counts if k >= 0]),
+                "every_sample_once": sum(counts.values()) == num_samples
+                and len(counts) == num_samples
+                and all(0 <= k < num_samples and c == 1 for k, c in counts.items()),
+            }
+        )
+        prev = fs_total
+    return rows
+
+
+def run_comparison(
+    out_dir: str | os.PathLike,
+    data_dir: str | os.PathLike,
+    *,
+    samples: int = DEFAULT_SAMPLES,
+    classes: int = DEFAULT_CLASSES,
+    epochs: int = 3,
+    ranks: int = 2,
+    batch_size: int = 32,
+    num_workers: int = 1,
+    bandwidth_mbps: float = DEFAULT_BANDWIDTH_MBPS,
+    latency_ms: float = DEFAULT_LATENCY_MS,
+    compute_ratio: float = DEFAULT_COMPUTE_RATIO,
+    seed: int = 0,
+    loaders: tuple = ("pytorch", "clairvoyant"),
+    log=print,
+    progress: Optional[str] = "stdout",
+) -> dict:
+    """Generate (or reuse) the dataset and train with each loader; returns the result dict that
+    ``out/demo.json`` holds."""
+    import clairvoyant
+
+    out_dir, data_dir = Path(out_dir), Path(data_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_class = max(1, -(-samples // classes))
+    t = time.perf_counter()
+    log(f"dataset: {classes} classes x {per_class} JPEGs in {data_dir} ...")
+    dataset_bytes = make_imagefolder(data_dir, classes, per_class, seed=seed)
+    paths, labels, _ = list_imagefolder(data_dir)
+    with_data = [Path(p).read_bytes() for p in paths]
+    fingerprints = [fingerprint(b) for b in with_data]
+    del with_data
+    if len(set(fingerprints)) != len(fingerprints):
+        raise RuntimeError("two generated samples have the same fingerprint; change the seed")
+    log(f"dataset: {len(paths)} files, {_report.mb(dataset_bytes):.1f} MB ({time.perf_counter() - t:.1f} s)")
+
+    bandwidth = bandwidth_mbps * 1e6
+    compute_per_rank = compute_ratio * bandwidth / ranks
+    fs_state = str(out_dir / "emulated-fs.state")
+    fs = clairvoyant.EmulatedFs(fs_state, open_latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
+    compute_epoch = dataset_bytes / (compute_per_rank * ranks)
+    log(
+        f"emulated file system: {bandwidth_mbps:g} MB/s shared, {latency_ms:g} ms per open; accelerator: "
+        f"{compute_per_rank / 1e6:.1f} MB/s per rank x {ranks} ranks (compute {compute_epoch:.1f} s/epoch, "
+        f"reading the dataset once {dataset_bytes / bandwidth:.1f} s)"
+    )
+    result: dict = {
+        "dataset_bytes": dataset_bytes,
+        "num_samples": len(paths),
+        "config": {
+            "epochs": epochs,
+            "ranks": ranks,
+            "batch_size": batch_size,
+            "num_workers_per_rank": num_workers,
+            "bandwidth_mbps": bandwidth_mbps,
+            "open_latency_ms": latency_ms,
+            "compute_bytes_per_second_per_rank": compute_per_rank,
+            "compute_ratio": compute_ratio,
+            "seed": seed,
+        },
+    }
+    for loader in loaders:
+        cfg = {
+            "loader": loader,
+            "root": str(data_dir),
+            "paths": paths,
+            "labels": labels,
+            "fingerprints": fingerprints,
+            "dataset_bytes": dataset_bytes,
+            "fs_state": fs_state,
+            "latency_ms": latency_ms,
+            "bandwidth_mbps": bandwidth_mbps,
+            "compute_bytes_per_second_per_rank": compute_per_rank,
+            "epochs": epochs,
+            "batch_size": batch_size,
+            "num_workers": num_workers,
+            "seed": seed,
+            "progress": progress,
+        }
+        fs.reset()
+        before = fs.bytes_read
+        log(f"training with {loader} ({ranks} ranks, {epochs} epochs) ...")
+        t = time.perf_counter()
+        env = {"CLAIRVOYANT_RUN_ID": f"demo-{loader}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1"}
+        per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env)
+        rows = _merge(per_rank, loader, len(paths), before)
+        result[loader] = rows
+        log(epoch_table(loader, rows))
+        log(f"{loader}: {time.perf_counter() - t:.1f} s in all\n")
+    return result
+
+
+def epoch_table(loader: str, rows: list) -> str:
+    headers = ["epoch", "time s", "compute s", "utilization", "stall s", "fs MB read", "samples by source", "each once"]
+    body = [
+        [
+            r["epoch"],
+            r["epoch_seconds"],
+            r["compute_seconds"],
+            r["accelerator_utilization"],
+            r["stall_seconds"],
+            _report.mb(r["fs_bytes_read"]),
+            _report.sources_text(r["samples_by_source"]),
+            "yes" if r["every_sample_once"] else "NO",
+        ]
+        for r in rows
+    ]
+    return f"{loader}\n" + _report.text_table(headers, body)
+
+
+def summary(result: dict) -> str:
+    lines = []
+    p, c = result.get("pytorch"), result.get("clairvoyant")
+    if p and c:
+        for r_p, r_c in zip(p, c):
+            lines.append(
+                f"epoch {r_p['epoch']}: clairvoyant {r_p['epoch_seconds'] / r_c['epoch_seconds']:.2f}x faster "
+                f"(utilization {r_c['accelerator_utilization']:.2f} vs {r_p['accelerator_utilization']:.2f})"
+            )
+        total_c = sum(r["fs_bytes_read"] for r in c)
+        total_p = sum(r["fs_bytes_read"] for r in p)
+        lines.append(
+            f"bytes read from the emulated file system: clairvoyant {total_c / result['dataset_bytes']:.2f}x the dataset, "
+            f"pytorch {total_p / result['dataset_bytes']:.2f}x"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m clairvoyant.demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="number of images (default %(default)s)")
+    ap.add_argument("--classes", type=int, default=DEFAULT_CLASSES)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=1, help="decode workers per rank, both loaders")
+    ap.add_argument("--bandwidth-mbps", type=float, default=DEFAULT_BANDWIDTH_MBPS, help="emulated file system, MB/s shared")
+    ap.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS, help="emulated per-open latency")
+    ap.add_argument(
+        "--compute-ratio", type=float, default=DEFAULT_COMPUTE_RATIO, help="accelerator speed / file system bandwidth"
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="out", help="output directory (default %(default)s)")
+    ap.add_argument("--data", default=None, help="dataset directory (default OUT/demo/data)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    data = Path(args.data) if args.data else out / "demo" / "data"
+    t = time.perf_counter()
+    result = run_comparison(
+        out / "demo",
+        data,
+        samples=args.samples,
+        classes=args.classes,
+        epochs=args.epochs,
+        ranks=args.ranks,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        bandwidth_mbps=args.bandwidth_mbps,
+        latency_ms=args.latency_ms,
+        compute_ratio=args.compute_ratio,
+        seed=args.seed,
+    )
+    print(summary(result))
+    json_path = _report.write_json(out / "demo.json", result)
+    png = _report.plot_epochs(result, out / "demo.png", title="PyTorch DataLoader vs clairvoyant (emulated file system)")
+    print(f"wrote {json_path}" + (f" and {png}" if png else " (matplotlib missing: no chart)"))
+    print(f"demo took {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""A tiny end-to-end demo run: 2 rank processes, both loaders, JSON output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from clairvoyant import demo  # noqa: E402
+
+SAMPLES = 60
+EPOCHS = 2
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    rc = demo.main(
+        [
+            "--samples", str(SAMPLES),
+            "--classes", "3",
+            "--epochs", str(EPOCHS),
+            "--ranks", "2",
+            "--batch-size", "8",
+            "--bandwidth-mbps", "500",
+            "--latency-ms", "0.1",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    assert (out / "demo.png").exists()
+    return json.loads((out / "demo.json").read_text())
+
+
+def test_json_has_the_documented_keys(result):
+    assert result["dataset_bytes"] > 0
+    for loader in ("pytorch", "clairvoyant"):
+        rows = result[loader]
+        assert [r["epoch"] for r in rows] == list(range(EPOCHS))
+        for r in rows:
+            for key in (
+                "epoch_seconds",
+                "compute_seconds",
+                "accelerator_utilization",
+                "stall_seconds",
+                "fs_bytes_read",
+                "samples_by_source",
+            ):
+                assert key in r, (loader, key)
+            assert 0 < r["accelerator_utilization"] <= 1
+            assert r["epoch_seconds"] >= r["compute_seconds"] * 0.99
+    assert set(result["pytorch"][0]["samples_by_source"]) == {"pfs"}
+
+
+@pytest.mark.parametrize("loader", ["pytorch", "clairvoyant"])
+def test_every_sample_exactly_once_per_epoch(result, loader):
+    for r in result[loader]:
+        assert r["samples_seen"] == SAMPLES
+        assert r["unique_samples_seen"] == SAMPLES
+        assert r["every_sample_once"]
+        assert sum(r["samples_by_source"].values()) == SAMPLES
+
+
+def test_clairvoyant_reads_the_file_system_about_once(result):
+    total = sum(r["fs_bytes_read"] for r in result["clairvoyant"])
+    assert total <= 1.05 * result["dataset_bytes"]
+    # PyTorch's loader reads everything every epoch.
+    assert sum(r["fs_bytes_read"] for r in result["pytorch"]) >= EPOCHS * result["dataset_bytes"]

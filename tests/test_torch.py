@@ -1,0 +1,136 @@
+"""clairvoyant.torch: order, shapes, epochs, errors and threading of the DataLoader."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("PIL")
+
+import clairvoyant  # noqa: E402
+import clairvoyant.torch as ctorch  # noqa: E402
+from clairvoyant._emulation import make_imagefolder  # noqa: E402
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torch") / "data"
+    make_imagefolder(root, num_classes=3, per_class=14, size_range=(24, 48), seed=1)
+    return root
+
+
+def to_tensor(img):
+    a = np.asarray(img.resize((16, 16)), dtype=np.float32) / 255.0
+    return torch.from_numpy(a).permute(2, 0, 1).contiguous()
+
+
+def expected_batches(job, epoch: int, batch_size: int):
+    """Labels of each scheduled batch for a single-rank job (world size 1: consecutive runs)."""
+    stream = clairvoyant.access_stream(job.num_samples, 1, 0, epoch + 1, batch_size, 0)[epoch]
+    labels = np.asarray(job.labels)[np.asarray(stream)]
+    return [labels[i : i + batch_size] for i in range(0, len(labels), batch_size)]
+
+
+def make(data_dir, epochs=2, **kw):
+    job = clairvoyant.Job(str(data_dir), batch_size=BATCH, epochs=epochs, seed=0, rank=0, world_size=1)
+    dataset = ctorch.ImageFolder(job, to_tensor)
+    return job, ctorch.DataLoader(dataset, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_yields_the_jobs_order_in_collated_batches(data_dir, workers):
+    job, loader = make(data_dir, epochs=2, num_workers=workers)
+    n = job.num_samples
+    assert len(loader) == job.steps_per_epoch == -(-n // BATCH)
+    for epoch in range(2):
+        got = list(loader)
+        assert len(got) == len(loader)
+        want = expected_batches(job, epoch, BATCH)
+        for (images, labels), want_labels in zip(got, want):
+            assert isinstance(images, torch.Tensor) and images.dtype == torch.float32
+            assert images.shape == (len(want_labels), 3, 16, 16)
+            assert labels.dtype == torch.int64
+            assert labels.tolist() == want_labels.tolist()
+        assert sum(len(b[1]) for b in got) == n
+    loader.close()
+    job.close()
+
+
+def test_epochs_in_order_and_set_epoch(data_dir):
+    job, loader = make(data_dir, epochs=2, num_workers=2)
+    with pytest.raises(ValueError):
+        loader.set_epoch(1)
+    loader.set_epoch(0)
+    assert sum(1 for _ in loader) == len(loader)
+    loader.set_epoch(1)
+    assert sum(1 for _ in loader) == len(loader)
+    with pytest.raises(RuntimeError):
+        iter(loader)
+    loader.close()
+    job.close()
+
+
+def test_batch_size_must_match_the_job(data_dir):
+    job = clairvoyant.Job(str(data_dir), batch_size=BATCH, epochs=1, rank=0, world_size=1)
+    with pytest.raises(ValueError):
+        ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), batch_size=BATCH + 1)
+    job.close()
+
+
+def test_dataset_from_a_directory(data_dir):
+    dataset = ctorch.ImageFolder(str(data_dir), to_tensor, epochs=1, rank=0, world_size=1)
+    loader = ctorch.DataLoader(dataset, batch_size=BATCH, num_workers=2)
+    assert dataset.classes == ["class_000", "class_001", "class_002"]
+    assert len(dataset) == 42 and len(dataset.samples) == 42
+    image, label = dataset[5]
+    assert image.shape == (3, 16, 16) and label == dataset.targets[5]
+    assert sum(len(labels) for _, labels in loader) == 42
+    loader.close()
+    dataset.job.close()
+
+
+def test_decode_runs_on_several_threads(data_dir):
+    threads = set()
+    lock = threading.Lock()
+
+    def slow_loader(data):
+        with lock:
+            threads.add(threading.get_ident())
+        threading.Event().wait(0.002)
+        return ctorch.pil_loader(data)
+
+    job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=1, rank=0, world_size=1)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor, loader=slow_loader), num_workers=3)
+    assert sum(len(labels) for _, labels in loader) == 42
+    assert len(threads) > 1
+    assert threading.get_ident() not in threads
+    loader.close()
+    job.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decode_error_surfaces_at_its_batch(tmp_path, workers):
+    root = tmp_path / "data"
+    make_imagefolder(root, num_classes=2, per_class=10, size_range=(24, 32), seed=2)
+    bad = root / "class_001" / "img_00003.jpg"
+    bad.write_bytes(b"this is not a jpeg, though it has the right name" + bytes(100))
+    job = clairvoyant.Job(str(root), batch_size=4, epochs=1, rank=0, world_size=1)
+    bad_index = job.paths.index(str(bad))
+    stream = list(clairvoyant.access_stream(job.num_samples, 1, 0, 1, 4, 0)[0])
+    bad_batch = stream.index(bad_index) // 4
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=workers)
+    it = iter(loader)
+    for _ in range(bad_batch):
+        next(it)
+    with pytest.raises(Exception) as info:
+        next(it)
+    assert "PIL" in type(info.value).__module__ or "identify" in str(info.value)
+    # The batches after it still follow.
+    assert sum(1 for _ in it) == len(loader) - bad_batch - 1
+    loader.close()
+    job.close()
