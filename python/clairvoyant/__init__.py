@@ -38,3 +38,12 @@ __all__ = [
     "ExhaustedError",
     "CancelledError",
 ]
+
+
+def __getattr__(name):
+    # `clairvoyant.torch` without importing torch for users who do not need it.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'clairvoyant' has no attribute {name!r}")
