@@ -7,16 +7,14 @@ import json
 import sys
 
 from . import _native
+from ._units import parse_size
 
 
 def _size(text: str) -> int:
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-    t = text.strip().lower().replace(" ", "")
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(num):]
-    if unit not in units or not num:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 8GiB, 500MB, 1048576)")
-    return int(float(num) * units[unit])
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _plan(args) -> int:
