@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -94,21 +96,42 @@ def test_dataset_from_a_directory(data_dir):
     dataset.job.close()
 
 
-def test_decode_runs_on_several_threads(data_dir):
-    threads = set()
-    lock = threading.Lock()
+class _PidRecorder:
+    """A loader that notes which process decoded each sample (in a directory, across processes)."""
 
-    def slow_loader(data):
-        with lock:
-            threads.add(threading.get_ident())
-        threading.Event().wait(0.002)
+    def __init__(self, directory):
+        self.directory = str(directory)
+
+    def __call__(self, data):
+        open(os.path.join(self.directory, str(os.getpid())), "a").close()
+        time.sleep(0.002)
         return ctorch.pil_loader(data)
 
+
+def test_decode_runs_in_several_processes_and_reads_shared_memory(data_dir, tmp_path):
+    job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=2, rank=0, world_size=1)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor, loader=_PidRecorder(tmp_path)), num_workers=3)
+    for epoch in range(2):
+        labels = torch.cat([y for _, y in loader])
+        assert labels.tolist() == [int(job.labels[k]) for k in job.samples_of(epoch)]
+    pids = {int(p) for p in os.listdir(tmp_path)}
+    assert len(pids) > 1 and os.getpid() not in pids
+    # The second epoch came from the node's memory class, read in place by the workers.
+    assert job.stats()[1]["sources"]["memory"]["samples"] == 42
+    loader.close()
+    job.close()
+
+
+def test_a_dead_worker_is_an_error_not_a_hang(data_dir):
     job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=1, rank=0, world_size=1)
-    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor, loader=slow_loader), num_workers=3)
-    assert sum(len(labels) for _, labels in loader) == 42
-    assert len(threads) > 1
-    assert threading.get_ident() not in threads
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=2)
+    it = iter(loader)
+    next(it)
+    for p in loader._workers:
+        p.kill()
+    with pytest.raises(RuntimeError, match="exited unexpectedly"):
+        for _ in it:
+            pass
     loader.close()
     job.close()
 

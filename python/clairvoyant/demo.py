@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import _report
+from . import torch as ctorch
 from ._emulation import EmulatedAccelerator, RankContext, fingerprint, list_imagefolder, make_imagefolder, run_ranks
 
 DEFAULT_SAMPLES = 2000
@@ -85,6 +86,15 @@ class FsImageFolder:
         return img, self.labels[index], fingerprint(data)
 
 
+class FingerprintingImageFolder(ctorch.ImageFolder):
+    """clairvoyant's ImageFolder whose items also carry a fingerprint of the bytes, like
+    :class:`FsImageFolder`, so the demo can check which samples each epoch saw."""
+
+    def decode(self, data, label):
+        img, target = super().decode(data, label)
+        return img, target, fingerprint(data)
+
+
 def _train_rank(ctx: RankContext, cfg: dict) -> dict:
     """One rank of one run: build the loader, train ``epochs`` epochs, report per-epoch figures."""
     import torch
@@ -92,8 +102,6 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
 
     import clairvoyant
 
-    from . import torch as ctorch
-    from .torch import pil_loader
 
     torch.set_num_threads(1)
     transform = _transform()  # imports torchvision outside the timed region
@@ -103,7 +111,6 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
     index_of = {fp: k for k, fp in enumerate(cfg["fingerprints"])}
     mean_bytes = cfg["dataset_bytes"] / len(cfg["fingerprints"])
     epochs, batch_size, workers = cfg["epochs"], cfg["batch_size"], cfg["num_workers"]
-    seen: list = []
     job = None
 
     ctx.sync()
@@ -114,13 +121,9 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
         loader: Any = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers)
     else:
 
-        def recording_loader(data):
-            seen.append(fingerprint(data))
-            return pil_loader(data)
-
         source = clairvoyant.ImageFolder(cfg["root"], emulated=fs)
         job = clairvoyant.Job(source, batch_size=batch_size, epochs=epochs, seed=cfg["seed"])
-        dataset = ctorch.ImageFolder(job, transform, loader=recording_loader)
+        dataset = FingerprintingImageFolder(job, transform)
         loader = ctorch.DataLoader(dataset, num_workers=workers)
     setup_seconds = time.perf_counter() - start
 
@@ -143,8 +146,6 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
                 fingerprints.extend(int(x) for x in batch[2])
             acc.step(len(labels) * mean_bytes)
             ctx.sync()  # the gradient all-reduce: ranks advance together
-        if cfg["loader"] != "pytorch":
-            fingerprints, seen[:] = list(seen), []
         epoch_seconds = time.perf_counter() - start
         ctx.sync()
         if ctx.rank == 0 and cfg.get("progress"):

@@ -116,6 +116,20 @@ class Job:
         self._begin(epoch)
         return _BatchIter(self._engine, [int(n) for n in self.batch_sizes(epoch)])
 
+    def shared_batches(self, epoch: int) -> Iterator[tuple]:
+        """Iterate over ``epoch``'s batches for worker processes: (lease, [(region, offset,
+        length)], int64 labels, {index: bytes}). Regions index :attr:`segments`; the bytes stay
+        valid while ``lease`` is referenced."""
+        self._begin(epoch)
+        engine = self._engine
+        for n in self.batch_sizes(epoch):
+            yield engine.next_batch_shared(int(n))
+
+    @property
+    def segments(self) -> tuple:
+        """(staging ring file, memory arena file or None): shared files holding staged bytes."""
+        return self._engine.segments
+
     def _begin(self, epoch: int) -> None:
         if self._closed:
             raise _native.CancelledError("the job is closed")

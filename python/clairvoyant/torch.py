@@ -20,20 +20,21 @@ and the loop stays as it is::
             ...
 
 The job decides the order (every rank derives its access stream from the seed) and delivers
-each sample's bytes in that order; the DataLoader decodes and transforms them on a pool of
-``num_workers`` threads (PIL decoding and torch operations release the GIL, so the threads use
-several cores), keeps a bounded number of batches in flight and yields them in order, collated.
-Each ``iter(loader)`` consumes the job's next epoch.
+each sample's bytes in that order; the DataLoader decodes and transforms them in ``num_workers``
+worker processes (so decoding is not serialised by the GIL), keeps a bounded number of batches in
+flight and yields them in order, collated. Workers read the bytes in place from the shared files
+that hold them (the rank's staging ring and the node's memory class): no sample is copied or
+pickled on its way to a worker. Each ``iter(loader)`` consumes the job's next epoch.
 """
 
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+import time
 from typing import Any, Callable, Iterator, Optional
 
 import torch as _torch
@@ -134,6 +135,12 @@ class ImageFolder:
             data = f.read()
         return self.decode(data, int(job.labels[index]))
 
+    def __getstate__(self):
+        # Worker processes need the decoding, not the job (which stays in the training process).
+        state = dict(self.__dict__)
+        state["job"] = None
+        return state
+
     # -- the per-sample work -----------------------------------------------------------
     def decode(self, data: Any, label: int):
         """Bytes and label of one sample -> (transformed image, transformed target)."""
@@ -150,16 +157,39 @@ class ImageFolder:
         return f"clairvoyant.torch.ImageFolder({where}, transform={self.transform!r})"
 
 
-class _Failure:
-    """A failure of the batch source, delivered in order."""
+def _worker_loop(decoder: Callable, collate_fn: Callable, segments: tuple, tasks, results, worker_id: int) -> None:
+    """A decode worker: maps the shared segments read-only, decodes and collates each batch it is
+    given, and sends back the batch (tensors travel through shared memory) or the exception."""
+    from torch.utils.data._utils.worker import ExceptionWrapper
 
-    __slots__ = ("exc",)
+    _torch.set_num_threads(1)
+    maps: dict = {}
 
-    def __init__(self, exc: BaseException):
-        self.exc = exc
+    def region(r: int):
+        if r not in maps:
+            with open(segments[r], "rb") as f:
+                maps[r] = memoryview(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+        return maps[r]
 
-
-_END = object()
+    while True:
+        try:
+            task = tasks.get(timeout=5.0)
+        except queue.Empty:
+            if os.getppid() == 1:  # the parent died
+                return
+            continue
+        if task is None:
+            return
+        index, descriptors, labels, private = task
+        try:
+            items = [
+                decoder(private[i] if i in private else region(r)[off : off + n], label)
+                for i, ((r, off, n), label) in enumerate(zip(descriptors, labels))
+            ]
+            results.put((index, collate_fn(items), None))
+        except Exception:
+            results.put((index, None, ExceptionWrapper(where=f"in clairvoyant DataLoader worker {worker_id}")))
+        del task
 
 
 class DataLoader:
@@ -171,9 +201,10 @@ class DataLoader:
     of batches per epoch (the same on every rank). Each ``iter(loader)`` consumes the job's next
     epoch; ``set_epoch(e)`` may be called first, as with DistributedSampler, and must name it.
 
-    ``num_workers`` threads decode and transform; ``0`` does it in the iterating thread. At most
-    ``prefetch_factor * num_workers`` batches are in flight. An exception raised while decoding
-    a sample surfaces from ``next()`` at the batch the sample belongs to. ``pin_memory`` pins
+    ``num_workers`` processes decode and transform (started once, kept across epochs); ``0``
+    does it in the iterating thread. At most ``prefetch_factor * num_workers`` batches are in
+    flight. An exception raised while decoding a sample surfaces from ``next()`` at the batch
+    the sample belongs to; a worker that dies is an error, not a hang. ``pin_memory`` pins
     batches when CUDA is available. ``batch_size`` and ``drop_last`` belong to the job; passing
     values that differ from the job's is an error (shuffling and sampling are the job's too).
     """
@@ -188,6 +219,7 @@ class DataLoader:
         drop_last: Optional[bool] = None,
         prefetch_factor: Optional[int] = None,
         timeout: float = 0,
+        multiprocessing_context: Any = None,
     ):
         if num_workers < 0:
             raise ValueError(f"num_workers must be non-negative, got {num_workers}")
@@ -210,8 +242,11 @@ class DataLoader:
         self.pin_memory = bool(pin_memory) and _torch.cuda.is_available()
         self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 2
         self.timeout = float(timeout)
+        self.multiprocessing_context = multiprocessing_context
         self._next_epoch = 0
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._workers: list = []
+        self._tasks: list = []
+        self._results: Any = None
         self._current: Optional[_EpochIterator] = None
 
     @property
@@ -237,31 +272,62 @@ class DataLoader:
             raise RuntimeError(f"all {epochs} epochs of the job have been consumed")
         epoch = self._next_epoch
         self._next_epoch += 1
-        if self.num_workers > 0 and self._pool is None:
-            self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="clairvoyant-decode")
+        if self.num_workers > 0 and not self._workers:
+            self._start_workers()
         self._current = _EpochIterator(self, epoch)
         return self._current
 
-    def _process(self, samples, labels):
-        decode = self.dataset.decode
-        items = [decode(s, label) for s, label in zip(samples, labels)]
-        # Drop the views so that their staging slots are released as soon as possible.
-        del samples
-        batch = self.collate_fn(items)
+    def _start_workers(self) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = self.multiprocessing_context
+        if ctx is None:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        elif isinstance(ctx, str):
+            ctx = mp.get_context(ctx)
+        decoder = self.dataset.decode  # the dataset travels without its job (see __getstate__)
+        self._results = ctx.Queue()
+        for w in range(self.num_workers):
+            tasks = ctx.Queue()
+            p = ctx.Process(
+                target=_worker_loop,
+                args=(decoder, self.collate_fn, tuple(self.job.segments), tasks, self._results, w),
+                name=f"clairvoyant-decode-{w}",
+                daemon=True,
+            )
+            p.start()
+            self._tasks.append(tasks)
+            self._workers.append(p)
+
+    def _finish_batch(self, batch):
         if self.pin_memory:
             from torch.utils.data._utils.pin_memory import pin_memory
 
             batch = pin_memory(batch)
         return batch
 
+    def _process(self, samples, labels):
+        decode = self.dataset.decode
+        items = [decode(s, label) for s, label in zip(samples, labels)]
+        # Drop the views so that their staging slots are released as soon as possible.
+        del samples
+        return self._finish_batch(self.collate_fn(items))
+
     def close(self) -> None:
-        """Stop the current epoch's read-ahead and the decode threads."""
+        """Stop the current epoch's read-ahead and the worker processes."""
         if self._current is not None:
             self._current.close()
             self._current = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        for q in self._tasks:
+            try:
+                q.put(None)
+            except Exception:
+                pass
+        for p in self._workers:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+        self._workers, self._tasks = [], []
 
     def __del__(self):
         try:
@@ -274,22 +340,31 @@ class DataLoader:
 
 
 class _EpochIterator:
-    """One epoch: a feeder thread pulls batches from the job and submits them to the pool in
-    order; ``__next__`` waits for the oldest one. A semaphore bounds the batches in flight."""
+    """One epoch. With workers: a feeder thread takes the job's batches in order (the bytes stay
+    in shared memory, held by a lease), hands their locations to the workers round-robin and
+    keeps at most ``prefetch_factor * num_workers`` in flight; ``__next__`` returns results in
+    order and releases each batch's lease once its worker has answered."""
 
     def __init__(self, loader: DataLoader, epoch: int):
         self.epoch = epoch
         self._loader = loader
         self._left = len(loader)
-        self._source = iter(loader.job.batches(epoch))
-        self._stop = threading.Event()
+        self._next = 0
         self._done = False
+        self._stop = threading.Event()
         self._feeder: Optional[threading.Thread] = None
-        if loader.num_workers > 0:
-            self._queue: "queue.Queue[Any]" = queue.Queue()
-            self._slots = threading.Semaphore(loader.prefetch_factor * loader.num_workers)
-            self._feeder = threading.Thread(target=self._feed, name=f"clairvoyant-feed-{epoch}", daemon=True)
-            self._feeder.start()
+        if loader.num_workers == 0:
+            self._source = iter(loader.job.batches(epoch))
+            return
+        self._source = loader.job.shared_batches(epoch)
+        self._leases: dict = {}
+        self._ready: dict = {}
+        self._sent = 0
+        self._feed_error: Optional[BaseException] = None
+        self._lock = threading.Lock()
+        self._slots = threading.Semaphore(loader.prefetch_factor * loader.num_workers)
+        self._feeder = threading.Thread(target=self._feed, name=f"clairvoyant-feed-{epoch}", daemon=True)
+        self._feeder.start()
 
     def __iter__(self):
         return self
@@ -298,59 +373,69 @@ class _EpochIterator:
         return self._left
 
     def _feed(self) -> None:
-        pool = self._loader._pool
-        assert pool is not None
+        loader = self._loader
         try:
-            while not self._stop.is_set():
+            for index in range(len(loader)):
                 while not self._slots.acquire(timeout=0.1):
                     if self._stop.is_set():
                         return
-                try:
-                    samples, labels = next(self._source)
-                except StopIteration:
-                    self._slots.release()
-                    self._queue.put(_END)
+                if self._stop.is_set():
                     return
-                self._queue.put(pool.submit(self._loader._process, samples, labels))
-                del samples, labels
+                lease, descriptors, labels, private = next(self._source)
+                with self._lock:
+                    self._leases[index] = lease
+                    self._sent = index + 1
+                loader._tasks[index % loader.num_workers].put((index, descriptors, labels.tolist(), dict(private)))
+                del lease
         except BaseException as exc:  # delivered to the consumer at this position
-            self._queue.put(_Failure(exc))
+            self._feed_error = exc
 
     def __next__(self):
-        if self._done:
+        if self._done or self._left <= 0:
+            self._finish()
             raise StopIteration
+        loader = self._loader
         if self._feeder is None:
             try:
                 samples, labels = next(self._source)
-            except StopIteration:
-                self._finish()
-                raise
             except BaseException:
                 self._finish()
                 raise
             self._left -= 1
-            return self._loader._process(samples, labels)
-        timeout = self._loader.timeout or None
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            raise RuntimeError(f"DataLoader timed out after {self._loader.timeout} seconds") from None
-        if item is _END:
-            self._finish()
-            raise StopIteration
-        if isinstance(item, _Failure):
-            # The job itself failed: the rest of the epoch cannot be delivered.
-            self._finish()
-            raise item.exc
-        fut: Future = item
-        self._left -= 1
-        try:
-            # A decode error is raised here, at its batch; later batches still follow.
-            return fut.result(timeout=timeout)
-        except FutureTimeout:
-            raise RuntimeError(f"DataLoader timed out after {self._loader.timeout} seconds") from None
-        finally:
+            return loader._process(samples, labels)
+        index = self._next
+        deadline = time.monotonic() + loader.timeout if loader.timeout else None
+        while index not in self._ready:
+            with self._lock:
+                failed = self._feed_error is not None and index >= self._sent
+            if failed:
+                # The job itself failed here: the rest of the epoch cannot be delivered.
+                self._finish()
+                raise self._feed_error
+            try:
+                got, batch, error = loader._results.get(timeout=1.0)
+            except (queue.Empty, OSError, EOFError) as exc:
+                # A worker killed while answering can leave the queue broken: report the death.
+                time.sleep(0.05)
+                dead = [p.name for p in loader._workers if not p.is_alive()]
+                if dead:
+                    self._finish()
+                    raise RuntimeError(f"DataLoader worker(s) {', '.join(dead)} exited unexpectedly") from None
+                if not isinstance(exc, queue.Empty):
+                    raise
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"DataLoader timed out after {loader.timeout} seconds")
+                continue
+            with self._lock:
+                self._leases.pop(got, None)  # the worker is done with the bytes
             self._slots.release()
+            self._ready[got] = (batch, error)
+        batch, error = self._ready.pop(index)
+        self._next += 1
+        self._left -= 1
+        if error is not None:
+            error.reraise()  # a decode error, at its batch; later batches still follow
+        return loader._finish_batch(batch)
 
     def _finish(self) -> None:
         self._done = True
@@ -358,19 +443,26 @@ class _EpochIterator:
         self._stop.set()
 
     def close(self) -> None:
-        """Stop reading ahead; waits for the feeder (it finishes the batch it is fetching)."""
+        """Stop reading ahead and collect the answers of batches still in flight, so the next
+        epoch starts from idle workers."""
         self._stop.set()
-        if self._feeder is not None and self._feeder.is_alive() and self._feeder is not threading.current_thread():
+        if self._feeder is None:
+            return
+        if self._feeder.is_alive() and self._feeder is not threading.current_thread():
             self._feeder.join()
-        if self._feeder is not None:
-            # Wait for decodes already submitted, so the next epoch starts from a quiet pool.
-            while True:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, Future):
-                    item.cancel() or item.exception()
+        while True:
+            with self._lock:
+                pending = len(self._leases)
+            if not pending or not all(p.is_alive() for p in self._loader._workers):
+                break
+            try:
+                got, _, _ = self._loader._results.get(timeout=5.0)
+            except (queue.Empty, OSError, EOFError):
+                break
+            with self._lock:
+                self._leases.pop(got, None)
+        self._leases.clear()
+        self._ready.clear()
 
     def __del__(self):
         try:

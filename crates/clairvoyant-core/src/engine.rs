@@ -36,6 +36,16 @@ pub enum Src {
 
 pub const SOURCE_NAMES: [&str; 4] = ["staging", "memory", "ssd", "pfs"];
 
+/// The memory region a lease's bytes live in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Region {
+    Ring = 0,
+    Arena = 1,
+    /// Private memory of this process (zero-length samples, overflow).
+    Private = 2,
+}
+
 /// Per-epoch figures of one rank.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EpochStats {
@@ -71,6 +81,10 @@ pub struct Lease {
     pub pos: u64,
     pub sample: u32,
     pub label: i64,
+    /// Where the bytes are: the staging ring or the node's memory arena (both shared files that
+    /// other processes can map, see [`Engine::segments`]) or private memory, at `offset`.
+    pub region: Region,
+    pub offset: u64,
     pub ptr: *const u8,
     pub len: usize,
     pub source: Src,
@@ -152,30 +166,38 @@ pub struct Engine {
     first_epoch: u32,
 }
 
-/// The staging ring's bytes: zero-initialised lazily by the allocator, so untouched capacity
-/// costs no resident memory.
+/// The staging ring's bytes: a shared file mapping in `/dev/shm`, so that worker processes
+/// (decoding for this rank) can read staged samples in place. Pages are allocated on first
+/// write, so untouched capacity costs no resident memory. The file is removed on drop (and by
+/// the node janitor if the process dies).
 struct RingBuf {
     ptr: *mut u8,
-    len: usize,
+    path: std::path::PathBuf,
+    _map: memmap2::MmapRaw,
 }
 
 impl RingBuf {
-    fn new(len: usize) -> RingBuf {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 64).expect("ring layout");
-        // SAFETY: non-zero size layout; null is handled.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        RingBuf { ptr, len }
+    fn new(len: u64, path: std::path::PathBuf) -> Result<RingBuf> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        file.set_len(len.max(1)).map_err(|e| Error::io(&path, e))?;
+        let map = memmap2::MmapRaw::map_raw(&file).map_err(|e| Error::io(&path, e))?;
+        Ok(RingBuf {
+            ptr: map.as_mut_ptr(),
+            path,
+            _map: map,
+        })
     }
 }
 
 impl Drop for RingBuf {
     fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len.max(1), 64).expect("ring layout");
-        // SAFETY: allocated in `new` with the same layout.
-        unsafe { std::alloc::dealloc(self.ptr, layout) };
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -327,7 +349,7 @@ impl Engine {
         cache.map_classes(arena_len, &dirs)?;
 
         let ring_cap = model.staging.capacity;
-        let ring = RingBuf::new(ring_cap as usize);
+        let ring = RingBuf::new(ring_cap, cache.ring_path(spec.rank))?;
         let max_entries = (4 * model.staging.threads as usize).max(1024);
         let epochs = sched.epochs as usize;
         let inner = Arc::new(Inner {
@@ -424,6 +446,15 @@ impl Engine {
     /// End position (within the epoch) of each batch of `epoch`.
     pub fn batch_ends(&self, epoch: u32) -> &[u32] {
         &self.inner.batch_ends[epoch as usize]
+    }
+
+    /// The shared files holding staged samples: (staging ring, memory arena if any). A worker
+    /// process maps them read-only to read a lease's bytes at its [`Lease::offset`].
+    pub fn segments(&self) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
+        (
+            self.inner.ring.path.clone(),
+            self.inner.cache.arena_path().map(|p| p.to_path_buf()),
+        )
     }
 
     /// (class name, samples, bytes) placed per class on this node.
@@ -792,11 +823,26 @@ impl Inner {
         let entry = &mut st.entries[idx];
         let sample = entry.sample;
         let status = std::mem::replace(&mut entry.status, Status::Taken);
-        let (ptr, len) = match &entry.slot {
-            Slot::Empty => (std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8, 0),
-            Slot::Ring { start, len } => (self.ring_ptr(*start) as *const u8, *len as usize),
-            Slot::Arena { offset, len } => (self.cache.arena_ptr(*offset, *len) as *const u8, *len as usize),
-            Slot::Heap(h) => (h.as_ptr(), h.len()),
+        let (ptr, len, region, offset) = match &entry.slot {
+            Slot::Empty => (
+                std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8,
+                0,
+                Region::Private,
+                0,
+            ),
+            Slot::Ring { start, len } => (
+                self.ring_ptr(*start) as *const u8,
+                *len as usize,
+                Region::Ring,
+                start % self.ring_cap,
+            ),
+            Slot::Arena { offset, len } => (
+                self.cache.arena_ptr(*offset, *len) as *const u8,
+                *len as usize,
+                Region::Arena,
+                *offset,
+            ),
+            Slot::Heap(h) => (h.as_ptr(), h.len(), Region::Private, 0),
         };
         let overflow = matches!(entry.slot, Slot::Heap(_));
         drop(st);
@@ -808,6 +854,8 @@ impl Inner {
                     pos,
                     sample,
                     label: self.source.label(sample),
+                    region,
+                    offset,
                     ptr,
                     len,
                     source,
@@ -853,6 +901,11 @@ impl Inner {
     }
 
     fn release(&self, positions: &[u64]) {
+        // A forked child may drop leases it inherited; the engine (and its lock, possibly held
+        // by a thread that does not exist in the child) belongs to the parent.
+        if std::process::id() != self.owner_pid {
+            return;
+        }
         let mut st = self.lock();
         for &pos in positions {
             if pos < st.base {

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clairvoyant_core::engine::{Engine, JobSpec, Lease, SOURCE_NAMES};
+use clairvoyant_core::engine::{Engine, JobSpec, Lease, Region, SOURCE_NAMES};
 use clairvoyant_core::model::SystemModel;
 use clairvoyant_core::schedule::Schedule;
 use numpy::ndarray::ArrayView1;
 use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::errors::{to_py, IntoPy};
 use crate::source::PySource;
@@ -49,6 +49,37 @@ fn view<'py>(lease: &Lease, holder: &Bound<'py, PyAny>) -> Bound<'py, PyArray1<u
 }
 
 impl PyEngine {
+    /// Take the next `n` samples. If one of them fails, the rest of the batch is still consumed
+    /// (so batches stay aligned), every taken sample is released and the first error raised.
+    fn take(&self, py: Python<'_>, n: usize) -> PyResult<Vec<Lease>> {
+        let mut leases = Vec::with_capacity(n);
+        let mut first_err = None;
+        for _ in 0..n {
+            match self.wait_next(py) {
+                Ok(l) => leases.push(l),
+                Err(e)
+                    if e.is_instance_of::<crate::errors::CancelledError>(py)
+                        || e.is_instance_of::<crate::errors::ExhaustedError>(py)
+                        || e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) =>
+                {
+                    first_err = Some(e);
+                    break;
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => {
+                self.engine
+                    .release_many(&leases.iter().map(|l| l.pos).collect::<Vec<_>>());
+                Err(e)
+            }
+            None => Ok(leases),
+        }
+    }
+
     /// Wait for the next sample with the GIL released, waking every 100 ms for Ctrl-C.
     fn wait_next(&self, py: Python<'_>) -> PyResult<Lease> {
         loop {
@@ -123,25 +154,7 @@ impl PyEngine {
     /// The next `n` samples as (list of views, int64 labels). If one of them fails, the rest of
     /// the batch is still consumed (so batches stay aligned) and the first error is raised.
     fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Batch<'py>> {
-        let mut leases = Vec::with_capacity(n);
-        let mut first_err = None;
-        for _ in 0..n {
-            match self.wait_next(py) {
-                Ok(l) => leases.push(l),
-                Err(e)
-                    if e.is_instance_of::<crate::errors::CancelledError>(py)
-                        || e.is_instance_of::<crate::errors::ExhaustedError>(py)
-                        || e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) =>
-                {
-                    self.engine
-                        .release_many(&leases.iter().map(|l: &Lease| l.pos).collect::<Vec<_>>());
-                    return Err(e);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
+        let leases = self.take(py, n)?;
         let holder = Bound::new(
             py,
             LeaseHolder {
@@ -150,12 +163,52 @@ impl PyEngine {
             },
         )?
         .into_any();
-        if let Some(e) = first_err {
-            return Err(e);
-        }
         let views = leases.iter().map(|l| view(l, &holder)).collect();
         let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
         Ok((views, labels))
+    }
+
+    /// The next `n` samples for a worker process: (lease, [(region, offset, length)], int64
+    /// labels, {index: bytes} for samples in private memory). Regions 0 and 1 are the staging ring
+    /// and memory arena files of `segments`; the bytes stay valid while `lease` is alive.
+    #[allow(clippy::type_complexity)]
+    fn next_batch_shared<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        Vec<(u8, u64, usize)>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyDict>,
+    )> {
+        let leases = self.take(py, n)?;
+        let private = PyDict::new(py);
+        for (i, l) in leases.iter().enumerate() {
+            if l.region == Region::Private {
+                // SAFETY: valid until the lease is released, which happens after this copy.
+                let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
+                private.set_item(i, PyBytes::new(py, bytes))?;
+            }
+        }
+        let descriptors = leases.iter().map(|l| (l.region as u8, l.offset, l.len)).collect();
+        let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
+        let holder = Bound::new(
+            py,
+            LeaseHolder {
+                engine: self.engine.clone(),
+                positions: leases.iter().map(|l| l.pos).collect(),
+            },
+        )?
+        .into_any();
+        Ok((holder, descriptors, labels, private))
+    }
+
+    /// (staging ring file, memory arena file or None): what worker processes map.
+    #[getter]
+    fn segments(&self) -> (String, Option<String>) {
+        let (ring, arena) = self.engine.segments();
+        (ring.display().to_string(), arena.map(|p| p.display().to_string()))
     }
 
     fn epoch_samples<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {

@@ -204,6 +204,22 @@ impl NodeCache {
         Ok(())
     }
 
+    /// Path of the memory class's shared file, if there is a memory class.
+    pub fn arena_path(&self) -> Option<&Path> {
+        self.arena_path.as_deref()
+    }
+
+    /// A path for `rank`'s staging ring next to this node cache (one per process).
+    pub fn ring_path(&self, rank: u32) -> PathBuf {
+        let stem = self
+            .state_path
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or("clairvoyant");
+        self.state_path
+            .with_file_name(format!("{stem}.r{rank}.p{}.ring", std::process::id()))
+    }
+
     fn header(&self, i: usize) -> &AtomicU32 {
         self.word(i)
     }
@@ -348,7 +364,21 @@ fn remove_stale_segments(dir: &Path, except: &Path) {
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if path == except || !name.starts_with("clairvoyant-") || !name.ends_with(".state") {
+        if !name.starts_with("clairvoyant-") {
+            continue;
+        }
+        if let Some(pid) = name
+            .strip_suffix(".ring")
+            .and_then(|n| n.rsplit(".p").next())
+            .and_then(|p| p.parse().ok())
+        {
+            // A staging ring belongs to one process.
+            if !process_alive(pid) {
+                let _ = std::fs::remove_file(&path);
+            }
+            continue;
+        }
+        if path == except || !name.ends_with(".state") {
             continue;
         }
         let mut head = vec![0u8; HEADER_WORDS * 4];
