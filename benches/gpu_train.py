@@ -1,4 +1,4 @@
-"""Real training on a GPU: ResNet-18 on an ImageFolder of JPEGs read through the emulated shared
+"""Real training on a GPU: a torchvision model (ResNet-18 by default) on an ImageFolder of JPEGs read through the emulated shared
 file system, once with PyTorch's DataLoader (+ DistributedSampler semantics, one rank) and once
 with clairvoyant. Reports per epoch: time, GPU busy time (CUDA events around each step), GPU
 utilization = busy / epoch time, time the loop waited for data, and bytes read from the file
@@ -37,14 +37,14 @@ def build_clairvoyant(args, transform):
 
     fs = clairvoyant.EmulatedFs(args.fs_state, args.latency_ms, args.bandwidth_mbps)
     job = clairvoyant.Job(clairvoyant.ImageFolder(args.data, emulated=fs), batch_size=args.batch_size, epochs=args.epochs)
-    loader = ctorch.DataLoader(ctorch.ImageFolder(job, transform), num_workers=args.workers, pin_memory=True)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, transform), num_workers=args.workers, pin_memory=True, prefetch_factor=4)
     return loader, loader.set_epoch, job
 
 
 def train(args, name, loader, set_epoch, job, fs):
     import torchvision
 
-    model = torchvision.models.resnet18(num_classes=args.classes).cuda().to(memory_format=torch.channels_last)
+    model = getattr(torchvision.models, args.arch)(num_classes=args.classes).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     rows = []
@@ -100,6 +100,7 @@ def main():
     ap.add_argument("--bandwidth-mbps", type=float, default=60.0)
     ap.add_argument("--latency-ms", type=float, default=2.0)
     ap.add_argument("--image-size", type=int, default=112)
+    ap.add_argument("--arch", default="resnet18", help="a torchvision.models constructor")
     ap.add_argument("--out", default="out/gpu_bench.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -203,7 +203,8 @@ class DataLoader:
 
     ``num_workers`` processes decode and transform (started once, kept across epochs); ``0``
     does it in the iterating thread. At most ``prefetch_factor * num_workers`` batches are in
-    flight. An exception raised while decoding a sample surfaces from ``next()`` at the batch
+    flight (``prefetch_factor`` defaults to 4: batches served from the node's memory class cost
+    no staging space while they wait). An exception raised while decoding a sample surfaces from ``next()`` at the batch
     the sample belongs to; a worker that dies is an error, not a hang. ``pin_memory`` pins
     batches when CUDA is available. ``batch_size`` and ``drop_last`` belong to the job; passing
     values that differ from the job's is an error (shuffling and sampling are the job's too).
@@ -240,7 +241,7 @@ class DataLoader:
         self.num_workers = int(num_workers)
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.pin_memory = bool(pin_memory) and _torch.cuda.is_available()
-        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 2
+        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 4
         self.timeout = float(timeout)
         self.multiprocessing_context = multiprocessing_context
         self._next_epoch = 0

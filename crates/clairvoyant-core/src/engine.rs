@@ -350,7 +350,11 @@ impl Engine {
 
         let ring_cap = model.staging.capacity;
         let ring = RingBuf::new(ring_cap, cache.ring_path(spec.rank))?;
-        let max_entries = (4 * model.staging.threads as usize).max(1024);
+        // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples served
+        // from the memory class take no ring space, so this must cover every batch a consumer
+        // keeps in flight (e.g. decode workers x prefetch depth x batch size) or the staging
+        // prefetcher stalls behind them; an entry costs ~48 bytes.
+        let max_entries = 1 << 16;
         let epochs = sched.epochs as usize;
         let inner = Arc::new(Inner {
             source,

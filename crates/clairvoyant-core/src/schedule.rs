@@ -175,12 +175,7 @@ impl Schedule {
         seed: u64,
         drop_last: bool,
     ) -> Result<Self> {
-        let num_samples = u32::try_from(num_samples).map_err(|_| {
-            Error::config(
-                "num_samples",
-                format!("{num_samples} exceeds the supported 4,294,967,295"),
-            )
-        })?;
+        let num_samples = checked_num_samples(num_samples)?;
         let s = Schedule {
             order: Order::Shuffle { num_samples, seed },
             epochs,
@@ -199,12 +194,7 @@ impl Schedule {
         batch_size: u32,
         drop_last: bool,
     ) -> Result<Self> {
-        let num_samples = u32::try_from(num_samples).map_err(|_| {
-            Error::config(
-                "num_samples",
-                format!("{num_samples} exceeds the supported 4,294,967,295"),
-            )
-        })?;
+        let num_samples = checked_num_samples(num_samples)?;
         for (e, order) in orders.iter().enumerate() {
             if let Some(pos) = order.iter().position(|&k| k >= num_samples) {
                 return Err(Error::config(
@@ -316,6 +306,15 @@ impl Schedule {
         }
         Ok(())
     }
+}
+
+fn checked_num_samples(num_samples: u64) -> Result<u32> {
+    u32::try_from(num_samples).map_err(|_| {
+        Error::config(
+            "num_samples",
+            format!("{num_samples} exceeds the supported 4,294,967,295"),
+        )
+    })
 }
 
 /// One rank's samples in one epoch, with the end position of each batch.

@@ -213,24 +213,12 @@ impl PyEngine {
 
     fn epoch_samples<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
         self.check_epoch(epoch)?;
-        Ok(self
-            .engine
-            .epoch_samples(epoch)
-            .iter()
-            .map(|&k| k as i64)
-            .collect::<Vec<_>>()
-            .into_pyarray(py))
+        Ok(int64_array(py, self.engine.epoch_samples(epoch)))
     }
 
     fn batch_ends<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
         self.check_epoch(epoch)?;
-        Ok(self
-            .engine
-            .batch_ends(epoch)
-            .iter()
-            .map(|&k| k as i64)
-            .collect::<Vec<_>>()
-            .into_pyarray(py))
+        Ok(int64_array(py, self.engine.batch_ends(epoch)))
     }
 
     #[getter]
@@ -292,6 +280,10 @@ impl PyEngine {
         }
         Ok(())
     }
+}
+
+fn int64_array<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyArray1<i64>> {
+    values.iter().map(|&k| k as i64).collect::<Vec<_>>().into_pyarray(py)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,0 +1,86 @@
+"""System description: resolution, bad values naming their field, probe, launcher variables."""
+
+import subprocess
+import sys
+
+import pytest
+
+import clairvoyant
+from clairvoyant import _env, config
+
+
+def test_defaults_need_no_configuration(monkeypatch, tmp_path):
+    monkeypatch.setenv("CLAIRVOYANT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CLAIRVOYANT_CONFIG", raising=False)
+    path, text = config.resolve(None)
+    assert path is None and "[staging]" in text and 'kind = "memory"' in text
+
+
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ('[staging]\ncapacity = "lots"\n', "staging.capacity"),
+        ("[staging]\nthreads = 0\n", "staging.threads"),
+        ('[[class]]\nname = "ram"\nkind = "memory"\ncapacity = "1GiB"\nthreads = 2\nread_mbps = -5\nwrite_mbps = 100\n', "class.ram.read_mbps"),
+        ("[pfs]\nbogus = 1\n", "pfs.bogus"),
+    ],
+)
+def test_bad_config_value_names_the_field_and_file(tmp_path, body, field):
+    cfg = tmp_path / "system.toml"
+    cfg.write_text(body)
+    with pytest.raises(clairvoyant.ConfigError) as e:
+        clairvoyant.Job(clairvoyant.Synthetic([10] * 4), batch_size=1, epochs=1, config=cfg)
+    assert field in str(e.value) and "system.toml" in str(e.value)
+
+
+def test_missing_config_file_is_reported(tmp_path):
+    with pytest.raises((FileNotFoundError, OSError, clairvoyant.ConfigError), match="nope.toml"):
+        clairvoyant.Job(clairvoyant.Synthetic([10] * 4), batch_size=1, epochs=1, config=tmp_path / "nope.toml")
+
+
+def test_env_override_applies(monkeypatch, tmp_path):
+    monkeypatch.setenv("CLAIRVOYANT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CLAIRVOYANT_MEMORY", "3MiB")
+    _, text = config.resolve(None)
+    assert 'capacity = "3 MiB"' in text
+
+
+def test_probe_writes_a_config_a_job_accepts(tmp_path):
+    data = tmp_path / "data" / "cls"
+    data.mkdir(parents=True)
+    for i in range(20):
+        (data / f"{i}.jpg").write_bytes(bytes([i]) * 4096)
+    out = tmp_path / "probed.toml"
+    r = subprocess.run(
+        [sys.executable, "-m", "clairvoyant", "probe", str(tmp_path / "data"), "-o", str(out), "--budget", "2", "--max-files", "20"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "[pfs]" in text and "read_mbps" in text
+    with clairvoyant.Job(str(tmp_path / "data"), batch_size=2, epochs=1, config=out) as job:
+        assert job.config_path == str(out)
+        assert sum(1 for _ in job.epoch(0)) == 20
+
+
+@pytest.mark.parametrize(
+    "env,expect",
+    [
+        ({}, (0, 1, [0])),
+        ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "r"}, (5, 8, [4, 5, 6, 7])),
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "9"}, (3, 4, [2, 3])),
+        ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, (2, 3, [2])),
+    ],
+)
+def test_launcher_environment(env, expect):
+    p = _env.detect(env=env)
+    assert (p.rank, p.world_size, p.local_ranks) == expect
+    if "TORCHELASTIC_RUN_ID" in env:
+        assert p.run_id == "r"
+    if "SLURM_JOB_ID" in env:
+        assert p.run_id.startswith("slurm-9")
+
+
+def test_bad_launcher_value_names_the_variable():
+    with pytest.raises(ValueError, match="WORLD_SIZE"):
+        _env.detect(env={"RANK": "0", "WORLD_SIZE": "many"})
