@@ -157,3 +157,15 @@ def test_decode_error_surfaces_at_its_batch(tmp_path, workers):
     assert sum(1 for _ in it) == len(loader) - bad_batch - 1
     loader.close()
     job.close()
+
+
+def test_leaving_an_epoch_early_then_the_next_epoch_is_whole(data_dir):
+    job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=3, rank=0, world_size=1)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=2, prefetch_factor=2)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            break
+    labels = torch.cat([y for _, y in loader])
+    assert labels.tolist() == [int(job.labels[k]) for k in job.samples_of(1)]
+    loader.close()
+    job.close()

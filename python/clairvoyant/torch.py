@@ -248,6 +248,7 @@ class DataLoader:
         self._workers: list = []
         self._tasks: list = []
         self._results: Any = None
+        self._pipeline: Optional[_Pipeline] = None
         self._current: Optional[_EpochIterator] = None
 
     @property
@@ -275,6 +276,7 @@ class DataLoader:
         self._next_epoch += 1
         if self.num_workers > 0 and not self._workers:
             self._start_workers()
+            self._pipeline = _Pipeline(self, epoch)
         self._current = _EpochIterator(self, epoch)
         return self._current
 
@@ -316,9 +318,10 @@ class DataLoader:
 
     def close(self) -> None:
         """Stop the current epoch's read-ahead and the worker processes."""
-        if self._current is not None:
-            self._current.close()
-            self._current = None
+        self._current = None
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
         for q in self._tasks:
             try:
                 q.put(None)
@@ -340,78 +343,63 @@ class DataLoader:
         return f"clairvoyant.torch.DataLoader(batch_size={self.batch_size}, num_workers={self.num_workers}, steps={len(self)})"
 
 
-class _EpochIterator:
-    """One epoch. With workers: a feeder thread takes the job's batches in order (the bytes stay
-    in shared memory, held by a lease), hands their locations to the workers round-robin and
-    keeps at most ``prefetch_factor * num_workers`` in flight; ``__next__`` returns results in
-    order and releases each batch's lease once its worker has answered."""
+class _Pipeline:
+    """Feeds the decode workers for the rest of the run, across epoch boundaries: the order of
+    every later batch is known, so the next epoch's first batches are decoded while this epoch's
+    last ones are trained on (no bubble at epoch starts). A feeder thread takes the job's batches
+    in order as leases (the bytes stay in shared memory), hands their locations to the workers
+    round-robin and keeps at most ``prefetch_factor * num_workers`` in flight; a batch's lease is
+    released once its worker has answered. Batch ``(epoch, step)`` has the run-wide index
+    ``(epoch - first_epoch) * steps + step``."""
 
-    def __init__(self, loader: DataLoader, epoch: int):
-        self.epoch = epoch
-        self._loader = loader
-        self._left = len(loader)
-        self._next = 0
-        self._done = False
-        self._stop = threading.Event()
-        self._feeder: Optional[threading.Thread] = None
-        if loader.num_workers == 0:
-            self._source = iter(loader.job.batches(epoch))
-            return
-        self._source = loader.job.shared_batches(epoch)
+    def __init__(self, loader: DataLoader, first_epoch: int):
+        self.loader = loader
+        self.first_epoch = first_epoch
+        self.steps = len(loader)
+        self.floor = 0  # results below this index are no longer wanted
         self._leases: dict = {}
         self._ready: dict = {}
         self._sent = 0
         self._feed_error: Optional[BaseException] = None
         self._lock = threading.Lock()
         self._slots = threading.Semaphore(loader.prefetch_factor * loader.num_workers)
-        self._feeder = threading.Thread(target=self._feed, name=f"clairvoyant-feed-{epoch}", daemon=True)
+        self._stop = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, name="clairvoyant-feed", daemon=True)
         self._feeder.start()
 
-    def __iter__(self):
-        return self
-
-    def __len__(self) -> int:
-        return self._left
+    def index(self, epoch: int, step: int) -> int:
+        return (epoch - self.first_epoch) * self.steps + step
 
     def _feed(self) -> None:
-        loader = self._loader
+        loader = self.loader
         try:
-            for index in range(len(loader)):
-                while not self._slots.acquire(timeout=0.1):
+            for epoch in range(self.first_epoch, int(loader.job.epochs)):
+                source = loader.job.shared_batches(epoch)
+                for step in range(self.steps):
+                    while not self._slots.acquire(timeout=0.1):
+                        if self._stop.is_set():
+                            return
                     if self._stop.is_set():
                         return
-                if self._stop.is_set():
-                    return
-                lease, descriptors, labels, private = next(self._source)
-                with self._lock:
-                    self._leases[index] = lease
-                    self._sent = index + 1
-                loader._tasks[index % loader.num_workers].put((index, descriptors, labels.tolist(), dict(private)))
-                del lease
+                    lease, descriptors, labels, private = next(source)
+                    index = self.index(epoch, step)
+                    with self._lock:
+                        self._leases[index] = lease
+                        self._sent = index + 1
+                    loader._tasks[index % loader.num_workers].put((index, descriptors, labels.tolist(), dict(private)))
+                    del lease
         except BaseException as exc:  # delivered to the consumer at this position
-            self._feed_error = exc
+            with self._lock:
+                self._feed_error = exc
 
-    def __next__(self):
-        if self._done or self._left <= 0:
-            self._finish()
-            raise StopIteration
-        loader = self._loader
-        if self._feeder is None:
-            try:
-                samples, labels = next(self._source)
-            except BaseException:
-                self._finish()
-                raise
-            self._left -= 1
-            return loader._process(samples, labels)
-        index = self._next
+    def get(self, index: int):
+        """(batch, error) of batch ``index``, waiting for it."""
+        loader = self.loader
         deadline = time.monotonic() + loader.timeout if loader.timeout else None
         while index not in self._ready:
             with self._lock:
                 failed = self._feed_error is not None and index >= self._sent
             if failed:
-                # The job itself failed here: the rest of the epoch cannot be delivered.
-                self._finish()
                 raise self._feed_error
             try:
                 got, batch, error = loader._results.get(timeout=1.0)
@@ -420,7 +408,6 @@ class _EpochIterator:
                 time.sleep(0.05)
                 dead = [p.name for p in loader._workers if not p.is_alive()]
                 if dead:
-                    self._finish()
                     raise RuntimeError(f"DataLoader worker(s) {', '.join(dead)} exited unexpectedly") from None
                 if not isinstance(exc, queue.Empty):
                     raise
@@ -430,34 +417,28 @@ class _EpochIterator:
             with self._lock:
                 self._leases.pop(got, None)  # the worker is done with the bytes
             self._slots.release()
-            self._ready[got] = (batch, error)
-        batch, error = self._ready.pop(index)
-        self._next += 1
-        self._left -= 1
-        if error is not None:
-            error.reraise()  # a decode error, at its batch; later batches still follow
-        return loader._finish_batch(batch)
+            if got >= self.floor:
+                self._ready[got] = (batch, error)
+        return self._ready.pop(index)
 
-    def _finish(self) -> None:
-        self._done = True
-        self._left = 0
-        self._stop.set()
+    def skip_to(self, index: int) -> None:
+        """Drop results before ``index`` (an epoch left before its end)."""
+        self.floor = max(self.floor, index)
+        for k in [k for k in self._ready if k < index]:
+            del self._ready[k]
 
     def close(self) -> None:
-        """Stop reading ahead and collect the answers of batches still in flight, so the next
-        epoch starts from idle workers."""
+        """Stop feeding and collect the answers of batches still in flight."""
         self._stop.set()
-        if self._feeder is None:
-            return
         if self._feeder.is_alive() and self._feeder is not threading.current_thread():
             self._feeder.join()
         while True:
             with self._lock:
                 pending = len(self._leases)
-            if not pending or not all(p.is_alive() for p in self._loader._workers):
+            if not pending or not all(p.is_alive() for p in self.loader._workers):
                 break
             try:
-                got, _, _ = self._loader._results.get(timeout=5.0)
+                got, _, _ = self.loader._results.get(timeout=5.0)
             except (queue.Empty, OSError, EOFError):
                 break
             with self._lock:
@@ -465,8 +446,52 @@ class _EpochIterator:
         self._leases.clear()
         self._ready.clear()
 
-    def __del__(self):
+
+class _EpochIterator:
+    """One epoch: batches in order, from the pipeline (workers) or decoded here (no workers)."""
+
+    def __init__(self, loader: DataLoader, epoch: int):
+        self.epoch = epoch
+        self._loader = loader
+        self._left = len(loader)
+        self._step = 0
+        self._done = False
+        self._pipeline = loader._pipeline if loader.num_workers > 0 else None
+        if self._pipeline is None:
+            self._source = iter(loader.job.batches(epoch))
+        else:
+            self._pipeline.skip_to(self._pipeline.index(epoch, 0))
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self._left
+
+    def __next__(self):
+        if self._done or self._left <= 0:
+            self._done = True
+            raise StopIteration
+        loader = self._loader
+        if self._pipeline is None:
+            try:
+                samples, labels = next(self._source)
+            except BaseException:
+                self._done = True
+                raise
+            self._left -= 1
+            return loader._process(samples, labels)
         try:
-            self._stop.set()
-        except Exception:
-            pass
+            batch, error = self._pipeline.get(self._pipeline.index(self.epoch, self._step))
+        except BaseException:
+            # The job or a worker failed: the rest of the epoch cannot be delivered.
+            self._done = True
+            raise
+        self._step += 1
+        self._left -= 1
+        if error is not None:
+            error.reraise()  # a decode error, at its batch; later batches still follow
+        return loader._finish_batch(batch)
+
+    def close(self) -> None:
+        self._done = True
