@@ -120,9 +120,9 @@ impl NodeCache {
         }
         cache.header(1).fetch_add(1, Ordering::AcqRel);
         let pid = std::process::id();
-        let recorded = (FIRST_PID_SLOT..HEADER_WORDS).any(|i| cache.header(i).load(Ordering::Relaxed) == pid);
+        let recorded = (FIRST_PID_SLOT..FIRST_CAPACITY).any(|i| cache.header(i).load(Ordering::Relaxed) == pid);
         if !recorded {
-            let _ = (FIRST_PID_SLOT..HEADER_WORDS).find(|&i| {
+            let _ = (FIRST_PID_SLOT..FIRST_CAPACITY).find(|&i| {
                 cache
                     .header(i)
                     .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
@@ -390,7 +390,7 @@ fn remove_stale_segments(dir: &Path, except: &Path) {
         if word(0) != MAGIC {
             continue;
         }
-        let pids: Vec<u32> = (FIRST_PID_SLOT..HEADER_WORDS).map(word).filter(|&p| p != 0).collect();
+        let pids: Vec<u32> = (FIRST_PID_SLOT..FIRST_CAPACITY).map(word).filter(|&p| p != 0).collect();
         if !pids.is_empty() && pids.iter().all(|&p| !process_alive(p)) {
             let _ = std::fs::remove_file(&path);
             let _ = std::fs::remove_file(path.with_extension("mem"));
@@ -472,6 +472,8 @@ mod tests {
         header[0..4].copy_from_slice(&MAGIC.to_ne_bytes());
         // A pid far above pid_max is never alive.
         header[FIRST_PID_SLOT * 4..FIRST_PID_SLOT * 4 + 4].copy_from_slice(&0x7fff_fff0u32.to_ne_bytes());
+        // Agreed capacities follow the pid slots; a capacity of 1 must not read as pid 1 (alive).
+        header[FIRST_CAPACITY * 4..FIRST_CAPACITY * 4 + 4].copy_from_slice(&1u32.to_ne_bytes());
         std::fs::write(&stale, &header).unwrap();
         std::fs::write(&mem, b"data").unwrap();
         let live = base.join(format!("clairvoyant-live-test-{}.state", std::process::id()));
