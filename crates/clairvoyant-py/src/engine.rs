@@ -80,6 +80,15 @@ impl PyEngine {
         }
     }
 
+    /// One object keeping `leases` alive; dropping it releases them.
+    fn hold<'py>(&self, py: Python<'py>, leases: &[Lease]) -> PyResult<Bound<'py, PyAny>> {
+        let holder = LeaseHolder {
+            engine: self.engine.clone(),
+            positions: leases.iter().map(|l| l.pos).collect(),
+        };
+        Ok(Bound::new(py, holder)?.into_any())
+    }
+
     /// Wait for the next sample with the GIL released, waking every 100 ms for Ctrl-C.
     fn wait_next(&self, py: Python<'_>) -> PyResult<Lease> {
         loop {
@@ -140,14 +149,7 @@ impl PyEngine {
     /// The next sample as (read-only uint8 view, label).
     fn next_sample<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyArray1<u8>>, i64)> {
         let lease = self.wait_next(py)?;
-        let holder = Bound::new(
-            py,
-            LeaseHolder {
-                engine: self.engine.clone(),
-                positions: vec![lease.pos],
-            },
-        )?
-        .into_any();
+        let holder = self.hold(py, std::slice::from_ref(&lease))?;
         Ok((view(&lease, &holder), lease.label))
     }
 
@@ -155,14 +157,7 @@ impl PyEngine {
     /// the batch is still consumed (so batches stay aligned) and the first error is raised.
     fn next_batch<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Batch<'py>> {
         let leases = self.take(py, n)?;
-        let holder = Bound::new(
-            py,
-            LeaseHolder {
-                engine: self.engine.clone(),
-                positions: leases.iter().map(|l| l.pos).collect(),
-            },
-        )?
-        .into_any();
+        let holder = self.hold(py, &leases)?;
         let views = leases.iter().map(|l| view(l, &holder)).collect();
         let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
         Ok((views, labels))
@@ -193,14 +188,7 @@ impl PyEngine {
         }
         let descriptors = leases.iter().map(|l| (l.region as u8, l.offset, l.len)).collect();
         let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
-        let holder = Bound::new(
-            py,
-            LeaseHolder {
-                engine: self.engine.clone(),
-                positions: leases.iter().map(|l| l.pos).collect(),
-            },
-        )?
-        .into_any();
+        let holder = self.hold(py, &leases)?;
         Ok((holder, descriptors, labels, private))
     }
 
