@@ -348,9 +348,10 @@ class _Pipeline:
     every later batch is known, so the next epoch's first batches are decoded while this epoch's
     last ones are trained on (no bubble at epoch starts). A feeder thread takes the job's batches
     in order as leases (the bytes stay in shared memory), hands their locations to the workers
-    round-robin and keeps at most ``prefetch_factor * num_workers`` in flight; a batch's lease is
-    released once its worker has answered. Batch ``(epoch, step)`` has the run-wide index
-    ``(epoch - first_epoch) * steps + step``."""
+    round-robin and keeps at most ``prefetch_factor * num_workers`` in flight. A collector thread
+    receives the decoded batches (rebuilding shared tensors costs a round trip to the worker, kept
+    off the training loop's path) and releases each batch's lease once its worker has answered.
+    Batch ``(epoch, step)`` has the run-wide index ``(epoch - first_epoch) * steps + step``."""
 
     def __init__(self, loader: DataLoader, first_epoch: int):
         self.loader = loader
@@ -361,11 +362,15 @@ class _Pipeline:
         self._ready: dict = {}
         self._sent = 0
         self._feed_error: Optional[BaseException] = None
-        self._lock = threading.Lock()
+        self._worker_error: Optional[BaseException] = None
+        self._cond = threading.Condition()
         self._slots = threading.Semaphore(loader.prefetch_factor * loader.num_workers)
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # stops the feeder
+        self._closed = threading.Event()  # stops the collector
         self._feeder = threading.Thread(target=self._feed, name="clairvoyant-feed", daemon=True)
+        self._collector = threading.Thread(target=self._collect, name="clairvoyant-collect", daemon=True)
         self._feeder.start()
+        self._collector.start()
 
     def index(self, epoch: int, step: int) -> int:
         return (epoch - self.first_epoch) * self.steps + step
@@ -383,68 +388,78 @@ class _Pipeline:
                         return
                     lease, descriptors, labels, private = next(source)
                     index = self.index(epoch, step)
-                    with self._lock:
+                    with self._cond:
                         self._leases[index] = lease
                         self._sent = index + 1
                     loader._tasks[index % loader.num_workers].put((index, descriptors, labels.tolist(), dict(private)))
                     del lease
         except BaseException as exc:  # delivered to the consumer at this position
-            with self._lock:
+            with self._cond:
                 self._feed_error = exc
+                self._cond.notify_all()
+
+    def _collect(self) -> None:
+        loader = self.loader
+        while not self._closed.is_set():
+            try:
+                got, batch, error = loader._results.get(timeout=0.5)
+            except (queue.Empty, OSError, EOFError) as exc:
+                # A worker killed while answering can leave the queue broken: report the death.
+                dead = [p.name for p in loader._workers if not p.is_alive()]
+                if dead or not isinstance(exc, queue.Empty):
+                    time.sleep(0.05)
+                    dead = [p.name for p in loader._workers if not p.is_alive()]
+                    with self._cond:
+                        self._worker_error = RuntimeError(
+                            f"DataLoader worker(s) {', '.join(dead) or '?'} exited unexpectedly"
+                            + ("" if dead else f" ({exc!r})")
+                        )
+                        self._cond.notify_all()
+                    return
+                continue
+            with self._cond:
+                self._leases.pop(got, None)  # the worker is done with the bytes
+                if got >= self.floor:
+                    self._ready[got] = (batch, error)
+                self._cond.notify_all()
+            self._slots.release()
 
     def get(self, index: int):
         """(batch, error) of batch ``index``, waiting for it."""
-        loader = self.loader
-        deadline = time.monotonic() + loader.timeout if loader.timeout else None
-        while index not in self._ready:
-            with self._lock:
-                failed = self._feed_error is not None and index >= self._sent
-            if failed:
-                raise self._feed_error
-            try:
-                got, batch, error = loader._results.get(timeout=1.0)
-            except (queue.Empty, OSError, EOFError) as exc:
-                # A worker killed while answering can leave the queue broken: report the death.
-                time.sleep(0.05)
-                dead = [p.name for p in loader._workers if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"DataLoader worker(s) {', '.join(dead)} exited unexpectedly") from None
-                if not isinstance(exc, queue.Empty):
-                    raise
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RuntimeError(f"DataLoader timed out after {loader.timeout} seconds")
-                continue
-            with self._lock:
-                self._leases.pop(got, None)  # the worker is done with the bytes
-            self._slots.release()
-            if got >= self.floor:
-                self._ready[got] = (batch, error)
-        return self._ready.pop(index)
+        timeout = self.loader.timeout or None
+        with self._cond:
+            while index not in self._ready:
+                if self._feed_error is not None and index >= self._sent:
+                    raise self._feed_error
+                if self._worker_error is not None:
+                    raise self._worker_error
+                if not self._cond.wait(timeout=timeout) and timeout is not None:
+                    raise RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds")
+            return self._ready.pop(index)
 
     def skip_to(self, index: int) -> None:
         """Drop results before ``index`` (an epoch left before its end)."""
-        self.floor = max(self.floor, index)
-        for k in [k for k in self._ready if k < index]:
-            del self._ready[k]
+        with self._cond:
+            self.floor = max(self.floor, index)
+            for k in [k for k in self._ready if k < index]:
+                del self._ready[k]
 
     def close(self) -> None:
-        """Stop feeding and collect the answers of batches still in flight."""
+        """Stop feeding, wait for the batches still in flight, stop collecting."""
         self._stop.set()
         if self._feeder.is_alive() and self._feeder is not threading.current_thread():
             self._feeder.join()
-        while True:
-            with self._lock:
-                pending = len(self._leases)
-            if not pending or not all(p.is_alive() for p in self.loader._workers):
-                break
-            try:
-                got, _, _ = self.loader._results.get(timeout=5.0)
-            except (queue.Empty, OSError, EOFError):
-                break
-            with self._lock:
-                self._leases.pop(got, None)
-        self._leases.clear()
-        self._ready.clear()
+        deadline = time.monotonic() + 10
+        with self._cond:
+            self.floor = float("inf")
+            while self._leases and self._worker_error is None and self._collector.is_alive():
+                if not self._cond.wait(timeout=max(0.0, deadline - time.monotonic())) and time.monotonic() > deadline:
+                    break
+            self._leases.clear()
+            self._ready.clear()
+        self._closed.set()
+        if self._collector.is_alive() and self._collector is not threading.current_thread():
+            self._collector.join(timeout=2)
 
 
 class _EpochIterator:
