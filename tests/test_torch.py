@@ -169,3 +169,22 @@ def test_leaving_an_epoch_early_then_the_next_epoch_is_whole(data_dir):
     assert labels.tolist() == [int(job.labels[k]) for k in job.samples_of(1)]
     loader.close()
     job.close()
+
+
+def test_workers_read_the_staging_ring_when_nothing_is_cached(data_dir, tmp_path, monkeypatch):
+    # No memory class: every sample is staged in the rank's ring file and read there by workers.
+    monkeypatch.setenv("CLAIRVOYANT_MEMORY", "0")
+    monkeypatch.setenv("CLAIRVOYANT_STAGING", "64KiB")
+    reference = clairvoyant.Job(str(data_dir), batch_size=4, epochs=1, rank=0, world_size=1)
+    want = [(x.clone(), y.clone()) for x, y in ctorch.DataLoader(ctorch.ImageFolder(reference, to_tensor), num_workers=0)]
+    reference.close()
+    job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=1, rank=0, world_size=1)
+    assert job.placement() == []
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=2)
+    got = list(loader)
+    assert len(got) == len(want)
+    for (gx, gy), (wx, wy) in zip(got, want):
+        assert torch.equal(gy, wy) and torch.equal(gx, wx)
+    assert job.stats()[0]["sources"]["pfs"]["samples"] == 42
+    loader.close()
+    job.close()
