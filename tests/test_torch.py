@@ -188,3 +188,12 @@ def test_workers_read_the_staging_ring_when_nothing_is_cached(data_dir, tmp_path
     assert job.stats()[0]["sources"]["pfs"]["samples"] == 42
     loader.close()
     job.close()
+
+
+def test_spawned_workers(data_dir):
+    job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=1, rank=0, world_size=1)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=2, multiprocessing_context="spawn")
+    labels = torch.cat([y for _, y in loader])
+    assert labels.tolist() == [int(job.labels[k]) for k in job.samples_of(0)]
+    loader.close()
+    job.close()
