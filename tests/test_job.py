@@ -174,3 +174,18 @@ def test_explicit_order_job():
     got = [int(np.frombuffer(s, np.uint8)[0]) for s, _ in job.epoch(0)]
     assert got == [(k * 31) % 256 for k in range(n)]
     job.close()
+
+
+def test_a_closed_job_leaves_the_node_cache_at_once(monkeypatch):
+    src = clairvoyant.Synthetic(sizes(30))
+    monkeypatch.setenv("CLAIRVOYANT_MEMORY", "0")
+    first = clairvoyant.Job(src, batch_size=3, epochs=1)
+    assert first.placement() == []
+    sum(1 for _ in first.epoch(0))
+    first.close()  # still referenced: closing alone must release the cache
+    monkeypatch.delenv("CLAIRVOYANT_MEMORY")
+    second = clairvoyant.Job(src, batch_size=3, epochs=1)
+    assert [name for name, _, _ in second.placement()] == ["memory"]
+    assert sum(1 for _ in second.epoch(0)) == 30
+    second.close()
+    del first

@@ -564,6 +564,9 @@ impl Engine {
         for t in threads {
             let _ = t.join();
         }
+        // Leave the node cache now rather than when the last lease is garbage collected, so a
+        // job started next attaches to a fresh cache; mappings stay valid for live leases.
+        self.inner.cache.detach();
     }
 }
 

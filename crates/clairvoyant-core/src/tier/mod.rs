@@ -209,15 +209,19 @@ impl NodeCache {
         self.arena_path.as_deref()
     }
 
-    /// A path for `rank`'s staging ring next to this node cache (one per process).
+    /// A new path for one of `rank`'s staging rings next to this node cache: unique per job
+    /// (a process may run several jobs, or the same job again), named with the process id so the
+    /// janitor can remove it if the process dies.
     pub fn ring_path(&self, rank: u32) -> PathBuf {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let stem = self
             .state_path
             .file_stem()
             .and_then(|n| n.to_str())
             .unwrap_or("clairvoyant");
         self.state_path
-            .with_file_name(format!("{stem}.r{rank}.p{}.ring", std::process::id()))
+            .with_file_name(format!("{stem}.r{rank}.j{n}.p{}.ring", std::process::id()))
     }
 
     fn header(&self, i: usize) -> &AtomicU32 {
