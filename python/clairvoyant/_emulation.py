@@ -37,7 +37,7 @@ def make_imagefolder(
     seed: int = 0,
     quality: int = 90,
 ) -> int:
-    """Write ``num_classes * per_class`` JPEGs under ``root/class_XXX/img_XXXXX.jpg``.
+    """Write ``num_classes * per_class`` JPEGs under ``root/class_<i>/img_<j>.jpg`` (zero-padded indices).
 
     Each image is a colour gradient with noise; side lengths are drawn from ``size_range`` so
     file sizes vary (about 10-45 KB for the default range). The output depends only on the

@@ -43,9 +43,6 @@ def _plan(args) -> int:
 
 
 def _probe(args) -> int:
-    if not hasattr(_native, "probe"):
-        print("probe is not available in this build", file=sys.stderr)
-        return 2
     text = _native.probe(args.path, args.output, args.ssd_dir, args.max_files, args.budget)
     if args.output is None:
         print(text)

@@ -11,13 +11,4 @@ from . import _native
 
 def resolve(config=None) -> tuple:
     """(path used or None, model TOML text)."""
-    if hasattr(_native, "resolve_config"):
-        return _native.resolve_config(None if config is None else os.fspath(config))
-    if config is None:
-        return None, None
-    path = os.fspath(config)
-    try:
-        with open(path, encoding="utf-8") as f:
-            return path, f.read()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file {path!r} not found") from None
+    return _native.resolve_config(None if config is None else os.fspath(config))

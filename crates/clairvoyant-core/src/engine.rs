@@ -115,12 +115,18 @@ struct Entry {
 }
 
 struct StagingState {
-    base: u64,
     entries: VecDeque<Entry>,
     next_alloc: u64,
     next_consume: u64,
     ring_head: u64,
     ring_tail: u64,
+}
+
+impl StagingState {
+    /// Position of `entries[0]`.
+    fn base(&self) -> u64 {
+        self.next_alloc - self.entries.len() as u64
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -369,7 +375,6 @@ impl Engine {
             ring_cap,
             max_entries,
             st: Mutex::new(StagingState {
-                base: 0,
                 entries: VecDeque::new(),
                 next_alloc: 0,
                 next_consume: 0,
@@ -716,7 +721,7 @@ impl Inner {
             };
             let outcome = self.fetch(pos, sample, slot_kind);
             let mut st = self.lock();
-            let idx = (pos - st.base) as usize;
+            let idx = (pos - st.base()) as usize;
             let entry = &mut st.entries[idx];
             match outcome {
                 Ok((src, heap)) => {
@@ -762,7 +767,7 @@ impl Inner {
             }
             _ => {
                 let st = self.lock();
-                let e = &st.entries[(pos - st.base) as usize];
+                let e = &st.entries[(pos - st.base()) as usize];
                 let ptr = match &e.slot {
                     Slot::Ring { start, .. } => self.ring_ptr(*start),
                     Slot::Heap(h) => h.as_ptr() as *mut u8,
@@ -805,7 +810,8 @@ impl Inner {
             if self.shutdown.load(Ordering::Relaxed) {
                 return Err(Error::Cancelled);
             }
-            let ready = st.next_alloc > pos && !matches!(st.entries[(pos - st.base) as usize].status, Status::Pending);
+            let ready =
+                st.next_alloc > pos && !matches!(st.entries[(pos - st.base()) as usize].status, Status::Pending);
             if ready {
                 break;
             }
@@ -825,7 +831,7 @@ impl Inner {
                 .0;
         }
         let stalled = t0.elapsed();
-        let idx = (pos - st.base) as usize;
+        let idx = (pos - st.base()) as usize;
         st.next_consume += 1;
         let entry = &mut st.entries[idx];
         let sample = entry.sample;
@@ -915,10 +921,10 @@ impl Inner {
         }
         let mut st = self.lock();
         for &pos in positions {
-            if pos < st.base {
+            if pos < st.base() {
                 continue;
             }
-            let idx = (pos - st.base) as usize;
+            let idx = (pos - st.base()) as usize;
             if let Some(e) = st.entries.get_mut(idx) {
                 e.released = true;
             }
@@ -929,7 +935,6 @@ impl Inner {
             if let Slot::Ring { start, len } = e.slot {
                 st.ring_tail = start + len;
             }
-            st.base += 1;
             freed = true;
         }
         if freed {

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clairvoyant_core::engine::{Engine, JobSpec, Lease, Region, SOURCE_NAMES};
-use clairvoyant_core::model::SystemModel;
 use clairvoyant_core::schedule::Schedule;
 use numpy::ndarray::ArrayView1;
 use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
@@ -279,6 +278,3 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<LeaseHolder>()?;
     Ok(())
 }
-
-#[allow(dead_code)]
-fn _model_type_check(_: &SystemModel) {}

@@ -254,13 +254,6 @@ impl NodeCache {
         futex::wake_all(w);
     }
 
-    /// Give a claimed sample back (e.g. the fill was cancelled) so another rank may fill it.
-    pub fn unclaim(&self, sample: u32) {
-        let w = self.state(sample);
-        w.store(EMPTY, Ordering::Release);
-        futex::wake_all(w);
-    }
-
     /// Wait up to `timeout` while `sample` is being filled elsewhere; returns the state seen last.
     pub fn wait_filled(&self, sample: u32, timeout: Duration) -> u32 {
         let w = self.state(sample);
@@ -405,20 +398,6 @@ fn remove_stale_segments(dir: &Path, except: &Path) {
 impl Drop for NodeCache {
     fn drop(&mut self) {
         self.detach();
-    }
-}
-
-/// A process-wide counter, handy for statistics shared by threads.
-#[derive(Default, Debug)]
-pub struct Counter {
-    pub samples: AtomicU64,
-    pub bytes: AtomicU64,
-}
-
-impl Counter {
-    pub fn add(&self, bytes: u64) {
-        self.samples.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 }
 
