@@ -874,7 +874,6 @@ impl SystemModel {
 
     /// Like [`SystemModel::from_toml_str`] with the defaults taken from `base` instead of the machine.
     pub fn from_toml_with_base(s: &str, origin: &Path, base: SystemModel) -> Result<SystemModel> {
-        let r = Reader { origin };
         let doc: toml::Table = s.parse().map_err(|e: toml::de::Error| {
             let at = match e.span() {
                 Some(sp) => {
@@ -885,7 +884,15 @@ impl SystemModel {
             };
             Error::config("toml", format!("syntax error at {at}: {}", e.message().trim()))
         })?;
-        let m = r.model(&doc, base)?;
+        Self::from_toml_table(&doc, origin, base)
+    }
+
+    /// Like [`SystemModel::from_toml_with_base`] for an already parsed table (a section of a
+    /// larger document, such as a simulation scenario's `[system]`). Error keys are relative to
+    /// the table.
+    pub fn from_toml_table(doc: &toml::Table, origin: &Path, base: SystemModel) -> Result<SystemModel> {
+        let r = Reader { origin };
+        let m = r.model(doc, base)?;
         m.validate().map_err(|e| match e {
             Error::Config { key, reason } => r.err(key, reason),
             other => other,

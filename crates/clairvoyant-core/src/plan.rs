@@ -64,6 +64,45 @@ impl AccessCounts {
         Ok(merged)
     }
 
+    /// [`AccessCounts::compute`] for several groups of ranks at once (for example every node of a
+    /// cluster), shuffling each epoch once for all groups: `out[i]` belongs to `groups[i]`.
+    /// Epochs are generated a few at a time in parallel, then every group counts them in parallel.
+    pub fn compute_groups(schedule: &Schedule, groups: &[Vec<u32>]) -> Result<Vec<Self>> {
+        let f = schedule.num_samples() as usize;
+        for e in 0..schedule.epochs {
+            schedule.layout(e)?;
+        }
+        let mut out: Vec<AccessCounts> = groups
+            .iter()
+            .map(|_| AccessCounts {
+                counts: vec![0; f],
+                first_need: vec![u64::MAX; f],
+            })
+            .collect();
+        let chunk = rayon::current_num_threads().max(1) as u32;
+        let mut first = 0;
+        while first < schedule.epochs {
+            let epochs: Vec<u32> = (first..(first + chunk).min(schedule.epochs)).collect();
+            let orders: Vec<Vec<u32>> = epochs.par_iter().map(|&e| schedule.global_order(e)).collect();
+            out.par_iter_mut()
+                .zip(groups)
+                .try_for_each(|(acc, ranks)| -> Result<()> {
+                    for (&e, global) in epochs.iter().zip(&orders) {
+                        for stream in schedule.split(e, global, ranks)? {
+                            for (pos, &k) in stream.samples.iter().enumerate() {
+                                acc.counts[k as usize] += 1;
+                                let slot = &mut acc.first_need[k as usize];
+                                *slot = (*slot).min(((e as u64) << 32) | pos as u64);
+                            }
+                        }
+                    }
+                    Ok(())
+                })?;
+            first += chunk;
+        }
+        Ok(out)
+    }
+
     /// Number of samples accessed exactly `c` times, for every `c` that occurs.
     pub fn histogram(&self) -> BTreeMap<u32, u64> {
         let mut h = BTreeMap::new();
@@ -123,14 +162,20 @@ impl Placement {
     pub fn compute(access: &AccessCounts, size: impl Fn(u32) -> u64, capacities: &[u64]) -> Placement {
         assert!(capacities.len() < UNCACHED as usize);
         let f = access.counts.len();
-        let mut order: Vec<u32> = (0..f as u32).filter(|&k| access.counts[k as usize] > 0).collect();
-        order.par_sort_unstable_by_key(|&k| {
-            (
-                std::cmp::Reverse(access.counts[k as usize]),
-                access.first_need[k as usize],
-                k,
-            )
-        });
+        // Sort keys built up front (not looked up per comparison: that would be a cache miss
+        // each time at millions of samples).
+        let mut keyed: Vec<(std::cmp::Reverse<u32>, u64, u32)> = (0..f as u32)
+            .filter(|&k| access.counts[k as usize] > 0)
+            .map(|k| {
+                (
+                    std::cmp::Reverse(access.counts[k as usize]),
+                    access.first_need[k as usize],
+                    k,
+                )
+            })
+            .collect();
+        keyed.par_sort_unstable();
+        let order: Vec<u32> = keyed.into_iter().map(|(_, _, k)| k).collect();
         let mut class_of = vec![UNCACHED; f];
         let mut offset = vec![0u64; f];
         let mut used = vec![0u64; capacities.len()];
@@ -166,7 +211,9 @@ impl Placement {
             }
         }
         for list in &mut fill_order {
-            list.par_sort_unstable_by_key(|&k| (access.first_need[k as usize], k));
+            let mut keyed: Vec<(u64, u32)> = list.iter().map(|&k| (access.first_need[k as usize], k)).collect();
+            keyed.par_sort_unstable();
+            *list = keyed.into_iter().map(|(_, k)| k).collect();
         }
         Placement {
             class_of,
@@ -252,6 +299,18 @@ mod tests {
         let e0 = s.rank_epoch(1, 0).unwrap();
         assert_eq!(one.first_need[e0.samples[0] as usize], 0);
         assert_eq!(one.first_need[e0.samples[7] as usize], 7);
+    }
+
+    #[test]
+    fn groups_agree_with_one_group_at_a_time() {
+        let s = Schedule::shuffle(997, 4, 8, 5, 11, false).unwrap();
+        let groups = vec![vec![0, 1], vec![2], vec![3]];
+        let all = AccessCounts::compute_groups(&s, &groups).unwrap();
+        for (g, acc) in groups.iter().zip(&all) {
+            let one = AccessCounts::compute(&s, g).unwrap();
+            assert_eq!(acc.counts, one.counts);
+            assert_eq!(acc.first_need, one.first_need);
+        }
     }
 
     #[test]

@@ -18,8 +18,9 @@ fn splitmix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The generator for one epoch: state = splitmix64(seed) << 64 | splitmix64(seed ^ splitmix64(epoch)).
-fn epoch_rng(seed: u64, epoch: u64) -> Lcg128Xsl64 {
+/// The generator for one epoch (or any other numbered stream of a seed): state =
+/// splitmix64(seed) << 64 | splitmix64(seed ^ splitmix64(epoch + 1)).
+pub fn epoch_rng(seed: u64, epoch: u64) -> Lcg128Xsl64 {
     let hi = splitmix64(seed);
     let lo = splitmix64(seed ^ splitmix64(epoch.wrapping_add(1)));
     Lcg128Xsl64::new(((hi as u128) << 64) | lo as u128, PCG_STREAM)

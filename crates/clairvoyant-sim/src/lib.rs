@@ -1,0 +1,296 @@
+//! clairvoyant-sim: a discrete-event simulator of training I/O. It predicts how long a whole
+//! training run takes under each data-loading policy of the NoPFS paper's Section 6 (and this
+//! project's own), on the same performance model and placement code the engine uses, and
+//! where the time goes.
+//!
+//! [`simulate`] compares policies on one scenario; [`sweep`] varies one or two system
+//! parameters for one policy (a what-if heatmap).
+
+pub mod policy;
+pub mod scenario;
+pub mod sim;
+
+use std::sync::atomic::Ordering;
+
+use clairvoyant_core::{Error, Result};
+use serde_json::{json, Map, Value};
+
+pub use policy::Policy;
+pub use scenario::Scenario;
+pub use sim::{PolicyResult, Progress, Run};
+
+/// The result of comparing policies on one scenario.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub scenario: Scenario,
+    pub dataset_bytes: u64,
+    /// Perfect first, then the requested policies in the order given.
+    pub policies: Vec<PolicyResult>,
+}
+
+impl Report {
+    pub fn perfect_seconds(&self) -> Option<f64> {
+        self.policies
+            .iter()
+            .find(|p| p.policy == Policy::Perfect)?
+            .total_seconds
+    }
+
+    /// The JSON document `clairvoyant simulate --json` prints.
+    pub fn to_json(&self) -> Value {
+        let sc = &self.scenario;
+        let perfect = self.perfect_seconds();
+        let mut policies = Map::new();
+        for p in &self.policies {
+            let by_loc: Map<String, Value> = p
+                .seconds_by_location()
+                .into_iter()
+                .map(|(n, s)| (n, json!(s)))
+                .collect();
+            let samples: Map<String, Value> = p
+                .samples_by_location
+                .iter()
+                .map(|(n, c)| (n.clone(), json!(c)))
+                .collect();
+            policies.insert(
+                p.policy.name().to_string(),
+                json!({
+                    "total_seconds": p.total_seconds,
+                    "relative_to_perfect": match (p.total_seconds, perfect) {
+                        (Some(t), Some(b)) if b > 0.0 => Some(t / b),
+                        _ => None,
+                    },
+                    "seconds_by_location": by_loc,
+                    "full_randomization": p.full_randomization,
+                    "error": p.error,
+                    "preload_seconds": p.preload_seconds,
+                    "compute_seconds": p.compute_seconds,
+                    "stall_seconds": p.stall_seconds,
+                    "epoch_seconds": p.epoch_seconds,
+                    "samples_by_location": samples,
+                    "pfs_bytes": p.pfs_bytes,
+                    "pfs_reads_vs_dataset": p.pfs_bytes as f64 / self.dataset_bytes.max(1) as f64,
+                }),
+            );
+        }
+        json!({
+            "scenario": sc.name,
+            "description": sc.description,
+            "workers": sc.workers,
+            "workers_per_node": sc.workers_per_node,
+            "epochs": sc.epochs,
+            "batch_size": sc.batch_size,
+            "seed": sc.seed,
+            "samples": sc.samples,
+            "dataset_bytes": self.dataset_bytes,
+            "policies": policies,
+        })
+    }
+}
+
+/// Perfect, then `policies` without repeats (Perfect is always simulated: it is the reference).
+fn with_perfect(policies: &[Policy]) -> Vec<Policy> {
+    let mut out = vec![Policy::Perfect];
+    for &p in policies {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Simulate `policies` (all when empty) on `scenario`, in parallel. `progress.total` is set
+/// to the number of samples to simulate and `done` advances as they are.
+pub fn simulate(scenario: &Scenario, policies: &[Policy], progress: &Progress) -> Result<Report> {
+    let policies = with_perfect(if policies.is_empty() { &Policy::ALL } else { policies });
+    let sizes = scenario.sample_sizes();
+    let run = Run::new(scenario, &sizes, progress)?;
+    progress
+        .total
+        .fetch_add(run.samples_per_run() * policies.len() as u64, Ordering::Relaxed);
+    let results = run.simulate_all(&policies)?;
+    Ok(Report {
+        scenario: scenario.clone(),
+        dataset_bytes: sizes.iter().sum(),
+        policies: results,
+    })
+}
+
+/// Relative cost of simulating a policy, for scheduling the longest first.
+fn cost(p: Policy) -> u32 {
+    match p {
+        Policy::Clairvoyant => 4,
+        Policy::LocalityAware | Policy::DeepIoOpportunistic | Policy::DeepIoOrdered | Policy::LbannDynamic => 2,
+        Policy::Perfect => 0,
+        _ => 1,
+    }
+}
+
+/// `f` on every item on the machine's cores, the most expensive items first (so that no long
+/// item starts last, alone); results in the items' order.
+pub(crate) fn run_all<T: Sync + HasCost, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(items[i].cost()));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let slots: Vec<std::sync::Mutex<Option<Result<R>>>> = items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let threads = rayon::current_num_threads().clamp(1, items.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&i) = order.get(n) else { break };
+                let r = f(&items[i]);
+                let failed = r.is_err();
+                *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                if failed {
+                    next.store(order.len(), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let results: Vec<Option<Result<R>>> = slots
+        .into_iter()
+        .map(|s| s.into_inner().unwrap_or_else(|e| e.into_inner()))
+        .collect();
+    // An item's error wins over items skipped because of it.
+    if let Some(pos) = results.iter().position(|r| matches!(r, Some(Err(_)))) {
+        let Some(Some(Err(e))) = results.into_iter().nth(pos) else {
+            unreachable!()
+        };
+        return Err(e);
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every item ran").expect("no error"))
+        .collect())
+}
+
+/// Something with a scheduling cost.
+pub(crate) trait HasCost {
+    fn cost(&self) -> u32;
+}
+
+impl HasCost for Policy {
+    fn cost(&self) -> u32 {
+        cost(*self)
+    }
+}
+
+impl HasCost for Scenario {
+    fn cost(&self) -> u32 {
+        0
+    }
+}
+
+/// One swept parameter: the short key (a class name, `staging`, or a dotted scenario key) and
+/// its values as written (a bare number for a capacity means GB).
+#[derive(Clone, Debug)]
+pub struct Axis {
+    pub key: String,
+    pub values: Vec<String>,
+}
+
+/// A what-if grid: `total_seconds[i][j]` for axes[0].values[i] and axes[1].values[j].
+#[derive(Clone, Debug)]
+pub struct SweepReport {
+    pub scenario: String,
+    pub policy: Policy,
+    pub axes: Vec<(Axis, Option<&'static str>)>,
+    pub cells: Vec<Vec<PolicyResult>>,
+    pub perfect_seconds: Option<f64>,
+}
+
+impl SweepReport {
+    pub fn to_json(&self) -> Value {
+        let sweep: Vec<Value> = self
+            .axes
+            .iter()
+            .map(|(a, unit)| {
+                let values: Vec<Value> = a
+                    .values
+                    .iter()
+                    .map(|v| v.parse::<f64>().map_or_else(|_| json!(v), |x| json!(x)))
+                    .collect();
+                json!({"key": a.key, "values": values, "unit": unit})
+            })
+            .collect();
+        let totals: Vec<Vec<Option<f64>>> = self
+            .cells
+            .iter()
+            .map(|row| row.iter().map(|c| c.total_seconds).collect())
+            .collect();
+        let errors: Vec<Vec<Option<String>>> = self
+            .cells
+            .iter()
+            .map(|row| row.iter().map(|c| c.error.clone()).collect())
+            .collect();
+        json!({
+            "scenario": self.scenario,
+            "policy": self.policy.name(),
+            "sweep": sweep,
+            "total_seconds": totals,
+            "errors": errors,
+            "perfect_seconds": self.perfect_seconds,
+        })
+    }
+}
+
+/// Simulate `policy` on every combination of one or two axes applied to the scenario document
+/// `doc` (see [`scenario::set`]); cells run in parallel.
+pub fn sweep(doc: &toml::Table, axes: &[Axis], policy: Policy, progress: &Progress) -> Result<SweepReport> {
+    if axes.is_empty() || axes.len() > 2 {
+        return Err(Error::config(
+            "sweep",
+            format!("{} swept parameters given; sweep one or two", axes.len()),
+        ));
+    }
+    let resolved: Vec<(Axis, String, Option<&'static str>)> = axes
+        .iter()
+        .map(|a| {
+            let (key, unit) = scenario::sweep_key(doc, &a.key);
+            (a.clone(), key, unit)
+        })
+        .collect();
+    for (a, _, _) in &resolved {
+        if a.values.is_empty() {
+            return Err(Error::config(format!("sweep.{}", a.key), "has no values"));
+        }
+    }
+    let rows = resolved[0].0.values.len();
+    let cols = resolved.get(1).map_or(1, |r| r.0.values.len());
+    let mut docs = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        for j in 0..cols {
+            let mut d = doc.clone();
+            for (axis, (a, key, unit)) in resolved.iter().enumerate() {
+                let v = &a.values[if axis == 0 { i } else { j }];
+                let value = match unit {
+                    Some(u) if v.parse::<f64>().is_ok() => format!("\"{v}{u}\""),
+                    _ => v.clone(),
+                };
+                scenario::set(&mut d, key, &value)
+                    .map_err(|e| Error::config(format!("sweep.{}", a.key), e.to_string()))?;
+            }
+            docs.push(Scenario::from_doc(&d)?);
+        }
+    }
+    let base = Scenario::from_doc(doc)?;
+    let sizes = base.sample_sizes();
+    let per_run = Run::new(&base, &sizes, progress)?.samples_per_run();
+    progress
+        .total
+        .fetch_add(per_run * (docs.len() as u64 + 1), Ordering::Relaxed);
+    let perfect = Run::new(&base, &sizes, progress)?
+        .simulate(Policy::Perfect)?
+        .total_seconds;
+    let results = run_all(&docs, |sc| Run::new(sc, &sizes, progress)?.simulate(policy))?;
+    let mut it = results.into_iter();
+    let cells = (0..rows).map(|_| it.by_ref().take(cols).collect()).collect();
+    Ok(SweepReport {
+        scenario: base.name.clone(),
+        policy,
+        axes: resolved.into_iter().map(|(a, _, u)| (a, u)).collect(),
+        cells,
+        perfect_seconds: perfect,
+    })
+}

@@ -1,0 +1,767 @@
+//! Scenarios: a cluster, a dataset and a training run, described in TOML.
+//!
+//! ```toml
+//! name = "my-cluster"
+//! base = "imagenet-1k"          # optional: start from a preset, override what follows
+//! workers = 16                  # N; one worker per node unless workers_per_node says otherwise
+//! workers_per_node = 1
+//! epochs = 90
+//! batch_size = 32               # per worker
+//! seed = 0                      # the shuffle's seed
+//! staging_buffer_source = "pfs" # where the staging-buffer policy reads from: "pfs" or a class name
+//!
+//! [dataset]
+//! samples = 1281167
+//! mean = "107.7kB"              # sample sizes ~ Normal(mean, std), see below
+//! std = "100kB"
+//! seed = 0                      # seed of the drawn sizes (not of the shuffle)
+//! # path = "/data/imagenet/train"  # or: the sizes of a real dataset (ImageFolder layout)
+//!
+//! [system]                      # per node, in the format of the engine's configuration file
+//! compute_mbps = 64             # c: training throughput of one worker
+//! preprocess_mbps = 200         # β
+//! interconnect_mbps = 24000     # b_c
+//! staging = { capacity = "5GB", threads = 8 }
+//! pfs = { read_mbps = [[1, 330], [2, 730], [4, 1540], [8, 2870]] }
+//! [[system.class]]
+//! name = "ram"
+//! kind = "memory"
+//! capacity = "120GB"
+//! ```
+//!
+//! Drawn sizes: each sample's size is drawn from Normal(mean, std) with a Box-Muller transform
+//! on the documented PCG generator (so the same scenario gives the same sizes on any machine and
+//! version), rounded to whole bytes; a draw below one byte is drawn again (a normal distribution
+//! truncated at zero). When `std` is large against `mean` this raises the mean; the report states
+//! the dataset's actual size.
+
+use std::f64::consts::PI;
+use std::path::{Path, PathBuf};
+
+use clairvoyant_core::model::{format_bytes, parse_bytes, SystemModel};
+use clairvoyant_core::schedule::{epoch_rng, Layout};
+use clairvoyant_core::source::Source;
+use clairvoyant_core::{Error, Result};
+use rand_core::Rng;
+
+/// The preset scenarios: the NoPFS paper's Section 6.1 cluster and datasets.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("mnist", MNIST),
+    ("imagenet-1k", IMAGENET_1K),
+    ("openimages", OPENIMAGES),
+    ("imagenet-22k", IMAGENET_22K),
+    ("cosmoflow", COSMOFLOW),
+    ("cosmoflow-512", COSMOFLOW_512),
+];
+
+/// The paper's small Lassen-like cluster (Sec. 6.1): c = 64 MB/s, β = 200 MB/s, b_c = 24 GB/s,
+/// a 5 GB staging buffer with 8 threads (r_0(8) = 111 GB/s), 120 GB of RAM with 4 threads
+/// (r_1(4) = 85 GB/s), a 900 GB SSD with 2 threads (r_2(2) = 4 GB/s) and t(1..8) =
+/// 330, 730, 1540, 2870 MB/s. Write rates are not given in the paper: RAM writes as fast as it
+/// reads, the SSD writes at half its read rate.
+const LASSEN: &str = r#"
+[system]
+compute_mbps = 64
+preprocess_mbps = 200
+interconnect_mbps = 24000
+
+[system.staging]
+capacity = "5GB"
+threads = 8
+write_mbps = [[1, 13875], [8, 111000]]
+
+[system.pfs]
+read_mbps = [[1, 330], [2, 730], [4, 1540], [8, 2870]]
+open_latency_ms = 0
+
+[[system.class]]
+name = "ram"
+kind = "memory"
+capacity = "120GB"
+threads = 4
+read_mbps = [[1, 21250], [4, 85000]]
+write_mbps = [[1, 21250], [4, 85000]]
+
+[[system.class]]
+name = "ssd"
+kind = "directory"
+capacity = "900GB"
+threads = 2
+read_mbps = [[1, 2000], [2, 4000]]
+write_mbps = [[1, 1000], [2, 2000]]
+"#;
+
+const MNIST: &str = r#"
+description = "MNIST (S < d1): 50,000 samples of 0.76 kB, 4 workers, Lassen-like cluster"
+workers = 4
+epochs = 90
+batch_size = 32
+[dataset]
+samples = 50000
+mean = "760B"
+std = 0
+"#;
+
+const IMAGENET_1K: &str = r#"
+description = "ImageNet-1k (d1 < S < D): 1,281,167 samples ~ N(107.7 kB, 100 kB), 4 workers, Lassen-like cluster"
+workers = 4
+epochs = 90
+batch_size = 32
+[dataset]
+samples = 1281167
+mean = "107.7kB"
+std = "100kB"
+"#;
+
+const OPENIMAGES: &str = r#"
+description = "OpenImages (d1 < S < ND): 1,743,042 samples ~ N(293.7 kB, 200 kB), 4 workers, Lassen-like cluster"
+workers = 4
+epochs = 90
+batch_size = 32
+[dataset]
+samples = 1743042
+mean = "293.7kB"
+std = "200kB"
+"#;
+
+const IMAGENET_22K: &str = r#"
+description = "ImageNet-22k (D < S < ND): 14,197,122 samples ~ N(107.7 kB, 200 kB), 4 workers, Lassen-like cluster"
+workers = 4
+epochs = 10
+batch_size = 32
+[dataset]
+samples = 14197122
+mean = "107.7kB"
+std = "200kB"
+"#;
+
+const COSMOFLOW: &str = r#"
+description = "CosmoFlow (ND < S): 262,144 samples of 17 MB, 4 workers, batch 16, Lassen-like cluster"
+workers = 4
+epochs = 10
+batch_size = 16
+[dataset]
+samples = 262144
+mean = "17MB"
+std = 0
+"#;
+
+const COSMOFLOW_512: &str = r#"
+description = "CosmoFlow 512^3 (ND < S): 10,000 samples of 1 GB, 8 workers, batch 1, Lassen-like cluster"
+workers = 8
+epochs = 10
+batch_size = 1
+[dataset]
+samples = 10000
+mean = "1000MB"
+std = 0
+"#;
+
+/// Where sample sizes come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Sizes {
+    /// Drawn from Normal(mean, std) bytes (see the module docs), with its own seed.
+    Normal { mean: f64, std: f64, seed: u64 },
+    /// Given: one size per sample (a real dataset's index).
+    Given(Vec<u64>),
+}
+
+/// A resolved, validated scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub workers: u32,
+    pub workers_per_node: u32,
+    pub epochs: u32,
+    pub batch_size: u32,
+    pub seed: u64,
+    pub drop_last: bool,
+    pub samples: u64,
+    pub sizes: Sizes,
+    /// Where the staging-buffer policy reads from: `None` = the PFS, else a class index.
+    pub staging_buffer_source: Option<usize>,
+    pub system: SystemModel,
+}
+
+fn err(origin: &str, key: &str, reason: impl std::fmt::Display) -> Error {
+    Error::config(key, format!("{reason} (in {origin})"))
+}
+
+fn describe(v: &toml::Value) -> String {
+    let mut s = v.to_string();
+    if s.len() > 60 {
+        s.truncate(57);
+        s.push_str("...");
+    }
+    format!("{} {s}", v.type_str())
+}
+
+/// The names of the preset scenarios.
+pub fn preset_names() -> Vec<&'static str> {
+    PRESETS.iter().map(|(n, _)| *n).collect()
+}
+
+/// A preset's document (the shared cluster merged with the dataset), with `name` set.
+pub fn preset(name: &str) -> Result<toml::Table> {
+    let Some((_, text)) = PRESETS.iter().find(|(n, _)| *n == name) else {
+        return Err(Error::config(
+            "scenario",
+            format!("unknown scenario '{name}'; presets: {}", preset_names().join(", ")),
+        ));
+    };
+    let mut doc: toml::Table = LASSEN.parse().expect("preset cluster parses");
+    let own: toml::Table = text.parse().expect("preset parses");
+    merge(&mut doc, own);
+    doc.insert("name".into(), toml::Value::String(name.into()));
+    Ok(doc)
+}
+
+/// A scenario document from a preset name or a TOML file path. A file's `base = "<preset>"`
+/// starts from that preset and overrides it (classes are merged by name).
+pub fn load(name_or_path: &str) -> Result<toml::Table> {
+    if PRESETS.iter().any(|(n, _)| *n == name_or_path) {
+        return preset(name_or_path);
+    }
+    let path = Path::new(name_or_path);
+    if !path.exists() {
+        return Err(Error::config(
+            "scenario",
+            format!(
+                "'{name_or_path}' is neither a preset ({}) nor an existing file",
+                preset_names().join(", ")
+            ),
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    from_toml_str(&text, path)
+}
+
+/// Parse a scenario document (see [`load`]); `origin` is named in errors.
+pub fn from_toml_str(text: &str, origin: &Path) -> Result<toml::Table> {
+    let o = origin.display().to_string();
+    let mut own: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| err(&o, "toml", format!("syntax error: {}", e.message().trim())))?;
+    // Relative dataset paths are relative to the file.
+    if let Some(toml::Value::Table(d)) = own.get_mut("dataset") {
+        if let Some(toml::Value::String(p)) = d.get_mut("path") {
+            let pb = PathBuf::from(&*p);
+            if pb.is_relative() {
+                if let Some(dir) = origin.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    *p = dir.join(pb).display().to_string();
+                }
+            }
+        }
+    }
+    let mut doc = match own.remove("base") {
+        None => LASSEN.parse().expect("preset cluster parses"),
+        Some(toml::Value::String(b)) => preset(&b).map_err(|e| err(&o, "base", e))?,
+        Some(v) => {
+            return Err(err(
+                &o,
+                "base",
+                format!("found {}; expected a preset name", describe(&v)),
+            ))
+        }
+    };
+    // The scenario is named by the file (or its own `name`), not by the preset it starts from.
+    doc.remove("name");
+    merge(&mut doc, own);
+    if !doc.contains_key("name") {
+        let stem = origin
+            .file_stem()
+            .map_or("scenario".into(), |s| s.to_string_lossy().into_owned());
+        doc.insert("name".into(), toml::Value::String(stem));
+    }
+    doc.insert("origin".into(), toml::Value::String(o));
+    Ok(doc)
+}
+
+/// Deep-merge `over` into `base`: tables merge, arrays of named tables merge by `name`, any
+/// other value replaces.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (Some(toml::Value::Array(b)), toml::Value::Array(o))
+                if !o.is_empty() && o.iter().all(|x| x.get("name").is_some()) =>
+            {
+                let mut out = Vec::with_capacity(o.len());
+                for item in o {
+                    let name = item.get("name").cloned();
+                    match (b.iter().position(|x| x.get("name") == name.as_ref()), item) {
+                        (Some(i), toml::Value::Table(t)) => {
+                            let mut merged = b[i].as_table().cloned().unwrap_or_default();
+                            merge(&mut merged, t);
+                            out.push(toml::Value::Table(merged));
+                        }
+                        (_, item) => out.push(item),
+                    }
+                }
+                *b = out;
+            }
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+/// Set the dotted `key` of a scenario document to `value` (parsed as a TOML value, else taken
+/// as a string): `epochs=3`, `system.compute_mbps=320`, `system.class.ram.capacity=64GB`,
+/// `system.pfs.read_mbps=[[1,330],[8,2870]]`. A class is addressed by its name.
+pub fn set(doc: &mut toml::Table, key: &str, value: &str) -> Result<()> {
+    let parsed: toml::Value = format!("v = {value}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err(Error::config(key, "is not a dotted key such as system.compute_mbps"));
+    }
+    let mut table = doc;
+    let mut i = 0;
+    while i + 1 < parts.len() {
+        let p = parts[i];
+        let entry = table
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        match entry {
+            toml::Value::Table(t) => {
+                table = t;
+                i += 1;
+            }
+            toml::Value::Array(arr) => {
+                let name = parts[i + 1];
+                let found = arr
+                    .iter_mut()
+                    .find(|x| x.get("name").and_then(|n| n.as_str()) == Some(name))
+                    .and_then(|x| x.as_table_mut());
+                let Some(t) = found else {
+                    return Err(Error::config(key, format!("there is no '{p}' named '{name}'")));
+                };
+                table = t;
+                i += 2;
+            }
+            other => return Err(Error::config(key, format!("'{p}' is {}, not a table", describe(other)))),
+        }
+    }
+    if i >= parts.len() {
+        return Err(Error::config(key, "names a table, not a value"));
+    }
+    table.insert(parts[i].to_string(), parsed);
+    Ok(())
+}
+
+/// The dotted key and unit a sweep's short key stands for: a class name or `staging` is that
+/// capacity in GB; anything else is a dotted key taken as is (no unit).
+pub fn sweep_key(doc: &toml::Table, short: &str) -> (String, Option<&'static str>) {
+    if short == "staging" {
+        return ("system.staging.capacity".into(), Some("GB"));
+    }
+    let is_class = doc
+        .get("system")
+        .and_then(|s| s.get("class"))
+        .and_then(|c| c.as_array())
+        .is_some_and(|a| a.iter().any(|x| x.get("name").and_then(|n| n.as_str()) == Some(short)));
+    if is_class {
+        return (format!("system.class.{short}.capacity"), Some("GB"));
+    }
+    (short.to_string(), None)
+}
+
+/// The TOML text of a scenario document (what `clairvoyant simulate --show` prints).
+pub fn to_toml_string(doc: &toml::Table) -> String {
+    let mut d = doc.clone();
+    d.remove("origin");
+    toml::to_string_pretty(&d).unwrap_or_default()
+}
+
+struct Reader<'a> {
+    origin: &'a str,
+}
+
+impl Reader<'_> {
+    fn err(&self, key: &str, reason: impl std::fmt::Display) -> Error {
+        err(self.origin, key, reason)
+    }
+
+    fn keys(&self, t: &toml::Table, prefix: &str, allowed: &[&str]) -> Result<()> {
+        for k in t.keys() {
+            if !allowed.contains(&k.as_str()) {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                return Err(self.err(&key, format!("unknown key; allowed here: {}", allowed.join(", "))));
+            }
+        }
+        Ok(())
+    }
+
+    fn int(&self, t: &toml::Table, key: &str, full: &str, min: u64, max: u64) -> Result<Option<u64>> {
+        match t.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(n)) if *n >= min as i64 && (*n as u64) <= max => Ok(Some(*n as u64)),
+            Some(v) => Err(self.err(
+                full,
+                format!("found {}; expected an integer from {min} to {max}", describe(v)),
+            )),
+        }
+    }
+
+    fn string(&self, t: &toml::Table, key: &str, full: &str) -> Result<Option<String>> {
+        match t.get(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(self.err(full, format!("found {}; expected a string", describe(v)))),
+        }
+    }
+
+    /// A byte size: an integer, or a string with a unit ("107.7kB").
+    fn bytes(&self, t: &toml::Table, key: &str, full: &str) -> Result<Option<f64>> {
+        match t.get(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(n)) if *n >= 0 => Ok(Some(*n as f64)),
+            Some(toml::Value::Float(x)) if *x >= 0.0 && x.is_finite() => Ok(Some(*x)),
+            Some(toml::Value::String(s)) => parse_fractional_bytes(s).map(Some).map_err(|r| self.err(full, r)),
+            Some(v) => Err(self.err(
+                full,
+                format!("found {}; expected a size such as 110000 or \"107.7kB\"", describe(v)),
+            )),
+        }
+    }
+}
+
+/// Like [`parse_bytes`] but keeps fractions of a byte (a mean may be 107.7 kB = 107,700 bytes;
+/// "0.5B" is 0.5).
+fn parse_fractional_bytes(s: &str) -> std::result::Result<f64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if let (Ok(x), Ok(scale)) = (num.trim().parse::<f64>(), parse_bytes(&format!("1{}", unit.trim()))) {
+        if x.is_finite() && x >= 0.0 {
+            return Ok(x * scale as f64);
+        }
+    }
+    parse_bytes(t).map(|b| b as f64)
+}
+
+impl Scenario {
+    /// Resolve and validate a scenario document. Errors name the dotted key and the origin.
+    pub fn from_doc(doc: &toml::Table) -> Result<Scenario> {
+        let origin = doc
+            .get("origin")
+            .and_then(|v| v.as_str())
+            .unwrap_or("the scenario")
+            .to_string();
+        let r = Reader { origin: &origin };
+        const TOP: &[&str] = &[
+            "name",
+            "origin",
+            "description",
+            "workers",
+            "workers_per_node",
+            "epochs",
+            "batch_size",
+            "seed",
+            "drop_last",
+            "staging_buffer_source",
+            "dataset",
+            "system",
+        ];
+        r.keys(doc, "", TOP)?;
+        let name = r.string(doc, "name", "name")?.unwrap_or_else(|| "scenario".into());
+        let description = r.string(doc, "description", "description")?.unwrap_or_default();
+        let workers = r.int(doc, "workers", "workers", 1, 1 << 20)?.unwrap_or(1) as u32;
+        let workers_per_node = r
+            .int(doc, "workers_per_node", "workers_per_node", 1, 1 << 16)?
+            .unwrap_or(1) as u32;
+        if !workers.is_multiple_of(workers_per_node) {
+            return Err(r.err(
+                "workers_per_node",
+                format!("is {workers_per_node}, which does not divide workers = {workers}"),
+            ));
+        }
+        let epochs = r.int(doc, "epochs", "epochs", 1, 1 << 20)?.unwrap_or(1) as u32;
+        let batch_size = r.int(doc, "batch_size", "batch_size", 1, 1 << 24)?.unwrap_or(32) as u32;
+        let seed = match doc.get("seed") {
+            None => 0,
+            Some(toml::Value::Integer(n)) => *n as u64,
+            Some(v) => return Err(r.err("seed", format!("found {}; expected an integer", describe(v)))),
+        };
+        let drop_last = match doc.get("drop_last") {
+            None => false,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(v) => return Err(r.err("drop_last", format!("found {}; expected true or false", describe(v)))),
+        };
+
+        let empty = toml::Table::new();
+        let dataset = match doc.get("dataset") {
+            None => &empty,
+            Some(toml::Value::Table(t)) => t,
+            Some(v) => return Err(r.err("dataset", format!("found {}; expected a table", describe(v)))),
+        };
+        r.keys(dataset, "dataset", &["samples", "mean", "std", "seed", "path"])?;
+        let (samples, sizes) = if let Some(path) = r.string(dataset, "path", "dataset.path")? {
+            for k in ["samples", "mean", "std"] {
+                if dataset.contains_key(k) {
+                    return Err(r.err(
+                        &format!("dataset.{k}"),
+                        "cannot be combined with dataset.path (the sizes come from the dataset)",
+                    ));
+                }
+            }
+            let src = clairvoyant_core::source::dir::image_folder(Path::new(&path), None)?;
+            let sizes: Vec<u64> = (0..src.len() as u32).map(|k| src.size(k)).collect();
+            (sizes.len() as u64, Sizes::Given(sizes))
+        } else {
+            let samples = r
+                .int(dataset, "samples", "dataset.samples", 1, u32::MAX as u64)?
+                .ok_or_else(|| r.err("dataset.samples", "missing; give the number of samples or dataset.path"))?;
+            let mean = r
+                .bytes(dataset, "mean", "dataset.mean")?
+                .ok_or_else(|| r.err("dataset.mean", "missing; give the mean sample size, e.g. \"110kB\""))?;
+            if mean < 1.0 {
+                return Err(r.err("dataset.mean", format!("is {mean} bytes; must be at least 1 byte")));
+            }
+            let std = r.bytes(dataset, "std", "dataset.std")?.unwrap_or(0.0);
+            let dseed = match dataset.get("seed") {
+                None => 0,
+                Some(toml::Value::Integer(n)) => *n as u64,
+                Some(v) => return Err(r.err("dataset.seed", format!("found {}; expected an integer", describe(v)))),
+            };
+            (samples, Sizes::Normal { mean, std, seed: dseed })
+        };
+
+        let mut system_doc = match doc.get("system") {
+            None => toml::Table::new(),
+            Some(toml::Value::Table(t)) => t.clone(),
+            Some(v) => return Err(r.err("system", format!("found {}; expected a table", describe(v)))),
+        };
+        // A simulated directory class needs no real path.
+        if let Some(toml::Value::Array(classes)) = system_doc.get_mut("class") {
+            for c in classes.iter_mut().filter_map(|c| c.as_table_mut()) {
+                if c.get("kind").and_then(|k| k.as_str()) == Some("directory") && !c.contains_key("path") {
+                    let name = c.get("name").and_then(|n| n.as_str()).unwrap_or("class").to_string();
+                    c.insert("path".into(), toml::Value::String(format!("/simulated/{name}")));
+                }
+            }
+        }
+        let base = SystemModel::from_toml_str("class = []", Path::new("defaults"))?;
+        let system = SystemModel::from_toml_table(&system_doc, Path::new(&origin), base).map_err(|e| match e {
+            Error::Config { key, reason } => Error::config(format!("system.{key}"), reason),
+            other => other,
+        })?;
+        if system.compute_mbps.is_none() {
+            return Err(r.err(
+                "system.compute_mbps",
+                "missing; the simulator needs the training throughput c of a worker (MB/s)",
+            ));
+        }
+        let staging_buffer_source = match r.string(doc, "staging_buffer_source", "staging_buffer_source")? {
+            None => None,
+            Some(s) if s == "pfs" => None,
+            Some(s) => Some(system.class_index(&s).ok_or_else(|| {
+                let names: Vec<&str> = system.classes.iter().map(|c| c.name.as_str()).collect();
+                r.err(
+                    "staging_buffer_source",
+                    format!("is '{s}'; expected \"pfs\" or a class name ({})", names.join(", ")),
+                )
+            })?),
+        };
+        Layout::new(samples, workers, batch_size, drop_last).map_err(|e| match e {
+            Error::Config { reason, .. } => r.err("batch_size", reason),
+            other => other,
+        })?;
+        Ok(Scenario {
+            name,
+            description,
+            workers,
+            workers_per_node,
+            epochs,
+            batch_size,
+            seed,
+            drop_last,
+            samples,
+            sizes,
+            staging_buffer_source,
+            system,
+        })
+    }
+
+    /// A preset, resolved.
+    pub fn preset(name: &str) -> Result<Scenario> {
+        Scenario::from_doc(&preset(name)?)
+    }
+
+    pub fn nodes(&self) -> u32 {
+        self.workers / self.workers_per_node
+    }
+
+    /// c in bytes per second.
+    pub fn compute_bps(&self) -> f64 {
+        self.system.compute_mbps.unwrap_or(1.0) * 1e6
+    }
+
+    /// Every sample's size in bytes.
+    pub fn sample_sizes(&self) -> Vec<u64> {
+        let drawn;
+        let sizes = match &self.sizes {
+            Sizes::Given(v) => v,
+            Sizes::Normal { mean, std, seed } => {
+                drawn = draw_sizes(self.samples, *mean, *std, *seed);
+                &drawn
+            }
+        };
+        // Looked up by random sample number all through a simulation: on huge pages.
+        let mut out = crate::sim::huge_vec(sizes.len(), 0u64);
+        out.copy_from_slice(sizes);
+        out
+    }
+
+    /// A short human description of the dataset.
+    pub fn dataset_summary(&self, sizes: &[u64]) -> String {
+        let total: u64 = sizes.iter().sum();
+        format!(
+            "{} samples, {} (mean {})",
+            self.samples,
+            format_bytes(total),
+            format_bytes((total as f64 / sizes.len().max(1) as f64).round() as u64)
+        )
+    }
+}
+
+/// `n` sizes from Normal(mean, std) (bytes), redrawing draws below one byte; Box-Muller on the
+/// documented generator, so the sizes are the same everywhere.
+pub fn draw_sizes(n: u64, mean: f64, std: f64, seed: u64) -> Vec<u64> {
+    if std <= 0.0 {
+        return vec![mean.round().max(1.0) as u64; n as usize];
+    }
+    let mut rng = epoch_rng(seed, u64::MAX);
+    let unit = |rng: &mut rand_pcg::Lcg128Xsl64| ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let mut out = Vec::with_capacity(n as usize);
+    while (out.len() as u64) < n {
+        let (u1, u2) = (unit(&mut rng), unit(&mut rng));
+        let r = (-2.0 * u1.ln()).sqrt();
+        for z in [r * (2.0 * PI * u2).cos(), r * (2.0 * PI * u2).sin()] {
+            let x = (mean + std * z).round();
+            if x >= 1.0 && (out.len() as u64) < n {
+                out.push(x as u64);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_resolve() {
+        for name in preset_names() {
+            let s = Scenario::preset(name).unwrap();
+            assert_eq!(s.name, name);
+            assert_eq!(s.system.classes.len(), 2);
+            assert_eq!(s.system.compute_mbps, Some(64.0));
+        }
+        assert_eq!(Scenario::preset("cosmoflow-512").unwrap().workers, 8);
+    }
+
+    #[test]
+    fn drawn_sizes_are_golden_and_positive() {
+        // Pinned: changing these changes every simulated dataset.
+        let v = draw_sizes(5, 107_700.0, 100_000.0, 0);
+        assert_eq!(v, GOLDEN_SIZES);
+        let many = draw_sizes(200_000, 107_700.0, 200_000.0, 3);
+        assert!(many.iter().all(|&s| s >= 1));
+        // Truncation at zero raises the mean of N(107.7k, 200k) to about 205 kB.
+        let mean = many.iter().sum::<u64>() as f64 / many.len() as f64;
+        assert!((mean - 205_000.0).abs() < 5_000.0, "mean {mean}");
+        assert_eq!(draw_sizes(3, 760.0, 0.0, 9), vec![760, 760, 760]);
+    }
+
+    const GOLDEN_SIZES: [u64; 5] = [101_640, 153_222, 31_603, 193_276, 219_395];
+
+    #[test]
+    fn files_override_presets_and_errors_name_fields() {
+        let doc = from_toml_str(
+            "base = \"imagenet-1k\"\nworkers = 16\n[[system.class]]\nname = \"ram\"\ncapacity = \"64GB\"\n",
+            Path::new("my.toml"),
+        )
+        .unwrap();
+        let s = Scenario::from_doc(&doc).unwrap();
+        assert_eq!((s.workers, s.samples, s.name.as_str()), (16, 1_281_167, "my"));
+        assert_eq!(s.system.classes.len(), 1, "a given class list replaces the preset's");
+        assert_eq!(s.system.classes[0].capacity, 64_000_000_000);
+        assert_eq!(s.system.classes[0].threads, 4, "merged by name");
+
+        let bad = |text: &str, key: &str| {
+            let e = from_toml_str(text, Path::new("bad.toml"))
+                .and_then(|d| Scenario::from_doc(&d))
+                .unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(key) && msg.contains("bad.toml"), "{msg}");
+        };
+        bad("workers = 0\n[dataset]\nsamples = 10\nmean = 5", "workers");
+        bad("[dataset]\nsamples = 10\nmean = \"x\"", "dataset.mean");
+        bad("[dataset]\nsamples = 10", "dataset.mean");
+        bad("[dataset]\nsamples = 10\nmean = 5\nbogus = 1", "dataset.bogus");
+        bad(
+            "[dataset]\nsamples = 10\nmean = 5\n[system]\ncompute_mbps = -1",
+            "system.compute_mbps",
+        );
+        bad(
+            "[dataset]\nsamples = 10\nmean = 5\n[system.staging]\nthreads = 0",
+            "system.staging.threads",
+        );
+        bad(
+            "staging_buffer_source = \"nvme\"\n[dataset]\nsamples = 10\nmean = 5",
+            "staging_buffer_source",
+        );
+        bad(
+            "workers = 8\nbatch_size = 4\n[dataset]\nsamples = 3\nmean = 5",
+            "batch_size",
+        );
+        bad("base = \"nope\"", "base");
+    }
+
+    #[test]
+    fn set_and_sweep_keys() {
+        let mut doc = preset("imagenet-22k").unwrap();
+        set(&mut doc, "epochs", "3").unwrap();
+        set(&mut doc, "system.compute_mbps", "320").unwrap();
+        let (k, unit) = sweep_key(&doc, "ram");
+        assert_eq!((k.as_str(), unit), ("system.class.ram.capacity", Some("GB")));
+        set(&mut doc, &k, "\"32GB\"").unwrap();
+        set(&mut doc, "system.pfs.read_mbps", "[[1, 100], [4, 300]]").unwrap();
+        let s = Scenario::from_doc(&doc).unwrap();
+        assert_eq!(s.epochs, 3);
+        assert_eq!(s.system.compute_mbps, Some(320.0));
+        assert_eq!(s.system.classes[0].capacity, 32_000_000_000);
+        assert_eq!(s.system.pfs.read_mbps.at(4.0), 300.0);
+        assert!(set(&mut doc, "system.class.nvme.capacity", "1").is_err());
+        assert!(set(&mut doc, "epochs.x", "1").is_err());
+        assert_eq!(sweep_key(&doc, "staging").0, "system.staging.capacity");
+        // A round trip through the printed TOML gives the same scenario.
+        let text = to_toml_string(&doc);
+        let again = Scenario::from_doc(&from_toml_str(&text, Path::new("x.toml")).unwrap()).unwrap();
+        assert_eq!(again.system, s.system);
+        assert_eq!(again.epochs, 3);
+    }
+
+    #[test]
+    fn fractional_sizes() {
+        assert_eq!(parse_fractional_bytes("107.7kB").unwrap(), 107_700.0);
+        assert_eq!(parse_fractional_bytes("0.76 kB").unwrap(), 760.0);
+        assert_eq!(parse_fractional_bytes("17MB").unwrap(), 17e6);
+        assert_eq!(parse_fractional_bytes("1GiB").unwrap(), (1u64 << 30) as f64);
+        assert!(parse_fractional_bytes("12 parsecs").is_err());
+    }
+}

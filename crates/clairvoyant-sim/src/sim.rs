@@ -1,0 +1,1509 @@
+//! The discrete-event core: one run of one policy, per worker and per sample.
+//!
+//! Actors are threads: every worker has `p_0` staging threads that bring its access stream, in
+//! order, into a staging buffer of `d_0` bytes; some policies add per-node class prefetchers
+//! (fill threads) that copy samples into storage classes. Events are "thread free at time t",
+//! processed in time order from one heap. A thread that takes a sample decides where to read it
+//! from, and the sample is ready in staging at
+//!
+//!   t + fetch (from that location) + max(s/β, s/(w_0(p_0)/p_0))      (preprocess, store)
+//!
+//! where fetch is s/(r_j(p_j)/p_j) from a local class, s/min(b_c, r_j(p_j)/p_j) from another
+//! node's class, and latency + s/(t(γ)/γ) from the PFS with γ the number of PFS reads in flight
+//! when the read starts (its rate is fixed then). Training is synchronous: iteration j of every
+//! worker starts when its batch is in staging and iteration j-1 has ended on all workers, and
+//! takes (batch bytes)/c; iteration j ends when the slowest worker is done:
+//!
+//!   E_j = max_w( max(E_{j-1}, R_w(j)) + C_w(j) ) = max( E_{j-1} + max_w C_w(j), max_w (R_w(j) + C_w(j)) )
+//!
+//! A batch's staging space is freed when its iteration ends; a staging thread that needs space
+//! waits for that (the current batch may always be fetched, so a buffer smaller than one batch
+//! does not deadlock).
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
+use std::sync::Arc;
+
+use clairvoyant_core::model::format_bytes;
+use clairvoyant_core::plan::{AccessCounts, Placement, UNCACHED};
+use clairvoyant_core::schedule::{epoch_permutation, Layout, RankEpoch, Schedule};
+use clairvoyant_core::{Error, Result};
+use rayon::prelude::*;
+
+use crate::policy::Policy;
+use crate::scenario::Scenario;
+
+/// Progress of a simulation, shared with whoever shows it; `cancel` stops it.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Samples simulated so far (all policies).
+    pub done: AtomicU64,
+    /// Samples to simulate in all.
+    pub total: AtomicU64,
+    pub cancel: AtomicBool,
+}
+
+/// How one policy did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyResult {
+    pub policy: Policy,
+    /// Wall time of the whole run (preloading included); None when the policy cannot run.
+    pub total_seconds: Option<f64>,
+    /// Time before training starts (parallel staging, LBANN preloading).
+    pub preload_seconds: f64,
+    /// Sum over iterations of the slowest worker's compute time.
+    pub compute_seconds: f64,
+    /// total - preload - compute: time the accelerators waited for data.
+    pub stall_seconds: f64,
+    /// Duration of each epoch (epoch 0 includes preloading).
+    pub epoch_seconds: Vec<f64>,
+    /// Thread-seconds the staging threads spent fetching, by location name.
+    pub fetch_seconds: Vec<(String, f64)>,
+    /// Samples brought into staging, by location name.
+    pub samples_by_location: Vec<(String, u64)>,
+    /// Bytes read from the PFS (all threads).
+    pub pfs_bytes: u64,
+    /// Whether every epoch visits the whole dataset in the shuffled order.
+    pub full_randomization: bool,
+    pub error: Option<String>,
+}
+
+impl PolicyResult {
+    fn failed(policy: Policy, error: String, full_randomization: bool) -> Self {
+        PolicyResult {
+            policy,
+            total_seconds: None,
+            preload_seconds: 0.0,
+            compute_seconds: 0.0,
+            stall_seconds: 0.0,
+            epoch_seconds: Vec::new(),
+            fetch_seconds: Vec::new(),
+            samples_by_location: Vec::new(),
+            pfs_bytes: 0,
+            full_randomization,
+            error: Some(error),
+        }
+    }
+
+    /// The lower bound: every batch ready when needed, E_j = E_{j-1} + max_w C_w(j).
+    fn perfect(epoch_seconds: Vec<f64>) -> Self {
+        let total: f64 = epoch_seconds.iter().sum();
+        PolicyResult {
+            policy: Policy::Perfect,
+            total_seconds: Some(total),
+            preload_seconds: 0.0,
+            compute_seconds: total,
+            stall_seconds: 0.0,
+            epoch_seconds,
+            fetch_seconds: Vec::new(),
+            samples_by_location: Vec::new(),
+            pfs_bytes: 0,
+            full_randomization: true,
+            error: None,
+        }
+    }
+
+    /// The total split over locations in proportion to fetch time (what Figure 8's stacked bars
+    /// show); a policy that fetched nothing is all "staging".
+    pub fn seconds_by_location(&self) -> Vec<(String, f64)> {
+        let Some(total) = self.total_seconds else {
+            return Vec::new();
+        };
+        let sum: f64 = self.fetch_seconds.iter().map(|(_, s)| s).sum();
+        if sum <= 0.0 {
+            return vec![("staging".into(), total)];
+        }
+        self.fetch_seconds
+            .iter()
+            .filter(|(_, s)| *s > 0.0)
+            .map(|(n, s)| (n.clone(), total * s / sum))
+            .collect()
+    }
+}
+
+/// Everything the policies share: the scenario, sample sizes, and the shuffle.
+pub struct Run<'a> {
+    pub scenario: &'a Scenario,
+    pub sizes: &'a [u64],
+    pub schedule: Schedule,
+    pub progress: &'a Progress,
+}
+
+impl<'a> Run<'a> {
+    pub fn new(scenario: &'a Scenario, sizes: &'a [u64], progress: &'a Progress) -> Result<Self> {
+        let schedule = Schedule::shuffle(
+            scenario.samples,
+            scenario.workers,
+            scenario.batch_size,
+            scenario.epochs,
+            scenario.seed,
+            scenario.drop_last,
+        )?;
+        Ok(Run {
+            scenario,
+            sizes,
+            schedule,
+            progress,
+        })
+    }
+
+    /// Samples the staging threads of all workers bring in over the run, for progress.
+    pub fn samples_per_run(&self) -> u64 {
+        let layout = self.layout();
+        let per_epoch: u64 = (0..self.scenario.workers)
+            .flat_map(|r| layout.rank_batches(r))
+            .map(|b| b.end - b.start)
+            .sum();
+        per_epoch * self.scenario.epochs as u64
+    }
+
+    fn layout(&self) -> Layout {
+        self.schedule.layout(0).expect("validated layout")
+    }
+
+    fn all_ranks(&self) -> Vec<u32> {
+        (0..self.scenario.workers).collect()
+    }
+
+    /// Simulate one policy. A policy that cannot run the scenario gives a result with `error`.
+    pub fn simulate(&self, policy: Policy) -> Result<PolicyResult> {
+        Ok(self.simulate_all(&[policy])?.remove(0))
+    }
+
+    /// Simulate several policies side by side: each epoch's order is shuffled once and handed
+    /// to every policy, which runs until it needs the next epoch (so at most a few epochs'
+    /// orders are held at a time). Policies are set up and advanced on all cores.
+    pub fn simulate_all(&self, policies: &[Policy]) -> Result<Vec<PolicyResult>> {
+        enum Slot<'r, 'a> {
+            Sim(Box<Sim<'r, 'a>>),
+            Done(PolicyResult),
+            Perfect,
+        }
+        let mut slots: Vec<Slot> = crate::run_all(policies, |&p| {
+            Ok(match p {
+                Policy::Perfect => Slot::Perfect,
+                _ => match Sim::build(self, p)? {
+                    Ok(sim) => Slot::Sim(Box::new(sim)),
+                    Err(reason) => Slot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
+                },
+            })
+        })?;
+        let layout = self.layout();
+        let batches: Vec<Vec<std::ops::Range<u64>>> =
+            (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
+        let per_epoch: u64 = batches.iter().flatten().map(|b| b.end - b.start).sum();
+        let mut perfect = Vec::with_capacity(self.scenario.epochs as usize);
+        let want_perfect = slots.iter().any(|s| matches!(s, Slot::Perfect));
+        for e in 0..self.scenario.epochs {
+            check_cancel(self.progress)?;
+            let data = Arc::new(EpochData::new(self, e));
+            if want_perfect {
+                perfect.push(data.perfect_seconds(&batches, self.scenario.compute_bps()));
+                self.progress.done.fetch_add(per_epoch, AtOrd::Relaxed);
+            }
+            slots.par_iter_mut().with_max_len(1).try_for_each(|slot| match slot {
+                Slot::Sim(sim) => sim.advance(e, data.clone()),
+                _ => Ok(()),
+            })?;
+        }
+        slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Sim(sim) => sim.finish(),
+                Slot::Done(r) => Ok(r),
+                Slot::Perfect => Ok(PolicyResult::perfect(perfect.clone())),
+            })
+            .collect()
+    }
+}
+
+/// One epoch's global order and the sizes in that order, shared by all policies.
+pub struct EpochData {
+    order: Vec<u32>,
+    sizes: Vec<u64>,
+}
+
+impl EpochData {
+    fn new(run: &Run, e: u32) -> Self {
+        let order = run.schedule.global_order(e);
+        let sizes = order.iter().map(|&k| run.sizes[k as usize]).collect();
+        EpochData { order, sizes }
+    }
+
+    /// The workers' streams under the engine's layout (copies of ranges: no lookups).
+    fn streams(&self, layout: &Layout) -> Vec<Stream> {
+        (0..layout.world_size)
+            .map(|r| {
+                let mut st = Stream {
+                    samples: Vec::new(),
+                    sizes: Vec::new(),
+                    batch_ends: Vec::new(),
+                    known: Vec::new(),
+                };
+                for b in layout.rank_batches(r) {
+                    let (lo, hi) = (b.start as usize, b.end as usize);
+                    st.samples.extend_from_slice(&self.order[lo..hi]);
+                    st.sizes.extend_from_slice(&self.sizes[lo..hi]);
+                    st.batch_ends.push(st.samples.len() as u32);
+                }
+                st
+            })
+            .collect()
+    }
+
+    /// The epoch with no stalls: the sum over iterations of the largest batch's compute time.
+    fn perfect_seconds(&self, batches: &[Vec<std::ops::Range<u64>>], compute_bps: f64) -> f64 {
+        let nb = batches.first().map_or(0, |b| b.len());
+        (0..nb)
+            .map(|i| {
+                batches
+                    .iter()
+                    .map(|b| self.sizes[b[i].start as usize..b[i].end as usize].iter().sum::<u64>())
+                    .max()
+                    .unwrap_or(0) as f64
+                    / compute_bps
+            })
+            .sum()
+    }
+}
+
+/// What an actor does after a step.
+enum Step {
+    /// Its next thread is free at this time.
+    At(f64),
+    /// Nothing more for now (done, or waiting to be woken).
+    Retire,
+    /// It needs an epoch the driver has not handed in: stop the loop, keep the event.
+    Pause,
+}
+
+fn check_cancel(p: &Progress) -> Result<()> {
+    if p.cancel.load(AtOrd::Relaxed) {
+        return Err(Error::Cancelled);
+    }
+    Ok(())
+}
+
+/// Actor `id` (a pool of threads) is free at time `t`; the heap pops the earliest first, ties
+/// by lowest id.
+#[derive(Clone, Copy, Debug)]
+struct Ev {
+    t: f64,
+    id: u32,
+}
+
+impl PartialEq for Ev {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Ev {}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ev {
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.t.total_cmp(&self.t).then(o.id.cmp(&self.id))
+    }
+}
+
+const NONE: u32 = u32::MAX;
+const LOC_PFS: usize = 0;
+const LOC_REMOTE: usize = 1;
+const LOC_CLASS: usize = 2;
+
+/// When a single-copy cache takes a sample it has just read from the PFS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admit {
+    Never,
+    FirstEpoch,
+    Always,
+}
+
+/// Where samples are cached.
+enum Cache {
+    None,
+    /// Every sample is already in this class on every node (the staging buffer reads from it).
+    Everywhere(usize),
+    /// One copy per sample (`held`), filled on first read (`admit`) or preassigned and
+    /// preloaded; `cached` lists the samples held, in the order they were taken.
+    Single {
+        held: Vec<Held>,
+        cached: Vec<u32>,
+        /// Bytes used, per node and class.
+        used: Vec<Vec<u64>>,
+        /// Classes a read sample may be admitted to, in order.
+        admit_to: Vec<usize>,
+        admit: Admit,
+        remote: bool,
+    },
+    /// Clairvoyant placement: per node and sample its class and when it is there; per sample
+    /// the earliest copy anywhere (for peers). Each is one small record, so a lookup touches
+    /// one cache line.
+    Placed {
+        local: Vec<Vec<Slot>>,
+        first: Vec<Copy>,
+    },
+}
+
+/// A sample's place in a node: its class (or UNCACHED) and from when it is there (infinite
+/// until written or being written).
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    avail: f64,
+    class: u8,
+}
+
+/// The one copy of a sample under a single-copy cache: its node (NONE: not cached), class,
+/// and from when it is there (infinite until written).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    avail: f64,
+    owner: u32,
+    class: u8,
+}
+
+/// The earliest copy of a sample on any node.
+#[derive(Clone, Copy, Debug)]
+struct Copy {
+    avail: f64,
+    node: u32,
+    class: u8,
+}
+
+/// How each epoch's per-worker streams are made.
+enum Order {
+    /// The shuffled global order split among workers (the engine's layout).
+    Global,
+    /// Global, but from epoch 1 samples cached nowhere are replaced by cached ones.
+    Opportunistic,
+    /// Global batches kept, samples moved to the worker whose node caches them.
+    Locality,
+    /// Each worker shuffles its own stored shard; `len` samples per worker per epoch.
+    Shards { stored: Vec<Vec<u32>>, len: usize },
+}
+
+/// A list of samples a group of fill threads copies into a class of a node.
+struct FillList {
+    node: u32,
+    class: usize,
+    order: Vec<u32>,
+    /// For a list in first-need order: each sample's first need by the node's workers
+    /// (`epoch << 32 | position`). Samples the workers have already passed were read (and
+    /// kept) by them, so the list skips them without a lookup.
+    need: Vec<u64>,
+    cursor: usize,
+}
+
+/// One worker's stream for one epoch, with the sizes gathered in access order (the event loop
+/// then reads them sequentially; gathering many at once overlaps the cache misses).
+struct Stream {
+    samples: Vec<u32>,
+    sizes: Vec<u64>,
+    batch_ends: Vec<u32>,
+    /// Per position, the sample's cache entry as it was when the stream was made (empty for
+    /// policies without a cache). An entry with a finite `avail` is final (a copy, once
+    /// written, stays), so most lookups need not touch the cache's big random-access arrays.
+    known: Vec<Held>,
+}
+
+/// The staging side of one worker.
+struct Fetcher {
+    epoch: u32,
+    stream: Option<Arc<Vec<Stream>>>,
+    pos: usize,
+    batch: usize,
+    iter_base: usize,
+    batch_ready: f64,
+    batch_bytes: u64,
+    inflight: u64,
+    /// Iterations with samples in staging, oldest first, and their bytes.
+    outstanding: VecDeque<(usize, u64)>,
+}
+
+/// Per iteration: workers reported, max_w C_w, max_w (R_w + C_w).
+#[derive(Clone, Copy, Default)]
+struct IterAcc {
+    reported: u32,
+    max_c: f64,
+    max_rc: f64,
+}
+
+struct Sim<'r, 'a> {
+    run: &'r Run<'a>,
+    policy: Policy,
+    workers: usize,
+    wpn: usize,
+    threads: usize,
+    staging_cap: u64,
+    // Seconds per byte.
+    write_spb: f64,
+    compute_spb: f64,
+    class_read_spb: Vec<f64>,
+    class_write_spb: Vec<f64>,
+    remote_spb: Vec<Option<f64>>,
+    pfs_latency: f64,
+    /// pfs_spb[γ]: seconds per byte for one of γ concurrent readers.
+    pfs_spb: Vec<f64>,
+    /// When each thread is free next: worker w's staging threads are slots
+    /// `w*threads..(w+1)*threads`, fill list i's threads `fill_slots[i]`.
+    free: Vec<f64>,
+    /// When each thread's PFS read ends (0 when it has none in flight).
+    pfs_end: Vec<f64>,
+    cache: Cache,
+    order: Order,
+    fills: Vec<FillList>,
+    /// The thread slots of each fill list.
+    fill_slots: Vec<std::ops::Range<usize>>,
+    /// Epoch streams handed out, with the number of workers that have not left the epoch.
+    streams: HashMap<u32, (Arc<Vec<Stream>>, usize)>,
+    /// Epochs' global orders handed in by the driver and not yet made into streams.
+    epoch_data: HashMap<u32, Arc<EpochData>>,
+    started: bool,
+    finished: bool,
+    iters_per_epoch: usize,
+    fetchers: Vec<Fetcher>,
+    iters: Vec<IterAcc>,
+    ends: Vec<f64>,
+    finalized: usize,
+    parked: HashMap<usize, Vec<u32>>,
+    t0: f64,
+    /// Time of the last event processed.
+    clock: f64,
+    heap: BinaryHeap<Ev>,
+    /// Threads woken during a step, pushed after it.
+    woken: Vec<Ev>,
+    loc_seconds: Vec<f64>,
+    loc_samples: Vec<u64>,
+    pfs_bytes: u64,
+    substituted: u64,
+    full_randomization: bool,
+    pending_progress: u64,
+}
+
+impl<'r, 'a> Sim<'r, 'a> {
+    /// Set up `policy`; `Ok(Err(reason))` when the policy cannot run this scenario.
+    fn build(run: &'r Run<'a>, policy: Policy) -> Result<std::result::Result<Self, String>> {
+        let sc = run.scenario;
+        let m = &sc.system;
+        let workers = sc.workers as usize;
+        let nodes = sc.nodes() as usize;
+        let f = run.sizes.len();
+        let total_bytes: u64 = run.sizes.iter().sum();
+        let per_thread = |curve: &clairvoyant_core::model::Curve, p: u32| {
+            let p = p.max(1) as f64;
+            curve.at(p) / p * 1e6
+        };
+        let mut threads = m.staging.threads.max(1) as usize;
+        let mut staging_cap = m.staging.capacity;
+        if policy == Policy::Naive {
+            threads = 1;
+            staging_cap = 0;
+        }
+        let beta = m.preprocess_mbps.map_or(0.0, |b| 1.0 / (b * 1e6));
+        let write_spb = beta.max(1.0 / per_thread(&m.staging.write_mbps, m.staging.threads));
+        let class_read_spb: Vec<f64> = m
+            .classes
+            .iter()
+            .map(|c| 1.0 / per_thread(&c.read_mbps, c.threads))
+            .collect();
+        let class_write_spb: Vec<f64> = m
+            .classes
+            .iter()
+            .map(|c| 1.0 / per_thread(&c.write_mbps, c.threads))
+            .collect();
+        let remote_spb: Vec<Option<f64>> = (0..m.classes.len())
+            .map(|j| m.remote_fetch_seconds(j, 1_000_000).map(|s| s / 1e6))
+            .collect();
+        let mut fills = Vec::new();
+        let mut full_randomization = true;
+        let mut order = Order::Global;
+        let memory = m.memory_class().filter(|&j| m.classes[j].enabled());
+        let enabled: Vec<usize> = (0..m.classes.len()).filter(|&j| m.classes[j].enabled()).collect();
+        let single = |admit_to: Vec<usize>, admit: Admit, remote: bool| Cache::Single {
+            held: huge_vec(
+                f,
+                Held {
+                    avail: f64::INFINITY,
+                    owner: NONE,
+                    class: UNCACHED,
+                },
+            ),
+            cached: Vec::new(),
+            used: vec![vec![0; m.classes.len()]; nodes],
+            admit_to,
+            admit,
+            remote,
+        };
+        let cache = match policy {
+            Policy::Perfect | Policy::Naive => Cache::None,
+            Policy::StagingBuffer => match sc.staging_buffer_source {
+                None => Cache::None,
+                Some(j) => {
+                    let c = &m.classes[j];
+                    if total_bytes > c.capacity {
+                        return Ok(Err(format!(
+                            "the dataset ({}) does not fit class '{}' ({}) that staging_buffer_source names",
+                            format_bytes(total_bytes),
+                            c.name,
+                            format_bytes(c.capacity)
+                        )));
+                    }
+                    Cache::Everywhere(j)
+                }
+            },
+            Policy::DeepIoOrdered | Policy::DeepIoOpportunistic => {
+                let Some(mem) = memory else {
+                    return Ok(Err("DeepIO caches in memory; the system has no memory class".into()));
+                };
+                if policy == Policy::DeepIoOpportunistic {
+                    order = Order::Opportunistic;
+                }
+                single(vec![mem], Admit::Always, true)
+            }
+            Policy::LbannDynamic | Policy::LbannPreloading => {
+                let Some(mem) = memory else {
+                    return Ok(Err(
+                        "the LBANN data store caches in memory; the system has no memory class".into(),
+                    ));
+                };
+                let aggregate = m.classes[mem].capacity.saturating_mul(nodes as u64);
+                if total_bytes > aggregate {
+                    return Ok(Err(format!(
+                        "the dataset ({}) exceeds the aggregate memory of {nodes} node(s) ({})",
+                        format_bytes(total_bytes),
+                        format_bytes(aggregate)
+                    )));
+                }
+                if policy == Policy::LbannDynamic {
+                    single(vec![mem], Admit::FirstEpoch, true)
+                } else {
+                    // Samples are dealt to nodes round robin and preloaded into memory.
+                    let mut cache = single(vec![mem], Admit::Never, true);
+                    let Cache::Single { held, used, .. } = &mut cache else {
+                        unreachable!()
+                    };
+                    let mut lists: Vec<Vec<u32>> = vec![Vec::new(); nodes];
+                    for (k, (h, &size)) in held.iter_mut().zip(run.sizes).enumerate() {
+                        let n = k % nodes;
+                        h.owner = n as u32;
+                        h.class = mem as u8;
+                        used[n][mem] += size;
+                        lists[n].push(k as u32);
+                    }
+                    if let Some(n) = (0..nodes).find(|&n| used[n][mem] > m.classes[mem].capacity) {
+                        return Ok(Err(format!(
+                            "node {n}'s share of the dataset ({}) exceeds its memory ({})",
+                            format_bytes(used[n][mem]),
+                            format_bytes(m.classes[mem].capacity)
+                        )));
+                    }
+                    for (n, list) in lists.into_iter().enumerate() {
+                        fills.push(FillList {
+                            node: n as u32,
+                            class: mem,
+                            order: list,
+                            need: Vec::new(),
+                            cursor: 0,
+                        });
+                    }
+                    cache
+                }
+            }
+            Policy::LocalityAware => {
+                order = Order::Locality;
+                single(enabled.clone(), Admit::Always, false)
+            }
+            Policy::ParallelStaging => {
+                if enabled.is_empty() {
+                    return Ok(Err(
+                        "parallel staging copies shards to local storage; the system has no storage class".into(),
+                    ));
+                }
+                let mut cache = single(enabled.clone(), Admit::Never, false);
+                let Cache::Single { held, used, .. } = &mut cache else {
+                    unreachable!()
+                };
+                // Shards: the first epoch's order cut into one contiguous piece per worker; each
+                // worker keeps what fits in its share of its node's classes.
+                let global = run.schedule.global_order(0);
+                let mut stored: Vec<Vec<u32>> = vec![Vec::new(); workers];
+                let mut lists: HashMap<(usize, usize), Vec<u32>> = HashMap::new();
+                for (w, shard) in stored.iter_mut().enumerate() {
+                    let n = w / sc.workers_per_node as usize;
+                    let (lo, hi) = (w * f / workers, (w + 1) * f / workers);
+                    let mut mine = vec![0u64; m.classes.len()];
+                    for &k in &global[lo..hi] {
+                        let s = run.sizes[k as usize];
+                        let room = enabled
+                            .iter()
+                            .copied()
+                            .find(|&j| mine[j] + s <= m.classes[j].capacity / sc.workers_per_node as u64);
+                        if let Some(j) = room {
+                            mine[j] += s;
+                            used[n][j] += s;
+                            held[k as usize].owner = n as u32;
+                            held[k as usize].class = j as u8;
+                            shard.push(k);
+                            lists.entry((n, j)).or_default().push(k);
+                        }
+                    }
+                }
+                let len = stored.iter().map(|s| s.len()).min().unwrap_or(0);
+                if len == 0 {
+                    return Ok(Err("no worker can store any sample of its shard".into()));
+                }
+                let mut keys: Vec<(usize, usize)> = lists.keys().copied().collect();
+                keys.sort_unstable();
+                for key in keys {
+                    fills.push(FillList {
+                        node: key.0 as u32,
+                        class: key.1,
+                        order: lists.remove(&key).unwrap_or_default(),
+                        need: Vec::new(),
+                        cursor: 0,
+                    });
+                }
+                full_randomization = workers == 1 && len == f;
+                order = Order::Shards { stored, len };
+                cache
+            }
+            Policy::Clairvoyant => {
+                let groups: Vec<Vec<u32>> = (0..nodes)
+                    .map(|n| {
+                        ((n * sc.workers_per_node as usize) as u32..((n + 1) * sc.workers_per_node as usize) as u32)
+                            .collect()
+                    })
+                    .collect();
+                let mean = (total_bytes / f.max(1) as u64).max(1);
+                let readers = (workers * threads) as u32;
+                let useful = m.useful_classes(mean, readers);
+                let caps: Vec<u64> = (0..m.classes.len())
+                    .map(|j| if useful.contains(&j) { m.classes[j].capacity } else { 0 })
+                    .collect();
+                let counts = AccessCounts::compute_groups(&run.schedule, &groups)?;
+                let mut local = Vec::with_capacity(nodes);
+                for (n, acc) in counts.into_iter().enumerate() {
+                    check_cancel(run.progress)?;
+                    let p = Placement::compute(&acc, |k| run.sizes[k as usize], &caps);
+                    for (j, list) in p.fill_order.into_iter().enumerate() {
+                        if !list.is_empty() {
+                            fills.push(FillList {
+                                node: n as u32,
+                                class: j,
+                                need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
+                                order: list,
+                                cursor: 0,
+                            });
+                        }
+                    }
+                    drop(acc);
+                    let mut slots = huge_vec(
+                        f,
+                        Slot {
+                            avail: f64::INFINITY,
+                            class: UNCACHED,
+                        },
+                    );
+                    for (slot, class) in slots.iter_mut().zip(p.class_of) {
+                        slot.class = class;
+                    }
+                    local.push(slots);
+                }
+                Cache::Placed {
+                    local,
+                    first: huge_vec(
+                        f,
+                        Copy {
+                            avail: f64::INFINITY,
+                            node: NONE,
+                            class: UNCACHED,
+                        },
+                    ),
+                }
+            }
+        };
+        let mut fill_slots = Vec::with_capacity(fills.len());
+        let mut next_slot = workers * threads;
+        for fl in &fills {
+            let p = m.classes[fl.class].threads.max(1) as usize;
+            fill_slots.push(next_slot..next_slot + p);
+            next_slot += p;
+        }
+        let iters_per_epoch = match &order {
+            Order::Shards { len, .. } => {
+                let b = sc.batch_size as usize;
+                if sc.drop_last && *len >= b {
+                    len / b
+                } else {
+                    len.div_ceil(b)
+                }
+            }
+            _ => run.layout().batches_per_rank() as usize,
+        };
+        let total_iters = iters_per_epoch * sc.epochs as usize;
+        let max_readers = next_slot + 1;
+        let pfs_spb: Vec<f64> = (0..=max_readers)
+            .map(|g| 1e-6 / m.pfs_per_reader_mbps(g.max(1) as u32).max(1e-12))
+            .collect();
+        let fetchers = (0..workers)
+            .map(|_| Fetcher {
+                epoch: 0,
+                stream: None,
+                pos: 0,
+                batch: 0,
+                iter_base: 0,
+                batch_ready: 0.0,
+                batch_bytes: 0,
+                inflight: 0,
+                outstanding: VecDeque::new(),
+            })
+            .collect();
+        let locs = LOC_CLASS + m.classes.len();
+        Ok(Ok(Sim {
+            run,
+            policy,
+            workers,
+            wpn: sc.workers_per_node as usize,
+            threads,
+            staging_cap,
+            write_spb,
+            compute_spb: 1.0 / sc.compute_bps(),
+            class_read_spb,
+            class_write_spb,
+            remote_spb,
+            pfs_latency: m.pfs.open_latency_s,
+            pfs_spb,
+            free: vec![0.0; next_slot],
+            pfs_end: vec![0.0; next_slot],
+            cache,
+            order,
+            fills,
+            fill_slots,
+            streams: HashMap::new(),
+            epoch_data: HashMap::new(),
+            started: false,
+            finished: false,
+            iters_per_epoch,
+            fetchers,
+            iters: vec![IterAcc::default(); total_iters],
+            ends: vec![f64::NAN; total_iters],
+            finalized: 0,
+            parked: HashMap::new(),
+            t0: 0.0,
+            clock: 0.0,
+            heap: BinaryHeap::new(),
+            woken: Vec::new(),
+            loc_seconds: vec![0.0; locs],
+            loc_samples: vec![0; locs],
+            pfs_bytes: 0,
+            substituted: 0,
+            full_randomization,
+            pending_progress: 0,
+        }))
+    }
+
+    /// Put the fill threads to work (and, for preloading policies, run them to the end), then
+    /// the staging threads.
+    fn start(&mut self) -> Result<()> {
+        self.started = true;
+        let preload = matches!(self.policy, Policy::ParallelStaging | Policy::LbannPreloading);
+        for i in 0..self.fills.len() {
+            self.heap.push(Ev {
+                t: 0.0,
+                id: (self.workers + i) as u32,
+            });
+        }
+        if preload {
+            self.event_loop()?;
+            self.t0 = self.clock;
+        }
+        for w in 0..self.workers {
+            self.enter_epoch(w, 0);
+            for slot in w * self.threads..(w + 1) * self.threads {
+                self.free[slot] = self.t0;
+            }
+            self.heap.push(Ev {
+                t: self.t0,
+                id: w as u32,
+            });
+        }
+        Ok(())
+    }
+
+    /// Hand in epoch `e`'s order and simulate until a worker needs the next one (or the end).
+    fn advance(&mut self, e: u32, data: Arc<EpochData>) -> Result<()> {
+        self.epoch_data.insert(e, data);
+        if !self.started {
+            self.start()?;
+        }
+        if !self.finished {
+            self.finished = self.event_loop()?;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<PolicyResult> {
+        self.flush_progress(true)?;
+        if self.finalized < self.ends.len() {
+            return Err(Error::Exhausted(format!(
+                "simulation of {} stopped at iteration {} of {}: no thread could make progress",
+                self.policy,
+                self.finalized,
+                self.ends.len()
+            )));
+        }
+        let total = self.ends.last().copied().unwrap_or(self.t0);
+        let compute: f64 = self.iters.iter().map(|a| a.max_c).sum();
+        let mut epoch_seconds = Vec::new();
+        let mut prev = 0.0;
+        for e in 0..self.run.scenario.epochs as usize {
+            let end = self.ends[(e + 1) * self.iters_per_epoch - 1];
+            epoch_seconds.push(end - prev);
+            prev = end;
+        }
+        let m = &self.run.scenario.system;
+        let mut names = vec!["pfs".to_string(), "remote".to_string()];
+        names.extend(m.classes.iter().map(|c| c.name.clone()));
+        // Local classes first (fastest first), then peers, then the PFS.
+        let order: Vec<usize> = (LOC_CLASS..names.len()).chain([LOC_REMOTE, LOC_PFS]).collect();
+        let fetch_seconds = order
+            .iter()
+            .filter(|&&i| self.loc_samples[i] > 0)
+            .map(|&i| (names[i].clone(), self.loc_seconds[i]))
+            .collect();
+        let samples_by_location = order
+            .iter()
+            .filter(|&&i| self.loc_samples[i] > 0)
+            .map(|&i| (names[i].clone(), self.loc_samples[i]))
+            .collect();
+        Ok(PolicyResult {
+            policy: self.policy,
+            total_seconds: Some(total),
+            preload_seconds: self.t0,
+            compute_seconds: compute,
+            stall_seconds: (total - self.t0 - compute).max(0.0),
+            epoch_seconds,
+            fetch_seconds,
+            samples_by_location,
+            pfs_bytes: self.pfs_bytes,
+            full_randomization: self.full_randomization && self.substituted == 0,
+            error: None,
+        })
+    }
+}
+
+impl Sim<'_, '_> {
+    /// Process events until none are left (`Ok(true)`) or a worker needs an epoch the driver
+    /// has not handed in yet (`Ok(false)`; its event stays on the heap).
+    fn event_loop(&mut self) -> Result<bool> {
+        // The heap holds one entry per actor (a worker's staging threads, a fill list's
+        // threads); a step moves its actor's entry in place, which costs little when the
+        // actor stays near the top.
+        while let Some(&Ev { t, id }) = self.heap.peek() {
+            self.clock = self.clock.max(t);
+            let a = id as usize;
+            let next = if a < self.workers {
+                self.staging_step(a, t)?
+            } else {
+                match self.fill_step(a - self.workers, t) {
+                    Some(t) => Step::At(t),
+                    None => Step::Retire,
+                }
+            };
+            match next {
+                Step::At(next) => self.heap.peek_mut().expect("the stepped actor is on top").t = next,
+                Step::Retire => {
+                    self.heap.pop();
+                }
+                Step::Pause => return Ok(false),
+            }
+            while let Some(ev) = self.woken.pop() {
+                self.heap.push(ev);
+            }
+        }
+        Ok(true)
+    }
+
+    fn flush_progress(&mut self, force: bool) -> Result<()> {
+        if force || self.pending_progress >= 1 << 16 {
+            self.run.progress.done.fetch_add(self.pending_progress, AtOrd::Relaxed);
+            self.pending_progress = 0;
+            check_cancel(self.run.progress)?;
+        }
+        Ok(())
+    }
+
+    /// Start worker `w` on epoch `e` (or mark it finished after the last epoch).
+    fn enter_epoch(&mut self, w: usize, e: u32) {
+        let f = &mut self.fetchers[w];
+        let prev = f.stream.take();
+        if prev.is_some() {
+            let left = f.epoch;
+            if let Some(entry) = self.streams.get_mut(&left) {
+                entry.1 -= 1;
+                if entry.1 == 0 {
+                    self.streams.remove(&left);
+                }
+            }
+        }
+        let f = &mut self.fetchers[w];
+        if prev.is_some() {
+            f.iter_base += self.iters_per_epoch;
+        }
+        f.epoch = e;
+        f.pos = 0;
+        f.batch = 0;
+    }
+
+    /// Give worker `w` its stream for its current epoch; false when the driver has not handed
+    /// that epoch in yet.
+    fn load_stream(&mut self, w: usize) -> bool {
+        let e = self.fetchers[w].epoch;
+        if !self.streams.contains_key(&e) {
+            let Some(data) = self.epoch_data.remove(&e) else {
+                return false;
+            };
+            let mut streams = self.make_epoch(e, &data);
+            for (w, st) in streams.iter_mut().enumerate() {
+                st.known = self.known(w / self.wpn, &st.samples);
+            }
+            self.streams.insert(e, (Arc::new(streams), self.workers));
+        }
+        self.fetchers[w].stream = Some(self.streams[&e].0.clone());
+        true
+    }
+
+    /// Every worker's stream for epoch `e` under this policy's order.
+    fn make_epoch(&mut self, e: u32, data: &EpochData) -> Vec<Stream> {
+        let run = self.run;
+        let sc = run.scenario;
+        let ranks = run.all_ranks();
+        let with_sizes = |streams: Vec<RankEpoch>| -> Vec<Stream> {
+            streams
+                .into_iter()
+                .map(|r| Stream {
+                    sizes: r.samples.iter().map(|&k| run.sizes[k as usize]).collect(),
+                    samples: r.samples,
+                    batch_ends: r.batch_ends,
+                    known: Vec::new(),
+                })
+                .collect()
+        };
+        match &self.order {
+            Order::Global | Order::Opportunistic => data.streams(&run.layout()),
+
+            Order::Locality => {
+                let streams = run.schedule.split(e, &data.order, &ranks).expect("validated layout");
+                let Cache::Single { held, .. } = &self.cache else {
+                    return with_sizes(streams);
+                };
+                with_sizes(locality_reassign(&streams, held, self.wpn))
+            }
+            Order::Shards { stored, len } => {
+                let b = sc.batch_size as usize;
+                let n_batches = self.iters_per_epoch;
+                stored
+                    .iter()
+                    .enumerate()
+                    .map(|(w, shard)| {
+                        let perm = epoch_permutation(shard.len() as u32, sc.seed ^ splitmix(w as u64 + 1), e as u64);
+                        let samples: Vec<u32> = perm[..*len].iter().map(|&i| shard[i as usize]).collect();
+                        let used = if n_batches * b < *len { n_batches * b } else { *len };
+                        let batch_ends = (1..=n_batches).map(|i| (i * b).min(used) as u32).collect();
+                        Stream {
+                            sizes: samples[..used].iter().map(|&k| run.sizes[k as usize]).collect(),
+                            samples: samples[..used].to_vec(),
+                            batch_ends,
+                            known: Vec::new(),
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// A staging thread of worker `w` is free at `t`: it takes the worker's next sample (the
+    /// threads take samples in access order). Returns when a thread of the worker is free next,
+    /// None when the worker is done or waits for an iteration to end.
+    fn staging_step(&mut self, w: usize, t: f64) -> Result<Step> {
+        let slots = w * self.threads..(w + 1) * self.threads;
+        let id = slots
+            .clone()
+            .min_by(|&a, &b| self.free[a].total_cmp(&self.free[b]))
+            .unwrap_or(w) as u32;
+        if self.fetchers[w].stream.is_none() {
+            if self.fetchers[w].epoch >= self.run.scenario.epochs {
+                return Ok(Step::Retire); // the worker has fetched its whole run
+            }
+            if !self.load_stream(w) {
+                return Ok(Step::Pause);
+            }
+        }
+        let stream = self.fetchers[w].stream.clone().expect("loaded");
+        let mine = &stream[w];
+        let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
+        let (mut k, mut s) = (mine.samples[pos], mine.sizes[pos]);
+        if epoch > 0 && matches!(self.order, Order::Opportunistic) {
+            if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos) {
+                (k, s) = (other, self.run.sizes[other as usize]);
+                self.substituted += 1;
+            }
+        }
+        let f = &mut self.fetchers[w];
+        let iter = f.iter_base + f.batch;
+        // Room in staging: free batches whose iteration has ended; wait for the oldest otherwise.
+        while f.inflight + s > self.staging_cap {
+            let Some(&(oldest, bytes)) = f.outstanding.front() else {
+                break;
+            };
+            if oldest == iter {
+                break; // only the current batch is held: it may always be fetched
+            }
+            let end = self.ends[oldest];
+            if end.is_nan() {
+                self.parked.entry(oldest).or_default().push(w as u32);
+                return Ok(Step::Retire);
+            }
+            if end > t {
+                return Ok(Step::At(end));
+            }
+            f.inflight -= bytes;
+            f.outstanding.pop_front();
+        }
+        f.inflight += s;
+        match f.outstanding.back_mut() {
+            Some((i, b)) if *i == iter => *b += s,
+            _ => f.outstanding.push_back((iter, s)),
+        }
+        let epoch = f.epoch;
+        let node = w / self.wpn;
+        let known = if k == mine.samples[pos] {
+            mine.known.get(pos).copied()
+        } else {
+            None
+        };
+        let (loc, fetched) = match known.and_then(|h| self.fetch_known(node, h, s, t)) {
+            Some(done) => done,
+            None => self.fetch(id, node, k, s, t, epoch),
+        };
+        self.loc_seconds[loc] += fetched - t;
+        self.loc_samples[loc] += 1;
+        let done = fetched + s as f64 * self.write_spb;
+        let f = &mut self.fetchers[w];
+        f.batch_ready = f.batch_ready.max(done);
+        f.batch_bytes += s;
+        f.pos += 1;
+        if f.pos == mine.batch_ends[f.batch] as usize {
+            let c = f.batch_bytes as f64 * self.compute_spb;
+            let ready = f.batch_ready;
+            f.batch_ready = 0.0;
+            f.batch_bytes = 0;
+            f.batch += 1;
+            let epoch_done = f.batch == mine.batch_ends.len();
+            self.report(iter, ready, c);
+            if epoch_done {
+                self.enter_epoch(w, epoch + 1);
+            }
+        }
+        self.pending_progress += 1;
+        self.flush_progress(false)?;
+        self.free[id as usize] = done;
+        Ok(Step::At(min_time(&self.free[slots])))
+    }
+
+    /// Worker reports iteration `iter` ready at `ready` with compute time `c`; end iterations
+    /// whose every worker has reported, and wake threads waiting for them.
+    fn report(&mut self, iter: usize, ready: f64, c: f64) {
+        let a = &mut self.iters[iter];
+        a.reported += 1;
+        a.max_c = a.max_c.max(c);
+        a.max_rc = a.max_rc.max(ready + c);
+        while self.finalized < self.iters.len() && self.iters[self.finalized].reported as usize == self.workers {
+            let j = self.finalized;
+            let prev = if j == 0 { self.t0 } else { self.ends[j - 1] };
+            let a = self.iters[j];
+            let end = (prev + a.max_c).max(a.max_rc);
+            self.ends[j] = end;
+            if let Some(ids) = self.parked.remove(&j) {
+                self.woken.extend(ids.into_iter().map(|id| Ev { t: end, id }));
+            }
+            self.finalized += 1;
+        }
+    }
+
+    /// A PFS read of `s` bytes starting at `t`; returns when it ends.
+    fn pfs_read(&mut self, id: u32, t: f64, s: u64) -> f64 {
+        let end = t + self.pfs_estimate(t, s);
+        self.pfs_end[id as usize] = end;
+        self.pfs_bytes += s;
+        end
+    }
+
+    /// Seconds a PFS read of `s` bytes starting at `t` would take.
+    fn pfs_estimate(&self, t: f64, s: u64) -> f64 {
+        // γ: reads in flight at t, plus this one. A scan of one f64 per thread is faster than
+        // keeping a heap of end times.
+        let busy = self.pfs_end.iter().filter(|&&e| e > t).count();
+        let g = (busy + 1).min(self.pfs_spb.len() - 1);
+        self.pfs_latency + s as f64 * self.pfs_spb[g]
+    }
+
+    /// Bring sample `k` (`s` bytes) for a worker of `node` starting at `t`: where it was read
+    /// from and when the read ended.
+    fn fetch(&mut self, id: u32, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> (usize, f64) {
+        let ku = k as usize;
+        let sf = s as f64;
+        // Decide with the cache borrowed, then read.
+        enum Then {
+            Done(usize, f64),
+            /// Read from the PFS; keep the copy in this class when given.
+            Pfs(Option<usize>),
+            /// Read from a peer or the PFS; keep the copy in this class when given.
+            Elsewhere(Option<usize>),
+        }
+        let then = match &mut self.cache {
+            Cache::None => Then::Pfs(None),
+            Cache::Everywhere(j) => Then::Done(LOC_CLASS + *j, t + sf * self.class_read_spb[*j]),
+            Cache::Single {
+                held,
+                cached,
+                used,
+                admit_to,
+                admit,
+                remote,
+            } => {
+                let h = held[ku];
+                let remote_spb = if h.owner != NONE && *remote && h.avail <= t {
+                    self.remote_spb[h.class as usize]
+                } else {
+                    None
+                };
+                if h.owner == node as u32 {
+                    let j = h.class as usize;
+                    Then::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
+                } else if let Some(spb) = remote_spb {
+                    Then::Done(LOC_REMOTE, t + sf * spb)
+                } else {
+                    let admit_now = h.owner == NONE
+                        && match admit {
+                            Admit::Never => false,
+                            Admit::FirstEpoch => epoch == 0,
+                            Admit::Always => true,
+                        };
+                    let caps = &self.run.scenario.system.classes;
+                    let slot = admit_to
+                        .iter()
+                        .copied()
+                        .find(|&j| admit_now && used[node][j] + s <= caps[j].capacity);
+                    if let Some(j) = slot {
+                        used[node][j] += s;
+                        held[ku].owner = node as u32;
+                        held[ku].class = j as u8;
+                        cached.push(k);
+                    }
+                    Then::Pfs(slot)
+                }
+            }
+            Cache::Placed { local, .. } => {
+                let Slot { avail: a, class: j } = local[node][ku];
+                if j == UNCACHED {
+                    Then::Elsewhere(None)
+                } else if a.is_finite() {
+                    // In the class, or being written there: read it (after the write).
+                    let j = j as usize;
+                    Then::Done(LOC_CLASS + j, t.max(a) + sf * self.class_read_spb[j])
+                } else {
+                    // Not here yet: this read also writes it to its local class (the node
+                    // reads each sample once).
+                    Then::Elsewhere(Some(j as usize))
+                }
+            }
+        };
+        let (loc, end, keep) = match then {
+            Then::Done(loc, end) => return (loc, end),
+            Then::Pfs(keep) => (LOC_PFS, self.pfs_read(id, t, s), keep),
+            Then::Elsewhere(keep) => {
+                let (loc, end) = self.fetch_elsewhere(id, node, k, s, t);
+                (loc, end, keep)
+            }
+        };
+        if let Some(j) = keep {
+            self.publish(node, k, j, end + sf * self.class_write_spb[j]);
+        }
+        (loc, end)
+    }
+
+    /// Read `k` for `node` from a peer that has it by `t` when that is faster, else from the PFS.
+    fn fetch_elsewhere(&mut self, id: u32, node: usize, k: u32, s: u64, t: f64) -> (usize, f64) {
+        let ku = k as usize;
+        if let Cache::Placed { first, .. } = &self.cache {
+            let c = first[ku];
+            if c.avail <= t && c.node != node as u32 {
+                if let Some(spb) = self.remote_spb[c.class as usize] {
+                    let remote = s as f64 * spb;
+                    // Faster than the PFS with no other reader: no need to count readers.
+                    let pfs_best = self.pfs_latency + s as f64 * self.pfs_spb[1];
+                    if remote < pfs_best || remote < self.pfs_estimate(t, s) {
+                        return (LOC_REMOTE, t + remote);
+                    }
+                }
+            }
+        }
+        (LOC_PFS, self.pfs_read(id, t, s))
+    }
+
+    /// The cache entries of `samples` for `node` now (gathered in one pass, which overlaps the
+    /// memory accesses).
+    fn known(&self, node: usize, samples: &[u32]) -> Vec<Held> {
+        match &self.cache {
+            Cache::Single { held, .. } => samples.iter().map(|&k| held[k as usize]).collect(),
+            Cache::Placed { local, .. } => samples
+                .iter()
+                .map(|&k| {
+                    let slot = local[node][k as usize];
+                    Held {
+                        avail: slot.avail,
+                        owner: node as u32,
+                        class: slot.class,
+                    }
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// A fetch decided from a final cache entry alone (see `Stream::known`): a local copy, or
+    /// a peer's copy under a single-copy cache with peers. None: look at the live cache.
+    #[inline]
+    fn fetch_known(&self, node: usize, h: Held, s: u64, t: f64) -> Option<(usize, f64)> {
+        if !h.avail.is_finite() {
+            return None;
+        }
+        let sf = s as f64;
+        let j = h.class as usize;
+        if h.owner == node as u32 {
+            return Some((LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j]));
+        }
+        match &self.cache {
+            Cache::Single { remote: true, .. } if h.avail <= t => {
+                self.remote_spb[j].map(|spb| (LOC_REMOTE, t + sf * spb))
+            }
+            _ => None,
+        }
+    }
+
+    /// How far the workers of `node` have all fetched: `epoch << 32 | position`.
+    fn node_front(&self, node: usize) -> u64 {
+        self.fetchers[node * self.wpn..(node + 1) * self.wpn]
+            .iter()
+            .map(|f| ((f.epoch as u64) << 32) | f.pos as u64)
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// DeepIO's opportunistic mode: once `node`'s memory is full, a sample cached nowhere is
+    /// replaced by a cached one (chosen by a hash of epoch and position), so the PFS is not read.
+    fn substitute(&self, node: usize, k: u32, s: u64, epoch: u32, pos: usize) -> Option<u32> {
+        let Cache::Single {
+            held,
+            cached,
+            used,
+            admit_to,
+            ..
+        } = &self.cache
+        else {
+            return None;
+        };
+        let caps = &self.run.scenario.system.classes;
+        let room = admit_to.iter().any(|&j| used[node][j] + s <= caps[j].capacity);
+        if held[k as usize].owner != NONE || room || cached.is_empty() {
+            return None;
+        }
+        let h = splitmix(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
+        Some(cached[(h % cached.len() as u64) as usize])
+    }
+
+    /// Start loading the cache entries a fetch of `k` by `node` will read.
+    #[inline(always)]
+    fn prefetch_cache(&self, node: usize, k: u32) {
+        let k = k as usize;
+        match &self.cache {
+            Cache::Single { held, .. } => prefetch(held, k),
+            Cache::Placed { local, first } => {
+                prefetch(&local[node], k);
+                prefetch(first, k);
+            }
+            _ => {}
+        }
+    }
+
+    /// Sample `k` is in class `j` of `node` from time `at`.
+    fn publish(&mut self, node: usize, k: u32, j: usize, at: f64) {
+        let ku = k as usize;
+        match &mut self.cache {
+            Cache::Placed { local, first } => {
+                local[node][ku].avail = at;
+                if at < first[ku].avail {
+                    first[ku] = Copy {
+                        avail: at,
+                        node: node as u32,
+                        class: j as u8,
+                    };
+                }
+            }
+            Cache::Single { held, .. } => held[ku].avail = at,
+            _ => {}
+        }
+    }
+
+    /// A thread of fill list `li` is free at `t`: copy the list's next sample into its class.
+    /// Returns when a thread of the list is free next; None when the list is done.
+    fn fill_step(&mut self, li: usize, t: f64) -> Option<f64> {
+        let slots = self.fill_slots[li].clone();
+        let id = slots.clone().min_by(|&a, &b| self.free[a].total_cmp(&self.free[b]))? as u32;
+        let (node, class) = (self.fills[li].node as usize, self.fills[li].class);
+        if let Some(&ahead) = self.fills[li].order.get(self.fills[li].cursor + PREFETCH_AHEAD) {
+            self.prefetch_cache(node, ahead);
+            prefetch(self.run.sizes, ahead as usize);
+        }
+        if !self.fills[li].need.is_empty() {
+            let front = self.node_front(node);
+            let fl = &mut self.fills[li];
+            while fl.need.get(fl.cursor).is_some_and(|&n| n < front) {
+                fl.cursor += 1;
+            }
+        }
+        let k = loop {
+            let fl = &mut self.fills[li];
+            let Some(&k) = fl.order.get(fl.cursor) else {
+                return None; // list done: the thread retires
+            };
+            fl.cursor += 1;
+            let taken = match &self.cache {
+                Cache::Placed { local, .. } => local[node][k as usize].avail.is_finite(),
+                Cache::Single { held, .. } => held[k as usize].avail.is_finite(),
+                _ => true,
+            };
+            if !taken {
+                break k;
+            }
+        };
+        let s = self.run.sizes[k as usize];
+        let (_, end) = self.fetch_elsewhere(id, node, k, s, t);
+        let done = end + s as f64 * self.class_write_spb[class];
+        self.publish(node, k, class, done);
+        self.free[id as usize] = done;
+        Some(min_time(&self.free[slots]))
+    }
+}
+
+/// `vec![value; n]` backed by transparent huge pages where the system allows it: the caches
+/// are indexed by random sample numbers, and with 4 KiB pages nearly every lookup would also
+/// miss the TLB.
+pub(crate) fn huge_vec<T: Clone>(n: usize, value: T) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = v.as_ptr() as usize;
+        let len = n * std::mem::size_of::<T>();
+        let aligned = start.next_multiple_of(HUGE);
+        if len >= 2 * HUGE && aligned < start + len {
+            // SAFETY: advice on pages inside this vector's own allocation; it changes no contents.
+            unsafe {
+                libc::madvise(aligned as *mut libc::c_void, start + len - aligned, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    v.resize(n, value);
+    v
+}
+
+/// The earliest of some times.
+fn min_time(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// How many samples ahead of a thread the cache entries of its next samples are prefetched.
+const PREFETCH_AHEAD: usize = 3;
+
+/// Hint the CPU to load `v[i]`: the caches are indexed by random sample numbers, and without
+/// this most of the simulation's time is spent waiting for memory.
+#[inline(always)]
+fn prefetch<T>(v: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if i < v.len() {
+        // SAFETY: prefetching is a hint with no effect on memory; the address is in bounds.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch(v.as_ptr().add(i) as *const i8, std::arch::x86_64::_MM_HINT_T0);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, i);
+}
+
+/// SplitMix64, for deterministic choices that need no generator state.
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Yang and Cong's reordering: every global batch keeps its samples and every worker its batch
+/// size, but a sample cached on a node goes to a worker of that node while it has room; the
+/// rest fill the remaining places in order.
+fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<RankEpoch> {
+    let workers = streams.len();
+    let nb = streams[0].batch_ends.len();
+    let mut out: Vec<RankEpoch> = streams
+        .iter()
+        .map(|s| RankEpoch {
+            samples: Vec::with_capacity(s.samples.len()),
+            batch_ends: Vec::with_capacity(nb),
+        })
+        .collect();
+    let mut room = vec![0usize; workers];
+    let mut rest = Vec::new();
+    for b in 0..nb {
+        rest.clear();
+        for (w, s) in streams.iter().enumerate() {
+            let start = if b == 0 { 0 } else { s.batch_ends[b - 1] as usize };
+            room[w] = s.batch_ends[b] as usize - start;
+        }
+        for s in streams {
+            let start = if b == 0 { 0 } else { s.batch_ends[b - 1] as usize };
+            for &k in &s.samples[start..s.batch_ends[b] as usize] {
+                let o = held[k as usize].owner;
+                let target = if o == NONE {
+                    None
+                } else {
+                    (o as usize * wpn..(o as usize + 1) * wpn).find(|&w| room[w] > 0)
+                };
+                match target {
+                    Some(w) => {
+                        room[w] -= 1;
+                        out[w].samples.push(k);
+                    }
+                    None => rest.push(k),
+                }
+            }
+        }
+        let mut w = 0;
+        for &k in &rest {
+            while room[w] == 0 {
+                w += 1;
+            }
+            room[w] -= 1;
+            out[w].samples.push(k);
+        }
+        for o in out.iter_mut() {
+            o.batch_ends.push(o.samples.len() as u32);
+        }
+    }
+    out
+}
