@@ -18,6 +18,7 @@ from ._native import (
     access_stream_from_order,
 )
 from .job import Job
+from .simulator import SimulationResult, SweepResult, simulate
 from .sources import EmulatedFs, FileList, ImageFolder, Synthetic
 
 __version__ = "0.1.0"
@@ -28,6 +29,9 @@ __all__ = [
     "FileList",
     "Synthetic",
     "EmulatedFs",
+    "simulate",
+    "SimulationResult",
+    "SweepResult",
     "access_stream",
     "access_stream_from_order",
     "ClairvoyantError",

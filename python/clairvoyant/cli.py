@@ -1,4 +1,4 @@
-"""The ``clairvoyant`` command: plan, probe, config."""
+"""The ``clairvoyant`` command: plan, probe, config, simulate."""
 
 from __future__ import annotations
 
@@ -60,6 +60,49 @@ def _config(args) -> int:
     return 0
 
 
+def _simulate(args) -> int:
+    from . import simulator
+
+    sets = []
+    for key, value in (("workers", args.workers), ("epochs", args.epochs), ("seed", args.seed)):
+        if value is not None:
+            sets.append((key, str(value)))
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"clairvoyant simulate: --set {item!r}: expected KEY=VALUE, e.g. system.compute_mbps=320")
+        sets.append((key.strip(), value.strip()))
+    if args.show:
+        print(_native.sim_scenario_toml(args.scenario, sets), end="")
+        return 0
+    axes = []
+    for item in args.sweep:
+        key, eq, values = item.partition("=")
+        vals = [v.strip() for v in values.split(",") if v.strip()]
+        if not eq or not key or not vals:
+            raise SystemExit(f"clairvoyant simulate: --sweep {item!r}: expected KEY=V1,V2,..., e.g. ram=32,64,128")
+        axes.append((key.strip(), vals))
+    policies = [p.strip() for item in args.policy for p in item.split(",") if p.strip()]
+    sizes = None
+    if args.sizes_from:
+        from .sources import ImageFolder
+
+        src = ImageFolder(args.sizes_from)
+        sizes = [src.size(k) for k in range(len(src))]
+    sim = _native.Simulation(args.scenario, policies, sets, sizes, axes)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    data = json.loads(simulator._wait(sim, show))
+    result = simulator.SweepResult(data) if axes else simulator.SimulationResult(data)
+    if args.json:
+        print(result.to_json())
+    else:
+        print(result.table())
+    if args.plot:
+        path = result.plot(args.plot)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="clairvoyant", description="Clairvoyant prefetching and caching for ML training I/O.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -90,6 +133,27 @@ def main(argv=None) -> int:
     co = sub.add_parser("config", help="print the resolved system description")
     co.add_argument("--config", help="TOML file")
     co.set_defaults(fn=_config)
+
+    si = sub.add_parser(
+        "simulate",
+        help="predict a whole run's time under each I/O policy (or a what-if sweep)",
+        description="Simulate a training run under data-loading policies on a described cluster. "
+        "Scenarios: " + ", ".join(_native.sim_presets()) + ", or a TOML file. "
+        "Policies: " + ", ".join(_native.sim_policies()) + ".",
+    )
+    si.add_argument("--scenario", default="imagenet-1k", help="preset name or TOML file (default imagenet-1k)")
+    si.add_argument("--policy", action="append", default=[], help="policy to simulate (repeat or comma-separate; default all)")
+    si.add_argument("--workers", type=int, help="override the number of workers N")
+    si.add_argument("--epochs", type=int, help="override the number of epochs E")
+    si.add_argument("--seed", type=int, help="override the shuffle seed")
+    si.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any scenario key, e.g. system.compute_mbps=320")
+    si.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="what-if: a class name or 'staging' (capacity in GB) or a dotted key, with values; one or two")
+    si.add_argument("--sizes-from", metavar="DIR", help="take sample sizes from a real dataset (ImageFolder layout)")
+    si.add_argument("--json", action="store_true", help="print the result as JSON")
+    si.add_argument("--plot", metavar="FILE", help="write a stacked-bar chart (or, with --sweep, a heatmap): .png, .svg or .pdf")
+    si.add_argument("--show", action="store_true", help="print the resolved scenario as TOML and exit")
+    si.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar (default: on a terminal)")
+    si.set_defaults(fn=_simulate)
 
     args = p.parse_args(argv)
     if getattr(args, "world_size", 1) < 1 or getattr(args, "rank", 0) < 0:

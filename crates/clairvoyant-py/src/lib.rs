@@ -7,6 +7,7 @@ mod engine;
 mod errors;
 mod model;
 mod schedule;
+mod sim;
 mod source;
 
 #[pymodule]
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     source::register(m)?;
     model::register(m)?;
     engine::register(m)?;
+    sim::register(m)?;
     Ok(())
 }

@@ -238,6 +238,17 @@ impl SweepReport {
 /// Simulate `policy` on every combination of one or two axes applied to the scenario document
 /// `doc` (see [`scenario::set`]); cells run in parallel.
 pub fn sweep(doc: &toml::Table, axes: &[Axis], policy: Policy, progress: &Progress) -> Result<SweepReport> {
+    sweep_with(doc, axes, policy, None, progress)
+}
+
+/// [`sweep`] with the sample sizes given instead of the scenario's.
+fn sweep_with(
+    doc: &toml::Table,
+    axes: &[Axis],
+    policy: Policy,
+    sizes: Option<&[u64]>,
+    progress: &Progress,
+) -> Result<SweepReport> {
     if axes.is_empty() || axes.len() > 2 {
         return Err(Error::config(
             "sweep",
@@ -274,8 +285,19 @@ pub fn sweep(doc: &toml::Table, axes: &[Axis], policy: Policy, progress: &Progre
             docs.push(Scenario::from_doc(&d)?);
         }
     }
-    let base = Scenario::from_doc(doc)?;
-    let sizes = base.sample_sizes();
+    let mut base = Scenario::from_doc(doc)?;
+    let sizes = match sizes {
+        Some(v) => {
+            base.samples = v.len() as u64;
+            base.sizes = scenario::Sizes::Given(v.to_vec());
+            for sc in &mut docs {
+                sc.samples = base.samples;
+                sc.sizes = base.sizes.clone();
+            }
+            base.sample_sizes()
+        }
+        None => base.sample_sizes(),
+    };
     let per_run = Run::new(&base, &sizes, progress)?.samples_per_run();
     progress
         .total
@@ -293,4 +315,61 @@ pub fn sweep(doc: &toml::Table, axes: &[Axis], policy: Policy, progress: &Progre
         cells,
         perfect_seconds: perfect,
     })
+}
+
+/// A whole simulation request, as the CLI and Python take it.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    /// A preset name or a scenario TOML file.
+    pub scenario: String,
+    /// Dotted-key overrides applied in order (`workers=16`, `system.compute_mbps=320`).
+    pub sets: Vec<(String, String)>,
+    /// Policy names; empty = all.
+    pub policies: Vec<String>,
+    /// Sample sizes that replace the scenario's dataset (a real dataset's sizes).
+    pub sizes: Option<Vec<u64>>,
+    /// One or two swept parameters (then exactly one policy, clairvoyant by default).
+    pub sweep: Vec<Axis>,
+}
+
+/// The scenario document a request describes (preset or file, with its overrides).
+pub fn request_doc(req: &Request) -> Result<toml::Table> {
+    let mut doc = scenario::load(&req.scenario)?;
+    for (k, v) in &req.sets {
+        scenario::set(&mut doc, k, v)?;
+    }
+    Ok(doc)
+}
+
+/// Run a request: a policy comparison, or a sweep when axes are given. Returns the JSON
+/// document (`Report::to_json` or `SweepReport::to_json`).
+pub fn run_request(req: &Request, progress: &Progress) -> Result<Value> {
+    let doc = request_doc(req)?;
+    let policies = req
+        .policies
+        .iter()
+        .map(|p| Policy::parse(p))
+        .collect::<Result<Vec<_>>>()?;
+    let given = |mut sc: Scenario| {
+        if let Some(sizes) = &req.sizes {
+            sc.samples = sizes.len() as u64;
+            sc.sizes = scenario::Sizes::Given(sizes.clone());
+        }
+        sc
+    };
+    if req.sweep.is_empty() {
+        let sc = given(Scenario::from_doc(&doc)?);
+        return Ok(simulate(&sc, &policies, progress)?.to_json());
+    }
+    let policy = match policies.as_slice() {
+        [] => Policy::Clairvoyant,
+        [p] => *p,
+        _ => {
+            return Err(Error::config(
+                "policy",
+                format!("a sweep simulates one policy; {} were given", policies.len()),
+            ))
+        }
+    };
+    Ok(sweep_with(&doc, &req.sweep, policy, req.sizes.as_deref(), progress)?.to_json())
 }

@@ -2,7 +2,9 @@
 //!
 //! ```toml
 //! name = "my-cluster"
-//! base = "imagenet-1k"          # optional: start from a preset, override what follows
+//! base = "imagenet-1k"          # optional: start from a preset and override it; without a
+//!                               # base, [system] starts from a 5 GB / 8-thread staging buffer,
+//!                               # the paper's PFS curve and no classes (never this machine)
 //! workers = 16                  # N; one worker per node unless workers_per_node says otherwise
 //! workers_per_node = 1
 //! epochs = 90
@@ -38,7 +40,7 @@
 use std::f64::consts::PI;
 use std::path::{Path, PathBuf};
 
-use clairvoyant_core::model::{format_bytes, parse_bytes, SystemModel};
+use clairvoyant_core::model::{format_bytes, parse_bytes, Curve, PfsSpec, StagingSpec, SystemModel};
 use clairvoyant_core::schedule::{epoch_rng, Layout};
 use clairvoyant_core::source::Source;
 use clairvoyant_core::{Error, Result};
@@ -255,7 +257,7 @@ pub fn from_toml_str(text: &str, origin: &Path) -> Result<toml::Table> {
         }
     }
     let mut doc = match own.remove("base") {
-        None => LASSEN.parse().expect("preset cluster parses"),
+        None => toml::Table::new(),
         Some(toml::Value::String(b)) => preset(&b).map_err(|e| err(&o, "base", e))?,
         Some(v) => {
             return Err(err(
@@ -553,7 +555,7 @@ impl Scenario {
                 }
             }
         }
-        let base = SystemModel::from_toml_str("class = []", Path::new("defaults"))?;
+        let base = neutral_system();
         let system = SystemModel::from_toml_table(&system_doc, Path::new(&origin), base).map_err(|e| match e {
             Error::Config { key, reason } => Error::config(format!("system.{key}"), reason),
             other => other,
@@ -637,6 +639,23 @@ impl Scenario {
     }
 }
 
+/// What a scenario without `base` starts from (never this machine's values): the paper's
+/// 5 GB staging buffer with 8 threads and its PFS curve; no storage classes, no interconnect;
+/// c and β must be given.
+fn neutral_system() -> SystemModel {
+    SystemModel {
+        staging: StagingSpec::new(5_000_000_000, 8),
+        pfs: PfsSpec {
+            read_mbps: Curve(vec![(1.0, 330.0), (2.0, 730.0), (4.0, 1540.0), (8.0, 2870.0)]),
+            open_latency_s: 0.0,
+        },
+        classes: Vec::new(),
+        interconnect_mbps: None,
+        compute_mbps: None,
+        preprocess_mbps: None,
+    }
+}
+
 /// `n` sizes from Normal(mean, std) (bytes), redrawing draws below one byte; Box-Muller on the
 /// documented generator, so the sizes are the same everywhere.
 pub fn draw_sizes(n: u64, mean: f64, std: f64, seed: u64) -> Vec<u64> {
@@ -703,7 +722,8 @@ mod tests {
         assert_eq!(s.system.classes[0].threads, 4, "merged by name");
 
         let bad = |text: &str, key: &str| {
-            let e = from_toml_str(text, Path::new("bad.toml"))
+            let text = format!("base = \"mnist\"\n{text}");
+            let e = from_toml_str(&text, Path::new("bad.toml"))
                 .and_then(|d| Scenario::from_doc(&d))
                 .unwrap_err();
             let msg = e.to_string();
@@ -711,7 +731,6 @@ mod tests {
         };
         bad("workers = 0\n[dataset]\nsamples = 10\nmean = 5", "workers");
         bad("[dataset]\nsamples = 10\nmean = \"x\"", "dataset.mean");
-        bad("[dataset]\nsamples = 10", "dataset.mean");
         bad("[dataset]\nsamples = 10\nmean = 5\nbogus = 1", "dataset.bogus");
         bad(
             "[dataset]\nsamples = 10\nmean = 5\n[system]\ncompute_mbps = -1",
@@ -729,7 +748,23 @@ mod tests {
             "workers = 8\nbatch_size = 4\n[dataset]\nsamples = 3\nmean = 5",
             "batch_size",
         );
-        bad("base = \"nope\"", "base");
+        let e = from_toml_str("base = \"nope\"", Path::new("bad.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("base") && e.contains("bad.toml"), "{e}");
+        let e = from_toml_str("[dataset]\nsamples = 10\nmean = 5", Path::new("bare.toml"))
+            .and_then(|d| Scenario::from_doc(&d))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("system.compute_mbps") && e.contains("bare.toml"), "{e}");
+        let e = from_toml_str(
+            "[dataset]\nsamples = 10\n[system]\ncompute_mbps = 1",
+            Path::new("bare.toml"),
+        )
+        .and_then(|d| Scenario::from_doc(&d))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("dataset.mean"), "{e}");
     }
 
     #[test]

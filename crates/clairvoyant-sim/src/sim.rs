@@ -329,10 +329,10 @@ enum Cache {
     /// Every sample is already in this class on every node (the staging buffer reads from it).
     Everywhere(usize),
     /// One copy per sample (`held`), filled on first read (`admit`) or preassigned and
-    /// preloaded; `cached` lists the samples held, in the order they were taken.
+    /// preloaded; `cached[n]` lists the samples node n holds, in the order they were taken.
     Single {
         held: Vec<Held>,
-        cached: Vec<u32>,
+        cached: Vec<Vec<u32>>,
         /// Bytes used, per node and class.
         used: Vec<Vec<u64>>,
         /// Classes a read sample may be admitted to, in order.
@@ -532,7 +532,7 @@ impl<'r, 'a> Sim<'r, 'a> {
                     class: UNCACHED,
                 },
             ),
-            cached: Vec::new(),
+            cached: vec![Vec::new(); nodes],
             used: vec![vec![0; m.classes.len()]; nodes],
             admit_to,
             admit,
@@ -1203,7 +1203,7 @@ impl Sim<'_, '_> {
                         used[node][j] += s;
                         held[ku].owner = node as u32;
                         held[ku].class = j as u8;
-                        cached.push(k);
+                        cached[node].push(k);
                     }
                     Then::Pfs(slot)
                 }
@@ -1305,8 +1305,10 @@ impl Sim<'_, '_> {
             .unwrap_or(0)
     }
 
-    /// DeepIO's opportunistic mode: once `node`'s memory is full, a sample cached nowhere is
-    /// replaced by a cached one (chosen by a hash of epoch and position), so the PFS is not read.
+    /// DeepIO's opportunistic mode: once `node`'s memory is full, a sample no memory can serve
+    /// (cached nowhere, or on another node without an interconnect) is replaced by one that can
+    /// (any node's, or only this node's without an interconnect), chosen by a hash of epoch,
+    /// node and position: the PFS is not read again.
     fn substitute(&self, node: usize, k: u32, s: u64, epoch: u32, pos: usize) -> Option<u32> {
         let Cache::Single {
             held,
@@ -1320,11 +1322,19 @@ impl Sim<'_, '_> {
         };
         let caps = &self.run.scenario.system.classes;
         let room = admit_to.iter().any(|&j| used[node][j] + s <= caps[j].capacity);
-        if held[k as usize].owner != NONE || room || cached.is_empty() {
+        let owner = held[k as usize].owner;
+        let peers = self.run.scenario.system.interconnect_mbps.is_some();
+        if room || owner == node as u32 || (owner != NONE && peers) {
             return None;
         }
         let h = splitmix(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
-        Some(cached[(h % cached.len() as u64) as usize])
+        let pool: Vec<&Vec<u32>> = if peers {
+            cached.iter().filter(|c| !c.is_empty()).collect()
+        } else {
+            vec![&cached[node]].into_iter().filter(|c| !c.is_empty()).collect()
+        };
+        let list = pool.get((h % pool.len().max(1) as u64) as usize)?;
+        Some(list[(splitmix(h) % list.len() as u64) as usize])
     }
 
     /// Start loading the cache entries a fetch of `k` by `node` will read.
