@@ -19,7 +19,7 @@ type Outcome = Option<Result<String, Error>>;
 pub struct Simulation {
     progress: Arc<Progress>,
     outcome: Arc<Mutex<Outcome>>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 fn request(
@@ -72,7 +72,7 @@ impl Simulation {
         Ok(Simulation {
             progress,
             outcome,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -97,11 +97,11 @@ impl Simulation {
     /// Wait up to `timeout` seconds (None: until done) and return the result as JSON text, or
     /// None on timeout. Raises the simulation's error. Ctrl-C cancels the simulation.
     #[pyo3(signature = (timeout=None))]
-    fn result(&mut self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<String>> {
+    fn result(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<String>> {
         let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
         loop {
             if let Some(r) = self.outcome.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                if let Some(t) = self.thread.take() {
+                if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
                     py.detach(|| t.join()).ok();
                 }
                 return r.map(Some).map_err(to_py);

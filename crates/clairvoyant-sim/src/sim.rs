@@ -451,8 +451,11 @@ struct Sim<'r, 'a> {
     /// When each thread is free next: worker w's staging threads are slots
     /// `w*threads..(w+1)*threads`, fill list i's threads `fill_slots[i]`.
     free: Vec<f64>,
-    /// When each thread's PFS read ends (0 when it has none in flight).
+    /// Each thread's PFS read: when its transfer starts (after the open latency) and ends.
+    pfs_begin: Vec<f64>,
     pfs_end: Vec<f64>,
+    /// Until when the bytes admitted so far keep the PFS busy at its aggregate rate.
+    pfs_pipe: f64,
     cache: Cache,
     order: Order,
     fills: Vec<FillList>,
@@ -778,7 +781,9 @@ impl<'r, 'a> Sim<'r, 'a> {
             pfs_latency: m.pfs.open_latency_s,
             pfs_spb,
             free: vec![0.0; next_slot],
+            pfs_begin: vec![0.0; next_slot],
             pfs_end: vec![0.0; next_slot],
+            pfs_pipe: 0.0,
             cache,
             order,
             fills,
@@ -1137,7 +1142,9 @@ impl Sim<'_, '_> {
 
     /// A PFS read of `s` bytes starting at `t`; returns when it ends.
     fn pfs_read(&mut self, id: u32, t: f64, s: u64) -> f64 {
-        let end = t + self.pfs_estimate(t, s);
+        let (end, pipe) = self.pfs_timing(t, s);
+        self.pfs_pipe = pipe;
+        self.pfs_begin[id as usize] = t + self.pfs_latency;
         self.pfs_end[id as usize] = end;
         self.pfs_bytes += s;
         end
@@ -1145,11 +1152,29 @@ impl Sim<'_, '_> {
 
     /// Seconds a PFS read of `s` bytes starting at `t` would take.
     fn pfs_estimate(&self, t: f64, s: u64) -> f64 {
-        // γ: reads in flight at t, plus this one. A scan of one f64 per thread is faster than
-        // keeping a heap of end times.
-        let busy = self.pfs_end.iter().filter(|&&e| e > t).count();
+        self.pfs_timing(t, s).0 - t
+    }
+
+    /// When a PFS read of `s` bytes starting at `t` ends, and the file system's new aggregate
+    /// horizon. The read waits out the open latency (using no bandwidth), then transfers at
+    /// t(γ)/γ, γ being the transfers in progress when it starts, this one included. Its bytes
+    /// are also queued behind all bytes already admitted at the aggregate rate t(γ) (the
+    /// horizon), so that readers that start later and overlap it cannot push the aggregate past
+    /// t(γ): the read ends at the later of the two. A scan of one pair per thread is faster
+    /// than keeping a heap of end times.
+    fn pfs_timing(&self, t: f64, s: u64) -> (f64, f64) {
+        let at = t + self.pfs_latency;
+        let busy = self
+            .pfs_begin
+            .iter()
+            .zip(&self.pfs_end)
+            .filter(|&(&b, &e)| b <= at && e > at)
+            .count();
         let g = (busy + 1).min(self.pfs_spb.len() - 1);
-        self.pfs_latency + s as f64 * self.pfs_spb[g]
+        let sf = s as f64;
+        let own = at + sf * self.pfs_spb[g];
+        let pipe = self.pfs_pipe.max(at) + sf * self.pfs_spb[g] / g as f64;
+        (own.max(pipe), pipe)
     }
 
     /// Bring sample `k` (`s` bytes) for a worker of `node` starting at `t`: where it was read

@@ -1,0 +1,164 @@
+"""The simulator against the training benchmark: predict the benchmark's epoch times from its
+configuration and compare them with what was measured.
+
+The mapping (nothing is fitted to the measured times):
+- the emulated file system is the PFS: t(γ) = its shared bandwidth for any γ, plus its per-open
+  latency;
+- the accelerator is c = the benchmark's bytes per second per rank;
+- β is measured here, on this machine, on the benchmark's own JPEGs in one process: for
+  clairvoyant decode + transform (what its decode workers do), for PyTorch its DataLoader
+  pipeline over a file system without latency or bandwidth limit (decode, transform, Python
+  per-sample work, collation);
+- PyTorch's DataLoader with one worker process per rank and ``prefetch_factor`` 2 is the
+  StagingBuffer policy with one thread that reads and decodes each sample, and room for the
+  batch in use plus two prefetched ones;
+- clairvoyant (two ranks sharing one node cache) is the Clairvoyant policy with
+  ``workers_per_node`` 2 and the engine's configuration (staging buffer, threads, memory
+  class); its decode runs in one worker process per rank beside the staging threads, so β is
+  spread over the staging threads (β / threads each).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Optional
+
+DECODE_SAMPLE = 400  # JPEGs decoded to measure β
+
+
+def measure_decode_mbps(paths: list, seed: int = 0) -> float:
+    """β: MB/s of reading + decoding + transforming the benchmark's JPEGs in one process
+    (files read from the page cache; the transform of the benchmark)."""
+    from . import demo
+    from .torch import pil_loader
+
+    transform = demo._transform()
+    pick = random.Random(seed).sample(list(paths), min(DECODE_SAMPLE, len(paths)))
+    blobs = [Path(p).read_bytes() for p in pick]
+    for b in blobs[:20]:  # warm up imports and caches
+        transform(pil_loader(b))
+    t = time.perf_counter()
+    for b in blobs:
+        transform(pil_loader(b))
+    return sum(len(b) for b in blobs) / (time.perf_counter() - t) / 1e6
+
+
+def measure_pytorch_mbps(paths: list, labels: list, state: Path, batch_size: int, seed: int = 0) -> float:
+    """β of PyTorch's pipeline: MB/s of its DataLoader in one process over the benchmark's
+    dataset class with a file system of no latency and unbounded bandwidth: decode, transform,
+    per-sample Python work and collation, no waiting for I/O."""
+    from torch.utils.data import DataLoader, Subset
+
+    from . import demo
+
+    pick = random.Random(seed).sample(range(len(paths)), min(DECODE_SAMPLE, len(paths)))
+    dataset = demo.FsImageFolder(paths, labels, (str(state), 0.0, 1e9), demo._transform())
+    loader = DataLoader(Subset(dataset, pick), batch_size=batch_size, num_workers=0)
+    for i, _ in enumerate(loader):  # warm up: imports, the file system state, page cache
+        if i == 1:
+            break
+    t = time.perf_counter()
+    for _ in loader:
+        pass
+    return sum(Path(paths[k]).stat().st_size for k in pick) / (time.perf_counter() - t) / 1e6
+
+
+def _scenario(name: str, cfg: dict, sizes: list, beta: float, system: str, workers_per_node: int) -> str:
+    return f"""
+name = "{name}"
+workers = {cfg['ranks']}
+workers_per_node = {workers_per_node}
+epochs = {cfg['epochs']}
+batch_size = {cfg['batch_size']}
+seed = {cfg['seed']}
+[dataset]
+samples = {len(sizes)}
+mean = 1
+[system]
+compute_mbps = {cfg['compute_bytes_per_second_per_rank'] / 1e6!r}
+preprocess_mbps = {beta!r}
+{system}
+[system.pfs]
+read_mbps = {float(cfg['bandwidth_mbps'])!r}
+open_latency_ms = {float(cfg['open_latency_ms'])!r}
+"""
+
+
+def predict(training: dict, data_dir: Path, out_dir: Path, log=print) -> dict:
+    """Simulated and measured epoch times of both loaders of a training benchmark result."""
+    from . import config, simulator
+    from .sources import ImageFolder
+
+    cfg = training["config"]
+    src = ImageFolder(data_dir)
+    sizes = [src.size(k) for k in range(len(src))]
+    paths = src.paths
+    log("validation: measuring preprocessing throughput (beta) of both pipelines on the benchmark's JPEGs ...")
+    beta = measure_decode_mbps(paths)
+    beta_pytorch = measure_pytorch_mbps(paths, list(src.labels), out_dir / "validate-fs.state", cfg["batch_size"])
+    mean = sum(sizes) / len(sizes)
+    batch_bytes = mean * cfg["batch_size"]
+    workers = cfg["num_workers_per_rank"]
+    _, engine_toml = config.resolve(None)
+    import tomllib
+
+    engine = tomllib.loads(engine_toml)
+    threads = int(engine["staging"]["threads"])
+    memory = next((c for c in engine.get("class", []) if c.get("kind") == "memory"), None)
+
+    pytorch_system = (
+        "class = []\n[system.staging]\n"
+        f"capacity = {int(batch_bytes * (1 + 2 * workers))}\nthreads = {workers}\nwrite_mbps = 100000.0\n"
+    )
+    memory_lines = ""
+    if memory is not None:
+        memory_lines = (
+            "[[system.class]]\nname = \"memory\"\nkind = \"memory\"\n"
+            f"capacity = {memory['capacity']!r}\nthreads = {int(memory['threads'])}\n"
+            f"read_mbps = {memory['read_mbps']!r}\nwrite_mbps = {memory['write_mbps']!r}\n"
+        )
+    clairvoyant_system = (
+        f"[system.staging]\ncapacity = {engine['staging']['capacity']!r}\nthreads = {threads}\n"
+        f"write_mbps = {engine['staging']['write_mbps']!r}\n" + memory_lines
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    for loader, policy, system, wpn, b in (
+        ("pytorch", "staging-buffer", pytorch_system, 1, beta_pytorch),
+        ("clairvoyant", "clairvoyant", clairvoyant_system, cfg["ranks"], beta * workers / threads),
+    ):
+        path = out_dir / f"validate-{loader}.toml"
+        path.write_text(_scenario(f"bench-{loader}", cfg, sizes, b, system, wpn))
+        r = simulator.simulate(path, [policy], sizes=sizes, progress=False)
+        predicted = r.data["policies"][policy]["epoch_seconds"]
+        measured = training["epoch_seconds"][loader]
+        rows[loader] = {
+            "policy": policy,
+            "scenario_file": str(path),
+            "predicted": predicted,
+            "measured": measured,
+            "error": [p / m - 1 for p, m in zip(predicted, measured)],
+        }
+    return {"beta_mbps": beta, "beta_pytorch_mbps": beta_pytorch, "mean_sample_bytes": mean, "loaders": rows}
+
+
+def markdown(v: dict) -> str:
+    from . import _report
+
+    rows = []
+    for loader, r in v["loaders"].items():
+        for e, (p, m, err) in enumerate(zip(r["predicted"], r["measured"], r["error"])):
+            rows.append([f"{loader} (simulated as {r['policy']})", e, m, p, f"{err:+.1%}"])
+    worst: Optional[float] = max((abs(e) for r in v["loaders"].values() for e in r["error"]), default=None)
+    return "\n".join(
+        [
+            f"Simulator against the measured run. β measured on this machine in one process: decode + transform "
+            f"{v['beta_mbps']:.1f} MB/s (clairvoyant's decode workers), PyTorch's DataLoader pipeline without I/O "
+            f"{v['beta_pytorch_mbps']:.1f} MB/s; mean sample {v['mean_sample_bytes'] / 1e3:.1f} kB. "
+            f"Largest error {worst:.1%} (target 15%).",
+            "",
+            _report.markdown_table(["loader", "epoch", "measured s", "simulated s", "error"], rows),
+        ]
+    )

@@ -1,0 +1,159 @@
+"""The simulator from Python and from the command line: result shape, overrides, sweeps,
+errors, plots."""
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import clairvoyant
+from clairvoyant import _native, cli
+from clairvoyant.simulator import presets, scenario_toml
+
+POLICIES = [
+    "perfect",
+    "naive",
+    "staging-buffer",
+    "deepio-ordered",
+    "deepio-opportunistic",
+    "parallel-staging",
+    "lbann-dynamic",
+    "lbann-preloading",
+    "locality-aware",
+    "clairvoyant",
+]
+
+
+def test_presets_and_policies_are_the_documented_names():
+    assert presets() == ["mnist", "imagenet-1k", "openimages", "imagenet-22k", "cosmoflow", "cosmoflow-512"]
+    assert clairvoyant.simulator.policies() == POLICIES
+
+
+def test_simulate_returns_every_policy_with_the_documented_shape():
+    r = clairvoyant.simulate("mnist", epochs=2, progress=False)
+    assert list(r.policies) == POLICIES
+    assert r.data["scenario"] == "mnist" and r.data["epochs"] == 2
+    for name, p in r.data["policies"].items():
+        assert set(p) >= {"total_seconds", "relative_to_perfect", "seconds_by_location", "full_randomization", "error"}
+        assert p["error"] is None
+        assert abs(sum(p["seconds_by_location"].values()) - p["total_seconds"]) < 1e-6 * p["total_seconds"]
+        assert p["relative_to_perfect"] >= 1.0 - 1e-9, name
+    assert r.policies["perfect"].relative_to_perfect == 1.0
+    assert r.policies["naive"].relative_to_perfect > 1.2  # no prefetching stalls
+    assert not r.policies["parallel-staging"].full_randomization
+    text = r.table()
+    assert "naive" in text and "vs perfect" in text
+    assert json.loads(r.to_json())["policies"].keys() == r.data["policies"].keys()
+
+
+def test_same_seed_same_result_and_the_seed_matters():
+    a = clairvoyant.simulate("mnist", ["clairvoyant", "locality-aware"], epochs=2, seed=3, progress=False)
+    b = clairvoyant.simulate("mnist", ["clairvoyant", "locality-aware"], epochs=2, seed=3, progress=False)
+    c = clairvoyant.simulate("mnist", ["clairvoyant", "locality-aware"], epochs=2, seed=4, progress=False)
+    assert a.data == b.data
+    assert a.data["policies"]["locality-aware"] != c.data["policies"]["locality-aware"]
+
+
+def test_lbann_reports_an_error_instead_of_a_time_beyond_aggregate_memory():
+    r = clairvoyant.simulate("cosmoflow", ["lbann-dynamic"], epochs=1, progress=False)
+    p = r.data["policies"]["lbann-dynamic"]
+    assert p["total_seconds"] is None and p["relative_to_perfect"] is None
+    assert "exceeds the aggregate memory" in p["error"]
+
+
+def test_overrides_and_real_sizes():
+    r = clairvoyant.simulate("mnist", ["staging-buffer"], workers=2, epochs=1, set={"system.compute_mbps": 1.0}, progress=False)
+    assert r.data["workers"] == 2
+    # c = 1 MB/s: the run is compute bound, 50,000 x 760 B / (2 x 1 MB/s) = 19 s.
+    assert abs(r.data["policies"]["perfect"]["total_seconds"] - 19.0) < 0.1
+    r = clairvoyant.simulate("mnist", ["perfect"], epochs=1, sizes=[1000] * 640, progress=False)
+    assert r.data["samples"] == 640 and r.data["dataset_bytes"] == 640_000
+
+
+def test_sweep_grid():
+    s = clairvoyant.simulate("mnist", epochs=1, sweep={"ram": [0.01, 1], "ssd": [0, 1, 2]}, progress=False)
+    assert isinstance(s, clairvoyant.SweepResult)
+    d = s.data
+    assert d["policy"] == "clairvoyant"
+    assert [a["key"] for a in d["sweep"]] == ["ram", "ssd"] and d["sweep"][0]["unit"] == "GB"
+    assert len(d["total_seconds"]) == 2 and all(len(row) == 3 for row in d["total_seconds"])
+    assert d["perfect_seconds"] > 0
+    assert "ram=0.01GB" in s.table()
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"scenario": "nope"}, "scenario"),
+        ({"scenario": "mnist", "policies": ["fastest"]}, "policy"),
+        ({"scenario": "mnist", "workers": 0}, "workers"),
+        ({"scenario": "mnist", "set": {"system.class.nvme.capacity": "1GB"}}, "nvme"),
+        ({"scenario": "mnist", "set": {"dataset.mean": "huge"}}, "dataset.mean"),
+        ({"scenario": "mnist", "sweep": {"ram": [1], "ssd": [1], "staging": [1]}}, "sweep"),
+    ],
+)
+def test_bad_requests_name_the_field(kwargs, field):
+    with pytest.raises(clairvoyant.ConfigError, match=field.replace(".", r"\.")):
+        clairvoyant.simulate(progress=False, **kwargs)
+
+
+def test_scenario_file_with_base(tmp_path):
+    f = tmp_path / "cluster.toml"
+    f.write_text('base = "mnist"\nworkers = 2\nepochs = 1\n[[system.class]]\nname = "ram"\ncapacity = "1GB"\n')
+    r = clairvoyant.simulate(f, ["clairvoyant"], progress=False)
+    assert r.data["scenario"] == "cluster" and r.data["workers"] == 2
+    text = scenario_toml(f)
+    assert 'name = "ram"' in text and "ssd" not in text
+    f.write_text("workers = 2\n[dataset]\nsamples = 10\nmean = 5\n")
+    with pytest.raises(clairvoyant.ConfigError, match=r"system\.compute_mbps.*cluster\.toml"):
+        clairvoyant.simulate(f, progress=False)
+
+
+def test_cancel_raises_cancelled():
+    sim = _native.Simulation("imagenet-1k", ["staging-buffer"], [("workers", "16")], None, [])
+    threading.Timer(0.3, sim.cancel).start()
+    with pytest.raises(clairvoyant.CancelledError):
+        sim.result()
+
+
+def test_progress_reaches_the_total():
+    sim = _native.Simulation("mnist", ["naive"], [("epochs", "2")], None, [])
+    assert sim.result() is not None
+    done, total = sim.progress()
+    assert total > 0 and done == total
+
+
+def test_cli_json_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "policies.png"
+    rc = cli.main(["simulate", "--scenario", "mnist", "--epochs", "1", "--policy", "naive,clairvoyant", "--json", "--plot", str(png)])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data["policies"]) == ["perfect", "naive", "clairvoyant"]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    heat = tmp_path / "sweep.svg"
+    rc = cli.main(["simulate", "--scenario", "mnist", "--epochs", "1", "--sweep", "ram=0.01,1", "--plot", str(heat)])
+    assert rc == 0
+    assert "<svg" in heat.read_text()
+    assert "ram=1GB" in capsys.readouterr().out
+
+
+def test_cli_errors_and_show(capsys):
+    assert cli.main(["simulate", "--scenario", "mnist", "--set", "epochs=x"]) == 1
+    assert "epochs" in capsys.readouterr().err
+    assert cli.main(["simulate", "--scenario", "mnist", "--show", "--set", "workers=8"]) == 0
+    out = capsys.readouterr().out
+    assert "workers = 8" in out and "[dataset]" in out
+
+
+def test_command_line_entry_point():
+    out = subprocess.run(
+        [sys.executable, "-m", "clairvoyant", "simulate", "--scenario", "mnist", "--epochs", "1", "--policy", "naive"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "naive" in out.stdout
