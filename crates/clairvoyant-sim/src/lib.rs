@@ -117,7 +117,7 @@ pub fn simulate(scenario: &Scenario, policies: &[Policy], progress: &Progress) -
 }
 
 /// Relative cost of simulating a policy, for scheduling the longest first.
-fn cost(p: Policy) -> u32 {
+pub(crate) fn cost(p: Policy) -> u32 {
     match p {
         Policy::Clairvoyant => 4,
         Policy::LocalityAware | Policy::DeepIoOpportunistic | Policy::DeepIoOrdered | Policy::LbannDynamic => 2,

@@ -195,18 +195,37 @@ impl<'a> Run<'a> {
         let per_epoch: u64 = batches.iter().flatten().map(|b| b.end - b.start).sum();
         let mut perfect = Vec::with_capacity(self.scenario.epochs as usize);
         let want_perfect = slots.iter().any(|s| matches!(s, Slot::Perfect));
+        // Advance the costliest simulations first so that none starts last and runs alone; the
+        // next epoch's order is shuffled meanwhile.
+        let mut busy: Vec<(usize, &mut Box<Sim>)> = slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Slot::Sim(sim) => Some((i, sim)),
+                _ => None,
+            })
+            .collect();
+        busy.sort_by_key(|(i, sim)| (std::cmp::Reverse(crate::cost(sim.policy)), *i));
+        let mut next = (self.scenario.epochs > 0).then(|| EpochData::new(self, 0));
         for e in 0..self.scenario.epochs {
             check_cancel(self.progress)?;
-            let data = Arc::new(EpochData::new(self, e));
+            let data = Arc::new(next.take().expect("prepared"));
             if want_perfect {
                 perfect.push(data.perfect_seconds(&batches, self.scenario.compute_bps()));
                 self.progress.done.fetch_add(per_epoch, AtOrd::Relaxed);
             }
-            slots.par_iter_mut().with_max_len(1).try_for_each(|slot| match slot {
-                Slot::Sim(sim) => sim.advance(e, data.clone()),
-                _ => Ok(()),
-            })?;
+            let (advanced, prepared) = rayon::join(
+                || {
+                    busy.par_iter_mut()
+                        .with_max_len(1)
+                        .try_for_each(|(_, sim)| sim.advance(e, data.clone()))
+                },
+                || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
+            );
+            advanced?;
+            next = prepared;
         }
+        drop(busy);
         slots
             .into_iter()
             .map(|slot| match slot {
@@ -232,16 +251,21 @@ impl EpochData {
     }
 
     /// The workers' streams under the engine's layout (copies of ranges: no lookups).
-    fn streams(&self, layout: &Layout) -> Vec<Stream> {
-        (0..layout.world_size)
-            .map(|r| {
-                let mut st = Stream {
+    /// `spare` streams' buffers are reused (no fresh pages to fault in every epoch).
+    fn streams(&self, batches: &[Vec<std::ops::Range<u64>>], spare: &mut Vec<Stream>) -> Vec<Stream> {
+        batches
+            .iter()
+            .map(|rank| {
+                let mut st = spare.pop().unwrap_or_else(|| Stream {
                     samples: Vec::new(),
                     sizes: Vec::new(),
                     batch_ends: Vec::new(),
                     known: Vec::new(),
-                };
-                for b in layout.rank_batches(r) {
+                });
+                st.samples.clear();
+                st.sizes.clear();
+                st.batch_ends.clear();
+                for b in rank {
                     let (lo, hi) = (b.start as usize, b.end as usize);
                     st.samples.extend_from_slice(&self.order[lo..hi]);
                     st.sizes.extend_from_slice(&self.sizes[lo..hi]);
@@ -451,9 +475,8 @@ struct Sim<'r, 'a> {
     /// When each thread is free next: worker w's staging threads are slots
     /// `w*threads..(w+1)*threads`, fill list i's threads `fill_slots[i]`.
     free: Vec<f64>,
-    /// Each thread's PFS read: when its transfer starts (after the open latency) and ends.
-    pfs_begin: Vec<f64>,
-    pfs_end: Vec<f64>,
+    /// End times of the PFS transfers in progress, ascending.
+    pfs_active: VecDeque<f64>,
     /// Until when the bytes admitted so far keep the PFS busy at its aggregate rate.
     pfs_pipe: f64,
     cache: Cache,
@@ -463,6 +486,10 @@ struct Sim<'r, 'a> {
     fill_slots: Vec<std::ops::Range<usize>>,
     /// Epoch streams handed out, with the number of workers that have not left the epoch.
     streams: HashMap<u32, (Arc<Vec<Stream>>, usize)>,
+    /// Buffers of streams no worker uses any more.
+    spare: Vec<Stream>,
+    /// Every worker's batches (ranges of an epoch's global order) under the engine's layout.
+    batches: Vec<Vec<std::ops::Range<u64>>>,
     /// Epochs' global orders handed in by the driver and not yet made into streams.
     epoch_data: HashMap<u32, Arc<EpochData>>,
     started: bool,
@@ -781,8 +808,7 @@ impl<'r, 'a> Sim<'r, 'a> {
             pfs_latency: m.pfs.open_latency_s,
             pfs_spb,
             free: vec![0.0; next_slot],
-            pfs_begin: vec![0.0; next_slot],
-            pfs_end: vec![0.0; next_slot],
+            pfs_active: VecDeque::new(),
             pfs_pipe: 0.0,
             cache,
             order,
@@ -790,6 +816,11 @@ impl<'r, 'a> Sim<'r, 'a> {
             fill_slots,
             streams: HashMap::new(),
             epoch_data: HashMap::new(),
+            spare: Vec::new(),
+            batches: {
+                let layout = run.layout();
+                (0..sc.workers).map(|r| layout.rank_batches(r)).collect()
+            },
             started: false,
             finished: false,
             iters_per_epoch,
@@ -946,17 +977,24 @@ impl Sim<'_, '_> {
     fn enter_epoch(&mut self, w: usize, e: u32) {
         let f = &mut self.fetchers[w];
         let prev = f.stream.take();
-        if prev.is_some() {
-            let left = f.epoch;
+        let left_epoch = prev.is_some();
+        drop(prev);
+        if left_epoch {
+            let left = self.fetchers[w].epoch;
             if let Some(entry) = self.streams.get_mut(&left) {
                 entry.1 -= 1;
                 if entry.1 == 0 {
-                    self.streams.remove(&left);
+                    // Every worker has left the epoch: keep its buffers for a later one.
+                    if let Some((arc, _)) = self.streams.remove(&left) {
+                        if let Ok(streams) = Arc::try_unwrap(arc) {
+                            self.spare.extend(streams);
+                        }
+                    }
                 }
             }
         }
         let f = &mut self.fetchers[w];
-        if prev.is_some() {
+        if left_epoch {
             f.iter_base += self.iters_per_epoch;
         }
         f.epoch = e;
@@ -974,7 +1012,9 @@ impl Sim<'_, '_> {
             };
             let mut streams = self.make_epoch(e, &data);
             for (w, st) in streams.iter_mut().enumerate() {
-                st.known = self.known(w / self.wpn, &st.samples);
+                let mut known = std::mem::take(&mut st.known);
+                self.known(w / self.wpn, &st.samples, &mut known);
+                st.known = known;
             }
             self.streams.insert(e, (Arc::new(streams), self.workers));
         }
@@ -999,7 +1039,7 @@ impl Sim<'_, '_> {
                 .collect()
         };
         match &self.order {
-            Order::Global | Order::Opportunistic => data.streams(&run.layout()),
+            Order::Global | Order::Opportunistic => data.streams(&self.batches, &mut self.spare),
 
             Order::Locality => {
                 let streams = run.schedule.split(e, &data.order, &ranks).expect("validated layout");
@@ -1052,7 +1092,15 @@ impl Sim<'_, '_> {
         let mine = &stream[w];
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
         let (mut k, mut s) = (mine.samples[pos], mine.sizes[pos]);
-        if epoch > 0 && matches!(self.order, Order::Opportunistic) {
+        // A sample known to be servable from memory (a final entry: here, or on a peer that
+        // can be reached) is never replaced.
+        let peers = self.run.scenario.system.interconnect_mbps.is_some();
+        let node = (w / self.wpn) as u32;
+        let cached = mine
+            .known
+            .get(pos)
+            .is_some_and(|h| h.avail.is_finite() && (h.owner == node || (h.owner != NONE && peers)));
+        if epoch > 0 && !cached && matches!(self.order, Order::Opportunistic) {
             if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos) {
                 (k, s) = (other, self.run.sizes[other as usize]);
                 self.substituted += 1;
@@ -1093,7 +1141,7 @@ impl Sim<'_, '_> {
         };
         let (loc, fetched) = match known.and_then(|h| self.fetch_known(node, h, s, t)) {
             Some(done) => done,
-            None => self.fetch(id, node, k, s, t, epoch),
+            None => self.fetch(node, k, s, t, epoch),
         };
         self.loc_seconds[loc] += fetched - t;
         self.loc_samples[loc] += 1;
@@ -1141,17 +1189,18 @@ impl Sim<'_, '_> {
     }
 
     /// A PFS read of `s` bytes starting at `t`; returns when it ends.
-    fn pfs_read(&mut self, id: u32, t: f64, s: u64) -> f64 {
+    fn pfs_read(&mut self, t: f64, s: u64) -> f64 {
         let (end, pipe) = self.pfs_timing(t, s);
         self.pfs_pipe = pipe;
-        self.pfs_begin[id as usize] = t + self.pfs_latency;
-        self.pfs_end[id as usize] = end;
+        // Keep the ends sorted: a new end is nearly always among the last.
+        let at = self.pfs_active.iter().rposition(|&e| e <= end).map_or(0, |i| i + 1);
+        self.pfs_active.insert(at, end);
         self.pfs_bytes += s;
         end
     }
 
     /// Seconds a PFS read of `s` bytes starting at `t` would take.
-    fn pfs_estimate(&self, t: f64, s: u64) -> f64 {
+    fn pfs_estimate(&mut self, t: f64, s: u64) -> f64 {
         self.pfs_timing(t, s).0 - t
     }
 
@@ -1160,16 +1209,14 @@ impl Sim<'_, '_> {
     /// t(γ)/γ, γ being the transfers in progress when it starts, this one included. Its bytes
     /// are also queued behind all bytes already admitted at the aggregate rate t(γ) (the
     /// horizon), so that readers that start later and overlap it cannot push the aggregate past
-    /// t(γ): the read ends at the later of the two. A scan of one pair per thread is faster
-    /// than keeping a heap of end times.
-    fn pfs_timing(&self, t: f64, s: u64) -> (f64, f64) {
+    /// t(γ): the read ends at the later of the two. Reads start in time order (events are
+    /// processed in time order), so the transfers in progress are a sorted queue of end times.
+    fn pfs_timing(&mut self, t: f64, s: u64) -> (f64, f64) {
         let at = t + self.pfs_latency;
-        let busy = self
-            .pfs_begin
-            .iter()
-            .zip(&self.pfs_end)
-            .filter(|&(&b, &e)| b <= at && e > at)
-            .count();
+        while self.pfs_active.front().is_some_and(|&e| e <= at) {
+            self.pfs_active.pop_front();
+        }
+        let busy = self.pfs_active.len();
         let g = (busy + 1).min(self.pfs_spb.len() - 1);
         let sf = s as f64;
         let own = at + sf * self.pfs_spb[g];
@@ -1179,7 +1226,7 @@ impl Sim<'_, '_> {
 
     /// Bring sample `k` (`s` bytes) for a worker of `node` starting at `t`: where it was read
     /// from and when the read ended.
-    fn fetch(&mut self, id: u32, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> (usize, f64) {
+    fn fetch(&mut self, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> (usize, f64) {
         let ku = k as usize;
         let sf = s as f64;
         // Decide with the cache borrowed, then read.
@@ -1250,9 +1297,9 @@ impl Sim<'_, '_> {
         };
         let (loc, end, keep) = match then {
             Then::Done(loc, end) => return (loc, end),
-            Then::Pfs(keep) => (LOC_PFS, self.pfs_read(id, t, s), keep),
+            Then::Pfs(keep) => (LOC_PFS, self.pfs_read(t, s), keep),
             Then::Elsewhere(keep) => {
-                let (loc, end) = self.fetch_elsewhere(id, node, k, s, t);
+                let (loc, end) = self.fetch_elsewhere(node, k, s, t);
                 (loc, end, keep)
             }
         };
@@ -1263,7 +1310,7 @@ impl Sim<'_, '_> {
     }
 
     /// Read `k` for `node` from a peer that has it by `t` when that is faster, else from the PFS.
-    fn fetch_elsewhere(&mut self, id: u32, node: usize, k: u32, s: u64, t: f64) -> (usize, f64) {
+    fn fetch_elsewhere(&mut self, node: usize, k: u32, s: u64, t: f64) -> (usize, f64) {
         let ku = k as usize;
         if let Cache::Placed { first, .. } = &self.cache {
             let c = first[ku];
@@ -1278,26 +1325,24 @@ impl Sim<'_, '_> {
                 }
             }
         }
-        (LOC_PFS, self.pfs_read(id, t, s))
+        (LOC_PFS, self.pfs_read(t, s))
     }
 
     /// The cache entries of `samples` for `node` now (gathered in one pass, which overlaps the
     /// memory accesses).
-    fn known(&self, node: usize, samples: &[u32]) -> Vec<Held> {
+    fn known(&self, node: usize, samples: &[u32], out: &mut Vec<Held>) {
+        out.clear();
         match &self.cache {
-            Cache::Single { held, .. } => samples.iter().map(|&k| held[k as usize]).collect(),
-            Cache::Placed { local, .. } => samples
-                .iter()
-                .map(|&k| {
-                    let slot = local[node][k as usize];
-                    Held {
-                        avail: slot.avail,
-                        owner: node as u32,
-                        class: slot.class,
-                    }
-                })
-                .collect(),
-            _ => Vec::new(),
+            Cache::Single { held, .. } => out.extend(samples.iter().map(|&k| held[k as usize])),
+            Cache::Placed { local, .. } => out.extend(samples.iter().map(|&k| {
+                let slot = local[node][k as usize];
+                Held {
+                    avail: slot.avail,
+                    owner: node as u32,
+                    class: slot.class,
+                }
+            })),
+            _ => {}
         }
     }
 
@@ -1346,10 +1391,12 @@ impl Sim<'_, '_> {
             return None;
         };
         let caps = &self.run.scenario.system.classes;
-        let room = admit_to.iter().any(|&j| used[node][j] + s <= caps[j].capacity);
+        if admit_to.iter().any(|&j| used[node][j] + s <= caps[j].capacity) {
+            return None; // room left: the sample is read and kept
+        }
         let owner = held[k as usize].owner;
         let peers = self.run.scenario.system.interconnect_mbps.is_some();
-        if room || owner == node as u32 || (owner != NONE && peers) {
+        if owner == node as u32 || (owner != NONE && peers) {
             return None;
         }
         let h = splitmix(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
@@ -1428,7 +1475,7 @@ impl Sim<'_, '_> {
             }
         };
         let s = self.run.sizes[k as usize];
-        let (_, end) = self.fetch_elsewhere(id, node, k, s, t);
+        let (_, end) = self.fetch_elsewhere(node, k, s, t);
         let done = end + s as f64 * self.class_write_spb[class];
         self.publish(node, k, class, done);
         self.free[id as usize] = done;
@@ -1502,6 +1549,11 @@ fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<Ra
             batch_ends: Vec::with_capacity(nb),
         })
         .collect();
+    // Owners gathered first, in one pass (the lookups are random; this way they overlap).
+    let owners: Vec<Vec<u32>> = streams
+        .iter()
+        .map(|s| s.samples.iter().map(|&k| held[k as usize].owner).collect())
+        .collect();
     let mut room = vec![0usize; workers];
     let mut rest = Vec::new();
     for b in 0..nb {
@@ -1510,10 +1562,10 @@ fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<Ra
             let start = if b == 0 { 0 } else { s.batch_ends[b - 1] as usize };
             room[w] = s.batch_ends[b] as usize - start;
         }
-        for s in streams {
+        for (s, own) in streams.iter().zip(&owners) {
             let start = if b == 0 { 0 } else { s.batch_ends[b - 1] as usize };
-            for &k in &s.samples[start..s.batch_ends[b] as usize] {
-                let o = held[k as usize].owner;
+            let end = s.batch_ends[b] as usize;
+            for (&k, &o) in s.samples[start..end].iter().zip(&own[start..end]) {
                 let target = if o == NONE {
                     None
                 } else {
