@@ -7,6 +7,9 @@
     ``_validate``); predicted and measured are printed side by side.
 (b) Per-sample overhead: 50,000 page-cached 1 KB files, samples/s of ``job.batches`` against
     ``torch.utils.data.DataLoader`` (a plain file-reading dataset, 2 workers, batch 256).
+(c) Resident memory of a job above its configured capacities.
+(d) The simulator: all policies on ImageNet-1k, 16 workers, 90 epochs, wall time and peak
+    memory in a fresh process.
 
 Every target is printed as met or missed with its margin, followed by a markdown table (with
 command, machine and date) for docs/benchmarks.md; ``--json`` prints the figures as JSON instead.
@@ -34,6 +37,8 @@ TARGETS = {
     "speedup_epochs_ge1": 1.8,  # pytorch epoch time / clairvoyant epoch time (at least)
     "memory_overhead_mb": 150.0,  # resident growth - (staging + memory class), MB (at most)
     "overhead_ratio": 5.0,  # job.batches samples/s / DataLoader samples/s (at least)
+    "simulator_seconds": 60.0,  # all policies, ImageNet-1k, 16 workers, 90 epochs (at most)
+    "simulator_memory_gib": 2.0,  # its peak resident memory (at most)
 }
 
 
@@ -219,6 +224,31 @@ def bench_memory(log, samples: int = 150_000, size: int = 2048, memory: str = "1
 
 
 # -- reporting -------------------------------------------------------------------------------
+# -- (d) the simulator -------------------------------------------------------------------------
+SIMULATOR_ARGS = ["simulate", "--scenario", "imagenet-1k", "--workers", "16", "--epochs", "90", "--json", "--no-progress"]
+
+
+def bench_simulator(log) -> dict:
+    """All ten policies on ImageNet-1k (F = 1,281,167), 16 workers, 90 epochs, in a fresh process:
+    wall time and peak resident memory."""
+    import resource
+    import subprocess
+
+    log("simulator: " + " ".join(["clairvoyant", *SIMULATOR_ARGS]) + " ...")
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "clairvoyant", *SIMULATOR_ARGS], capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    result = json.loads(out.stdout)
+    log(f"simulator: {seconds:.1f} s, peak resident {peak / 2**30:.2f} GiB")
+    return {
+        "command": "clairvoyant " + " ".join(SIMULATOR_ARGS),
+        "seconds": seconds,
+        "peak_rss_bytes": peak,
+        "relative_to_perfect": {k: v["relative_to_perfect"] for k, v in result["policies"].items()},
+    }
+
+
 def _target(name: str, value: Optional[float], at_least: bool) -> dict:
     goal = TARGETS[name]
     if value is None:
@@ -228,7 +258,7 @@ def _target(name: str, value: Optional[float], at_least: bool) -> dict:
     return {"name": name, "value": value, "target": goal, "at_least": at_least, "met": met, "margin": margin}
 
 
-def evaluate(training: Optional[dict], overhead: Optional[dict], memory: Optional[dict] = None) -> list:
+def evaluate(training: Optional[dict], overhead: Optional[dict], memory: Optional[dict] = None, simulator: Optional[dict] = None) -> list:
     out = []
     if training:
         util = training["utilization"]["clairvoyant"][1:]
@@ -240,6 +270,9 @@ def evaluate(training: Optional[dict], overhead: Optional[dict], memory: Optiona
         out.append(_target("overhead_ratio", overhead["ratio_epochs_ge1"], True))
     if memory:
         out.append(_target("memory_overhead_mb", memory["overhead_bytes"] / 1e6, False))
+    if simulator:
+        out.append(_target("simulator_seconds", simulator["seconds"], False))
+        out.append(_target("simulator_memory_gib", simulator["peak_rss_bytes"] / 2**30, False))
     return out
 
 
@@ -250,6 +283,8 @@ _LABELS = {
     "speedup_epochs_ge1": "speedup over PyTorch, epochs >= 1",
     "overhead_ratio": "job.batches / PyTorch DataLoader samples/s (1 KB files, epochs >= 1)",
     "memory_overhead_mb": "resident memory above configured capacities, MB",
+    "simulator_seconds": "simulator, all policies, ImageNet-1k, 16 workers, 90 epochs, s",
+    "simulator_memory_gib": "simulator peak resident memory, GiB",
 }
 
 
@@ -324,7 +359,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--small-files", type=int, default=50_000, help="1 KB files for the overhead benchmark")
     ap.add_argument("--compute-ratio", type=float, default=BENCH_COMPUTE_RATIO, help="accelerator / file system speed")
-    ap.add_argument("--only", choices=["training", "overhead", "memory"], help="run one benchmark only")
+    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator"], help="run one benchmark only")
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -337,6 +372,7 @@ def main(argv: Optional[list] = None) -> int:
     training = bench_training(out, args.samples, args.epochs, log, progress, args.compute_ratio) if args.only in (None, "training") else None
     overhead = bench_overhead(out, args.small_files, log) if args.only in (None, "overhead") else None
     memory = bench_memory(log) if args.only in (None, "memory") else None
+    simulator = bench_simulator(log) if args.only in (None, "simulator") else None
     validation = None
     if training is not None:
         try:
@@ -345,7 +381,7 @@ def main(argv: Optional[list] = None) -> int:
             validation = _validate.predict(training, out / "bench" / "data", out / "bench", log)
         except ImportError as e:  # tomllib needs Python 3.11
             log(f"validation skipped: {e}")
-    targets = evaluate(training, overhead, memory)
+    targets = evaluate(training, overhead, memory, simulator)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -353,6 +389,7 @@ def main(argv: Optional[list] = None) -> int:
         "training": training,
         "overhead": overhead,
         "memory": memory,
+        "simulator": simulator,
         "simulator_validation": validation,
         "targets": targets,
     }
