@@ -475,8 +475,8 @@ struct Sim<'r, 'a> {
     /// When each thread is free next: worker w's staging threads are slots
     /// `w*threads..(w+1)*threads`, fill list i's threads `fill_slots[i]`.
     free: Vec<f64>,
-    /// End times of the PFS transfers in progress, ascending.
-    pfs_active: VecDeque<f64>,
+    /// End times of the PFS transfers in progress (a min-heap of f64 bit patterns).
+    pfs_active: BinaryHeap<std::cmp::Reverse<u64>>,
     /// Until when the bytes admitted so far keep the PFS busy at its aggregate rate.
     pfs_pipe: f64,
     cache: Cache,
@@ -808,7 +808,7 @@ impl<'r, 'a> Sim<'r, 'a> {
             pfs_latency: m.pfs.open_latency_s,
             pfs_spb,
             free: vec![0.0; next_slot],
-            pfs_active: VecDeque::new(),
+            pfs_active: BinaryHeap::new(),
             pfs_pipe: 0.0,
             cache,
             order,
@@ -986,8 +986,10 @@ impl Sim<'_, '_> {
                 if entry.1 == 0 {
                     // Every worker has left the epoch: keep its buffers for a later one.
                     if let Some((arc, _)) = self.streams.remove(&left) {
-                        if let Ok(streams) = Arc::try_unwrap(arc) {
-                            self.spare.extend(streams);
+                        let reuses = matches!(self.order, Order::Global | Order::Opportunistic);
+                        if let (true, Ok(streams)) = (reuses, Arc::try_unwrap(arc)) {
+                            let room = self.workers.saturating_sub(self.spare.len());
+                            self.spare.extend(streams.into_iter().take(room));
                         }
                     }
                 }
@@ -1075,11 +1077,6 @@ impl Sim<'_, '_> {
     /// threads take samples in access order). Returns when a thread of the worker is free next,
     /// None when the worker is done or waits for an iteration to end.
     fn staging_step(&mut self, w: usize, t: f64) -> Result<Step> {
-        let slots = w * self.threads..(w + 1) * self.threads;
-        let id = slots
-            .clone()
-            .min_by(|&a, &b| self.free[a].total_cmp(&self.free[b]))
-            .unwrap_or(w) as u32;
         if self.fetchers[w].stream.is_none() {
             if self.fetchers[w].epoch >= self.run.scenario.epochs {
                 return Ok(Step::Retire); // the worker has fetched its whole run
@@ -1088,8 +1085,25 @@ impl Sim<'_, '_> {
                 return Ok(Step::Pause);
             }
         }
-        let stream = self.fetchers[w].stream.clone().expect("loaded");
-        let mine = &stream[w];
+        // Borrow the stream without touching its reference count (no atomics per sample).
+        let stream = self.fetchers[w].stream.take().expect("loaded");
+        let r = self.stage_one(w, t, &stream[w]);
+        self.fetchers[w].stream = Some(stream);
+        let (step, finished_epoch) = r?;
+        if let Some(epoch) = finished_epoch {
+            self.enter_epoch(w, epoch + 1);
+        }
+        Ok(step)
+    }
+
+    /// The body of [`Sim::staging_step`] for worker `w` reading `mine`; also returns the epoch
+    /// the worker has just finished fetching, if it has.
+    fn stage_one(&mut self, w: usize, t: f64, mine: &Stream) -> Result<(Step, Option<u32>)> {
+        let slots = w * self.threads..(w + 1) * self.threads;
+        let id = slots
+            .clone()
+            .min_by(|&a, &b| self.free[a].total_cmp(&self.free[b]))
+            .unwrap_or(w) as u32;
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
         let (mut k, mut s) = (mine.samples[pos], mine.sizes[pos]);
         // A sample known to be servable from memory (a final entry: here, or on a peer that
@@ -1119,10 +1133,10 @@ impl Sim<'_, '_> {
             let end = self.ends[oldest];
             if end.is_nan() {
                 self.parked.entry(oldest).or_default().push(w as u32);
-                return Ok(Step::Retire);
+                return Ok((Step::Retire, None));
             }
             if end > t {
-                return Ok(Step::At(end));
+                return Ok((Step::At(end), None));
             }
             f.inflight -= bytes;
             f.outstanding.pop_front();
@@ -1150,6 +1164,7 @@ impl Sim<'_, '_> {
         f.batch_ready = f.batch_ready.max(done);
         f.batch_bytes += s;
         f.pos += 1;
+        let mut finished_epoch = None;
         if f.pos == mine.batch_ends[f.batch] as usize {
             let c = f.batch_bytes as f64 * self.compute_spb;
             let ready = f.batch_ready;
@@ -1159,13 +1174,13 @@ impl Sim<'_, '_> {
             let epoch_done = f.batch == mine.batch_ends.len();
             self.report(iter, ready, c);
             if epoch_done {
-                self.enter_epoch(w, epoch + 1);
+                finished_epoch = Some(epoch);
             }
         }
         self.pending_progress += 1;
         self.flush_progress(false)?;
         self.free[id as usize] = done;
-        Ok(Step::At(min_time(&self.free[slots])))
+        Ok((Step::At(min_time(&self.free[slots])), finished_epoch))
     }
 
     /// Worker reports iteration `iter` ready at `ready` with compute time `c`; end iterations
@@ -1192,9 +1207,7 @@ impl Sim<'_, '_> {
     fn pfs_read(&mut self, t: f64, s: u64) -> f64 {
         let (end, pipe) = self.pfs_timing(t, s);
         self.pfs_pipe = pipe;
-        // Keep the ends sorted: a new end is nearly always among the last.
-        let at = self.pfs_active.iter().rposition(|&e| e <= end).map_or(0, |i| i + 1);
-        self.pfs_active.insert(at, end);
+        self.pfs_active.push(std::cmp::Reverse(end.to_bits()));
         self.pfs_bytes += s;
         end
     }
@@ -1210,11 +1223,12 @@ impl Sim<'_, '_> {
     /// are also queued behind all bytes already admitted at the aggregate rate t(γ) (the
     /// horizon), so that readers that start later and overlap it cannot push the aggregate past
     /// t(γ): the read ends at the later of the two. Reads start in time order (events are
-    /// processed in time order), so the transfers in progress are a sorted queue of end times.
+    /// processed in time order), so transfers that ended before `t` can be dropped for good.
     fn pfs_timing(&mut self, t: f64, s: u64) -> (f64, f64) {
         let at = t + self.pfs_latency;
-        while self.pfs_active.front().is_some_and(|&e| e <= at) {
-            self.pfs_active.pop_front();
+        // Ends are non-negative, so their bit patterns order like the numbers.
+        while self.pfs_active.peek().is_some_and(|e| f64::from_bits(e.0) <= at) {
+            self.pfs_active.pop();
         }
         let busy = self.pfs_active.len();
         let g = (busy + 1).min(self.pfs_spb.len() - 1);
