@@ -94,7 +94,7 @@ write_mbps = [[1, 1000], [2, 2000]]
 "#;
 
 const MNIST: &str = r#"
-description = "MNIST (S < d1): 50,000 samples of 0.76 kB, 4 workers, Lassen-like cluster"
+description = "MNIST (S < d1): 50,000 samples of 0.76 kB, Lassen-like cluster"
 workers = 4
 epochs = 90
 batch_size = 32
@@ -105,7 +105,7 @@ std = 0
 "#;
 
 const IMAGENET_1K: &str = r#"
-description = "ImageNet-1k (d1 < S < D): 1,281,167 samples ~ N(107.7 kB, 100 kB), 4 workers, Lassen-like cluster"
+description = "ImageNet-1k (d1 < S < D): 1,281,167 samples ~ N(107.7 kB, 100 kB), Lassen-like cluster"
 workers = 4
 epochs = 90
 batch_size = 32
@@ -116,7 +116,7 @@ std = "100kB"
 "#;
 
 const OPENIMAGES: &str = r#"
-description = "OpenImages (d1 < S < ND): 1,743,042 samples ~ N(293.7 kB, 200 kB), 4 workers, Lassen-like cluster"
+description = "OpenImages (d1 < S < ND): 1,743,042 samples ~ N(293.7 kB, 200 kB), Lassen-like cluster"
 workers = 4
 epochs = 90
 batch_size = 32
@@ -127,7 +127,7 @@ std = "200kB"
 "#;
 
 const IMAGENET_22K: &str = r#"
-description = "ImageNet-22k (D < S < ND): 14,197,122 samples ~ N(107.7 kB, 200 kB), 4 workers, Lassen-like cluster"
+description = "ImageNet-22k (D < S < ND): 14,197,122 samples ~ N(107.7 kB, 200 kB), Lassen-like cluster"
 workers = 4
 epochs = 10
 batch_size = 32
@@ -138,7 +138,7 @@ std = "200kB"
 "#;
 
 const COSMOFLOW: &str = r#"
-description = "CosmoFlow (ND < S): 262,144 samples of 17 MB, 4 workers, batch 16, Lassen-like cluster"
+description = "CosmoFlow (ND < S): 262,144 samples of 17 MB, batch 16, Lassen-like cluster"
 workers = 4
 epochs = 10
 batch_size = 16
@@ -149,7 +149,7 @@ std = 0
 "#;
 
 const COSMOFLOW_512: &str = r#"
-description = "CosmoFlow 512^3 (ND < S): 10,000 samples of 1 GB, 8 workers, batch 1, Lassen-like cluster"
+description = "CosmoFlow 512^3 (ND < S): 10,000 samples of 1 GB, batch 1, Lassen-like cluster"
 workers = 8
 epochs = 10
 batch_size = 1
