@@ -1,16 +1,18 @@
 //! The discrete-event core: one run of one policy, per worker and per sample.
 //!
-//! Actors are threads: every worker has `p_0` staging threads that bring its access stream, in
-//! order, into a staging buffer of `d_0` bytes; some policies add per-node class prefetchers
-//! (fill threads) that copy samples into storage classes. Events are "thread free at time t",
-//! processed in time order from one heap. A thread that takes a sample decides where to read it
-//! from, and the sample is ready in staging at
+//! Every worker has `p_0` staging threads that bring its access stream, in order, into a staging
+//! buffer of `d_0` bytes; some policies add per-node class prefetchers (fill threads) that copy
+//! samples into storage classes. The threads of a worker (or of a fill list) form one actor on
+//! one event heap, keyed by the time its first thread is free; events are processed in time
+//! order. A thread that takes a sample decides where to read it from, and the sample is ready
+//! in staging at
 //!
 //!   t + fetch (from that location) + max(s/β, s/(w_0(p_0)/p_0))      (preprocess, store)
 //!
 //! where fetch is s/(r_j(p_j)/p_j) from a local class, s/min(b_c, r_j(p_j)/p_j) from another
-//! node's class, and latency + s/(t(γ)/γ) from the PFS with γ the number of PFS reads in flight
-//! when the read starts (its rate is fixed then). Training is synchronous: iteration j of every
+//! node's class, and from the PFS the open latency plus s/(t(γ)/γ), γ being the transfers in
+//! flight when it starts (its rate is fixed then), no earlier than its bytes clear the
+//! aggregate rate t(γ) behind the bytes already admitted. Training is synchronous: iteration j of every
 //! worker starts when its batch is in staging and iteration j-1 has ended on all workers, and
 //! takes (batch bytes)/c; iteration j ends when the slowest worker is done:
 //!
