@@ -559,7 +559,8 @@ struct Reader<'a> {
     origin: &'a Path,
 }
 
-fn describe(v: &toml::Value) -> String {
+/// A TOML value for an error message: its type and (at most 60 characters of) its text.
+pub fn describe_toml(v: &toml::Value) -> String {
     let mut s = v.to_string();
     if s.len() > 60 {
         s.truncate(57);
@@ -576,7 +577,7 @@ impl Reader<'_> {
     fn table<'t>(&self, v: &'t toml::Value, key: &str, allowed: &[&str]) -> Result<&'t toml::Table> {
         let t = v
             .as_table()
-            .ok_or_else(|| self.err(key, format!("found {}; expected a table", describe(v))))?;
+            .ok_or_else(|| self.err(key, format!("found {}; expected a table", describe_toml(v))))?;
         self.keys(t, key, allowed)?;
         Ok(t)
     }
@@ -603,7 +604,7 @@ impl Reader<'_> {
                 key,
                 format!(
                     "found {}; expected a byte count >= 0 such as 1048576, \"512MiB\" or \"8 GiB\"",
-                    describe(v)
+                    describe_toml(v)
                 ),
             )),
         }
@@ -614,7 +615,7 @@ impl Reader<'_> {
             toml::Value::Integer(n) if (0..=u32::MAX as i64).contains(n) => Ok(*n as u32),
             _ => Err(self.err(
                 key,
-                format!("found {}; expected a thread count (integer >= 1)", describe(v)),
+                format!("found {}; expected a thread count (integer >= 1)", describe_toml(v)),
             )),
         }
     }
@@ -623,7 +624,7 @@ impl Reader<'_> {
         match v {
             toml::Value::Integer(n) => Ok(*n as f64),
             toml::Value::Float(x) => Ok(*x),
-            _ => Err(self.err(key, format!("found {}; expected {what}", describe(v)))),
+            _ => Err(self.err(key, format!("found {}; expected {what}", describe_toml(v)))),
         }
     }
 
@@ -637,7 +638,7 @@ impl Reader<'_> {
                         key,
                         format!(
                             "point {i}: found {}; expected a pair [threads, MB/s] ({WANT})",
-                            describe(p)
+                            describe_toml(p)
                         ),
                     )
                 })?;
@@ -658,7 +659,7 @@ impl Reader<'_> {
     fn path(&self, v: &toml::Value, key: &str) -> Result<PathBuf> {
         let s = v
             .as_str()
-            .ok_or_else(|| self.err(key, format!("found {}; expected a directory path", describe(v))))?;
+            .ok_or_else(|| self.err(key, format!("found {}; expected a directory path", describe_toml(v))))?;
         let p = PathBuf::from(s);
         if p.is_relative() && !s.is_empty() {
             if let Some(dir) = self.origin.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -673,7 +674,7 @@ impl Reader<'_> {
         let t = v.as_table().ok_or_else(|| {
             self.err(
                 format!("class[{i}]"),
-                format!("found {}; expected a table", describe(v)),
+                format!("found {}; expected a table", describe_toml(v)),
             )
         })?;
         let name = match t.get("name") {
@@ -683,7 +684,7 @@ impl Reader<'_> {
                 .ok_or_else(|| {
                     self.err(
                         format!("class[{i}].name"),
-                        format!("found {}; expected a string", describe(n)),
+                        format!("found {}; expected a string", describe_toml(n)),
                     )
                 })?
                 .to_string(),
@@ -715,7 +716,7 @@ impl Reader<'_> {
             Some(other) => {
                 return Err(self.err(
                     k("kind"),
-                    format!("found {}; expected \"memory\" or \"directory\"", describe(other)),
+                    format!("found {}; expected \"memory\" or \"directory\"", describe_toml(other)),
                 ))
             }
         };
@@ -784,7 +785,7 @@ impl Reader<'_> {
                     "class",
                     format!(
                         "found {}; expected [[class]] tables (or class = [] for none)",
-                        describe(v)
+                        describe_toml(v)
                     ),
                 )
             })?;

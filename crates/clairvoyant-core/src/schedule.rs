@@ -10,8 +10,9 @@ use crate::error::{Error, Result};
 /// The stream (increment) constant of the PCG generator; the PCG reference default.
 const PCG_STREAM: u128 = 0x5851_f42d_4c95_7f2d_1405_7b7e_f767_814f;
 
-/// SplitMix64 finaliser, used only to spread (seed, epoch) over the generator's 128-bit state.
-fn splitmix64(mut z: u64) -> u64 {
+/// SplitMix64 finaliser: spreads (seed, epoch) over the generator's 128-bit state (and serves
+/// deterministic choices elsewhere that need no generator state).
+pub fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

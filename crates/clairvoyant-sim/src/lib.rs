@@ -128,9 +128,13 @@ pub(crate) fn cost(p: Policy) -> u32 {
 
 /// `f` on every item on the machine's cores, the most expensive items first (so that no long
 /// item starts last, alone); results in the items' order.
-pub(crate) fn run_all<T: Sync + HasCost, R: Send>(items: &[T], f: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
+pub(crate) fn run_all<T: Sync, R: Send>(
+    items: &[T],
+    cost: impl Fn(&T) -> u32,
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
     let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(items[i].cost()));
+    order.sort_by_key(|&i| std::cmp::Reverse(cost(&items[i])));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let slots: Vec<std::sync::Mutex<Option<Result<R>>>> = items.iter().map(|_| std::sync::Mutex::new(None)).collect();
     let threads = rayon::current_num_threads().clamp(1, items.len().max(1));
@@ -163,23 +167,6 @@ pub(crate) fn run_all<T: Sync + HasCost, R: Send>(items: &[T], f: impl Fn(&T) ->
         .into_iter()
         .map(|r| r.expect("every item ran").expect("no error"))
         .collect())
-}
-
-/// Something with a scheduling cost.
-pub(crate) trait HasCost {
-    fn cost(&self) -> u32;
-}
-
-impl HasCost for Policy {
-    fn cost(&self) -> u32 {
-        cost(*self)
-    }
-}
-
-impl HasCost for Scenario {
-    fn cost(&self) -> u32 {
-        0
-    }
 }
 
 /// One swept parameter: the short key (a class name, `staging`, or a dotted scenario key) and
@@ -305,7 +292,7 @@ fn sweep_with(
     let perfect = Run::new(&base, &sizes, progress)?
         .simulate(Policy::Perfect)?
         .total_seconds;
-    let results = run_all(&docs, |sc| Run::new(sc, &sizes, progress)?.simulate(policy))?;
+    let results = run_all(&docs, |_| 0, |sc| Run::new(sc, &sizes, progress)?.simulate(policy))?;
     let mut it = results.into_iter();
     let cells = (0..rows).map(|_| it.by_ref().take(cols).collect()).collect();
     Ok(SweepReport {

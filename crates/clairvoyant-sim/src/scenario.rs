@@ -40,7 +40,7 @@
 use std::f64::consts::PI;
 use std::path::{Path, PathBuf};
 
-use clairvoyant_core::model::{format_bytes, parse_bytes, Curve, PfsSpec, StagingSpec, SystemModel};
+use clairvoyant_core::model::{describe_toml, format_bytes, parse_bytes, Curve, PfsSpec, StagingSpec, SystemModel};
 use clairvoyant_core::schedule::{epoch_rng, Layout};
 use clairvoyant_core::source::Source;
 use clairvoyant_core::{Error, Result};
@@ -190,15 +190,6 @@ fn err(origin: &str, key: &str, reason: impl std::fmt::Display) -> Error {
     Error::config(key, format!("{reason} (in {origin})"))
 }
 
-fn describe(v: &toml::Value) -> String {
-    let mut s = v.to_string();
-    if s.len() > 60 {
-        s.truncate(57);
-        s.push_str("...");
-    }
-    format!("{} {s}", v.type_str())
-}
-
 /// The names of the preset scenarios.
 pub fn preset_names() -> Vec<&'static str> {
     PRESETS.iter().map(|(n, _)| *n).collect()
@@ -263,7 +254,7 @@ pub fn from_toml_str(text: &str, origin: &Path) -> Result<toml::Table> {
             return Err(err(
                 &o,
                 "base",
-                format!("found {}; expected a preset name", describe(&v)),
+                format!("found {}; expected a preset name", describe_toml(&v)),
             ))
         }
     };
@@ -347,7 +338,12 @@ pub fn set(doc: &mut toml::Table, key: &str, value: &str) -> Result<()> {
                 table = t;
                 i += 2;
             }
-            other => return Err(Error::config(key, format!("'{p}' is {}, not a table", describe(other)))),
+            other => {
+                return Err(Error::config(
+                    key,
+                    format!("'{p}' is {}, not a table", describe_toml(other)),
+                ))
+            }
         }
     }
     if i >= parts.len() {
@@ -410,7 +406,7 @@ impl Reader<'_> {
             Some(toml::Value::Integer(n)) if *n >= min as i64 && (*n as u64) <= max => Ok(Some(*n as u64)),
             Some(v) => Err(self.err(
                 full,
-                format!("found {}; expected an integer from {min} to {max}", describe(v)),
+                format!("found {}; expected an integer from {min} to {max}", describe_toml(v)),
             )),
         }
     }
@@ -419,7 +415,7 @@ impl Reader<'_> {
         match t.get(key) {
             None => Ok(None),
             Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(self.err(full, format!("found {}; expected a string", describe(v)))),
+            Some(v) => Err(self.err(full, format!("found {}; expected a string", describe_toml(v)))),
         }
     }
 
@@ -432,7 +428,10 @@ impl Reader<'_> {
             Some(toml::Value::String(s)) => parse_fractional_bytes(s).map(Some).map_err(|r| self.err(full, r)),
             Some(v) => Err(self.err(
                 full,
-                format!("found {}; expected a size such as 110000 or \"107.7kB\"", describe(v)),
+                format!(
+                    "found {}; expected a size such as 110000 or \"107.7kB\"",
+                    describe_toml(v)
+                ),
             )),
         }
     }
@@ -495,19 +494,24 @@ impl Scenario {
         let seed = match doc.get("seed") {
             None => 0,
             Some(toml::Value::Integer(n)) => *n as u64,
-            Some(v) => return Err(r.err("seed", format!("found {}; expected an integer", describe(v)))),
+            Some(v) => return Err(r.err("seed", format!("found {}; expected an integer", describe_toml(v)))),
         };
         let drop_last = match doc.get("drop_last") {
             None => false,
             Some(toml::Value::Boolean(b)) => *b,
-            Some(v) => return Err(r.err("drop_last", format!("found {}; expected true or false", describe(v)))),
+            Some(v) => {
+                return Err(r.err(
+                    "drop_last",
+                    format!("found {}; expected true or false", describe_toml(v)),
+                ))
+            }
         };
 
         let empty = toml::Table::new();
         let dataset = match doc.get("dataset") {
             None => &empty,
             Some(toml::Value::Table(t)) => t,
-            Some(v) => return Err(r.err("dataset", format!("found {}; expected a table", describe(v)))),
+            Some(v) => return Err(r.err("dataset", format!("found {}; expected a table", describe_toml(v)))),
         };
         r.keys(dataset, "dataset", &["samples", "mean", "std", "seed", "path"])?;
         let (samples, sizes) = if let Some(path) = r.string(dataset, "path", "dataset.path")? {
@@ -536,7 +540,12 @@ impl Scenario {
             let dseed = match dataset.get("seed") {
                 None => 0,
                 Some(toml::Value::Integer(n)) => *n as u64,
-                Some(v) => return Err(r.err("dataset.seed", format!("found {}; expected an integer", describe(v)))),
+                Some(v) => {
+                    return Err(r.err(
+                        "dataset.seed",
+                        format!("found {}; expected an integer", describe_toml(v)),
+                    ))
+                }
             };
             (samples, Sizes::Normal { mean, std, seed: dseed })
         };
@@ -544,7 +553,7 @@ impl Scenario {
         let mut system_doc = match doc.get("system") {
             None => toml::Table::new(),
             Some(toml::Value::Table(t)) => t.clone(),
-            Some(v) => return Err(r.err("system", format!("found {}; expected a table", describe(v)))),
+            Some(v) => return Err(r.err("system", format!("found {}; expected a table", describe_toml(v)))),
         };
         // A simulated directory class needs no real path.
         if let Some(toml::Value::Array(classes)) = system_doc.get_mut("class") {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use clairvoyant_core::model::format_bytes;
 use clairvoyant_core::plan::{AccessCounts, Placement, UNCACHED};
-use clairvoyant_core::schedule::{epoch_permutation, Layout, RankEpoch, Schedule};
+use clairvoyant_core::schedule::{epoch_permutation, splitmix64, Layout, RankEpoch, Schedule};
 use clairvoyant_core::{Error, Result};
 use rayon::prelude::*;
 
@@ -182,15 +182,19 @@ impl<'a> Run<'a> {
             Done(PolicyResult),
             Perfect,
         }
-        let mut slots: Vec<Slot> = crate::run_all(policies, |&p| {
-            Ok(match p {
-                Policy::Perfect => Slot::Perfect,
-                _ => match Sim::build(self, p)? {
-                    Ok(sim) => Slot::Sim(Box::new(sim)),
-                    Err(reason) => Slot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
-                },
-            })
-        })?;
+        let mut slots: Vec<Slot> = crate::run_all(
+            policies,
+            |&p| crate::cost(p),
+            |&p| {
+                Ok(match p {
+                    Policy::Perfect => Slot::Perfect,
+                    _ => match Sim::build(self, p)? {
+                        Ok(sim) => Slot::Sim(Box::new(sim)),
+                        Err(reason) => Slot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
+                    },
+                })
+            },
+        )?;
         let layout = self.layout();
         let batches: Vec<Vec<std::ops::Range<u64>>> =
             (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
@@ -1059,7 +1063,7 @@ impl Sim<'_, '_> {
                     .iter()
                     .enumerate()
                     .map(|(w, shard)| {
-                        let perm = epoch_permutation(shard.len() as u32, sc.seed ^ splitmix(w as u64 + 1), e as u64);
+                        let perm = epoch_permutation(shard.len() as u32, sc.seed ^ splitmix64(w as u64 + 1), e as u64);
                         let samples: Vec<u32> = perm[..*len].iter().map(|&i| shard[i as usize]).collect();
                         let used = if n_batches * b < *len { n_batches * b } else { *len };
                         let batch_ends = (1..=n_batches).map(|i| (i * b).min(used) as u32).collect();
@@ -1108,16 +1112,9 @@ impl Sim<'_, '_> {
             .unwrap_or(w) as u32;
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
         let (mut k, mut s) = (mine.samples[pos], mine.sizes[pos]);
-        // A sample known to be servable from memory (a final entry: here, or on a peer that
-        // can be reached) is never replaced.
-        let peers = self.run.scenario.system.interconnect_mbps.is_some();
-        let node = (w / self.wpn) as u32;
-        let cached = mine
-            .known
-            .get(pos)
-            .is_some_and(|h| h.avail.is_finite() && (h.owner == node || (h.owner != NONE && peers)));
-        if epoch > 0 && !cached && matches!(self.order, Order::Opportunistic) {
-            if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos) {
+        if epoch > 0 && matches!(self.order, Order::Opportunistic) {
+            let known = mine.known.get(pos).copied();
+            if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos, known) {
                 (k, s) = (other, self.run.sizes[other as usize]);
                 self.substituted += 1;
             }
@@ -1395,7 +1392,8 @@ impl Sim<'_, '_> {
     /// (cached nowhere, or on another node without an interconnect) is replaced by one that can
     /// (any node's, or only this node's without an interconnect), chosen by a hash of epoch,
     /// node and position: the PFS is not read again.
-    fn substitute(&self, node: usize, k: u32, s: u64, epoch: u32, pos: usize) -> Option<u32> {
+    /// `known` is the sample's entry when the stream was made (see `Stream::known`).
+    fn substitute(&self, node: usize, k: u32, s: u64, epoch: u32, pos: usize, known: Option<Held>) -> Option<u32> {
         let Cache::Single {
             held,
             cached,
@@ -1410,19 +1408,23 @@ impl Sim<'_, '_> {
         if admit_to.iter().any(|&j| used[node][j] + s <= caps[j].capacity) {
             return None; // room left: the sample is read and kept
         }
-        let owner = held[k as usize].owner;
+        // A final known entry spares the lookup in the cache (an owner, once set, stays).
+        let owner = match known {
+            Some(h) if h.avail.is_finite() => h.owner,
+            _ => held[k as usize].owner,
+        };
         let peers = self.run.scenario.system.interconnect_mbps.is_some();
         if owner == node as u32 || (owner != NONE && peers) {
             return None;
         }
-        let h = splitmix(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
+        let h = splitmix64(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
         let pool: Vec<&Vec<u32>> = if peers {
             cached.iter().filter(|c| !c.is_empty()).collect()
         } else {
             vec![&cached[node]].into_iter().filter(|c| !c.is_empty()).collect()
         };
         let list = pool.get((h % pool.len().max(1) as u64) as usize)?;
-        Some(list[(splitmix(h) % list.len() as u64) as usize])
+        Some(list[(splitmix64(h) % list.len() as u64) as usize])
     }
 
     /// Start loading the cache entries a fetch of `k` by `node` will read.
@@ -1542,14 +1544,6 @@ fn prefetch<T>(v: &[T], i: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (v, i);
-}
-
-/// SplitMix64, for deterministic choices that need no generator state.
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// Yang and Cong's reordering: every global batch keeps its samples and every worker its batch
