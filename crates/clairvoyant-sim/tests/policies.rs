@@ -277,3 +277,27 @@ fn cancel_stops_a_run() {
     let err = simulate(&sc, &[Policy::StagingBuffer], &progress).unwrap_err();
     assert!(matches!(err, clairvoyant_core::Error::Cancelled), "{err}");
 }
+
+#[test]
+fn policies_that_need_storage_say_what_is_missing() {
+    // No classes at all.
+    let sc = scenario(&[]);
+    for (p, what) in [
+        (Policy::DeepIoOrdered, "no memory class"),
+        (Policy::LbannDynamic, "no memory class"),
+        (Policy::ParallelStaging, "no storage class"),
+    ] {
+        let r = run(&sc, p);
+        assert!(r.total_seconds.is_none());
+        assert!(r.error.as_deref().unwrap_or("").contains(what), "{p}: {:?}", r.error);
+    }
+}
+
+#[test]
+fn workers_per_node_must_divide_workers() {
+    let mut doc = scenario::from_toml_str(BASE, Path::new("nodes.toml")).unwrap();
+    scenario::set(&mut doc, "workers", "3").unwrap();
+    scenario::set(&mut doc, "workers_per_node", "2").unwrap();
+    let e = Scenario::from_doc(&doc).unwrap_err().to_string();
+    assert!(e.contains("workers_per_node") && e.contains("nodes.toml"), "{e}");
+}
