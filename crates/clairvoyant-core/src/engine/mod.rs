@@ -11,14 +11,23 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::model::{ClassKind, SystemModel};
 use crate::plan::{AccessCounts, Placement, UNCACHED};
 use crate::schedule::Schedule;
 use crate::source::Source;
-use crate::tier::{Acquire, NodeCache};
+use crate::tier::NodeCache;
+
+mod key;
+mod prefetch;
+mod staging;
+mod stats;
+
+use key::node_key;
+use staging::{RingBuf, StagingState};
+pub use stats::EpochStats;
 
 /// Where the consumer's copy of a sample came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,22 +53,6 @@ pub enum Region {
     Arena = 1,
     /// Private memory of this process (zero-length samples, overflow).
     Private = 2,
-}
-
-/// Per-epoch figures of one rank.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct EpochStats {
-    pub epoch: u32,
-    pub samples: u64,
-    pub bytes: u64,
-    pub stall_seconds: f64,
-    pub by_source: [(u64, u64); 4],
-    /// Bytes this rank read from the dataset's storage while the epoch was consumed
-    /// (staging and class prefetchers together).
-    pub pfs_bytes_read: u64,
-    pub pfs_files_read: u64,
-    /// Bytes staged outside the ring because the consumer still held every staged sample.
-    pub overflow_bytes: u64,
 }
 
 /// Identity of a job on a node: everything that decides its placement.
@@ -92,43 +85,6 @@ pub struct Lease {
 
 // SAFETY: a lease points into memory kept alive by the engine's shared state until released.
 unsafe impl Send for Lease {}
-
-enum Slot {
-    Empty,
-    Ring { start: u64, len: u64 },
-    Arena { offset: u64, len: u64 },
-    Heap(Box<[u8]>),
-}
-
-enum Status {
-    Pending,
-    Ready(Src),
-    Failed(Error),
-    Taken,
-}
-
-struct Entry {
-    sample: u32,
-    slot: Slot,
-    status: Status,
-    released: bool,
-}
-
-struct StagingState {
-    entries: VecDeque<Entry>,
-    next_alloc: u64,
-    next_consume: u64,
-    ring_head: u64,
-    ring_tail: u64,
-}
-
-impl StagingState {
-    /// Position of `entries[0]`.
-    fn base(&self) -> u64 {
-        self.next_alloc - self.entries.len() as u64
-    }
-}
-
 #[derive(Clone, Copy)]
 enum ClassStore {
     Memory,
@@ -170,80 +126,6 @@ pub struct Engine {
     threads: Mutex<Vec<JoinHandle<()>>>,
     placement_summary: Vec<(String, u64, u64)>,
     first_epoch: u32,
-}
-
-/// The staging ring's bytes: a shared file mapping in `/dev/shm`, so that worker processes
-/// (decoding for this rank) can read staged samples in place. Pages are allocated on first
-/// write, so untouched capacity costs no resident memory. The file is removed on drop (and by
-/// the node janitor if the process dies).
-struct RingBuf {
-    ptr: *mut u8,
-    path: std::path::PathBuf,
-    _map: memmap2::MmapRaw,
-}
-
-impl RingBuf {
-    fn new(len: u64, path: std::path::PathBuf) -> Result<RingBuf> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        file.set_len(len.max(1)).map_err(|e| Error::io(&path, e))?;
-        let map = memmap2::MmapRaw::map_raw(&file).map_err(|e| Error::io(&path, e))?;
-        Ok(RingBuf {
-            ptr: map.as_mut_ptr(),
-            path,
-            _map: map,
-        })
-    }
-}
-
-impl Drop for RingBuf {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// The node cache's name: a hash of everything but capacities that decides the placement.
-fn node_key(spec: &JobSpec, fingerprint: u64) -> u64 {
-    let sched = &spec.schedule;
-    let mut h = fnv1a(spec.run_id.as_bytes(), 0xcbf2_9ce4_8422_2325);
-    h = fnv1a(&fingerprint.to_le_bytes(), h);
-    h = fnv1a(&spec.first_epoch.to_le_bytes(), h);
-    for v in [
-        sched.world_size as u64,
-        sched.batch_size as u64,
-        sched.epochs as u64,
-        sched.drop_last as u64,
-    ] {
-        h = fnv1a(&v.to_le_bytes(), h);
-    }
-    match &sched.order {
-        crate::schedule::Order::Shuffle { seed, .. } => h = fnv1a(&seed.to_le_bytes(), h),
-        crate::schedule::Order::Explicit { epochs, .. } => {
-            for order in epochs {
-                h = fnv1a(&(order.len() as u64).to_le_bytes(), h);
-                for k in order {
-                    h = fnv1a(&k.to_le_bytes(), h);
-                }
-            }
-        }
-    }
-    for r in &spec.local_ranks {
-        h = fnv1a(&r.to_le_bytes(), h);
-    }
-    h
-}
-
-fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 impl Engine {
@@ -616,329 +498,5 @@ impl Inner {
     fn store_of(&self, sample: u32) -> Option<(usize, ClassStore)> {
         let c = self.class_of[sample as usize];
         (c != UNCACHED).then(|| (c as usize, self.stores[c as usize]))
-    }
-
-    fn read_source(&self, sample: u32, buf: &mut [u8]) -> Result<()> {
-        self.source.read_into(sample, buf)?;
-        self.pfs_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.pfs_files.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Fill this rank's share of class `class`, in order of first need.
-    fn class_prefetch(&self, class: usize, share: &[u32], next: &AtomicUsize) {
-        let mut buf = Vec::new();
-        loop {
-            if self.shutdown.load(Ordering::Relaxed) {
-                return;
-            }
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(&k) = share.get(i) else { return };
-            if !self.cache.claim(k) {
-                continue;
-            }
-            let len = self.source.size(k);
-            let ok = match self.stores[class] {
-                ClassStore::Memory => {
-                    // SAFETY: the claim gives this thread exclusive write access to the
-                    // sample's static arena range until it publishes.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(self.cache.arena_ptr(self.offset[k as usize], len), len as usize)
-                    };
-                    self.read_source(k, dst).is_ok()
-                }
-                ClassStore::Directory(d) => {
-                    buf.resize(len as usize, 0);
-                    self.read_source(k, &mut buf).is_ok() && self.cache.write_file(d, k, &buf).is_ok()
-                }
-            };
-            // A failed fill is published as FAILED: readers then go to the source themselves
-            // and report the error at the sample it belongs to.
-            self.cache.publish(k, ok);
-        }
-    }
-
-    /// Fill the staging ring strictly in access order.
-    fn staging_prefetch(&self) {
-        loop {
-            let (pos, sample, slot_kind) = {
-                let mut st = self.lock();
-                loop {
-                    if self.shutdown.load(Ordering::Relaxed) || st.next_alloc >= self.total() {
-                        return;
-                    }
-                    // The consumer waiting for the very next sample while it still holds every
-                    // staged one must not wait for space it will never give back.
-                    let consumer_starved = st.next_consume == st.next_alloc;
-                    if st.entries.len() >= self.max_entries && !consumer_starved {
-                        st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
-                        continue;
-                    }
-                    let sample = self.stream[st.next_alloc as usize];
-                    let len = self.source.size(sample);
-                    let slot = match self.store_of(sample) {
-                        _ if len == 0 => Slot::Empty,
-                        Some((_, ClassStore::Memory)) => Slot::Arena {
-                            offset: self.offset[sample as usize],
-                            len,
-                        },
-                        _ => {
-                            // Contiguous ring space; skip the ring's tail end if it is too short.
-                            let phys = st.ring_head % self.ring_cap;
-                            let start = if phys + len > self.ring_cap {
-                                st.ring_head + (self.ring_cap - phys)
-                            } else {
-                                st.ring_head
-                            };
-                            if start + len - st.ring_tail <= self.ring_cap {
-                                st.ring_head = start + len;
-                                Slot::Ring { start, len }
-                            } else if consumer_starved {
-                                // Stage it outside the ring rather than hang.
-                                Slot::Heap(vec![0u8; len as usize].into_boxed_slice())
-                            } else {
-                                st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
-                                continue;
-                            }
-                        }
-                    };
-                    let pos = st.next_alloc;
-                    st.next_alloc += 1;
-                    let kind = match &slot {
-                        Slot::Empty => 0,
-                        Slot::Ring { .. } => 1,
-                        Slot::Arena { .. } => 2,
-                        Slot::Heap(_) => 3,
-                    };
-                    st.entries.push_back(Entry {
-                        sample,
-                        slot,
-                        status: Status::Pending,
-                        released: false,
-                    });
-                    break (pos, sample, kind);
-                }
-            };
-            let outcome = self.fetch(pos, sample, slot_kind);
-            let mut st = self.lock();
-            let idx = (pos - st.base()) as usize;
-            let entry = &mut st.entries[idx];
-            match outcome {
-                Ok((src, heap)) => {
-                    if let Some(h) = heap {
-                        entry.slot = Slot::Heap(h);
-                    }
-                    entry.status = Status::Ready(src);
-                }
-                Err(e) => entry.status = Status::Failed(e),
-            }
-            if pos == st.next_consume {
-                self.produced.notify_all();
-            }
-        }
-    }
-
-    /// Fetch `sample` for staging position `pos`. Returns the source, and a heap buffer when
-    /// the sample had to be staged outside its planned place.
-    fn fetch(&self, pos: u64, sample: u32, slot_kind: u8) -> Result<(Src, Option<Box<[u8]>>)> {
-        let len = self.source.size(sample);
-        let dst: &mut [u8] = match slot_kind {
-            0 => return Ok((Src::Staging, None)),
-            2 => {
-                let off = self.offset[sample as usize];
-                match self.cache.acquire(sample, self.fill_timeout) {
-                    Acquire::Ready => return Ok((Src::Memory, None)),
-                    Acquire::Claimed => {
-                        // SAFETY: claimed; exclusive until published.
-                        let dst =
-                            unsafe { std::slice::from_raw_parts_mut(self.cache.arena_ptr(off, len), len as usize) };
-                        let r = self.read_source(sample, dst);
-                        self.cache.publish(sample, r.is_ok());
-                        r?;
-                        return Ok((Src::Pfs, None));
-                    }
-                    Acquire::Unavailable => {
-                        // Failed or stuck elsewhere: read it ourselves into a private buffer.
-                        let mut heap = vec![0u8; len as usize].into_boxed_slice();
-                        self.read_source(sample, &mut heap)?;
-                        return Ok((Src::Pfs, Some(heap)));
-                    }
-                }
-            }
-            _ => {
-                let st = self.lock();
-                let e = &st.entries[(pos - st.base()) as usize];
-                let ptr = match &e.slot {
-                    Slot::Ring { start, .. } => self.ring_ptr(*start),
-                    Slot::Heap(h) => h.as_ptr() as *mut u8,
-                    _ => unreachable!("slot kind mismatch"),
-                };
-                drop(st);
-                // SAFETY: this producer alone owns the allocated range until it marks the entry
-                // ready; ring ranges never wrap, heap buffers are not moved while pending.
-                unsafe { std::slice::from_raw_parts_mut(ptr, len as usize) }
-            }
-        };
-        if let Some((_, ClassStore::Directory(d))) = self.store_of(sample) {
-            match self.cache.acquire(sample, self.fill_timeout) {
-                Acquire::Ready if self.cache.read_file(d, sample, dst).is_ok() => return Ok((Src::Ssd, None)),
-                Acquire::Claimed => {
-                    let r = self.read_source(sample, dst);
-                    let ok = r.is_ok() && self.cache.write_file(d, sample, dst).is_ok();
-                    self.cache.publish(sample, ok);
-                    r?;
-                    return Ok((Src::Pfs, None));
-                }
-                _ => {}
-            }
-        }
-        self.read_source(sample, dst)?;
-        Ok((Src::Pfs, None))
-    }
-
-    fn next(&self, timeout: Duration) -> Result<Option<Lease>> {
-        let t0 = Instant::now();
-        let mut st = self.lock();
-        let pos = st.next_consume;
-        if pos >= self.total() {
-            return Err(Error::Exhausted(format!(
-                "all {} epochs of this job were consumed",
-                self.batch_ends.len()
-            )));
-        }
-        loop {
-            if self.shutdown.load(Ordering::Relaxed) {
-                return Err(Error::Cancelled);
-            }
-            let ready =
-                st.next_alloc > pos && !matches!(st.entries[(pos - st.base()) as usize].status, Status::Pending);
-            if ready {
-                break;
-            }
-            if st.next_alloc <= pos {
-                // Producers may be waiting for space that only this wait can unlock.
-                self.freed.notify_all();
-            }
-            let left = timeout.saturating_sub(t0.elapsed());
-            if left.is_zero() {
-                self.add_stall(pos, t0.elapsed());
-                return Ok(None);
-            }
-            st = self
-                .produced
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        let stalled = t0.elapsed();
-        let idx = (pos - st.base()) as usize;
-        st.next_consume += 1;
-        let entry = &mut st.entries[idx];
-        let sample = entry.sample;
-        let status = std::mem::replace(&mut entry.status, Status::Taken);
-        let (ptr, len, region, offset) = match &entry.slot {
-            Slot::Empty => (
-                std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8,
-                0,
-                Region::Private,
-                0,
-            ),
-            Slot::Ring { start, len } => (
-                self.ring_ptr(*start) as *const u8,
-                *len as usize,
-                Region::Ring,
-                start % self.ring_cap,
-            ),
-            Slot::Arena { offset, len } => (
-                self.cache.arena_ptr(*offset, *len) as *const u8,
-                *len as usize,
-                Region::Arena,
-                *offset,
-            ),
-            Slot::Heap(h) => (h.as_ptr(), h.len(), Region::Private, 0),
-        };
-        let overflow = matches!(entry.slot, Slot::Heap(_));
-        drop(st);
-        let epoch = self.epoch_of(pos);
-        match status {
-            Status::Ready(source) => {
-                self.record(epoch, pos, stalled, len as u64, source, overflow);
-                Ok(Some(Lease {
-                    pos,
-                    sample,
-                    label: self.source.label(sample),
-                    region,
-                    offset,
-                    ptr,
-                    len,
-                    source,
-                }))
-            }
-            Status::Failed(e) => {
-                self.release(&[pos]);
-                self.record(epoch, pos, stalled, 0, Src::Pfs, false);
-                Err(e)
-            }
-            _ => unreachable!("entry consumed twice"),
-        }
-    }
-
-    fn add_stall(&self, pos: u64, d: Duration) {
-        let e = self.epoch_of(pos) as usize;
-        self.stats.lock().unwrap()[e].stall_seconds += d.as_secs_f64();
-    }
-
-    fn record(&self, epoch: u32, pos: u64, stalled: Duration, bytes: u64, src: Src, overflow: bool) {
-        let mut stats = self.stats.lock().unwrap();
-        let s = &mut stats[epoch as usize];
-        s.stall_seconds += stalled.as_secs_f64();
-        s.samples += 1;
-        s.bytes += bytes;
-        s.by_source[src as usize].0 += 1;
-        s.by_source[src as usize].1 += bytes;
-        if overflow {
-            s.overflow_bytes += bytes;
-        }
-        let end = self.epoch_starts[epoch as usize + 1];
-        if pos + 1 == end {
-            // Close the epoch's PFS figures.
-            let mut base = self.pfs_at_epoch_start.lock().unwrap();
-            let (b, f) = (
-                self.pfs_bytes.load(Ordering::Relaxed),
-                self.pfs_files.load(Ordering::Relaxed),
-            );
-            s.pfs_bytes_read = b - base.0;
-            s.pfs_files_read = f - base.1;
-            *base = (b, f);
-        }
-    }
-
-    fn release(&self, positions: &[u64]) {
-        // A forked child may drop leases it inherited; the engine (and its lock, possibly held
-        // by a thread that does not exist in the child) belongs to the parent.
-        if std::process::id() != self.owner_pid {
-            return;
-        }
-        let mut st = self.lock();
-        for &pos in positions {
-            if pos < st.base() {
-                continue;
-            }
-            let idx = (pos - st.base()) as usize;
-            if let Some(e) = st.entries.get_mut(idx) {
-                e.released = true;
-            }
-        }
-        let mut freed = false;
-        while st.entries.front().is_some_and(|e| e.released) {
-            let e = st.entries.pop_front().unwrap();
-            if let Slot::Ring { start, len } = e.slot {
-                st.ring_tail = start + len;
-            }
-            freed = true;
-        }
-        if freed {
-            self.freed.notify_all();
-        }
     }
 }

@@ -1,0 +1,278 @@
+//! The staging ring: byte slots allocated in access order, filled by the staging prefetcher,
+//! handed to the consumer as leases and freed in order when released.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{ClassStore, Inner, Lease, Region, Src};
+use crate::error::{Error, Result};
+
+pub(super) enum Slot {
+    Empty,
+    Ring { start: u64, len: u64 },
+    Arena { offset: u64, len: u64 },
+    Heap(Box<[u8]>),
+}
+
+pub(super) enum Status {
+    Pending,
+    Ready(Src),
+    Failed(Error),
+    Taken,
+}
+
+pub(super) struct Entry {
+    pub(super) sample: u32,
+    pub(super) slot: Slot,
+    pub(super) status: Status,
+    pub(super) released: bool,
+}
+
+pub(super) struct StagingState {
+    pub(super) entries: VecDeque<Entry>,
+    pub(super) next_alloc: u64,
+    pub(super) next_consume: u64,
+    pub(super) ring_head: u64,
+    pub(super) ring_tail: u64,
+}
+
+impl StagingState {
+    /// Position of `entries[0]`.
+    pub(super) fn base(&self) -> u64 {
+        self.next_alloc - self.entries.len() as u64
+    }
+}
+
+/// The staging ring's bytes: a shared file mapping in `/dev/shm`, so that worker processes
+/// (decoding for this rank) can read staged samples in place. Pages are allocated on first
+/// write, so untouched capacity costs no resident memory. The file is removed on drop (and by
+/// the node janitor if the process dies).
+pub(super) struct RingBuf {
+    pub(super) ptr: *mut u8,
+    pub(super) path: std::path::PathBuf,
+    pub(super) _map: memmap2::MmapRaw,
+}
+
+impl RingBuf {
+    pub(super) fn new(len: u64, path: std::path::PathBuf) -> Result<RingBuf> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| Error::io(&path, e))?;
+        file.set_len(len.max(1)).map_err(|e| Error::io(&path, e))?;
+        let map = memmap2::MmapRaw::map_raw(&file).map_err(|e| Error::io(&path, e))?;
+        Ok(RingBuf {
+            ptr: map.as_mut_ptr(),
+            path,
+            _map: map,
+        })
+    }
+}
+
+impl Drop for RingBuf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Inner {
+    /// Fill the staging ring strictly in access order.
+    pub(super) fn staging_prefetch(&self) {
+        loop {
+            let (pos, sample, slot_kind) = {
+                let mut st = self.lock();
+                loop {
+                    if self.shutdown.load(Ordering::Relaxed) || st.next_alloc >= self.total() {
+                        return;
+                    }
+                    // The consumer waiting for the very next sample while it still holds every
+                    // staged one must not wait for space it will never give back.
+                    let consumer_starved = st.next_consume == st.next_alloc;
+                    if st.entries.len() >= self.max_entries && !consumer_starved {
+                        st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+                        continue;
+                    }
+                    let sample = self.stream[st.next_alloc as usize];
+                    let len = self.source.size(sample);
+                    let slot = match self.store_of(sample) {
+                        _ if len == 0 => Slot::Empty,
+                        Some((_, ClassStore::Memory)) => Slot::Arena {
+                            offset: self.offset[sample as usize],
+                            len,
+                        },
+                        _ => {
+                            // Contiguous ring space; skip the ring's tail end if it is too short.
+                            let phys = st.ring_head % self.ring_cap;
+                            let start = if phys + len > self.ring_cap {
+                                st.ring_head + (self.ring_cap - phys)
+                            } else {
+                                st.ring_head
+                            };
+                            if start + len - st.ring_tail <= self.ring_cap {
+                                st.ring_head = start + len;
+                                Slot::Ring { start, len }
+                            } else if consumer_starved {
+                                // Stage it outside the ring rather than hang.
+                                Slot::Heap(vec![0u8; len as usize].into_boxed_slice())
+                            } else {
+                                st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+                                continue;
+                            }
+                        }
+                    };
+                    let pos = st.next_alloc;
+                    st.next_alloc += 1;
+                    let kind = match &slot {
+                        Slot::Empty => 0,
+                        Slot::Ring { .. } => 1,
+                        Slot::Arena { .. } => 2,
+                        Slot::Heap(_) => 3,
+                    };
+                    st.entries.push_back(Entry {
+                        sample,
+                        slot,
+                        status: Status::Pending,
+                        released: false,
+                    });
+                    break (pos, sample, kind);
+                }
+            };
+            let outcome = self.fetch(pos, sample, slot_kind);
+            let mut st = self.lock();
+            let idx = (pos - st.base()) as usize;
+            let entry = &mut st.entries[idx];
+            match outcome {
+                Ok((src, heap)) => {
+                    if let Some(h) = heap {
+                        entry.slot = Slot::Heap(h);
+                    }
+                    entry.status = Status::Ready(src);
+                }
+                Err(e) => entry.status = Status::Failed(e),
+            }
+            if pos == st.next_consume {
+                self.produced.notify_all();
+            }
+        }
+    }
+
+    pub(super) fn next(&self, timeout: Duration) -> Result<Option<Lease>> {
+        let t0 = Instant::now();
+        let mut st = self.lock();
+        let pos = st.next_consume;
+        if pos >= self.total() {
+            return Err(Error::Exhausted(format!(
+                "all {} epochs of this job were consumed",
+                self.batch_ends.len()
+            )));
+        }
+        loop {
+            if self.shutdown.load(Ordering::Relaxed) {
+                return Err(Error::Cancelled);
+            }
+            let ready =
+                st.next_alloc > pos && !matches!(st.entries[(pos - st.base()) as usize].status, Status::Pending);
+            if ready {
+                break;
+            }
+            if st.next_alloc <= pos {
+                // Producers may be waiting for space that only this wait can unlock.
+                self.freed.notify_all();
+            }
+            let left = timeout.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                self.add_stall(pos, t0.elapsed());
+                return Ok(None);
+            }
+            st = self
+                .produced
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let stalled = t0.elapsed();
+        let idx = (pos - st.base()) as usize;
+        st.next_consume += 1;
+        let entry = &mut st.entries[idx];
+        let sample = entry.sample;
+        let status = std::mem::replace(&mut entry.status, Status::Taken);
+        let (ptr, len, region, offset) = match &entry.slot {
+            Slot::Empty => (
+                std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8,
+                0,
+                Region::Private,
+                0,
+            ),
+            Slot::Ring { start, len } => (
+                self.ring_ptr(*start) as *const u8,
+                *len as usize,
+                Region::Ring,
+                start % self.ring_cap,
+            ),
+            Slot::Arena { offset, len } => (
+                self.cache.arena_ptr(*offset, *len) as *const u8,
+                *len as usize,
+                Region::Arena,
+                *offset,
+            ),
+            Slot::Heap(h) => (h.as_ptr(), h.len(), Region::Private, 0),
+        };
+        let overflow = matches!(entry.slot, Slot::Heap(_));
+        drop(st);
+        let epoch = self.epoch_of(pos);
+        match status {
+            Status::Ready(source) => {
+                self.record(epoch, pos, stalled, len as u64, source, overflow);
+                Ok(Some(Lease {
+                    pos,
+                    sample,
+                    label: self.source.label(sample),
+                    region,
+                    offset,
+                    ptr,
+                    len,
+                    source,
+                }))
+            }
+            Status::Failed(e) => {
+                self.release(&[pos]);
+                self.record(epoch, pos, stalled, 0, Src::Pfs, false);
+                Err(e)
+            }
+            _ => unreachable!("entry consumed twice"),
+        }
+    }
+
+    pub(super) fn release(&self, positions: &[u64]) {
+        // A forked child may drop leases it inherited; the engine (and its lock, possibly held
+        // by a thread that does not exist in the child) belongs to the parent.
+        if std::process::id() != self.owner_pid {
+            return;
+        }
+        let mut st = self.lock();
+        for &pos in positions {
+            if pos < st.base() {
+                continue;
+            }
+            let idx = (pos - st.base()) as usize;
+            if let Some(e) = st.entries.get_mut(idx) {
+                e.released = true;
+            }
+        }
+        let mut freed = false;
+        while st.entries.front().is_some_and(|e| e.released) {
+            let e = st.entries.pop_front().unwrap();
+            if let Slot::Ring { start, len } = e.slot {
+                st.ring_tail = start + len;
+            }
+            freed = true;
+        }
+        if freed {
+            self.freed.notify_all();
+        }
+    }
+}

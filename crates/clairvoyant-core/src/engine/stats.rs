@@ -1,0 +1,54 @@
+//! Per-epoch statistics of one rank.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Inner, Src};
+
+/// Per-epoch figures of one rank.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EpochStats {
+    pub epoch: u32,
+    pub samples: u64,
+    pub bytes: u64,
+    pub stall_seconds: f64,
+    pub by_source: [(u64, u64); 4],
+    /// Bytes this rank read from the dataset's storage while the epoch was consumed
+    /// (staging and class prefetchers together).
+    pub pfs_bytes_read: u64,
+    pub pfs_files_read: u64,
+    /// Bytes staged outside the ring because the consumer still held every staged sample.
+    pub overflow_bytes: u64,
+}
+
+impl Inner {
+    pub(super) fn add_stall(&self, pos: u64, d: Duration) {
+        let e = self.epoch_of(pos) as usize;
+        self.stats.lock().unwrap()[e].stall_seconds += d.as_secs_f64();
+    }
+
+    pub(super) fn record(&self, epoch: u32, pos: u64, stalled: Duration, bytes: u64, src: Src, overflow: bool) {
+        let mut stats = self.stats.lock().unwrap();
+        let s = &mut stats[epoch as usize];
+        s.stall_seconds += stalled.as_secs_f64();
+        s.samples += 1;
+        s.bytes += bytes;
+        s.by_source[src as usize].0 += 1;
+        s.by_source[src as usize].1 += bytes;
+        if overflow {
+            s.overflow_bytes += bytes;
+        }
+        let end = self.epoch_starts[epoch as usize + 1];
+        if pos + 1 == end {
+            // Close the epoch's PFS figures.
+            let mut base = self.pfs_at_epoch_start.lock().unwrap();
+            let (b, f) = (
+                self.pfs_bytes.load(Ordering::Relaxed),
+                self.pfs_files.load(Ordering::Relaxed),
+            );
+            s.pfs_bytes_read = b - base.0;
+            s.pfs_files_read = f - base.1;
+            *base = (b, f);
+        }
+    }
+}
