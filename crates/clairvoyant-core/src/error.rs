@@ -53,12 +53,24 @@ pub enum Error {
     /// The job was shut down while waiting.
     #[error("the job was shut down")]
     Cancelled,
+
+    /// A node-shared file or directory is not private to this user (a symlink, a file of another
+    /// user, group or world access): it is never read, written or truncated.
+    #[error("refusing {path}: {reason}")]
+    Untrusted { path: PathBuf, reason: String },
 }
 
 impl Error {
     pub fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Config {
             key: key.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn untrusted(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::Untrusted {
+            path: path.into(),
             reason: reason.into(),
         }
     }

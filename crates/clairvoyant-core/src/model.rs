@@ -976,6 +976,28 @@ impl SystemModel {
     }
 }
 
+/// A configured capacity limited to what the file system holding `path` has free; a warning
+/// naming `field` says so when it clamps.
+pub fn clamp_to_free(field: &str, capacity: u64, path: &std::path::Path) -> u64 {
+    let Ok(free) = crate::sysinfo::free_space(path) else {
+        return capacity;
+    };
+    if capacity <= free {
+        return capacity;
+    }
+    crate::tier::warn_once(
+        field,
+        &format!(
+            "{field} is {} but {} has {} free; using {}",
+            format_bytes(capacity),
+            path.display(),
+            format_bytes(free),
+            format_bytes(free)
+        ),
+    );
+    free
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,8 +56,15 @@ pub mod env {
         doc: "Capacity of the staging buffer, e.g. \"512MiB\". Overrides the file.",
     };
 
+    /// Directory for node-shared memory (the node cache's state, memory class, staging rings).
+    pub const SHM_DIR: Var = Var {
+        name: "CLAIRVOYANT_SHM_DIR",
+        default: "/dev/shm, else the temp dir",
+        doc: "Directory (normally a tmpfs) holding the per-user directory of node-shared segments.",
+    };
+
     /// All of them.
-    pub const ALL: [Var; 5] = [CONFIG, CACHE_DIR, SSD_DIR, MEMORY, STAGING];
+    pub const ALL: [Var; 6] = [CONFIG, CACHE_DIR, SSD_DIR, MEMORY, STAGING, SHM_DIR];
 
     /// The value of `var`; None when unset or empty.
     pub fn get(var: Var) -> Option<String> {

@@ -247,6 +247,7 @@ impl PyEngine {
             d.set_item("pfs_bytes_read", s.pfs_bytes_read)?;
             d.set_item("pfs_files_read", s.pfs_files_read)?;
             d.set_item("overflow_bytes", s.overflow_bytes)?;
+            d.set_item("corrupt", s.corrupt)?;
             out.push(d);
         }
         Ok(out)

@@ -1,11 +1,37 @@
 //! The node cache's name.
 
 use super::JobSpec;
+use crate::model::ClassKind;
+use crate::tier::ClassRequest;
 
-/// The node cache's name: a hash of everything but capacities that decides the placement.
-pub(super) fn node_key(spec: &JobSpec, fingerprint: u64) -> u64 {
+/// A run id that tells runs apart. torchrun without `--standalone` sets
+/// `TORCHELASTIC_RUN_ID=none` for every run: that says nothing.
+pub(super) fn meaningful_run_id(id: &str) -> &str {
+    match id.trim() {
+        "none" | "None" | "NONE" => "",
+        s => s,
+    }
+}
+
+/// The node cache's name: a hash of the user, the dataset, the schedule, the local ranks, the
+/// classes (names and kinds, not capacities: those are agreed in the cache) and a meaningful run
+/// id. Not the parent process: ranks started by per-rank wrapper scripts must find one cache.
+/// Unrelated runs with equal keys are told apart by the cache's rank table (generations).
+pub(super) fn node_key(spec: &JobSpec, fingerprint: u64, classes: &[ClassRequest]) -> u64 {
     let sched = &spec.schedule;
-    let mut h = fnv1a(spec.run_id.as_bytes(), 0xcbf2_9ce4_8422_2325);
+    let mut h = fnv1a(meaningful_run_id(&spec.run_id).as_bytes(), 0xcbf2_9ce4_8422_2325);
+    h = fnv1a(&crate::tier::secure::uid().to_le_bytes(), h);
+    for c in classes {
+        h = fnv1a(c.name.as_bytes(), h);
+        h = fnv1a(&[0xff], h);
+        match &c.kind {
+            ClassKind::Memory => h = fnv1a(b"memory", h),
+            ClassKind::Directory { path } => {
+                h = fnv1a(b"directory", h);
+                h = fnv1a(path.as_os_str().as_encoded_bytes(), h);
+            }
+        }
+    }
     h = fnv1a(&fingerprint.to_le_bytes(), h);
     h = fnv1a(&spec.first_epoch.to_le_bytes(), h);
     for v in [
@@ -39,4 +65,16 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn none_is_not_a_run_id() {
+        assert_eq!(meaningful_run_id("none"), "");
+        assert_eq!(meaningful_run_id(" "), "");
+        assert_eq!(meaningful_run_id("job-7"), "job-7");
+    }
 }

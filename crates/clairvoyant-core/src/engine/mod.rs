@@ -18,7 +18,7 @@ use crate::model::{ClassKind, SystemModel};
 use crate::plan::{AccessCounts, Placement, UNCACHED};
 use crate::schedule::Schedule;
 use crate::source::Source;
-use crate::tier::NodeCache;
+use crate::tier::{ClassRequest, NodeCache};
 
 mod key;
 mod prefetch;
@@ -85,10 +85,13 @@ pub struct Lease {
 
 // SAFETY: a lease points into memory kept alive by the engine's shared state until released.
 unsafe impl Send for Lease {}
-#[derive(Clone, Copy)]
+/// How a class hands out bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum ClassStore {
-    Memory,
-    Directory(usize),
+    /// A shared mapping (the memory class): consumers read in place.
+    Mapped,
+    /// Copied into the staging ring (directory classes).
+    Copy,
 }
 
 struct Inner {
@@ -100,6 +103,10 @@ struct Inner {
     offset: Vec<u64>,
     stores: Vec<ClassStore>,
     cache: NodeCache,
+    /// The dataset has files whose stamps are recorded and checked.
+    stamps: bool,
+    /// Samples whose dataset stamp this job checked (or filled itself).
+    checked: Vec<AtomicBool>,
     ring: RingBuf,
     ring_cap: u64,
     max_entries: usize,
@@ -142,12 +149,7 @@ impl Engine {
                 ),
             ));
         }
-        if !spec.local_ranks.contains(&spec.rank) {
-            return Err(Error::config(
-                "local_ranks",
-                format!("must include this rank {}", spec.rank),
-            ));
-        }
+        validate_ranks(&spec)?;
         let (largest, largest_size) = source.largest().unwrap_or((0, 0));
         if largest_size > model.staging.capacity {
             return Err(Error::TooLarge {
@@ -158,17 +160,7 @@ impl Engine {
                 capacity: model.staging.capacity,
             });
         }
-        for c in &model.classes {
-            if c.capacity > 0 && c.capacity < largest_size {
-                return Err(Error::TooLarge {
-                    sample: largest as u64,
-                    path: source.path(largest).display().to_string(),
-                    size: largest_size,
-                    what: format!("storage class '{}' (class.{}.capacity)", c.name, c.name),
-                    capacity: c.capacity,
-                });
-            }
-        }
+        // A sample larger than a storage class is simply not placed there (see `plan`).
 
         // This rank's stream over the whole run.
         if spec.first_epoch >= sched.epochs {
@@ -189,55 +181,49 @@ impl Engine {
         }
 
         // The node cache: every local rank derives the same key, agrees on the capacities the
-        // first rank proposed, and so computes the very same placement.
+        // first rank decided, and so computes the very same placement.
         let f = source.len();
-        let mut cache = NodeCache::attach(
-            &format!("{:016x}", node_key(&spec, source.fingerprint())),
-            f,
-            spec.local_ranks.len() as u32,
-        )?;
-        let typical = if f == 0 { 0 } else { source.total_bytes() / f as u64 };
+        let total_bytes = source.total_bytes();
+        let typical = if f == 0 { 0 } else { total_bytes / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
-        let proposal: Vec<u64> = useful.iter().map(|&j| model.classes[j].capacity).collect();
-        let capacities = cache.agree(&proposal)?;
-        if capacities.len() != proposal.len() {
-            return Err(Error::config(
-                "class",
-                format!(
-                    "this rank would cache in {} classes but another local rank chose {}: give every local rank the same configuration",
-                    proposal.len(),
-                    capacities.len()
-                ),
-            ));
-        }
+        let requests: Vec<ClassRequest> = useful
+            .iter()
+            .map(|&j| {
+                let c = &model.classes[j];
+                let mut capacity = c.capacity.min(total_bytes);
+                if let ClassKind::Directory { path } = &c.kind {
+                    capacity = crate::model::clamp_to_free(&format!("class.{}.capacity", c.name), capacity, path);
+                }
+                ClassRequest {
+                    name: c.name.clone(),
+                    kind: c.kind.clone(),
+                    capacity,
+                }
+            })
+            .collect();
+        let key = node_key(&spec, source.fingerprint(), &requests);
+        let rank_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
+        let mut cache = NodeCache::attach(&format!("{key:016x}"), f, rank_index, spec.local_ranks.len() as u32)?;
+        let ring_reserve = model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64);
+        let capacities = cache.setup(&requests, ring_reserve)?;
         let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
         let placement = Placement::compute(&access, |k| source.size(k), &capacities);
 
         let mut stores = Vec::new();
-        let mut dirs = Vec::new();
-        let mut arena_len = 0;
         let mut placement_summary = Vec::new();
-        for (i, &j) in useful.iter().enumerate() {
-            let class = &model.classes[j];
-            placement_summary.push((class.name.clone(), placement.samples[i], placement.used[i]));
-            match &class.kind {
-                ClassKind::Memory => {
-                    if arena_len > 0 {
-                        return Err(Error::config("class", "at most one memory class is supported"));
-                    }
-                    arena_len = placement.used[i];
-                    stores.push(ClassStore::Memory);
-                }
-                ClassKind::Directory { path } => {
-                    stores.push(ClassStore::Directory(dirs.len()));
-                    dirs.push(path.clone());
-                }
-            }
+        for (i, r) in requests.iter().enumerate() {
+            placement_summary.push((r.name.clone(), placement.samples[i], placement.used[i]));
+            stores.push(if cache.tier(i).shared_path().is_some() {
+                ClassStore::Mapped
+            } else {
+                ClassStore::Copy
+            });
         }
-        cache.map_classes(arena_len, &dirs)?;
+        let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
 
         let ring_cap = model.staging.capacity;
-        let ring = RingBuf::new(ring_cap, cache.ring_path(spec.rank))?;
+        let (ring_path, ring_file) = cache.create_ring(spec.rank, ring_cap.max(1))?;
+        let ring = RingBuf::new(ring_file, ring_path)?;
         // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples served
         // from the memory class take no ring space, so this must cover every batch a consumer
         // keeps in flight (e.g. decode workers x prefetch depth x batch size) or the staging
@@ -253,6 +239,8 @@ impl Engine {
             offset: placement.offset,
             stores,
             cache,
+            stamps,
+            checked: (0..f).map(|_| AtomicBool::new(false)).collect(),
             ring,
             ring_cap,
             max_entries,
@@ -304,7 +292,7 @@ impl Engine {
                 );
             }
         }
-        for t in 0..model.staging.threads.max(1) {
+        for t in 0..staging::staging_threads(model) {
             let inner = inner.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -441,15 +429,31 @@ impl Engine {
 
     /// Stop all threads; waiting consumers get `Error::Cancelled`. Idempotent.
     pub fn shutdown(&self) {
+        // A forked child has none of the parent's threads and must not touch its cache.
+        if std::process::id() != self.inner.owner_pid {
+            return;
+        }
         self.inner.shutdown.store(true, Ordering::SeqCst);
         {
             let _g = self.inner.lock();
             self.inner.produced.notify_all();
             self.inner.freed.notify_all();
         }
-        let threads: Vec<_> = self.threads.lock().unwrap().drain(..).collect();
+        let threads: Vec<_> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
         for t in threads {
             let _ = t.join();
+        }
+        // Release the shared memory now: the ring's file goes at once, its mapping as soon as no
+        // lease is alive.
+        self.inner.ring.unlink();
+        {
+            let st = self.inner.lock();
+            self.inner.unmap_if_idle(&st);
         }
         // Leave the node cache now rather than when the last lease is garbage collected, so a
         // job started next attaches to a fresh cache; mappings stay valid for live leases.
@@ -499,4 +503,46 @@ impl Inner {
         let c = self.class_of[sample as usize];
         (c != UNCACHED).then(|| (c as usize, self.stores[c as usize]))
     }
+}
+
+/// Rank, world size and local ranks must describe one machine of the run.
+fn validate_ranks(spec: &JobSpec) -> Result<()> {
+    let world = spec.schedule.world_size;
+    if spec.rank >= world {
+        return Err(Error::config(
+            "rank",
+            format!("{} is outside world size {world}", spec.rank),
+        ));
+    }
+    if let Some(r) = spec.local_ranks.iter().find(|&&r| r >= world) {
+        return Err(Error::config(
+            "local_ranks",
+            format!("{:?} holds rank {r}, outside world size {world}", spec.local_ranks),
+        ));
+    }
+    let mut sorted = spec.local_ranks.clone();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[0] == w[1]) {
+        return Err(Error::config(
+            "local_ranks",
+            format!("{:?} names a rank twice", spec.local_ranks),
+        ));
+    }
+    if !spec.local_ranks.contains(&spec.rank) {
+        return Err(Error::config(
+            "local_ranks",
+            format!("{:?} must include this rank {}", spec.local_ranks, spec.rank),
+        ));
+    }
+    if spec.local_ranks.len() > crate::tier::state::MAX_LOCAL_RANKS {
+        return Err(Error::config(
+            "local_ranks",
+            format!(
+                "{} local ranks; at most {} share one node cache",
+                spec.local_ranks.len(),
+                crate::tier::state::MAX_LOCAL_RANKS
+            ),
+        ));
+    }
+    Ok(())
 }

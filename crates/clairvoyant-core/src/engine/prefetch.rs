@@ -1,18 +1,102 @@
 //! Class prefetchers (each rank fills its share of every storage class in order of first
-//! need) and the fetch of one staged sample from the fastest tier that has it.
+//! need) and the fetch of one staged sample from the fastest tier that has it. Every cached copy
+//! is checked against the checksum recorded when it was read from the dataset, and against the
+//! dataset file's stamp (size, mtime, inode) once per job; a wrong copy is read again from the
+//! dataset and counted as corrupt.
 
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::staging::Slot;
 use super::{ClassStore, Inner, Src};
 use crate::error::Result;
-use crate::tier::Acquire;
+use crate::tier::{Acquire, Filled, Verified};
+
+/// What [`Inner::fetch`] produced for one staged sample.
+pub(super) struct Fetched {
+    pub(super) src: Src,
+    /// The bytes had to be staged outside their planned place.
+    pub(super) heap: Option<Box<[u8]>>,
+    /// A cached copy was wrong (and was replaced by the dataset's bytes).
+    pub(super) corrupt: bool,
+}
+
+impl Fetched {
+    fn from(src: Src) -> Self {
+        Fetched {
+            src,
+            heap: None,
+            corrupt: false,
+        }
+    }
+}
 
 impl Inner {
     pub(super) fn read_source(&self, sample: u32, buf: &mut [u8]) -> Result<()> {
         self.source.read_into(sample, buf)?;
         self.pfs_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.pfs_files.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A 32-bit digest of the dataset file's (size, mtime, inode, device): 0 when the source has
+    /// no files to stat. Taken before the bytes are read, so a file changed while it is read
+    /// looks changed later rather than current.
+    pub(super) fn stamp(&self, sample: u32) -> u32 {
+        if !self.stamps {
+            return 0;
+        }
+        match std::fs::metadata(self.source.path(sample)) {
+            Ok(m) => {
+                let mut b = [0u8; 40];
+                b[0..8].copy_from_slice(&m.len().to_le_bytes());
+                b[8..16].copy_from_slice(&m.mtime().to_le_bytes());
+                b[16..24].copy_from_slice(&m.mtime_nsec().to_le_bytes());
+                b[24..32].copy_from_slice(&m.ino().to_le_bytes());
+                b[32..40].copy_from_slice(&m.dev().to_le_bytes());
+                (crate::tier::checksum(&b) as u32) | 1
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Whether the cached copy of `sample` is of the dataset file as it is now. Checked once per
+    /// sample per job (a stat), not on every access.
+    fn current(&self, sample: u32) -> bool {
+        if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) {
+            return true;
+        }
+        let (_, recorded) = self.cache.state().record(sample);
+        let ok = recorded == 0 || recorded == self.stamp(sample);
+        if ok {
+            self.checked[sample as usize].store(true, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// Read claimed `sample` from the dataset into class `class` and publish it (or give the
+    /// claim back). `buf` is scratch space for classes that are not mapped.
+    fn fill_claimed(&self, class: usize, sample: u32, buf: &mut Vec<u8>) -> Result<()> {
+        let len = self.source.size(sample);
+        let place = self.offset[sample as usize];
+        let stamp = self.stamp(sample);
+        let in_place = self.cache.fill_slot(class, place, len);
+        let bytes: &mut [u8] = match in_place {
+            // SAFETY: the claim gives this thread exclusive write access to the sample's range of
+            // the mapped class until it publishes; the tier checked the range.
+            Some(p) => unsafe { std::slice::from_raw_parts_mut(p, len as usize) },
+            None => {
+                buf.resize(len as usize, 0);
+                &mut buf[..]
+            }
+        };
+        if let Err(e) = self.read_source(sample, bytes) {
+            self.cache.state().abandon(sample);
+            return Err(e);
+        }
+        if let Filled::Ready = self.cache.fill(class, sample, place, bytes, stamp, in_place.is_some()) {
+            self.checked[sample as usize].store(true, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -25,57 +109,21 @@ impl Inner {
             }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(&k) = share.get(i) else { return };
-            if !self.cache.claim(k) {
+            if !self.cache.state().claim(k) {
                 continue;
             }
-            let len = self.source.size(k);
-            let ok = match self.stores[class] {
-                ClassStore::Memory => {
-                    // SAFETY: the claim gives this thread exclusive write access to the
-                    // sample's static arena range until it publishes.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(self.cache.arena_ptr(self.offset[k as usize], len), len as usize)
-                    };
-                    self.read_source(k, dst).is_ok()
-                }
-                ClassStore::Directory(d) => {
-                    buf.resize(len as usize, 0);
-                    self.read_source(k, &mut buf).is_ok() && self.cache.write_file(d, k, &buf).is_ok()
-                }
-            };
-            // A failed fill is published as FAILED: readers then go to the source themselves
-            // and report the error at the sample it belongs to.
-            self.cache.publish(k, ok);
+            // A failed read gives the claim back: the staging prefetcher retries it and reports
+            // the error at the sample it belongs to.
+            let _ = self.fill_claimed(class, k, &mut buf);
         }
     }
 
-    /// Fetch `sample` for staging position `pos`. Returns the source, and a heap buffer when
-    /// the sample had to be staged outside its planned place.
-    pub(super) fn fetch(&self, pos: u64, sample: u32, slot_kind: u8) -> Result<(Src, Option<Box<[u8]>>)> {
+    /// Fetch `sample` for staging position `pos`.
+    pub(super) fn fetch(&self, pos: u64, sample: u32, slot_kind: u8) -> Result<Fetched> {
         let len = self.source.size(sample);
         let dst: &mut [u8] = match slot_kind {
-            0 => return Ok((Src::Staging, None)),
-            2 => {
-                let off = self.offset[sample as usize];
-                match self.cache.acquire(sample, self.fill_timeout) {
-                    Acquire::Ready => return Ok((Src::Memory, None)),
-                    Acquire::Claimed => {
-                        // SAFETY: claimed; exclusive until published.
-                        let dst =
-                            unsafe { std::slice::from_raw_parts_mut(self.cache.arena_ptr(off, len), len as usize) };
-                        let r = self.read_source(sample, dst);
-                        self.cache.publish(sample, r.is_ok());
-                        r?;
-                        return Ok((Src::Pfs, None));
-                    }
-                    Acquire::Unavailable => {
-                        // Failed or stuck elsewhere: read it ourselves into a private buffer.
-                        let mut heap = vec![0u8; len as usize].into_boxed_slice();
-                        self.read_source(sample, &mut heap)?;
-                        return Ok((Src::Pfs, Some(heap)));
-                    }
-                }
-            }
+            0 => return Ok(Fetched::from(Src::Staging)),
+            2 => return self.fetch_mapped(sample, len),
             _ => {
                 let st = self.lock();
                 let e = &st.entries[(pos - st.base()) as usize];
@@ -90,20 +138,82 @@ impl Inner {
                 unsafe { std::slice::from_raw_parts_mut(ptr, len as usize) }
             }
         };
-        if let Some((_, ClassStore::Directory(d))) = self.store_of(sample) {
-            match self.cache.acquire(sample, self.fill_timeout) {
-                Acquire::Ready if self.cache.read_file(d, sample, dst).is_ok() => return Ok((Src::Ssd, None)),
-                Acquire::Claimed => {
-                    let r = self.read_source(sample, dst);
-                    let ok = r.is_ok() && self.cache.write_file(d, sample, dst).is_ok();
-                    self.cache.publish(sample, ok);
-                    r?;
-                    return Ok((Src::Pfs, None));
+        let mut corrupt = false;
+        if let Some((class, ClassStore::Copy)) = self.store_of(sample) {
+            let state = self.cache.state();
+            let place = self.offset[sample as usize];
+            match state.acquire(sample, self.fill_timeout) {
+                Acquire::Ready => {
+                    let good = self.cache.read_verified(class, sample, place, dst) == Verified::Good;
+                    if good && self.current(sample) {
+                        return Ok(Fetched::from(Src::Ssd));
+                    }
+                    corrupt = !good;
+                    // Replace the copy with the dataset's bytes, unless someone else already is.
+                    self.read_source(sample, dst)?;
+                    if state.reclaim(sample) {
+                        let stamp = self.stamp(sample);
+                        if let Filled::Ready = self.cache.fill(class, sample, place, dst, stamp, false) {
+                            self.checked[sample as usize].store(true, Ordering::Relaxed);
+                        }
+                    }
+                    return Ok(Fetched {
+                        corrupt,
+                        ..Fetched::from(Src::Pfs)
+                    });
                 }
-                _ => {}
+                Acquire::Claimed => {
+                    let stamp = self.stamp(sample);
+                    if let Err(e) = self.read_source(sample, dst) {
+                        state.abandon(sample);
+                        return Err(e);
+                    }
+                    if let Filled::Ready = self.cache.fill(class, sample, place, dst, stamp, false) {
+                        self.checked[sample as usize].store(true, Ordering::Relaxed);
+                    }
+                    return Ok(Fetched::from(Src::Pfs));
+                }
+                Acquire::NoSpace | Acquire::Busy => {}
             }
         }
         self.read_source(sample, dst)?;
-        Ok((Src::Pfs, None))
+        Ok(Fetched {
+            corrupt,
+            ..Fetched::from(Src::Pfs)
+        })
+    }
+
+    /// A sample of the mapped memory class: served in place (checked by the consumer, see
+    /// [`Inner::check_mapped`]); filled in place when this rank claims it; read into a private
+    /// buffer when the dataset file changed, the class has no room for it, or its filler is
+    /// stuck.
+    fn fetch_mapped(&self, sample: u32, len: u64) -> Result<Fetched> {
+        let (class, _) = self.store_of(sample).expect("mapped class");
+        match self.cache.state().acquire(sample, self.fill_timeout) {
+            Acquire::Ready if self.current(sample) => return Ok(Fetched::from(Src::Memory)),
+            Acquire::Claimed => {
+                let mut scratch = Vec::new();
+                self.fill_claimed(class, sample, &mut scratch)?;
+                if self.cache.state().state(sample) == crate::tier::READY {
+                    return Ok(Fetched::from(Src::Pfs));
+                }
+            }
+            _ => {}
+        }
+        // Other processes may hold views of the shared copy: read into private memory.
+        let mut heap = vec![0u8; len as usize].into_boxed_slice();
+        self.read_source(sample, &mut heap)?;
+        Ok(Fetched {
+            heap: Some(heap),
+            ..Fetched::from(Src::Pfs)
+        })
+    }
+
+    /// Check a memory-class sample just before it is handed to the consumer (as late as
+    /// possible, so a copy damaged or truncated after staging is still caught): the arena file
+    /// still holds it and its checksum matches. None: read it from the dataset instead.
+    pub(super) fn check_mapped(&self, sample: u32, offset: u64, len: u64) -> Option<*const u8> {
+        let (class, _) = self.store_of(sample)?;
+        self.cache.view_verified(class, sample, offset, len).ok().flatten()
     }
 }

@@ -5,13 +5,21 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::stats::Served;
 use super::{ClassStore, Inner, Lease, Region, Src};
 use crate::error::{Error, Result};
 
 pub(super) enum Slot {
     Empty,
-    Ring { start: u64, len: u64 },
-    Arena { offset: u64, len: u64 },
+    Ring {
+        start: u64,
+        len: u64,
+    },
+    /// In the node's mapped memory class (checked when handed to the consumer).
+    Arena {
+        offset: u64,
+        len: u64,
+    },
     Heap(Box<[u8]>),
 }
 
@@ -27,6 +35,8 @@ pub(super) struct Entry {
     pub(super) slot: Slot,
     pub(super) status: Status,
     pub(super) released: bool,
+    /// The cached copy was wrong and the sample was read again from the dataset.
+    pub(super) corrupt: bool,
 }
 
 pub(super) struct StagingState {
@@ -44,38 +54,55 @@ impl StagingState {
     }
 }
 
-/// The staging ring's bytes: a shared file mapping in `/dev/shm`, so that worker processes
-/// (decoding for this rank) can read staged samples in place. Pages are allocated on first
-/// write, so untouched capacity costs no resident memory. The file is removed on drop (and by
-/// the node janitor if the process dies).
+/// How many staging prefetch threads fetch for one rank (`p_0`). The one place that decides it:
+/// a read-concurrency controller replaces this.
+pub(super) fn staging_threads(model: &crate::model::SystemModel) -> u32 {
+    model.staging.threads.max(1)
+}
+
+/// The staging ring's bytes: a shared file mapping in the node cache's private directory, so
+/// that worker processes (decoding for this rank) can read staged samples in place. Its space is
+/// reserved when it is created (a full tmpfs shows up then, and the ring goes to a disk file,
+/// rather than as SIGBUS on first write). The file is unlinked when the job closes (and by the
+/// janitor if the process dies); the mapping is dropped once no lease is alive.
 pub(super) struct RingBuf {
     pub(super) ptr: *mut u8,
     pub(super) path: std::path::PathBuf,
-    pub(super) _map: memmap2::MmapRaw,
+    map: std::sync::Mutex<Option<memmap2::MmapRaw>>,
+    owner_pid: u32,
 }
 
 impl RingBuf {
-    pub(super) fn new(len: u64, path: std::path::PathBuf) -> Result<RingBuf> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        file.set_len(len.max(1)).map_err(|e| Error::io(&path, e))?;
+    pub(super) fn new(file: std::fs::File, path: std::path::PathBuf) -> Result<RingBuf> {
         let map = memmap2::MmapRaw::map_raw(&file).map_err(|e| Error::io(&path, e))?;
         Ok(RingBuf {
             ptr: map.as_mut_ptr(),
             path,
-            _map: map,
+            map: std::sync::Mutex::new(Some(map)),
+            owner_pid: std::process::id(),
         })
+    }
+
+    /// Remove the file (mappings stay valid).
+    pub(super) fn unlink(&self) {
+        if std::process::id() == self.owner_pid {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    /// Drop the mapping: nothing may read or write the ring afterwards.
+    pub(super) fn unmap(&self) {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    pub(super) fn is_mapped(&self) -> bool {
+        self.map.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 }
 
 impl Drop for RingBuf {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.unlink();
     }
 }
 
@@ -100,7 +127,7 @@ impl Inner {
                     let len = self.source.size(sample);
                     let slot = match self.store_of(sample) {
                         _ if len == 0 => Slot::Empty,
-                        Some((_, ClassStore::Memory)) => Slot::Arena {
+                        Some((_, ClassStore::Mapped)) => Slot::Arena {
                             offset: self.offset[sample as usize],
                             len,
                         },
@@ -137,6 +164,7 @@ impl Inner {
                         slot,
                         status: Status::Pending,
                         released: false,
+                        corrupt: false,
                     });
                     break (pos, sample, kind);
                 }
@@ -146,11 +174,12 @@ impl Inner {
             let idx = (pos - st.base()) as usize;
             let entry = &mut st.entries[idx];
             match outcome {
-                Ok((src, heap)) => {
-                    if let Some(h) = heap {
+                Ok(f) => {
+                    if let Some(h) = f.heap {
                         entry.slot = Slot::Heap(h);
                     }
-                    entry.status = Status::Ready(src);
+                    entry.corrupt = f.corrupt;
+                    entry.status = Status::Ready(f.src);
                 }
                 Err(e) => entry.status = Status::Failed(e),
             }
@@ -213,20 +242,59 @@ impl Inner {
                 Region::Ring,
                 start % self.ring_cap,
             ),
-            Slot::Arena { offset, len } => (
-                self.cache.arena_ptr(*offset, *len) as *const u8,
-                *len as usize,
-                Region::Arena,
-                *offset,
-            ),
+            Slot::Arena { offset, len } => (std::ptr::null(), *len as usize, Region::Arena, *offset),
             Slot::Heap(h) => (h.as_ptr(), h.len(), Region::Private, 0),
         };
         let overflow = matches!(entry.slot, Slot::Heap(_));
+        let mut corrupt = entry.corrupt;
         drop(st);
+        let (mut ptr, mut region, mut offset) = (ptr, region, offset);
+        if region == Region::Arena && matches!(status, Status::Ready(_)) {
+            match self.check_mapped(sample, offset, len as u64) {
+                Some(p) => ptr = p,
+                None => {
+                    // Damaged after it was staged: the dataset's bytes, in private memory.
+                    corrupt = true;
+                    let mut heap = vec![0u8; len].into_boxed_slice();
+                    let read = self.read_source(sample, &mut heap);
+                    let mut st = self.lock();
+                    let idx = (pos - st.base()) as usize;
+                    ptr = heap.as_ptr();
+                    (region, offset) = (Region::Private, 0);
+                    st.entries[idx].slot = Slot::Heap(heap);
+                    drop(st);
+                    if let Err(e) = read {
+                        self.release(&[pos]);
+                        self.record(
+                            self.epoch_of(pos),
+                            pos,
+                            stalled,
+                            Served {
+                                bytes: 0,
+                                src: Src::Pfs,
+                                overflow: false,
+                                corrupt: true,
+                            },
+                        );
+                        return Err(e);
+                    }
+                }
+            }
+        }
         let epoch = self.epoch_of(pos);
         match status {
             Status::Ready(source) => {
-                self.record(epoch, pos, stalled, len as u64, source, overflow);
+                self.record(
+                    epoch,
+                    pos,
+                    stalled,
+                    Served {
+                        bytes: len as u64,
+                        src: source,
+                        overflow,
+                        corrupt,
+                    },
+                );
                 Ok(Some(Lease {
                     pos,
                     sample,
@@ -240,7 +308,17 @@ impl Inner {
             }
             Status::Failed(e) => {
                 self.release(&[pos]);
-                self.record(epoch, pos, stalled, 0, Src::Pfs, false);
+                self.record(
+                    epoch,
+                    pos,
+                    stalled,
+                    Served {
+                        bytes: 0,
+                        src: Src::Pfs,
+                        overflow: false,
+                        corrupt,
+                    },
+                );
                 Err(e)
             }
             _ => unreachable!("entry consumed twice"),
@@ -273,6 +351,24 @@ impl Inner {
         }
         if freed {
             self.freed.notify_all();
+        }
+        self.unmap_if_idle(&st);
+    }
+
+    /// After shutdown, drop the ring's mapping once every handed-out sample is released
+    /// (samples never handed out are not coming back for).
+    pub(super) fn unmap_if_idle(&self, st: &StagingState) {
+        if !self.shutdown.load(Ordering::Relaxed) || !self.ring.is_mapped() {
+            return;
+        }
+        let base = st.base();
+        let outstanding = st
+            .entries
+            .iter()
+            .enumerate()
+            .any(|(i, e)| base + (i as u64) < st.next_consume && !e.released);
+        if !outstanding {
+            self.ring.unmap();
         }
     }
 }

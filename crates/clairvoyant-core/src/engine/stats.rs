@@ -19,6 +19,19 @@ pub struct EpochStats {
     pub pfs_files_read: u64,
     /// Bytes staged outside the ring because the consumer still held every staged sample.
     pub overflow_bytes: u64,
+    /// Samples whose cached copy was wrong (checksum mismatch or short) and that were read
+    /// again from the dataset.
+    pub corrupt: u64,
+}
+
+/// How one consumed sample was served.
+pub(super) struct Served {
+    pub(super) bytes: u64,
+    pub(super) src: Src,
+    /// Staged outside the ring.
+    pub(super) overflow: bool,
+    /// Its cached copy was wrong.
+    pub(super) corrupt: bool,
 }
 
 impl Inner {
@@ -27,7 +40,13 @@ impl Inner {
         self.stats.lock().unwrap()[e].stall_seconds += d.as_secs_f64();
     }
 
-    pub(super) fn record(&self, epoch: u32, pos: u64, stalled: Duration, bytes: u64, src: Src, overflow: bool) {
+    pub(super) fn record(&self, epoch: u32, pos: u64, stalled: Duration, served: Served) {
+        let Served {
+            bytes,
+            src,
+            overflow,
+            corrupt,
+        } = served;
         let mut stats = self.stats.lock().unwrap();
         let s = &mut stats[epoch as usize];
         s.stall_seconds += stalled.as_secs_f64();
@@ -37,6 +56,9 @@ impl Inner {
         s.by_source[src as usize].1 += bytes;
         if overflow {
             s.overflow_bytes += bytes;
+        }
+        if corrupt {
+            s.corrupt += 1;
         }
         let end = self.epoch_starts[epoch as usize + 1];
         if pos + 1 == end {

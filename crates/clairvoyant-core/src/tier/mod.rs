@@ -1,396 +1,410 @@
-//! Node-shared tiers: one cache per machine, mapped by every local rank. A state word per sample
-//! lives in a shared-memory segment; the memory class is a second segment laid out statically by
-//! the placement (a sample's offset is known before it is fetched); a directory class keeps one
-//! file per sample. Local ranks claim, fill and read samples through these words, so a sample is
-//! cached once per node and read from the dataset's storage once.
+//! Node-shared tiers: one cache per machine, mapped by every local rank. A state segment holds a
+//! record per sample (state word naming its claimant, checksum, dataset-file stamp); the tiers
+//! hold the bytes: the memory class (a shared arena laid out statically by the placement) and
+//! directory classes (one file per sample), all behind the [`Tier`] trait. Local ranks claim,
+//! fill and read samples through the records, so a sample is cached once per node, read from
+//! the dataset's storage once, and checked before its cached bytes are used.
+//!
+//! Everything lives in a private per-user directory (see [`secure`]); caches whose processes
+//! all died are removed by the next attach ([`NodeCache::attach`]).
 
-use std::fs::{File, OpenOptions};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Duration;
-
-use memmap2::MmapRaw;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
+use crate::model::ClassKind;
 
+pub mod directory;
+pub mod faulty;
 pub mod futex;
+pub mod memory;
+pub mod secure;
+pub mod state;
 
-/// State of a sample in its class.
-pub const EMPTY: u32 = 0;
-pub const FILLING: u32 = 1;
-pub const READY: u32 = 2;
-pub const FAILED: u32 = 3;
+pub use directory::DirectoryTier;
+pub use faulty::Faulty;
+pub use memory::MemoryTier;
+pub use state::{Acquire, ArenaAt, StateSegment, EMPTY, FILLING, NOSPACE, READY};
 
-const MAGIC: u32 = 0x4356_0002; // "CV", layout version 2
-/// Header words: magic, attached now, detached so far, capacity agreement state, number of
-/// agreed capacities, 3 reserved, one slot per process id, then the agreed capacities (u64 as
-/// two words each).
-const PID_SLOTS: usize = 64;
-const FIRST_PID_SLOT: usize = 8;
-const MAX_CLASSES: usize = 8;
-const FIRST_CAPACITY: usize = FIRST_PID_SLOT + PID_SLOTS;
-const HEADER_WORDS: usize = FIRST_CAPACITY + 2 * MAX_CLASSES;
+/// Why a tier could not store or hand out a sample's bytes.
+#[derive(Debug)]
+pub enum Fault {
+    /// The tier's storage is full: the sample stays uncached in this tier.
+    NoSpace,
+    /// Fewer bytes than the sample has (a truncated file or segment).
+    Short {
+        expected: u64,
+        got: u64,
+    },
+    /// The bytes do not match the checksum recorded when the sample was filled.
+    Mismatch,
+    Io(Error),
+}
 
-/// Outcome of [`NodeCache::acquire`].
+/// One storage class of the node cache. `place` is where the placement put the sample (its
+/// byte offset in a memory arena; unused by a directory). Claims and checksums are not the
+/// tier's business: [`NodeCache`] keeps them in the state segment, so every tier (and wrapper)
+/// gets the same protocol.
+pub trait Tier: Send + Sync {
+    fn name(&self) -> &str;
+    /// Bytes the tier may hold.
+    fn capacity(&self) -> u64;
+    /// Store `bytes` as `sample`.
+    fn write(&self, sample: u32, place: u64, bytes: &[u8]) -> Result<(), Fault>;
+    /// Read `sample` into `buf` (exactly its length).
+    fn read(&self, sample: u32, place: u64, buf: &mut [u8]) -> Result<(), Fault>;
+    /// The bytes in place, for tiers that are a shared mapping (zero-copy reads and in-place
+    /// fills); `Ok(None)` for tiers that are not. Checks the backing file still holds them.
+    fn mapped(&self, _place: u64, _len: u64) -> Result<Option<*mut u8>, Fault> {
+        Ok(None)
+    }
+    /// The shared file other processes map to read [`Tier::mapped`] bytes.
+    fn shared_path(&self) -> Option<&Path> {
+        None
+    }
+    /// Remove the tier's files (the last local rank leaves).
+    fn remove(&self) {}
+}
+
+/// The checksum of a sample's bytes (xxh3-64: ~30 GB/s, no C dependency).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// Print `msg` on stderr once per `key` in this process.
+pub fn warn_once(key: &str, msg: &str) {
+    static SEEN: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.get_or_insert_with(HashSet::new).insert(key.to_string()) {
+        eprintln!("clairvoyant: warning: {msg}");
+    }
+}
+
+/// A class the engine wants, in placement order (fastest first).
+#[derive(Clone, Debug)]
+pub struct ClassRequest {
+    pub name: String,
+    pub kind: ClassKind,
+    /// Bytes proposed (already at most what the class could ever use).
+    pub capacity: u64,
+}
+
+/// Result of reading a READY sample from a tier and checking it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Acquire {
+pub enum Verified {
+    Good,
+    /// Wrong checksum or fewer bytes than the sample has.
+    Corrupt,
+}
+
+/// Result of storing a claimed sample.
+#[derive(Debug)]
+pub enum Filled {
+    /// Published READY.
     Ready,
-    Claimed,
-    Unavailable,
+    /// The tier is full: the sample is marked uncacheable (warned once per class).
+    NoSpace,
+    /// The claim was given back (the next accessor retries).
+    Failed(Fault),
 }
 
-/// The node cache: shared state words, the memory arena and directory classes.
+/// Free shared memory left for other users of the file system beyond what the cache takes.
+const SHM_MARGIN: u64 = 8 << 20;
+
+/// Bytes the memory class may take of `free` shared memory: the local ranks' staging rings
+/// (`ring_reserve`), the state segment and a margin come first.
+fn memory_room(free: u64, ring_reserve: u64, samples: usize) -> u64 {
+    free.saturating_sub(ring_reserve + SHM_MARGIN + (samples as u64) * 16)
+}
+
+/// The node cache of one job on this machine, as attached by one local rank.
 pub struct NodeCache {
-    state_path: PathBuf,
-    state: MmapRaw,
-    samples: usize,
-    arena_path: Option<PathBuf>,
-    arena: Option<MmapRaw>,
-    arena_len: u64,
-    dirs: Vec<PathBuf>,
+    state: StateSegment,
+    dir: PathBuf,
+    stem: String,
+    tiers: Vec<Box<dyn Tier>>,
     users: u32,
-    detached: std::sync::atomic::AtomicBool,
-}
-
-// SAFETY: the mappings are only accessed through atomics (state words) or at disjoint, claimed
-// byte ranges of the arena (a range is written only by the claimant of its sample and read only
-// after the READY state is published with Release ordering).
-unsafe impl Send for NodeCache {}
-unsafe impl Sync for NodeCache {}
-
-fn shm_dir() -> PathBuf {
-    let dev_shm = Path::new("/dev/shm");
-    if dev_shm.is_dir() {
-        dev_shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    }
-}
-
-fn open_shared(path: &Path, len: u64) -> Result<(File, MmapRaw)> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    // Every local rank asks for the same length; set_len on an already-sized file is a no-op and
-    // new pages read as zero (= EMPTY).
-    let cur = file.metadata().map_err(|e| Error::io(path, e))?.len();
-    if cur < len {
-        file.set_len(len).map_err(|e| Error::io(path, e))?;
-    }
-    let map = MmapRaw::map_raw(&file).map_err(|e| Error::io(path, e))?;
-    Ok((file, map))
+    rank_index: usize,
+    nonce: u32,
+    creator_pid: u32,
+    detached: AtomicBool,
+    full_warned: Vec<AtomicBool>,
 }
 
 impl NodeCache {
-    /// Attach to (or create) the state of the node cache named `key`; then [`NodeCache::agree`]
-    /// on capacities and [`NodeCache::map_classes`].
-    ///
-    /// `users` is how many attachments (local ranks) the cache expects over its life: it is
-    /// removed once that many have detached and none is attached, so a rank that finishes
-    /// before another has started does not take the cache away from it.
-    pub fn attach(key: &str, samples: usize, users: u32) -> Result<NodeCache> {
-        let base = shm_dir();
-        let state_path = base.join(format!("clairvoyant-{key}.state"));
-        let state_len = ((HEADER_WORDS + samples) * 4) as u64;
-        let (_f, state) = open_shared(&state_path, state_len)?;
-        let (arena_path, arena, arena_len) = (None, None, 0);
-        let class_dirs = Vec::new();
-        let cache = NodeCache {
-            state_path,
-            state,
-            samples,
-            arena_path,
-            arena,
-            arena_len,
-            dirs: class_dirs,
-            users,
-            detached: false.into(),
-        };
-        let magic = cache.header(0);
-        let _ = magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
-        if magic.load(Ordering::Acquire) != MAGIC {
-            return Err(Error::BadIndex {
-                index: cache.state_path.clone(),
-                reason: "is not a clairvoyant node cache".into(),
-            });
-        }
-        cache.header(1).fetch_add(1, Ordering::AcqRel);
-        let pid = std::process::id();
-        let recorded = (FIRST_PID_SLOT..FIRST_CAPACITY).any(|i| cache.header(i).load(Ordering::Relaxed) == pid);
-        if !recorded {
-            let _ = (FIRST_PID_SLOT..FIRST_CAPACITY).find(|&i| {
-                cache
-                    .header(i)
-                    .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            });
-        }
-        remove_stale_segments(&base, &cache.state_path);
-        Ok(cache)
+    /// Attach to (or create) the node cache named `key` in the shared-memory directory, as local
+    /// rank number `rank_index`; see [`NodeCache::attach_in`].
+    pub fn attach(key: &str, samples: usize, rank_index: usize, users: u32) -> Result<NodeCache> {
+        Self::attach_in(&secure::shm_base(), key, samples, rank_index, users)
     }
 
-    /// Agree with the other local ranks on the class capacities the placement uses: the first
-    /// rank to get here publishes its `proposal`, everyone gets the published values. (Detected
-    /// capacities depend on free memory and disk at the moment each rank starts, and the ranks
-    /// must compute the very same placement, since it fixes every sample's offset.)
-    pub fn agree(&self, proposal: &[u64]) -> Result<Vec<u64>> {
-        if proposal.len() > MAX_CLASSES {
-            return Err(Error::config(
-                "class",
-                format!("at most {MAX_CLASSES} storage classes are supported"),
-            ));
-        }
-        let flag = self.header(3);
-        if flag.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            self.header(4).store(proposal.len() as u32, Ordering::Relaxed);
-            for (i, &c) in proposal.iter().enumerate() {
-                self.header(FIRST_CAPACITY + 2 * i).store(c as u32, Ordering::Relaxed);
-                self.header(FIRST_CAPACITY + 2 * i + 1)
-                    .store((c >> 32) as u32, Ordering::Relaxed);
+    /// Attach under `<base>/clairvoyant-<uid>/`. Caches whose processes all died are removed
+    /// first. If a live attachment of another run already holds this local rank in `key`, the
+    /// next generation (`key.g1`, `key.g2`, ...) is used, so unrelated runs never share state.
+    /// `users` is how many attachments the cache expects over its life: it is removed once that
+    /// many have left and none is attached.
+    pub fn attach_in(base: &Path, key: &str, samples: usize, rank_index: usize, users: u32) -> Result<NodeCache> {
+        static NONCE: AtomicU32 = AtomicU32::new(1);
+        let dir = secure::private_dir(base)?;
+        remove_dead_caches(&dir, &[]);
+        if let Ok(disk) = secure::private_dir(&secure::disk_base()) {
+            if disk != dir {
+                remove_dead_caches(&disk, &[&dir]);
             }
-            flag.store(2, Ordering::Release);
-            futex::wake_all(flag);
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while flag.load(Ordering::Acquire) != 2 {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return Err(Error::Io {
-                    path: self.state_path.clone(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "another local rank began initialising this node cache and did not finish; remove the file",
-                    ),
+        let nonce = NONCE.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+        for g in 0..64 {
+            let stem = if g == 0 {
+                format!("clairvoyant-{key}")
+            } else {
+                format!("clairvoyant-{key}.g{g}")
+            };
+            let state = StateSegment::open(&dir, &stem, samples)?;
+            if state.register_rank(rank_index, nonce)? {
+                return Ok(NodeCache {
+                    state,
+                    dir,
+                    stem,
+                    tiers: Vec::new(),
+                    users,
+                    rank_index,
+                    nonce,
+                    creator_pid: std::process::id(),
+                    detached: AtomicBool::new(false),
+                    full_warned: Vec::new(),
                 });
             }
-            futex::wait(flag, 1, deadline - now);
         }
-        let n = self.header(4).load(Ordering::Relaxed) as usize;
-        Ok((0..n)
-            .map(|i| {
-                let lo = self.header(FIRST_CAPACITY + 2 * i).load(Ordering::Relaxed) as u64;
-                let hi = self.header(FIRST_CAPACITY + 2 * i + 1).load(Ordering::Relaxed) as u64;
-                lo | (hi << 32)
-            })
-            .collect())
+        Err(Error::config(
+            "local_ranks",
+            format!("64 runs on this machine already hold local rank {rank_index} of node cache {key}"),
+        ))
     }
 
-    /// Map the memory class (`arena_len` used bytes; 0 for none) and create the directory
-    /// classes (a `clairvoyant-<key>` subdirectory of each path).
-    pub fn map_classes(&mut self, arena_len: u64, dirs: &[PathBuf]) -> Result<()> {
-        let key = self
-            .state_path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".state"))
-            .expect("state file name")
-            .to_string();
-        if arena_len > 0 {
-            let p = self.state_path.with_extension("mem");
-            let (_f, m) = open_shared(&p, arena_len)?;
-            self.arena_path = Some(p);
-            self.arena = Some(m);
-            self.arena_len = arena_len;
-        }
-        for d in dirs {
-            let dir = d.join(&key);
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            self.dirs.push(dir);
-        }
-        Ok(())
+    /// The cache's name (`clairvoyant-<key>[.g<n>]`).
+    pub fn stem(&self) -> &str {
+        &self.stem
     }
 
-    /// Path of the memory class's shared file, if there is a memory class.
+    /// The private directory holding the state, the arena and the staging rings.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn state(&self) -> &StateSegment {
+        &self.state
+    }
+
+    /// Agree with the other local ranks on class capacities and map the classes. The first
+    /// rank decides: the memory class is limited to what the shared-memory file system can hold
+    /// after `ring_reserve` bytes for the local ranks' staging rings (a warning names the field
+    /// when it clamps), its arena is created with the space reserved up front, and if that
+    /// fails it goes to a file on disk (or is dropped). Returns the agreed capacities, which
+    /// every local rank must use for the placement.
+    pub fn setup(&mut self, classes: &[ClassRequest], ring_reserve: u64) -> Result<Vec<u64>> {
+        let memory = classes.iter().position(|c| c.kind == ClassKind::Memory);
+        if classes.iter().filter(|c| c.kind == ClassKind::Memory).count() > 1 {
+            return Err(Error::config("class", "at most one memory class is supported"));
+        }
+        let shm_arena = self.dir.join(format!("{}.mem", self.stem));
+        let disk_arena = secure::private_dir(&secure::disk_base())?.join(format!("{}.mem", self.stem));
+        let samples = self.state.samples();
+        let (caps, at) = self.state.agree(|| {
+            let mut caps: Vec<u64> = classes.iter().map(|c| c.capacity).collect();
+            let mut at = ArenaAt::None;
+            if let Some(j) = memory.filter(|&j| caps[j] > 0) {
+                let field = format!("class.{}.capacity", classes[j].name);
+                let free = crate::sysinfo::free_space(&self.dir).unwrap_or(0);
+                let avail = memory_room(free, ring_reserve, samples);
+                if caps[j] > avail {
+                    warn_once(
+                        &field,
+                        &format!(
+                            "{field} asks for {} but {} holds {} after the staging rings; using {}",
+                            crate::model::format_bytes(caps[j]),
+                            self.dir.display(),
+                            crate::model::format_bytes(free),
+                            crate::model::format_bytes(avail)
+                        ),
+                    );
+                    caps[j] = avail;
+                }
+                if caps[j] > 0 && MemoryTier::create(&classes[j].name, &shm_arena, caps[j]).is_ok() {
+                    at = ArenaAt::Shm;
+                } else {
+                    let disk_free = crate::sysinfo::free_space(&disk_arena).unwrap_or(0);
+                    caps[j] = caps[j].min(disk_free.saturating_sub(SHM_MARGIN));
+                    if caps[j] > 0 && MemoryTier::create(&classes[j].name, &disk_arena, caps[j]).is_ok() {
+                        warn_once(
+                            &format!("{field}.disk"),
+                            &format!(
+                                "shared memory is full: the memory class '{}' is a file on disk ({})",
+                                classes[j].name,
+                                disk_arena.display()
+                            ),
+                        );
+                        at = ArenaAt::Disk;
+                    } else {
+                        caps[j] = 0;
+                    }
+                }
+            }
+            Ok((caps, at))
+        })?;
+        if caps.len() != classes.len() {
+            return Err(Error::config(
+                "class",
+                format!(
+                    "this rank caches in {} classes but the node cache {} was set up with {}",
+                    classes.len(),
+                    self.stem,
+                    caps.len()
+                ),
+            ));
+        }
+        for (j, c) in classes.iter().enumerate() {
+            let tier: Box<dyn Tier> = match &c.kind {
+                ClassKind::Memory => {
+                    let path = match at {
+                        ArenaAt::Disk => &disk_arena,
+                        _ => &shm_arena,
+                    };
+                    if caps[j] == 0 || at == ArenaAt::None {
+                        Box::new(NoTier(c.name.clone()))
+                    } else {
+                        Box::new(MemoryTier::open(&c.name, path, caps[j])?)
+                    }
+                }
+                ClassKind::Directory { path } => {
+                    let base = secure::private_dir(path)?;
+                    remove_dead_class_dirs(&base, &self.dir, &self.stem);
+                    Box::new(DirectoryTier::open(&c.name, &base.join(&self.stem), caps[j])?)
+                }
+            };
+            self.tiers.push(tier);
+        }
+        self.full_warned = (0..self.tiers.len()).map(|_| AtomicBool::new(false)).collect();
+        Ok(caps)
+    }
+
+    /// Add a tier directly (tests and wrappers); class indices follow the order of addition.
+    pub fn push_tier(&mut self, tier: Box<dyn Tier>) {
+        self.tiers.push(tier);
+        self.full_warned.push(AtomicBool::new(false));
+    }
+
+    pub fn tier(&self, class: usize) -> &dyn Tier {
+        self.tiers[class].as_ref()
+    }
+
+    /// Path of the memory class's shared file, if there is one.
     pub fn arena_path(&self) -> Option<&Path> {
-        self.arena_path.as_deref()
+        self.tiers.iter().find_map(|t| t.shared_path())
     }
 
-    /// A new path for one of `rank`'s staging rings next to this node cache: unique per job
-    /// (a process may run several jobs, or the same job again), named with the process id so the
-    /// janitor can remove it if the process dies.
-    pub fn ring_path(&self, rank: u32) -> PathBuf {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
+    /// A new, reserved staging ring of `len` bytes for `rank`: in the shared-memory directory,
+    /// or in a disk directory when shared memory cannot hold it. Named with the process id so
+    /// the janitor removes it if the process dies.
+    pub fn create_ring(&self, rank: u32, len: u64) -> Result<(PathBuf, std::fs::File)> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let stem = self
-            .state_path
-            .file_stem()
-            .and_then(|n| n.to_str())
-            .unwrap_or("clairvoyant");
-        self.state_path
-            .with_file_name(format!("{stem}.r{rank}.j{n}.p{}.ring", std::process::id()))
+        let name = format!("{}.r{rank}.j{n}.p{}.ring", self.stem, std::process::id());
+        let shm = self.dir.join(&name);
+        match secure::create_reserved(&shm, len) {
+            Ok(f) => return Ok((shm, f)),
+            Err(e) if !secure::is_no_space(&e) => return Err(Error::io(&shm, e)),
+            Err(_) => {}
+        }
+        let disk = secure::private_dir(&secure::disk_base())?.join(&name);
+        let f = secure::create_reserved(&disk, len).map_err(|e| Error::io(&disk, e))?;
+        warn_once(
+            "staging.capacity",
+            &format!(
+                "shared memory cannot hold the staging ring (staging.capacity); it is a file on disk ({})",
+                disk.display()
+            ),
+        );
+        Ok((disk, f))
     }
 
-    fn header(&self, i: usize) -> &AtomicU32 {
-        self.word(i)
-    }
-
-    fn word(&self, i: usize) -> &AtomicU32 {
-        assert!(i < HEADER_WORDS + self.samples);
-        // SAFETY: the mapping is at least (HEADER_WORDS + samples) * 4 bytes, page aligned, and
-        // lives as long as self; AtomicU32 has the alignment and size of u32.
-        unsafe { &*(self.state.as_mut_ptr().add(i * 4) as *const AtomicU32) }
-    }
-
-    /// The state word of `sample`.
-    pub fn state(&self, sample: u32) -> &AtomicU32 {
-        self.word(HEADER_WORDS + sample as usize)
-    }
-
-    /// Try to claim `sample` for filling (EMPTY -> FILLING).
-    pub fn claim(&self, sample: u32) -> bool {
-        self.state(sample)
-            .compare_exchange(EMPTY, FILLING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// Publish the outcome of a fill and wake waiters (in any local process).
-    pub fn publish(&self, sample: u32, ok: bool) {
-        let w = self.state(sample);
-        w.store(if ok { READY } else { FAILED }, Ordering::Release);
-        futex::wake_all(w);
-    }
-
-    /// Wait up to `timeout` while `sample` is being filled elsewhere; returns the state seen last.
-    pub fn wait_filled(&self, sample: u32, timeout: Duration) -> u32 {
-        let w = self.state(sample);
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            let s = w.load(Ordering::Acquire);
-            if s != FILLING {
-                return s;
-            }
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                return s;
-            }
-            futex::wait(w, FILLING, deadline - now);
+    /// Read READY `sample` of `class` into `buf` and check it against its recorded checksum.
+    pub fn read_verified(&self, class: usize, sample: u32, place: u64, buf: &mut [u8]) -> Verified {
+        match self.tiers[class].read(sample, place, buf) {
+            Ok(()) if checksum(buf) == self.state.record(sample).0 => Verified::Good,
+            _ => Verified::Corrupt,
         }
     }
 
-    /// Settle who provides `sample`: it is ready, or this caller now holds the claim to fill it,
-    /// or it is unavailable (failed, or still being filled elsewhere after `timeout`).
-    pub fn acquire(&self, sample: u32, timeout: Duration) -> Acquire {
-        let deadline = std::time::Instant::now() + timeout;
-        loop {
-            match self.state(sample).load(Ordering::Acquire) {
-                READY => return Acquire::Ready,
-                EMPTY => {
-                    if self.claim(sample) {
-                        return Acquire::Claimed;
-                    }
+    /// The mapped bytes of READY `sample`, checked against its recorded checksum; None when the
+    /// tier is not mapped, Err when the bytes are wrong or the backing file is too short.
+    pub fn view_verified(&self, class: usize, sample: u32, place: u64, len: u64) -> Result<Option<*const u8>, Fault> {
+        match self.tiers[class].mapped(place, len) {
+            Ok(Some(p)) => {
+                // SAFETY: the tier checked the range against the file's current size.
+                let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len as usize) };
+                if checksum(bytes) == self.state.record(sample).0 {
+                    Ok(Some(p as *const u8))
+                } else {
+                    Err(Fault::Mismatch)
                 }
-                FILLING => {
-                    let left = deadline.saturating_duration_since(std::time::Instant::now());
-                    if left.is_zero() || self.wait_filled(sample, left) == FILLING {
-                        return Acquire::Unavailable;
-                    }
+            }
+            r => r.map(|p| p.map(|p| p as *const u8)),
+        }
+    }
+
+    /// The mapped bytes where a claimed `sample` is to be filled in place (mapped tiers only).
+    pub fn fill_slot(&self, class: usize, place: u64, len: u64) -> Option<*mut u8> {
+        self.tiers[class].mapped(place, len).ok().flatten()
+    }
+
+    /// Store the claimed `sample`'s `bytes` (read from the dataset, with dataset `stamp`) in
+    /// `class` and publish it, or give the claim back. `in_place`: the bytes were read straight
+    /// into [`NodeCache::fill_slot`] and need no copy.
+    pub fn fill(&self, class: usize, sample: u32, place: u64, bytes: &[u8], stamp: u32, in_place: bool) -> Filled {
+        let r = if in_place {
+            Ok(())
+        } else {
+            self.tiers[class].write(sample, place, bytes)
+        };
+        match r {
+            Ok(()) => {
+                self.state.publish(sample, checksum(bytes), stamp);
+                Filled::Ready
+            }
+            Err(Fault::NoSpace) => {
+                self.state.mark_no_space(sample);
+                if !self.full_warned[class].swap(true, Ordering::Relaxed) {
+                    let t = &self.tiers[class];
+                    warn_once(
+                        &format!("{}:{}:full", self.stem, t.name()),
+                        &format!(
+                            "storage class '{}' is full; samples that do not fit stay uncached",
+                            t.name()
+                        ),
+                    );
                 }
-                _ => return Acquire::Unavailable,
+                Filled::NoSpace
+            }
+            Err(f) => {
+                self.state.abandon(sample);
+                Filled::Failed(f)
             }
         }
     }
 
-    pub fn is_ready(&self, sample: u32) -> bool {
-        self.state(sample).load(Ordering::Acquire) == READY
-    }
-
-    /// The arena bytes at `offset..offset+len` as a raw pointer (memory class).
-    pub fn arena_ptr(&self, offset: u64, len: u64) -> *mut u8 {
-        let arena = self.arena.as_ref().expect("memory class not configured");
-        assert!(offset + len <= self.arena_len, "arena range out of bounds");
-        // SAFETY: bounds checked above; the mapping lives as long as self.
-        unsafe { arena.as_mut_ptr().add(offset as usize) }
-    }
-
-    /// Path of `sample`'s file in directory class `dir` (index among the directory classes).
-    pub fn file_path(&self, dir: usize, sample: u32) -> PathBuf {
-        self.dirs[dir].join(format!("{sample}"))
-    }
-
-    /// Write `bytes` as `sample`'s file in directory class `dir`, atomically (tmp + rename).
-    pub fn write_file(&self, dir: usize, sample: u32, bytes: &[u8]) -> Result<()> {
-        let path = self.file_path(dir, sample);
-        let tmp = self.dirs[dir].join(format!(".{sample}.{}.tmp", std::process::id()));
-        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
-    }
-
-    /// Read `sample`'s file in directory class `dir` into `buf`.
-    pub fn read_file(&self, dir: usize, sample: u32, buf: &mut [u8]) -> Result<()> {
-        use std::io::Read;
-        let path = self.file_path(dir, sample);
-        let mut f = File::open(&path).map_err(|e| Error::io(&path, e))?;
-        f.read_exact(buf).map_err(|e| Error::io(&path, e))
-    }
-
-    /// Detach; the last local process to detach removes the segments and directories.
+    /// Leave the cache; the last of its expected users removes its files. Does nothing in a
+    /// forked child (the cache belongs to the process that attached).
     pub fn detach(&self) {
-        if self.detached.swap(true, Ordering::AcqRel) {
+        if std::process::id() != self.creator_pid || self.detached.swap(true, Ordering::AcqRel) {
             return;
         }
-        // The process's slot stays: another job of this process may still use the segment, and
-        // the janitor only removes segments whose recorded processes are all gone.
-        let done = self.header(2).fetch_add(1, Ordering::AcqRel) + 1;
-        if self.header(1).fetch_sub(1, Ordering::AcqRel) == 1 && done >= self.users {
-            let _ = std::fs::remove_file(&self.state_path);
-            if let Some(p) = &self.arena_path {
-                let _ = std::fs::remove_file(p);
+        if self.state.unregister_rank(self.rank_index, self.nonce, self.users) {
+            let _ = std::fs::remove_file(self.state.path());
+            for t in &self.tiers {
+                t.remove();
             }
-            for d in &self.dirs {
-                let _ = std::fs::remove_dir_all(d);
-            }
-        }
-    }
-}
-
-fn process_alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-}
-
-/// Remove node caches left behind by runs whose processes all died without detaching (a crash
-/// would otherwise pin their shared memory until reboot). A segment is stale only when it
-/// records at least one process and none of them is alive.
-fn remove_stale_segments(dir: &Path, except: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("clairvoyant-") {
-            continue;
-        }
-        if let Some(pid) = name
-            .strip_suffix(".ring")
-            .and_then(|n| n.rsplit(".p").next())
-            .and_then(|p| p.parse().ok())
-        {
-            // A staging ring belongs to one process.
-            if !process_alive(pid) {
-                let _ = std::fs::remove_file(&path);
-            }
-            continue;
-        }
-        if path == except || !name.ends_with(".state") {
-            continue;
-        }
-        let mut head = vec![0u8; HEADER_WORDS * 4];
-        let Ok(mut file) = File::open(&path) else { continue };
-        if std::io::Read::read_exact(&mut file, &mut head).is_err() {
-            continue;
-        }
-        let word = |i: usize| u32::from_ne_bytes(head[i * 4..i * 4 + 4].try_into().unwrap());
-        if word(0) != MAGIC {
-            continue;
-        }
-        let pids: Vec<u32> = (FIRST_PID_SLOT..FIRST_CAPACITY).map(word).filter(|&p| p != 0).collect();
-        if !pids.is_empty() && pids.iter().all(|&p| !process_alive(p)) {
-            let _ = std::fs::remove_file(&path);
-            let _ = std::fs::remove_file(path.with_extension("mem"));
         }
     }
 }
@@ -401,97 +415,95 @@ impl Drop for NodeCache {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A class that could not be created (no space at all): holds nothing.
+struct NoTier(String);
 
-    #[test]
-    fn claim_fill_publish_shared_between_handles() {
-        let key = format!("test-{}-{:?}", std::process::id(), std::thread::current().id()).replace(['(', ')'], "");
-        let dir = tempfile::tempdir().unwrap();
-        let open = |key: &str, d: &Path| {
-            let mut c = NodeCache::attach(key, 10, 2).unwrap();
-            c.map_classes(100, &[d.to_path_buf()]).unwrap();
-            c
-        };
-        let a = open(&key, dir.path());
-        let b = open(&key, dir.path());
-        assert!(a.claim(3));
-        assert!(!b.claim(3));
-        // SAFETY: 3..13 lies inside the 100-byte arena, claimed by `a`.
-        unsafe { std::ptr::copy_nonoverlapping(b"helloworld".as_ptr(), a.arena_ptr(3, 10), 10) };
-        let t = std::thread::spawn({
-            let key = key.clone();
-            let d = dir.path().to_path_buf();
-            move || {
-                let mut c = NodeCache::attach(&key, 10, 2).unwrap();
-                c.map_classes(100, &[d]).unwrap();
-                c.wait_filled(3, Duration::from_secs(5))
-            }
-        });
-        std::thread::sleep(Duration::from_millis(20));
-        a.publish(3, true);
-        assert_eq!(t.join().unwrap(), READY);
-        // SAFETY: published READY above.
-        let got = unsafe { std::slice::from_raw_parts(b.arena_ptr(3, 10), 10) };
-        assert_eq!(got, b"helloworld");
-        b.write_file(0, 7, b"xyz").unwrap();
-        let mut buf = [0u8; 3];
-        a.read_file(0, 7, &mut buf).unwrap();
-        assert_eq!(&buf, b"xyz");
-        let state = a.state_path.clone();
-        drop(a);
-        assert!(state.exists());
-        drop(b);
-        assert!(!state.exists(), "last detach removes the segment");
+impl Tier for NoTier {
+    fn name(&self) -> &str {
+        &self.0
     }
-
-    #[test]
-    fn segments_of_dead_processes_are_removed() {
-        let base = shm_dir();
-        let stale = base.join(format!("clairvoyant-stale-test-{}.state", std::process::id()));
-        let mem = stale.with_extension("mem");
-        let mut header = vec![0u8; HEADER_WORDS * 4 + 16];
-        header[0..4].copy_from_slice(&MAGIC.to_ne_bytes());
-        // A pid far above pid_max is never alive.
-        header[FIRST_PID_SLOT * 4..FIRST_PID_SLOT * 4 + 4].copy_from_slice(&0x7fff_fff0u32.to_ne_bytes());
-        // Agreed capacities follow the pid slots; a capacity of 1 must not read as pid 1 (alive).
-        header[FIRST_CAPACITY * 4..FIRST_CAPACITY * 4 + 4].copy_from_slice(&1u32.to_ne_bytes());
-        std::fs::write(&stale, &header).unwrap();
-        std::fs::write(&mem, b"data").unwrap();
-        let live = base.join(format!("clairvoyant-live-test-{}.state", std::process::id()));
-        header[FIRST_PID_SLOT * 4..FIRST_PID_SLOT * 4 + 4].copy_from_slice(&std::process::id().to_ne_bytes());
-        std::fs::write(&live, &header).unwrap();
-        let _c = NodeCache::attach(&format!("janitor-{}", std::process::id()), 1, 1).unwrap();
-        assert!(!stale.exists() && !mem.exists(), "stale segment removed");
-        assert!(live.exists(), "a live process's segment stays");
-        std::fs::remove_file(live).unwrap();
+    fn capacity(&self) -> u64 {
+        0
     }
-
-    #[test]
-    fn cache_outlives_an_early_finisher_until_every_user_came() {
-        let key = format!("test-users-{}", std::process::id());
-        let a = NodeCache::attach(&key, 4, 2).unwrap();
-        assert_eq!(a.agree(&[100, 7]).unwrap(), vec![100, 7]);
-        assert!(a.claim(0));
-        a.publish(0, true);
-        let state = a.state_path.clone();
-        drop(a);
-        assert!(state.exists(), "the second rank has not attached yet");
-        let b = NodeCache::attach(&key, 4, 2).unwrap();
-        assert_eq!(b.agree(&[5 << 33, 1]).unwrap(), vec![100, 7], "the first proposal wins");
-        assert!(b.is_ready(0), "the first rank's fill is still there");
-        drop(b);
-        assert!(!state.exists());
+    fn write(&self, _: u32, _: u64, _: &[u8]) -> Result<(), Fault> {
+        Err(Fault::NoSpace)
     }
-
-    #[test]
-    fn wait_times_out_instead_of_hanging() {
-        let key = format!("test-timeout-{}", std::process::id());
-        let a = NodeCache::attach(&key, 4, 1).unwrap();
-        assert!(a.claim(1));
-        let t0 = std::time::Instant::now();
-        assert_eq!(a.wait_filled(1, Duration::from_millis(50)), FILLING);
-        assert!(t0.elapsed() >= Duration::from_millis(45));
+    fn read(&self, _: u32, _: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        Err(Fault::Short {
+            expected: buf.len() as u64,
+            got: 0,
+        })
     }
 }
+
+fn pid_alive(pid: u32) -> bool {
+    secure::start_time(pid).is_some()
+}
+
+/// Remove, in a private directory, the caches whose recorded processes all died (state, arena
+/// next to it and in the disk directory), staging rings of dead processes and temporary files
+/// older than a minute. `state_dirs` are other directories whose `.state` files own the arenas
+/// here.
+fn remove_dead_caches(dir: &Path, state_dirs: &[&Path]) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let disk = secure::private_dir(&secure::disk_base()).ok();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if !name.starts_with("clairvoyant-") {
+            continue;
+        }
+        if let Some(stem) = name.strip_suffix(".state") {
+            if state::all_dead(&path) {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(dir.join(format!("{stem}.mem")));
+                if let Some(d) = &disk {
+                    let _ = std::fs::remove_file(d.join(format!("{stem}.mem")));
+                }
+            }
+        } else if let Some(pid) = name
+            .strip_suffix(".ring")
+            .and_then(|n| n.rsplit(".p").next())
+            .and_then(|p| p.parse().ok())
+        {
+            if !pid_alive(pid) {
+                let _ = std::fs::remove_file(&path);
+            }
+        } else if name.ends_with(".tmp") {
+            let old = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|d| d.as_secs() > 60);
+            if old {
+                let _ = std::fs::remove_file(&path);
+            }
+        } else if let Some(stem) = name.strip_suffix(".mem") {
+            // An arena on disk whose state segment is gone.
+            let owned = std::iter::once(dir)
+                .chain(state_dirs.iter().copied())
+                .any(|d| d.join(format!("{stem}.state")).exists());
+            if !owned {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+}
+
+/// Remove a directory class's per-cache directories whose cache no longer exists.
+fn remove_dead_class_dirs(base: &Path, state_dir: &Path, except: &str) {
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name == except || !name.starts_with("clairvoyant-") {
+            continue;
+        }
+        if !state_dir.join(format!("{name}.state")).exists() && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

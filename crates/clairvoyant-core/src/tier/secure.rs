@@ -1,0 +1,254 @@
+//! Private files for node-shared state. Everything lives in a per-user directory
+//! (`<base>/clairvoyant-<uid>/`, mode 0700, owner checked with `lstat` on every use); files are
+//! created with `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, and existing ones are opened with
+//! `O_NOFOLLOW` and checked with `fstat` (a regular file of this user). A symlink or a file of
+//! another user is never read, written or truncated.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Effective user id of this process.
+pub fn uid() -> u32 {
+    // SAFETY: geteuid cannot fail and has no side effects.
+    unsafe { libc::geteuid() }
+}
+
+/// Where node-shared memory lives: `CLAIRVOYANT_SHM_DIR`, else `/dev/shm`, else the temp dir.
+pub fn shm_base() -> PathBuf {
+    if let Some(d) = crate::sysinfo::env::get(crate::sysinfo::env::SHM_DIR) {
+        return PathBuf::from(d);
+    }
+    let dev_shm = Path::new("/dev/shm");
+    if dev_shm.is_dir() {
+        dev_shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// A disk directory for file-backed fallbacks when shared memory is too small.
+pub fn disk_base() -> PathBuf {
+    std::env::temp_dir()
+}
+
+/// `<base>/clairvoyant-<uid>`, created 0700 if missing, and checked: a real directory (not a
+/// symlink) owned by this user; group/other bits on our own directory are removed.
+pub fn private_dir(base: &Path) -> Result<PathBuf> {
+    let dir = base.join(format!("clairvoyant-{}", uid()));
+    make_private_dir(&dir)?;
+    Ok(dir)
+}
+
+/// Create `dir` (mode 0700) unless it exists, then check it as [`check_private_dir`] does.
+pub fn make_private_dir(dir: &Path) -> Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(dir, e)),
+    }
+    check_private_dir(dir)
+}
+
+/// `dir` must be a directory (not a symlink) owned by this user; its mode is reduced to 0700.
+pub fn check_private_dir(dir: &Path) -> Result<()> {
+    let md = std::fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?;
+    if md.file_type().is_symlink() {
+        return Err(Error::untrusted(
+            dir,
+            "is a symbolic link, not a directory of this user",
+        ));
+    }
+    if !md.is_dir() {
+        return Err(Error::untrusted(dir, "is not a directory"));
+    }
+    if md.uid() != uid() {
+        return Err(Error::untrusted(
+            dir,
+            format!(
+                "is owned by uid {}, not by this user (uid {}); another user created it",
+                md.uid(),
+                uid()
+            ),
+        ));
+    }
+    if md.mode() & 0o077 != 0 {
+        // Our own directory, opened up by someone with our rights: close it again. (In a sticky
+        // directory such as /dev/shm nobody else can replace it between the check and here.)
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| Error::io(dir, e))?;
+    }
+    Ok(())
+}
+
+/// Create `path` exclusively (never an existing file, never through a symlink), mode 0600.
+pub fn create_new(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Open an existing file of ours: no symlink, a regular file owned by this user (checked with
+/// `fstat` on the opened descriptor); group/other bits are removed.
+pub fn open_existing(path: &Path, write: bool) -> Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                Error::untrusted(path, "is a symbolic link")
+            } else {
+                Error::io(path, e)
+            }
+        })?;
+    check_file(&f, path)?;
+    Ok(f)
+}
+
+/// `f` (opened from `path`) must be a regular file owned by this user.
+pub fn check_file(f: &File, path: &Path) -> Result<()> {
+    let md = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !md.is_file() {
+        return Err(Error::untrusted(path, "is not a regular file"));
+    }
+    if md.uid() != uid() {
+        return Err(Error::untrusted(
+            path,
+            format!("is owned by uid {}, not by this user (uid {})", md.uid(), uid()),
+        ));
+    }
+    if md.mode() & 0o077 != 0 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| Error::io(path, e))?;
+    }
+    Ok(())
+}
+
+/// Reserve `len` bytes of `f` now, so that a full file system shows up here and not later as
+/// SIGBUS or EFAULT when a mapped page is first touched.
+pub fn reserve(f: &File, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if len == 0 {
+        return Ok(());
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a valid descriptor; posix_fallocate returns an error number, never touches memory.
+        let rc = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len as libc::off_t) };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = f.as_raw_fd();
+        f.set_len(len)
+    }
+}
+
+/// Create `path` exclusively with `len` bytes reserved; on failure nothing is left behind.
+pub fn create_reserved(path: &Path, len: u64) -> std::io::Result<File> {
+    let f = create_new(path)?;
+    if let Err(e) = reserve(&f, len).and_then(|_| f.set_len(len)) {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(f)
+}
+
+/// Whether `e` means the file system is full (or the user's quota is).
+pub fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG)
+    )
+}
+
+/// Start time of process `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`);
+/// None when the process does not exist. Together with the pid it names a process even after
+/// its pid is reused.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: fields 3.. follow the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether the process (pid, start time) still runs.
+pub fn alive(pid: u32, start: u64) -> bool {
+    if Path::new("/proc/self/stat").exists() {
+        return start_time(pid) == Some(start);
+    }
+    // SAFETY: signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_dir_is_0700_and_refuses_symlinks_and_files() {
+        let t = tempfile::tempdir().unwrap();
+        let d = private_dir(t.path()).unwrap();
+        let md = std::fs::symlink_metadata(&d).unwrap();
+        assert_eq!(md.mode() & 0o777, 0o700);
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(t.path()).unwrap();
+        assert_eq!(
+            std::fs::symlink_metadata(&d).unwrap().mode() & 0o777,
+            0o700,
+            "mode repaired"
+        );
+
+        let other = tempfile::tempdir().unwrap();
+        let link = other.path().join(format!("clairvoyant-{}", uid()));
+        std::os::unix::fs::symlink(t.path(), &link).unwrap();
+        let e = private_dir(other.path()).unwrap_err();
+        assert!(matches!(e, Error::Untrusted { .. }), "{e}");
+        assert!(e.to_string().contains(&link.display().to_string()), "{e}");
+
+        let third = tempfile::tempdir().unwrap();
+        std::fs::write(third.path().join(format!("clairvoyant-{}", uid())), b"x").unwrap();
+        assert!(matches!(private_dir(third.path()), Err(Error::Untrusted { .. })));
+    }
+
+    #[test]
+    fn files_are_created_exclusively_0600_and_symlinks_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("a");
+        let f = create_new(&p).unwrap();
+        assert_eq!(f.metadata().unwrap().mode() & 0o777, 0o600);
+        assert!(create_new(&p).is_err(), "never opens an existing file");
+        let target = t.path().join("victim");
+        std::fs::write(&target, b"keep").unwrap();
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(create_new(&link).is_err());
+        let e = open_existing(&link, true).unwrap_err();
+        assert!(matches!(e, Error::Untrusted { .. }), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let f = open_existing(&p, false).unwrap();
+        assert_eq!(f.metadata().unwrap().mode() & 0o777, 0o600, "mode repaired");
+        assert!(open_existing(t.path(), false).is_err(), "a directory is not a segment");
+    }
+
+    #[test]
+    fn start_time_names_this_process() {
+        let me = std::process::id();
+        let st = start_time(me).unwrap();
+        assert!(alive(me, st));
+        assert!(!alive(me, st + 1), "another start time is another process");
+        assert!(!alive(0x7fff_fff0, st));
+    }
+}

@@ -1,0 +1,172 @@
+use std::time::Duration;
+
+use super::*;
+
+fn key(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "unit-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[test]
+fn claim_fill_publish_shared_between_handles() {
+    let base = tempfile::tempdir().unwrap();
+    let k = key("share");
+    let a = NodeCache::attach_in(base.path(), &k, 10, 0, 2).unwrap();
+    let b = NodeCache::attach_in(base.path(), &k, 10, 1, 2).unwrap();
+    assert_eq!(a.stem(), b.stem(), "two local ranks of one run share one cache");
+    assert!(a.state().claim(3));
+    assert!(!b.state().claim(3));
+    let t = std::thread::spawn({
+        let (base, k) = (base.path().to_path_buf(), k.clone());
+        move || {
+            let c = NodeCache::attach_in(&base, &k, 10, 0, 2).unwrap();
+            // Rank 0 is held by `a` (alive): another run, another generation.
+            let other = c.stem().to_string();
+            drop(c);
+            other
+        }
+    });
+    let other = t.join().unwrap();
+    assert_ne!(other, a.stem());
+    assert!(other.ends_with(".g1"), "{other}");
+    a.state().publish(3, checksum(b"x"), 7);
+    assert_eq!(b.state().acquire(3, Duration::from_millis(10)), Acquire::Ready);
+    assert_eq!(b.state().record(3), (checksum(b"x"), 7));
+    let path = a.state().path().to_path_buf();
+    drop(a);
+    assert!(path.exists());
+    drop(b);
+    assert!(!path.exists(), "the last user removes the cache");
+}
+
+#[test]
+fn files_are_private() {
+    use std::os::unix::fs::MetadataExt;
+    let base = tempfile::tempdir().unwrap();
+    let mut c = NodeCache::attach_in(base.path(), &key("mode"), 4, 0, 1).unwrap();
+    c.setup(
+        &[ClassRequest {
+            name: "ram".into(),
+            kind: ClassKind::Memory,
+            capacity: 4096,
+        }],
+        0,
+    )
+    .unwrap();
+    let dir = c.dir().to_path_buf();
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let m = e.unwrap().metadata().unwrap();
+        assert_eq!(m.mode() & 0o077, 0, "nothing readable by others");
+    }
+    assert!(c.arena_path().is_some());
+}
+
+#[test]
+fn a_planted_symlink_is_refused_and_its_target_untouched() {
+    let base = tempfile::tempdir().unwrap();
+    let k = key("link");
+    let dir = secure::private_dir(base.path()).unwrap();
+    let victim = base.path().join("victim");
+    std::fs::write(&victim, b"precious").unwrap();
+    std::os::unix::fs::symlink(&victim, dir.join(format!("clairvoyant-{k}.state"))).unwrap();
+    let e = NodeCache::attach_in(base.path(), &k, 4, 0, 1).err().expect("refused");
+    assert!(matches!(e, Error::Untrusted { .. }), "{e}");
+    assert!(e.to_string().contains(&k), "names the path: {e}");
+    assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+}
+
+#[test]
+fn a_dead_claimant_is_taken_over_within_a_slice() {
+    let base = tempfile::tempdir().unwrap();
+    let k = key("dead");
+    let c = NodeCache::attach_in(base.path(), &k, 4, 0, 1).unwrap();
+    // A claim by process slot 40, which never registered: a dead process.
+    c.state().word(2).store(FILLING | (41 << 8), Ordering::Release);
+    let t0 = std::time::Instant::now();
+    assert_eq!(c.state().acquire(2, Duration::from_secs(30)), Acquire::Claimed);
+    assert!(t0.elapsed() < Duration::from_millis(500), "{:?}", t0.elapsed());
+    // A failed fill is retried, not failed for good.
+    c.state().abandon(2);
+    assert_eq!(c.state().acquire(2, Duration::from_millis(1)), Acquire::Claimed);
+}
+
+#[test]
+fn a_live_claimant_is_waited_for_then_busy() {
+    let base = tempfile::tempdir().unwrap();
+    let c = NodeCache::attach_in(base.path(), &key("busy"), 4, 0, 1).unwrap();
+    assert!(c.state().claim(1));
+    let t0 = std::time::Instant::now();
+    assert_eq!(c.state().acquire(1, Duration::from_millis(60)), Acquire::Busy);
+    assert!(t0.elapsed() >= Duration::from_millis(55));
+}
+
+#[test]
+fn caches_of_dead_processes_are_removed_whatever_their_key() {
+    let base = tempfile::tempdir().unwrap();
+    let k = key("stale");
+    let c = NodeCache::attach_in(base.path(), &k, 4, 0, 1).unwrap();
+    let path = c.state().path().to_path_buf();
+    // Make the only recorded process look dead: a pid that never exists.
+    std::mem::forget(c);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&0x7fff_fff0u32.to_ne_bytes(), 128).unwrap();
+    }
+    let ring = path.with_file_name(format!("clairvoyant-{k}.r0.j0.p{}.ring", 0x7fff_fff0u32));
+    std::fs::write(&ring, b"").unwrap();
+    let _other = NodeCache::attach_in(base.path(), &key("next"), 4, 0, 1).unwrap();
+    assert!(!path.exists(), "dead cache removed by another run");
+    assert!(!ring.exists(), "dead ring removed");
+}
+
+#[test]
+fn early_finisher_keeps_the_cache_for_the_late_rank() {
+    let base = tempfile::tempdir().unwrap();
+    let k = key("late");
+    let a = NodeCache::attach_in(base.path(), &k, 4, 0, 2).unwrap();
+    assert!(a.state().claim(0));
+    a.state().publish(0, 1, 0);
+    let path = a.state().path().to_path_buf();
+    drop(a);
+    assert!(path.exists());
+    let b = NodeCache::attach_in(base.path(), &k, 4, 1, 2).unwrap();
+    assert_eq!(b.state().state(0), READY);
+    drop(b);
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_forked_child_does_not_detach() {
+    let base = tempfile::tempdir().unwrap();
+    let c = NodeCache::attach_in(base.path(), &key("fork"), 4, 0, 1).unwrap();
+    let path = c.state().path().to_path_buf();
+    // SAFETY: the child only drops the cache (no allocation-heavy work) and exits at once.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        c.detach();
+        // SAFETY: leave the child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(path.exists(), "the child left the parent's cache alone");
+    drop(c);
+    assert!(!path.exists());
+}
+
+#[test]
+fn memory_class_leaves_room_for_the_rings() {
+    assert_eq!(memory_room(1 << 30, 0, 0), (1 << 30) - SHM_MARGIN);
+    assert_eq!(
+        memory_room(1 << 30, 256 << 20, 1000),
+        (1 << 30) - (256 << 20) - SHM_MARGIN - 16_000
+    );
+    assert_eq!(memory_room(64 << 20, 512 << 20, 0), 0, "rings first");
+}
