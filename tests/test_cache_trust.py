@@ -1,0 +1,702 @@
+"""The node cache as an adversary sees it: other local users, corrupted and stale bytes, crashed
+ranks, a small /dev/shm, a full disk, odd launchers, several jobs in one process.
+
+Each test runs its jobs in fresh Python processes (a SIGBUS or a hang must fail the test, not
+kill the test session) with the node-shared directory redirected to a temporary directory by
+``CLAIRVOYANT_SHM_DIR`` (the per-user cache directory is created inside it), so that tests never
+meet caches of other runs on this machine. Tests that act as another local user or mount a
+small tmpfs need root and skip with a printed reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="needs root (setpriv to another user, mount namespaces)")
+
+PRELUDE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import numpy as np
+    import clairvoyant
+
+    def expected(k, size):
+        return ((k * 31 + np.arange(size)) % 256).astype(np.uint8)
+
+    def sizes(n, base=2000, spread=3000):
+        return [base + (k * 7919) % spread for k in range(n)]
+
+    def check_epoch(job, e, n_sizes):
+        wrong = 0
+        count = 0
+        for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)):
+            count += 1
+            if not np.array_equal(s, expected(k, n_sizes[k])):
+                wrong += 1
+        return count, wrong
+
+    def emit(**kw):
+        print("RESULT " + json.dumps(kw), flush=True)
+    """
+)
+
+
+def memory_config(path: Path, memory: str = "64 MiB", staging: str = "8 MiB", extra: str = "") -> Path:
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            [staging]
+            capacity = "{staging}"
+            threads = 2
+            [pfs]
+            read_mbps = 50.0
+            open_latency_ms = 1.0
+            [[class]]
+            name = "memory"
+            kind = "memory"
+            capacity = "{memory}"
+            threads = 2
+            read_mbps = 5000.0
+            write_mbps = 4000.0
+            """
+        )
+        + extra
+    )
+    return path
+
+
+def ssd_config(path: Path, ssd_dir: Path, capacity: str = "64 MiB") -> Path:
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            [staging]
+            capacity = "8 MiB"
+            threads = 2
+            [pfs]
+            read_mbps = 50.0
+            open_latency_ms = 1.0
+            [[class]]
+            name = "ssd"
+            kind = "directory"
+            path = "{ssd_dir}"
+            capacity = "{capacity}"
+            threads = 2
+            read_mbps = 1000.0
+            write_mbps = 800.0
+            """
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def shm():
+    """A stand-in for /dev/shm, world-writable with the sticky bit like the real one, where other
+    users can reach it (pytest's own temporary directories are private to their owner)."""
+    d = Path(tempfile.mkdtemp(prefix="clairvoyant-test-shm-", dir="/tmp"))
+    os.chmod(d, 0o1777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def base_env(shm: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAIRVOYANT_", "TORCHELASTIC_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update(CLAIRVOYANT_SHM_DIR=str(shm), PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    p = tmp_path / f"{name}.py"
+    p.write_text(PRELUDE + textwrap.dedent(body))
+    return p
+
+
+def run(path: Path, env: dict, timeout: float = 120, args: tuple = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(path), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def result(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "panicked" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, f"no result\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def files_under(d: Path) -> list:
+    return [Path(r) / f for r, _, fs in os.walk(d) for f in fs]
+
+
+# -- isolation ------------------------------------------------------------------------------
+
+
+def test_node_shared_files_are_private(tmp_path, shm):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    cfg = memory_config(
+        tmp_path / "system.toml",
+        memory="100 KiB",
+        extra=textwrap.dedent(
+            f"""
+            [[class]]
+            name = "ssd"
+            kind = "directory"
+            path = "{ssd}"
+            capacity = "64 MiB"
+            threads = 2
+            read_mbps = 1000.0
+            write_mbps = 800.0
+            """
+        ),
+    )
+    s = script(
+        tmp_path,
+        "private",
+        f"""
+        n = 200
+        job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=8, epochs=2, config={str(cfg)!r})
+        check_epoch(job, 0, sizes(n))
+        modes = {{}}
+        for top in ({str(shm)!r}, {str(ssd)!r}):
+            for root, dirs, files in os.walk(top):
+                for name in dirs + files:
+                    p = os.path.join(root, name)
+                    st = os.lstat(p)
+                    modes[p] = [st.st_mode, st.st_uid]
+        emit(modes=modes, uid=os.geteuid())
+        job.close()
+        """,
+    )
+    out = result(run(s, base_env(shm)))
+    assert out["modes"], "the job created no node-shared file"
+    leaks = sorted(f"{p} {oct(m)}" for p, (m, uid) in out["modes"].items() if m & 0o077 or uid != out["uid"])
+    assert not leaks, f"{len(leaks)} node-shared files reachable by other users, e.g. {leaks[:3]}"
+    assert any(stat.S_ISREG(m) for m, _ in out["modes"].values())
+
+
+@needs_root
+def test_files_planted_by_another_user_are_never_used(tmp_path, shm):
+    """User nobody pre-creates the per-user directory and files in it (mode 0777/0666), and a
+    symlink to a root-only file: the job must not read, write or follow any of them."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's secret")
+    os.chmod(victim, 0o600)
+    plant = textwrap.dedent(
+        f"""
+        import os
+        d = os.path.join({str(shm)!r}, "clairvoyant-{os.geteuid()}")
+        os.mkdir(d, 0o777); os.chmod(d, 0o777)
+        for name in ("a.state", "a.mem", "x"):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(b"\\xff" * 65536)
+            os.chmod(os.path.join(d, name), 0o666)
+        os.symlink({str(victim)!r}, os.path.join(d, "link.mem"))
+        """
+    )
+    subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", plant], check=True
+    )
+    planted = {p: p.read_bytes() if not p.is_symlink() else None for p in (shm / f"clairvoyant-{os.geteuid()}").iterdir()}
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(
+        tmp_path,
+        "planted",
+        f"""
+        n = 300
+        try:
+            job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=8, epochs=2, config={str(cfg)!r})
+        except OSError as exc:
+            emit(refused=str(exc)); sys.exit(0)
+        got = [check_epoch(job, e, sizes(n)) for e in range(2)]
+        emit(epochs=got)
+        job.close()
+        """,
+    )
+    out = result(run(s, base_env(shm)))
+    if "refused" in out:
+        assert f"clairvoyant-{os.geteuid()}" in out["refused"], "the error names the path"
+    else:
+        assert out["epochs"] == [[300, 0], [300, 0]]
+    assert victim.read_bytes() == b"root's secret"
+    for p, content in planted.items():
+        if content is not None:
+            assert p.read_bytes() == content, f"{p} was written"
+
+
+@needs_root
+def test_another_user_reads_nothing(tmp_path, shm):
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(
+        tmp_path,
+        "hold",
+        f"""
+        n = 200
+        job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=8, epochs=2, config={str(cfg)!r})
+        check_epoch(job, 0, sizes(n))
+        print(json.dumps([p for p in job.segments if p]), flush=True)
+        sys.stdin.readline()
+        job.close()
+        emit(ok=True)
+        """,
+    )
+    holder = subprocess.Popen([sys.executable, str(s)], env=base_env(shm), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        segments = json.loads(holder.stdout.readline())
+        assert segments
+        spy = textwrap.dedent(
+            f"""
+            import os
+            paths = [os.path.join(root, f) for root, _, files in os.walk({str(shm)!r}) for f in files]
+            got = 0
+            for p in paths + {segments!r}:
+                try:
+                    with open(p, "rb") as fh:
+                        got += len(fh.read())
+                except OSError:
+                    pass
+            print(got)
+            """
+        )
+        out = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", spy],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert int(out.stdout) == 0, "another user read bytes of the node cache"
+    finally:
+        holder.communicate("\n", timeout=60)
+
+
+# -- integrity ------------------------------------------------------------------------------
+
+
+def test_overwritten_memory_segment_is_detected(tmp_path, shm):
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(
+        tmp_path,
+        "overwrite",
+        f"""
+        n = 3000
+        job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=16, epochs=3, config={str(cfg)!r})
+        first = check_epoch(job, 0, sizes(n))
+        arena = job.segments[1]
+        assert arena is not None, "no memory class"
+        with open(arena, "r+b") as f:
+            f.seek(0)
+            f.write(os.urandom(4 << 20))
+        later = [check_epoch(job, e, sizes(n)) for e in (1, 2)]
+        emit(first=first, later=later, corrupt=[s.get("corrupt") for s in job.stats()])
+        job.close()
+        """,
+    )
+    out = result(run(s, base_env(shm)))
+    assert out["first"] == [3000, 0]
+    assert out["later"] == [[3000, 0], [3000, 0]], "silently wrong samples after the overwrite"
+    assert out["corrupt"][1] and out["corrupt"][1] > 0, "corrupt samples are counted"
+
+
+def test_truncated_memory_segment_does_not_crash(tmp_path, shm):
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(
+        tmp_path,
+        "truncate",
+        f"""
+        n = 1000
+        job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=16, epochs=2, config={str(cfg)!r})
+        check_epoch(job, 0, sizes(n))
+        os.truncate(job.segments[1], 0)
+        emit(later=check_epoch(job, 1, sizes(n)))
+        job.close()
+        """,
+    )
+    proc = run(s, base_env(shm))
+    assert proc.returncode != -signal.SIGBUS, "SIGBUS on a truncated segment"
+    assert result(proc)["later"] == [1000, 0]
+
+
+def test_flipped_bytes_in_ssd_files_are_detected(tmp_path, shm):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    cfg = ssd_config(tmp_path / "system.toml", ssd)
+    s = script(
+        tmp_path,
+        "flip",
+        f"""
+        n = 600
+        job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=16, epochs=3, config={str(cfg)!r})
+        first = check_epoch(job, 0, sizes(n))
+        time.sleep(0.5)
+        flipped = 0
+        for root, _, files in os.walk({str(ssd)!r}):
+            for f in files:
+                p = os.path.join(root, f)
+                with open(p, "r+b") as fh:
+                    data = bytearray(fh.read())
+                    if len(data) < 8:
+                        continue
+                    for i in (0, len(data) // 3, len(data) // 2, len(data) - 1):
+                        data[i] ^= 0x5A
+                    fh.seek(0); fh.write(data)
+                flipped += 1
+        later = [check_epoch(job, e, sizes(n)) for e in (1, 2)]
+        emit(first=first, flipped=flipped, later=later, corrupt=[s.get("corrupt") for s in job.stats()],
+             ssd=[s["sources"]["ssd"]["samples"] for s in job.stats()])
+        job.close()
+        """,
+    )
+    out = result(run(s, base_env(shm)))
+    assert out["flipped"] > 100, "the SSD class was not used"
+    assert out["later"] == [[600, 0], [600, 0]], "silently wrong samples from flipped SSD files"
+    assert (out["corrupt"][1] or 0) > 0, "corrupt samples are counted"
+    assert out["ssd"][2] > 0, "damaged files are repaired and served again"
+
+
+def test_dataset_rewritten_in_place_is_not_served_from_the_cache(tmp_path, shm):
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = []
+    for k in range(100):
+        p = data / f"{k:03d}.bin"
+        p.write_bytes(bytes([1]) * 4096)
+        paths.append(str(p))
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{p} 0\n" for p in paths))
+    cfg = memory_config(tmp_path / "system.toml")
+    body = f"""
+        job = clairvoyant.Job(clairvoyant.FileList({str(listing)!r}), batch_size=10, epochs=2, config={str(cfg)!r})
+        firsts = sorted(set(int(s[0]) for s, _ in job.epoch(0)))
+        print("READY", flush=True)
+        if len(sys.argv) > 1:
+            sys.stdin.readline()
+        emit(firsts=firsts)
+        job.close()
+        """
+    s = script(tmp_path, "stale", body)
+    env = base_env(shm, CLAIRVOYANT_RUN_ID="same-run", CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
+    holder = subprocess.Popen([sys.executable, str(s), "hold"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "READY"
+        for p in paths:  # rewrite every file in place, same size
+            with open(p, "r+b") as f:
+                f.write(bytes([2]) * 4096)
+        second = result(run(s, env))
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert second["firsts"] == [2], "old bytes served after the dataset changed"
+
+
+# -- crash recovery -------------------------------------------------------------------------
+
+RANK_SCRIPT = """
+    n = 400
+    listing = sys.argv[1]
+    fs = clairvoyant.EmulatedFs(sys.argv[2], open_latency_ms=15.0, bandwidth_mbps=200.0)
+    src = clairvoyant.FileList(listing, emulated=fs)
+    job = clairvoyant.Job(src, batch_size=8, epochs=2, config=sys.argv[3])
+    t0 = time.monotonic()
+    wrong = 0
+    for e in range(2):
+        for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)):
+            if int(s[0]) != k % 251:
+                wrong += 1
+            if job.rank == 1 and e == 0:
+                print("CONSUMING", flush=True)
+                time.sleep(10)
+    emit(wrong=wrong, seconds=time.monotonic() - t0, stall=[s["stall_seconds"] for s in job.stats()],
+         samples=[s["samples"] for s in job.stats()])
+    job.close()
+    """
+
+
+def file_dataset(tmp_path: Path, n: int, size: int = 8192) -> Path:
+    data = tmp_path / "files"
+    data.mkdir(exist_ok=True)
+    lines = []
+    for k in range(n):
+        p = data / f"{k:04d}.bin"
+        p.write_bytes(bytes([k % 251]) * size)
+        lines.append(f"{p} {k % 10}\n")
+    listing = tmp_path / "files.txt"
+    listing.write_text("".join(lines))
+    return listing
+
+
+def test_killed_rank_does_not_stall_the_survivor(tmp_path, shm):
+    listing = file_dataset(tmp_path, 400)
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(tmp_path, "rank", RANK_SCRIPT)
+
+    def launch(rank, run_id):
+        env = base_env(
+            shm, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2, CLAIRVOYANT_RUN_ID=run_id,
+            CLAIRVOYANT_CACHE_DIR=tmp_path / "index",
+        )
+        return subprocess.Popen(
+            [sys.executable, str(s), str(listing), str(tmp_path / f"fs-{run_id}"), str(cfg)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    # The same two ranks, once with rank 1 killed while the node cache fills.
+    victim = launch(1, "killed")
+    assert victim.stdout.readline().strip() == "CONSUMING"
+    survivor = launch(0, "killed")
+    time.sleep(0.3)
+    victim.kill()
+    victim.wait()
+    out, err = survivor.communicate(timeout=120)
+    killed = result(subprocess.CompletedProcess(survivor.args, survivor.returncode, out, err))
+    assert killed["wrong"] == 0 and killed["samples"] == [200, 200]
+    # A lone rank 0 in a run where rank 1 never fills anything: the survivor's stall bound.
+    alone = launch(0, "alone")
+    out, err = alone.communicate(timeout=120)
+    lone = result(subprocess.CompletedProcess(alone.args, alone.returncode, out, err))
+    extra = sum(killed["stall"]) - sum(lone["stall"])
+    assert extra <= 1.0, f"the survivor stalled {extra:.2f} s more because of the killed rank"
+
+
+def test_rerun_after_a_crash_gets_a_clean_cache(tmp_path, shm):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    listing = file_dataset(tmp_path, 300)
+    cfg = ssd_config(tmp_path / "system.toml", ssd)
+    s = script(
+        tmp_path,
+        "crash",
+        f"""
+        src = clairvoyant.FileList({str(listing)!r})
+        job = clairvoyant.Job(src, batch_size=10, epochs=2, config={str(cfg)!r})
+        wrong = 0
+        for e in range(2):
+            for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)):
+                wrong += int(s[0]) != k % 251
+                if len(sys.argv) > 1 and e == 0:
+                    print("FILLING", flush=True)
+                    time.sleep(60)
+        emit(wrong=wrong, pfs=[s["pfs_files_read"] for s in job.stats()])
+        job.close()
+        """,
+    )
+    env = base_env(shm, TORCHELASTIC_RUN_ID="none", CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
+    crashed = subprocess.Popen([sys.executable, str(s), "crash"], env=env, stdout=subprocess.PIPE, text=True)
+    assert crashed.stdout.readline().strip() == "FILLING"
+    time.sleep(0.5)
+    crashed.kill()
+    crashed.wait()
+    assert files_under(ssd), "the crashed job had cached something on the SSD"
+    t0 = time.monotonic()
+    out = result(run(s, env))
+    assert out["wrong"] == 0
+    assert time.monotonic() - t0 < 30
+    assert not files_under(shm), f"left in shm after a clean exit: {files_under(shm)}"
+    left = files_under(ssd)
+    assert not left, f"{len(left)} of the crashed job's SSD files were not removed, e.g. {left[:3]}"
+
+
+def test_forked_child_leaves_the_parents_cache_alone(tmp_path, shm):
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(
+        tmp_path,
+        "fork",
+        f"""
+        n = 500
+        job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=10, epochs=2, config={str(cfg)!r})
+        it = job.epoch(0)
+        head = [next(it) for _ in range(20)]
+        del head
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # a normal interpreter exit in the child: finalizers run
+        _, status = os.waitpid(pid, 0)
+        arena = job.segments[1]
+        rest = sum(1 for _ in it)
+        later = check_epoch(job, 1, sizes(n))
+        emit(child_status=status, rest=rest, later=later, arena_exists=os.path.exists(arena))
+        job.close()
+        """,
+    )
+    proc = run(s, base_env(shm))
+    out = result(proc)
+    assert out["child_status"] == 0
+    assert out["rest"] == 480 and out["later"] == [500, 0]
+    assert out["arena_exists"], "the child's exit removed the parent's memory segment"
+
+
+# -- capacity limits ------------------------------------------------------------------------
+
+
+def in_small_tmpfs(target: str, size: str, command: list, env: dict, timeout: float = 180) -> subprocess.CompletedProcess:
+    shell = f"mount -t tmpfs -o size={size},mode=1777 tmpfs {target} && exec \"$@\""
+    return subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell, "sh", *command],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+SHM_BODY = """
+    n = 3000
+    sz = sizes(n, base=30000, spread=20000)  # ~120 MB in all
+    job = clairvoyant.Job(clairvoyant.Synthetic(sz), batch_size=16, epochs=2)
+    got = [check_epoch(job, e, sz) for e in range(2)]
+    emit(epochs=got)
+    job.close()
+    """
+
+
+@needs_root
+@pytest.mark.parametrize("size,memory", [("64m", None), ("16m", "0")])
+def test_small_dev_shm_loses_no_sample(tmp_path, size, memory):
+    s = script(tmp_path, "smallshm", SHM_BODY)
+    env = base_env(tmp_path, CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
+    env.pop("CLAIRVOYANT_SHM_DIR")  # the real /dev/shm, inside a private mount namespace
+    if memory is not None:
+        env["CLAIRVOYANT_MEMORY"] = memory
+    proc = in_small_tmpfs("/dev/shm", size, [sys.executable, str(s)], env)
+    assert proc.returncode != -signal.SIGBUS
+    assert "Bad address" not in proc.stderr + proc.stdout
+    assert result(proc)["epochs"] == [[3000, 0], [3000, 0]]
+
+
+@needs_root
+def test_ssd_class_on_a_full_disk(tmp_path, shm):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    cfg = ssd_config(tmp_path / "system.toml", ssd, capacity="1 GiB")
+    s = script(
+        tmp_path,
+        "fulldisk",
+        f"""
+        n = 1500
+        sz = sizes(n, base=30000, spread=20000)  # ~60 MB, on a 20 MB disk
+        job = clairvoyant.Job(clairvoyant.Synthetic(sz), batch_size=16, epochs=2, config={str(cfg)!r})
+        got = [check_epoch(job, e, sz) for e in range(2)]
+        tmp = [f for r, _, fs in os.walk({str(ssd)!r}) for f in fs if f.endswith(".tmp")]
+        emit(epochs=got, tmp=tmp, ssd=[s["sources"]["ssd"]["samples"] for s in job.stats()])
+        job.close()
+        """,
+    )
+    proc = in_small_tmpfs(str(ssd), "20m", [sys.executable, str(s)], base_env(shm))
+    out = result(proc)
+    assert out["epochs"] == [[1500, 0], [1500, 0]]
+    assert out["tmp"] == [], "temporary files left on the full disk"
+    assert out["ssd"][1] > 0, "what fitted is still served from the SSD"
+    warnings = [line for line in proc.stderr.splitlines() if "ssd" in line.lower() and ("full" in line.lower() or "space" in line.lower() or "capacity" in line.lower())]
+    assert 1 <= len(warnings) <= 3, f"expected one warning about the disk, got: {proc.stderr[-2000:]}"
+
+
+def test_sample_larger_than_a_class_is_just_not_cached_there(tmp_path, shm):
+    cfg = memory_config(tmp_path / "system.toml", memory="4 MiB", staging="32 MiB")
+    s = script(
+        tmp_path,
+        "large",
+        f"""
+        sz = [6 << 20] + [10000] * 50
+        job = clairvoyant.Job(clairvoyant.Synthetic(sz), batch_size=4, epochs=2, config={str(cfg)!r})
+        got = [check_epoch(job, e, sz) for e in range(2)]
+        emit(epochs=got, memory=[s["sources"]["memory"]["samples"] for s in job.stats()])
+        job.close()
+        """,
+    )
+    out = result(run(s, base_env(shm)))
+    assert out["epochs"] == [[51, 0], [51, 0]]
+    assert out["memory"][1] >= 50, "the small samples are still cached"
+
+
+# -- cache identity -------------------------------------------------------------------------
+
+IDENTITY_BODY = """
+    listing, fs_state, cfg = sys.argv[1:4]
+    fs = clairvoyant.EmulatedFs(fs_state, open_latency_ms=2.0, bandwidth_mbps=400.0)
+    job = clairvoyant.Job(clairvoyant.FileList(listing, emulated=fs), batch_size=8, epochs=2, config=cfg)
+    wrong = 0
+    for e in range(2):
+        for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)):
+            wrong += int(s[0]) != k % 251
+    emit(wrong=wrong, files=sum(s["pfs_files_read"] for s in job.stats()), rank=job.rank)
+    job.close()
+    """
+
+
+def test_ranks_started_by_wrapper_scripts_share_one_cache(tmp_path, shm):
+    listing = file_dataset(tmp_path, 300)
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(tmp_path, "wrapped", IDENTITY_BODY)
+    procs = []
+    for rank in range(2):
+        env = base_env(shm, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2, CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
+        # Each rank's own wrapper shell: different parent processes, no run id.
+        cmd = f"{sys.executable} {s} {listing} {tmp_path / 'fs'} {cfg}; exit $?"
+        procs.append(subprocess.Popen(["sh", "-c", cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [result(subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate())) for p in procs]
+    assert all(o["wrong"] == 0 for o in outs)
+    files = sum(o["files"] for o in outs)
+    assert files == 300, f"the dataset was read {files / 300:.2f} times by two ranks over two epochs"
+    assert not files_under(shm), f"left after a clean exit: {files_under(shm)}"
+
+
+def test_unrelated_runs_with_run_id_none_do_not_share(tmp_path, shm):
+    listing = file_dataset(tmp_path, 300)
+    with_memory = memory_config(tmp_path / "a.toml")
+    without = tmp_path / "b.toml"
+    without.write_text("[staging]\ncapacity = \"8 MiB\"\nthreads = 2\n[pfs]\nread_mbps = 50.0\n")
+    s = script(tmp_path, "unrelated", IDENTITY_BODY)
+    procs = []
+    for run_name, cfg in (("a", with_memory), ("b", without)):
+        for rank in range(2):
+            env = base_env(
+                shm, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2, TORCHELASTIC_RUN_ID="none",
+                CLAIRVOYANT_CACHE_DIR=tmp_path / "index",
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(s), str(listing), str(tmp_path / f"fs-{run_name}"), str(cfg)],
+                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                )
+            )
+    outs = [result(subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate())) for p in procs]
+    assert all(o["wrong"] == 0 for o in outs)
+    run_a = sum(o["files"] for o in outs[:2])
+    assert run_a == 300, f"run a read the dataset {run_a / 300:.2f} times (its cache was taken or shared)"
+
+
+def test_train_and_validation_jobs_in_one_process_cache_once(tmp_path, shm):
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(
+        tmp_path,
+        "trainval",
+        f"""
+        n = 500
+        sz = sizes(n)
+        src = clairvoyant.Synthetic(sz)
+        train = clairvoyant.Job(src, batch_size=10, epochs=2, seed=1, config={str(cfg)!r})
+        val = clairvoyant.Job(src, batch_size=25, epochs=2, order=[list(range(n))] * 2, config={str(cfg)!r})
+        got = []
+        for e in range(2):
+            got.append(check_epoch(train, e, sz))
+            got.append(check_epoch(val, e, sz))
+        allocated = sum(os.lstat(p).st_blocks * 512 for p in
+                        (os.path.join(r, f) for r, _, fs in os.walk({str(shm)!r}) for f in fs)
+                        if not p.endswith(".ring"))
+        emit(got=got, allocated=allocated, total=sum(sz),
+             pfs=sum(s["pfs_files_read"] for j in (train, val) for s in j.stats()))
+        train.close(); val.close()
+        """,
+    )
+    out = result(run(s, base_env(shm)))
+    assert all(g == [500, 0] for g in out["got"])
+    assert out["pfs"] == 500, f"two jobs read {out['pfs']} samples from the dataset (500 samples)"
+    assert out["allocated"] < 1.5 * out["total"], f"{out['allocated']} bytes cached for a {out['total']}-byte dataset"
