@@ -15,6 +15,12 @@ all local ranks of one run agree on. Every launcher variable clairvoyant reads i
 | MPI_LOCALRANKID, MPI_LOCALNRANKS          | MPICH / Hydra   | rank on node / ranks on node    |
 | CLAIRVOYANT_RUN_ID                        | any             | overrides the run id            |
 
+The run id only tells concurrent runs apart; it is not needed for the local ranks of one run to
+find their node cache (that is named after the dataset, the schedule, the local ranks and the
+storage classes, and unrelated runs with equal names are told apart by the cache's rank table).
+So no id is made up from process ids: ranks started by per-rank wrapper scripts have different
+parents. ``TORCHELASTIC_RUN_ID=none`` (torchrun without ``--standalone``) is no id.
+
 Local ranks are assumed to be numbered contiguously on each machine (the default of torchrun,
 Slurm's block distribution and mpirun --map-by core); pass ``local_ranks=`` to a Job otherwise.
 """
@@ -51,6 +57,12 @@ class Placement:
     run_id: str
 
 
+def _config_error(message: str) -> Exception:
+    from . import _native
+
+    return _native.ConfigError(message)
+
+
 def detect(rank: int | None = None, world_size: int | None = None, local_ranks=None, env=None) -> Placement:
     """Rank, world size, local ranks and run id from arguments, else the launcher's variables."""
     env = os.environ if env is None else env
@@ -70,13 +82,22 @@ def detect(rank: int | None = None, world_size: int | None = None, local_ranks=N
         else:
             first = rank - local_rank
             local_ranks = [r for r in range(first, first + local_size) if 0 <= r < world_size]
-    local_ranks = sorted(int(r) for r in local_ranks)
+    try:
+        local_ranks = sorted(int(r) for r in local_ranks)
+    except (TypeError, ValueError) as exc:
+        raise _config_error(f"invalid value for 'local_ranks': {local_ranks!r} is not a list of integers") from exc
+    bad = [r for r in local_ranks if not 0 <= r < world_size]
+    if bad:
+        raise _config_error(
+            f"invalid value for 'local_ranks': {local_ranks} holds rank {bad[0]}, outside world size {world_size}"
+        )
+    if len(set(local_ranks)) != len(local_ranks):
+        raise _config_error(f"invalid value for 'local_ranks': {local_ranks} names a rank twice")
     if rank not in local_ranks:
-        raise ValueError(f"local_ranks {local_ranks} must include this rank {rank}")
-    run_id = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID")
+        raise _config_error(f"invalid value for 'local_ranks': {local_ranks} must include this rank {rank}")
+    run_id = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
+    if run_id.strip().lower() == "none":
+        run_id = ""
     if not run_id and env.get("SLURM_JOB_ID"):
         run_id = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
-    if not run_id:
-        # Ranks started by one launcher (torchrun, mpirun, multiprocessing) share a parent.
-        run_id = f"ppid-{os.getppid()}" if len(local_ranks) > 1 else f"pid-{os.getpid()}"
     return Placement(rank, world_size, local_ranks, run_id)

@@ -534,16 +534,24 @@ fn close_releases_the_ring_at_once() {
 }
 
 #[test]
-fn unrelated_runs_with_equal_keys_do_not_share() {
-    // Two single-rank jobs of the same dataset and schedule, no run id, at the same time.
+fn two_jobs_of_one_process_over_one_dataset_cache_it_once() {
+    // Train and validation over the same dataset, different schedules, at the same time.
     let src = MemSource::new(100, Duration::ZERO);
     let m = model(1 << 20, 1 << 20, None);
     let a = Engine::start(src.clone(), &m, spec(100, 1, 0, vec![0], 2, "none")).unwrap();
-    let b = Engine::start(src.clone(), &m, spec(100, 1, 0, vec![0], 2, "")).unwrap();
-    assert_ne!(a.segments().1, b.segments().1, "another generation");
-    let sched = spec(100, 1, 0, vec![0], 2, "").schedule;
-    consume_all(&a, &sched, 0, false);
-    consume_all(&b, &sched, 0, false);
+    let mut sp = spec(100, 1, 0, vec![0], 2, "");
+    sp.schedule = Schedule::shuffle(100, 1, 5, 2, 99, false).unwrap();
+    let sched_b = sp.schedule.clone();
+    let b = Engine::start(src.clone(), &m, sp).unwrap();
+    assert_eq!(a.segments().1, b.segments().1, "one memory class");
+    consume_all(&a, &spec(100, 1, 0, vec![0], 2, "").schedule, 0, false);
+    consume_all(&b, &sched_b, 0, false);
+    assert_eq!(src.total_reads(), 100, "every sample read once for both jobs");
+    let arena = a.segments().1.unwrap();
+    a.shutdown();
+    assert!(arena.exists(), "still used by the other job");
+    b.shutdown();
+    assert!(!arena.exists());
 }
 
 #[test]

@@ -94,15 +94,46 @@ enum ClassStore {
     Copy,
 }
 
+/// The node cache and the placement that lays it out. Every job of this process over the same
+/// dataset (train and validation, say) uses the first one's, so the same bytes are not cached
+/// twice on a machine: the later jobs claim, fill and read through it like another local rank,
+/// and run no class prefetchers of their own.
+struct NodeShare {
+    cache: NodeCache,
+    class_of: Vec<u8>,
+    offset: Vec<u64>,
+    stores: Vec<ClassStore>,
+    summary: Vec<(String, u64, u64)>,
+    fingerprint: u64,
+    /// Engines using it; the last to shut down leaves the node cache.
+    engines: AtomicUsize,
+}
+
+static NODE_SHARES: Mutex<Vec<std::sync::Weak<NodeShare>>> = Mutex::new(Vec::new());
+
+/// A node share of this process for the dataset `fingerprint` of `samples` samples, counted as
+/// used by one more engine.
+fn join_share(fingerprint: u64, samples: usize) -> Option<Arc<NodeShare>> {
+    let mut shares = NODE_SHARES.lock().unwrap_or_else(|p| p.into_inner());
+    shares.retain(|w| w.strong_count() > 0);
+    shares.iter().filter_map(|w| w.upgrade()).find(|n| {
+        n.fingerprint == fingerprint
+            && n.class_of.len() == samples
+            && n
+                .engines
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c > 0).then_some(c + 1))
+                .is_ok()
+    })
+}
+
 struct Inner {
     source: Arc<dyn Source>,
     stream: Vec<u32>,
     epoch_starts: Vec<u64>,
     batch_ends: Vec<Vec<u32>>,
-    class_of: Vec<u8>,
-    offset: Vec<u64>,
-    stores: Vec<ClassStore>,
-    cache: NodeCache,
+    node: Arc<NodeShare>,
+    /// This engine has left `node` (shutdown ran).
+    left: AtomicBool,
     /// The dataset has files whose stamps are recorded and checked.
     stamps: bool,
     /// Samples whose dataset stamp this job checked (or filled itself).
@@ -180,49 +211,28 @@ impl Engine {
             batch_ends.push(e.batch_ends);
         }
 
-        // The node cache: every local rank derives the same key, agrees on the capacities the
-        // first rank decided, and so computes the very same placement.
         let f = source.len();
         let total_bytes = source.total_bytes();
         let typical = if f == 0 { 0 } else { total_bytes / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
-        let requests: Vec<ClassRequest> = useful
-            .iter()
-            .map(|&j| {
-                let c = &model.classes[j];
-                let mut capacity = c.capacity.min(total_bytes);
-                if let ClassKind::Directory { path } = &c.kind {
-                    capacity = crate::model::clamp_to_free(&format!("class.{}.capacity", c.name), capacity, path);
-                }
-                ClassRequest {
-                    name: c.name.clone(),
-                    kind: c.kind.clone(),
-                    capacity,
-                }
-            })
-            .collect();
-        let key = node_key(&spec, source.fingerprint(), &requests);
-        let rank_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
-        let mut cache = NodeCache::attach(&format!("{key:016x}"), f, rank_index, spec.local_ranks.len() as u32)?;
-        let ring_reserve = model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64);
-        let capacities = cache.setup(&requests, ring_reserve)?;
-        let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
-        let placement = Placement::compute(&access, |k| source.size(k), &capacities);
-
-        let mut stores = Vec::new();
-        let mut placement_summary = Vec::new();
-        for (i, r) in requests.iter().enumerate() {
-            placement_summary.push((r.name.clone(), placement.samples[i], placement.used[i]));
-            stores.push(if cache.tier(i).shared_path().is_some() {
-                ClassStore::Mapped
-            } else {
-                ClassStore::Copy
-            });
-        }
+        let fingerprint = source.fingerprint();
+        let (node, fill_order) = match join_share(fingerprint, f) {
+            Some(node) => (node, None),
+            None => {
+                let (node, fill_order) = Self::node_share(&source, model, &spec, &useful, total_bytes)?;
+                let node = Arc::new(node);
+                NODE_SHARES
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Arc::downgrade(&node));
+                (node, Some(fill_order))
+            }
+        };
+        let placement_summary = node.summary.clone();
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
 
         let ring_cap = model.staging.capacity;
-        let (ring_path, ring_file) = cache.create_ring(spec.rank, ring_cap.max(1))?;
+        let (ring_path, ring_file) = node.cache.create_ring(spec.rank, ring_cap.max(1))?;
         let ring = RingBuf::new(ring_file, ring_path)?;
         // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples served
         // from the memory class take no ring space, so this must cover every batch a consumer
@@ -235,10 +245,8 @@ impl Engine {
             stream,
             epoch_starts,
             batch_ends,
-            class_of: placement.class_of,
-            offset: placement.offset,
-            stores,
-            cache,
+            node,
+            left: AtomicBool::new(false),
             stamps,
             checked: (0..f).map(|_| AtomicBool::new(false)).collect(),
             ring,
@@ -273,8 +281,9 @@ impl Engine {
         let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
         let local_count = spec.local_ranks.len();
         for (i, &j) in useful.iter().enumerate() {
+            let Some(fill_order) = &fill_order else { break };
             let share: Arc<Vec<u32>> = Arc::new(
-                placement.fill_order[i]
+                fill_order[i]
                     .iter()
                     .enumerate()
                     .filter(|(n, _)| n % local_count == local_index)
@@ -309,6 +318,64 @@ impl Engine {
         })
     }
 
+    /// Attach to this run's node cache, agree on capacities and compute the placement.
+    fn node_share(
+        source: &Arc<dyn Source>,
+        model: &SystemModel,
+        spec: &JobSpec,
+        useful: &[usize],
+        total_bytes: u64,
+    ) -> Result<(NodeShare, Vec<Vec<u32>>)> {
+        let sched = &spec.schedule;
+        // The node cache: every local rank derives the same key, agrees on the capacities the
+        // first rank decided, and so computes the very same placement.
+        let f = source.len();
+        let requests: Vec<ClassRequest> = useful
+            .iter()
+            .map(|&j| {
+                let c = &model.classes[j];
+                let mut capacity = c.capacity.min(total_bytes);
+                if let ClassKind::Directory { path } = &c.kind {
+                    capacity = crate::model::clamp_to_free(&format!("class.{}.capacity", c.name), capacity, path);
+                }
+                ClassRequest {
+                    name: c.name.clone(),
+                    kind: c.kind.clone(),
+                    capacity,
+                }
+            })
+            .collect();
+        let key = node_key(spec, source.fingerprint(), &requests);
+        let rank_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
+        let mut cache = NodeCache::attach(&format!("{key:016x}"), f, rank_index, spec.local_ranks.len() as u32)?;
+        let ring_reserve = model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64);
+        let capacities = cache.setup(&requests, ring_reserve)?;
+        let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
+        let placement = Placement::compute(&access, |k| source.size(k), &capacities);
+
+        let mut stores = Vec::new();
+        let mut placement_summary = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            placement_summary.push((r.name.clone(), placement.samples[i], placement.used[i]));
+            stores.push(if cache.tier(i).shared_path().is_some() {
+                ClassStore::Mapped
+            } else {
+                ClassStore::Copy
+            });
+        }
+
+        let node = NodeShare {
+            cache,
+            class_of: placement.class_of,
+            offset: placement.offset,
+            stores,
+            summary: placement_summary,
+            fingerprint: source.fingerprint(),
+            engines: AtomicUsize::new(1),
+        };
+        Ok((node, placement.fill_order))
+    }
+
     /// Samples of `epoch` for this rank, in order.
     pub fn epoch_samples(&self, epoch: u32) -> &[u32] {
         let (a, b) = (
@@ -332,7 +399,7 @@ impl Engine {
     pub fn segments(&self) -> (std::path::PathBuf, Option<std::path::PathBuf>) {
         (
             self.inner.ring.path.clone(),
-            self.inner.cache.arena_path().map(|p| p.to_path_buf()),
+            self.inner.node.cache.arena_path().map(|p| p.to_path_buf()),
         )
     }
 
@@ -456,8 +523,11 @@ impl Engine {
             self.inner.unmap_if_idle(&st);
         }
         // Leave the node cache now rather than when the last lease is garbage collected, so a
-        // job started next attaches to a fresh cache; mappings stay valid for live leases.
-        self.inner.cache.detach();
+        // job started next attaches to a fresh cache; mappings stay valid for live leases. The
+        // last job of this process using it leaves it.
+        if !self.inner.left.swap(true, Ordering::AcqRel) && self.inner.node.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.node.cache.detach();
+        }
     }
 }
 
@@ -500,8 +570,8 @@ impl Inner {
     }
 
     fn store_of(&self, sample: u32) -> Option<(usize, ClassStore)> {
-        let c = self.class_of[sample as usize];
-        (c != UNCACHED).then(|| (c as usize, self.stores[c as usize]))
+        let c = self.node.class_of[sample as usize];
+        (c != UNCACHED).then(|| (c as usize, self.node.stores[c as usize]))
     }
 }
 

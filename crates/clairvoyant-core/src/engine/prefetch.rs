@@ -66,7 +66,7 @@ impl Inner {
         if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) {
             return true;
         }
-        let (_, recorded) = self.cache.state().record(sample);
+        let (_, recorded) = self.node.cache.state().record(sample);
         let ok = recorded == 0 || recorded == self.stamp(sample);
         if ok {
             self.checked[sample as usize].store(true, Ordering::Relaxed);
@@ -78,9 +78,9 @@ impl Inner {
     /// claim back). `buf` is scratch space for classes that are not mapped.
     fn fill_claimed(&self, class: usize, sample: u32, buf: &mut Vec<u8>) -> Result<()> {
         let len = self.source.size(sample);
-        let place = self.offset[sample as usize];
+        let place = self.node.offset[sample as usize];
         let stamp = self.stamp(sample);
-        let in_place = self.cache.fill_slot(class, place, len);
+        let in_place = self.node.cache.fill_slot(class, place, len);
         let bytes: &mut [u8] = match in_place {
             // SAFETY: the claim gives this thread exclusive write access to the sample's range of
             // the mapped class until it publishes; the tier checked the range.
@@ -91,10 +91,10 @@ impl Inner {
             }
         };
         if let Err(e) = self.read_source(sample, bytes) {
-            self.cache.state().abandon(sample);
+            self.node.cache.state().abandon(sample);
             return Err(e);
         }
-        if let Filled::Ready = self.cache.fill(class, sample, place, bytes, stamp, in_place.is_some()) {
+        if let Filled::Ready = self.node.cache.fill(class, sample, place, bytes, stamp, in_place.is_some()) {
             self.checked[sample as usize].store(true, Ordering::Relaxed);
         }
         Ok(())
@@ -109,7 +109,7 @@ impl Inner {
             }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(&k) = share.get(i) else { return };
-            if !self.cache.state().claim(k) {
+            if !self.node.cache.state().claim(k) {
                 continue;
             }
             // A failed read gives the claim back: the staging prefetcher retries it and reports
@@ -140,11 +140,11 @@ impl Inner {
         };
         let mut corrupt = false;
         if let Some((class, ClassStore::Copy)) = self.store_of(sample) {
-            let state = self.cache.state();
-            let place = self.offset[sample as usize];
+            let state = self.node.cache.state();
+            let place = self.node.offset[sample as usize];
             match state.acquire(sample, self.fill_timeout) {
                 Acquire::Ready => {
-                    let good = self.cache.read_verified(class, sample, place, dst) == Verified::Good;
+                    let good = self.node.cache.read_verified(class, sample, place, dst) == Verified::Good;
                     if good && self.current(sample) {
                         return Ok(Fetched::from(Src::Ssd));
                     }
@@ -153,7 +153,7 @@ impl Inner {
                     self.read_source(sample, dst)?;
                     if state.reclaim(sample) {
                         let stamp = self.stamp(sample);
-                        if let Filled::Ready = self.cache.fill(class, sample, place, dst, stamp, false) {
+                        if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
                             self.checked[sample as usize].store(true, Ordering::Relaxed);
                         }
                     }
@@ -168,7 +168,7 @@ impl Inner {
                         state.abandon(sample);
                         return Err(e);
                     }
-                    if let Filled::Ready = self.cache.fill(class, sample, place, dst, stamp, false) {
+                    if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
                         self.checked[sample as usize].store(true, Ordering::Relaxed);
                     }
                     return Ok(Fetched::from(Src::Pfs));
@@ -189,12 +189,12 @@ impl Inner {
     /// stuck.
     fn fetch_mapped(&self, sample: u32, len: u64) -> Result<Fetched> {
         let (class, _) = self.store_of(sample).expect("mapped class");
-        match self.cache.state().acquire(sample, self.fill_timeout) {
+        match self.node.cache.state().acquire(sample, self.fill_timeout) {
             Acquire::Ready if self.current(sample) => return Ok(Fetched::from(Src::Memory)),
             Acquire::Claimed => {
                 let mut scratch = Vec::new();
                 self.fill_claimed(class, sample, &mut scratch)?;
-                if self.cache.state().state(sample) == crate::tier::READY {
+                if self.node.cache.state().state(sample) == crate::tier::READY {
                     return Ok(Fetched::from(Src::Pfs));
                 }
             }
@@ -214,6 +214,6 @@ impl Inner {
     /// still holds it and its checksum matches. None: read it from the dataset instead.
     pub(super) fn check_mapped(&self, sample: u32, offset: u64, len: u64) -> Option<*const u8> {
         let (class, _) = self.store_of(sample)?;
-        self.cache.view_verified(class, sample, offset, len).ok().flatten()
+        self.node.cache.view_verified(class, sample, offset, len).ok().flatten()
     }
 }

@@ -128,7 +128,7 @@ impl Inner {
                     let slot = match self.store_of(sample) {
                         _ if len == 0 => Slot::Empty,
                         Some((_, ClassStore::Mapped)) => Slot::Arena {
-                            offset: self.offset[sample as usize],
+                            offset: self.node.offset[sample as usize],
                             len,
                         },
                         _ => {

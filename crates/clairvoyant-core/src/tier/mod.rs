@@ -212,6 +212,13 @@ impl NodeCache {
         let disk_arena = secure::private_dir(&secure::disk_base())?.join(format!("{}.mem", self.stem));
         let samples = self.state.samples();
         let (caps, at) = self.state.agree(|| {
+            // A fresh cache starts empty: files a crashed run of the same name left in a
+            // directory class go before anyone can fill it.
+            for c in classes {
+                if let ClassKind::Directory { path } = &c.kind {
+                    let _ = std::fs::remove_dir_all(secure::private_dir(path)?.join(&self.stem));
+                }
+            }
             let mut caps: Vec<u64> = classes.iter().map(|c| c.capacity).collect();
             let mut at = ArenaAt::None;
             if let Some(j) = memory.filter(|&j| caps[j] > 0) {

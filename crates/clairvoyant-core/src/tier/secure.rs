@@ -35,11 +35,28 @@ pub fn disk_base() -> PathBuf {
 }
 
 /// `<base>/clairvoyant-<uid>`, created 0700 if missing, and checked: a real directory (not a
-/// symlink) owned by this user; group/other bits on our own directory are removed.
+/// symlink) owned by this user; group/other bits on our own directory are removed. If another
+/// user took that name (or planted a symlink there), the next of `clairvoyant-<uid>.1`, `.2`, ...
+/// that is ours is used (every process of this user walks the same sequence, so they still meet)
+/// and a warning names the refused path; after 8 refusals the error names the first.
 pub fn private_dir(base: &Path) -> Result<PathBuf> {
-    let dir = base.join(format!("clairvoyant-{}", uid()));
-    make_private_dir(&dir)?;
-    Ok(dir)
+    let mut first_refusal = None;
+    for i in 0..8 {
+        let dir = if i == 0 {
+            base.join(format!("clairvoyant-{}", uid()))
+        } else {
+            base.join(format!("clairvoyant-{}.{i}", uid()))
+        };
+        match make_private_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e @ Error::Untrusted { .. }) => {
+                super::warn_once(&format!("untrusted:{}", dir.display()), &format!("{e}; using another name"));
+                first_refusal.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(first_refusal.expect("refused"))
 }
 
 /// Create `dir` (mode 0700) unless it exists, then check it as [`check_private_dir`] does.
@@ -213,12 +230,18 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         let link = other.path().join(format!("clairvoyant-{}", uid()));
         std::os::unix::fs::symlink(t.path(), &link).unwrap();
-        let e = private_dir(other.path()).unwrap_err();
+        let e = check_private_dir(&link).unwrap_err();
         assert!(matches!(e, Error::Untrusted { .. }), "{e}");
         assert!(e.to_string().contains(&link.display().to_string()), "{e}");
+        let d2 = private_dir(other.path()).unwrap();
+        assert_eq!(d2, other.path().join(format!("clairvoyant-{}.1", uid())), "the next name");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "left alone");
 
         let third = tempfile::tempdir().unwrap();
-        std::fs::write(third.path().join(format!("clairvoyant-{}", uid())), b"x").unwrap();
+        for i in 0..8 {
+            let name = if i == 0 { format!("clairvoyant-{}", uid()) } else { format!("clairvoyant-{}.{i}", uid()) };
+            std::fs::write(third.path().join(name), b"x").unwrap();
+        }
         assert!(matches!(private_dir(third.path()), Err(Error::Untrusted { .. })));
     }
 

@@ -71,6 +71,7 @@ fn a_planted_symlink_is_refused_and_its_target_untouched() {
     let base = tempfile::tempdir().unwrap();
     let k = key("link");
     let dir = secure::private_dir(base.path()).unwrap();
+    let _ = &dir;
     let victim = base.path().join("victim");
     std::fs::write(&victim, b"precious").unwrap();
     std::os::unix::fs::symlink(&victim, dir.join(format!("clairvoyant-{k}.state"))).unwrap();
