@@ -1,8 +1,7 @@
 //! The node cache's name.
 
 use super::JobSpec;
-use crate::model::ClassKind;
-use crate::tier::ClassRequest;
+use crate::model::ClassSpec;
 
 /// A run id that tells runs apart. torchrun without `--standalone` sets
 /// `TORCHELASTIC_RUN_ID=none` for every run: that says nothing.
@@ -14,23 +13,19 @@ pub(super) fn meaningful_run_id(id: &str) -> &str {
 }
 
 /// The node cache's name: a hash of the user, the dataset, the schedule, the local ranks, the
-/// classes (names and kinds, not capacities: those are agreed in the cache) and a meaningful run
-/// id. Not the parent process: ranks started by per-rank wrapper scripts must find one cache.
-/// Unrelated runs with equal keys are told apart by the cache's rank table (generations).
-pub(super) fn node_key(spec: &JobSpec, fingerprint: u64, classes: &[ClassRequest]) -> u64 {
+/// classes the job caches in (everything but their capacities, which may be detected from free
+/// memory at the moment each rank starts and are agreed in the cache instead) and a meaningful
+/// run id. Not the parent process: ranks started by per-rank wrapper scripts must find one
+/// cache. Unrelated runs with equal keys are told apart by the cache's rank table (generations).
+pub(super) fn node_key(spec: &JobSpec, fingerprint: u64, classes: &[&ClassSpec]) -> u64 {
     let sched = &spec.schedule;
     let mut h = fnv1a(meaningful_run_id(&spec.run_id).as_bytes(), 0xcbf2_9ce4_8422_2325);
     h = fnv1a(&crate::tier::secure::uid().to_le_bytes(), h);
     for c in classes {
-        h = fnv1a(c.name.as_bytes(), h);
+        let mut c = (*c).clone();
+        c.capacity = 0;
+        h = fnv1a(serde_json::to_string(&c).unwrap_or_default().as_bytes(), h);
         h = fnv1a(&[0xff], h);
-        match &c.kind {
-            ClassKind::Memory => h = fnv1a(b"memory", h),
-            ClassKind::Directory { path } => {
-                h = fnv1a(b"directory", h);
-                h = fnv1a(path.as_os_str().as_encoded_bytes(), h);
-            }
-        }
     }
     h = fnv1a(&fingerprint.to_le_bytes(), h);
     h = fnv1a(&spec.first_epoch.to_le_bytes(), h);

@@ -345,7 +345,8 @@ impl Engine {
                 }
             })
             .collect();
-        let key = node_key(spec, source.fingerprint(), &requests);
+        let specs: Vec<&crate::model::ClassSpec> = useful.iter().map(|&j| &model.classes[j]).collect();
+        let key = node_key(spec, source.fingerprint(), &specs);
         let rank_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
         let mut cache = NodeCache::attach(&format!("{key:016x}"), f, rank_index, spec.local_ranks.len() as u32)?;
         let ring_reserve = model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64);
