@@ -119,8 +119,7 @@ fn join_share(fingerprint: u64, samples: usize) -> Option<Arc<NodeShare>> {
     shares.iter().filter_map(|w| w.upgrade()).find(|n| {
         n.fingerprint == fingerprint
             && n.class_of.len() == samples
-            && n
-                .engines
+            && n.engines
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c > 0).then_some(c + 1))
                 .is_ok()
     })
@@ -526,7 +525,8 @@ impl Engine {
         // Leave the node cache now rather than when the last lease is garbage collected, so a
         // job started next attaches to a fresh cache; mappings stay valid for live leases. The
         // last job of this process using it leaves it.
-        if !self.inner.left.swap(true, Ordering::AcqRel) && self.inner.node.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if !self.inner.left.swap(true, Ordering::AcqRel) && self.inner.node.engines.fetch_sub(1, Ordering::AcqRel) == 1
+        {
             self.inner.node.cache.detach();
         }
     }

@@ -94,7 +94,11 @@ impl Inner {
             self.node.cache.state().abandon(sample);
             return Err(e);
         }
-        if let Filled::Ready = self.node.cache.fill(class, sample, place, bytes, stamp, in_place.is_some()) {
+        if let Filled::Ready = self
+            .node
+            .cache
+            .fill(class, sample, place, bytes, stamp, in_place.is_some())
+        {
             self.checked[sample as usize].store(true, Ordering::Relaxed);
         }
         Ok(())

@@ -50,7 +50,10 @@ pub fn private_dir(base: &Path) -> Result<PathBuf> {
         match make_private_dir(&dir) {
             Ok(()) => return Ok(dir),
             Err(e @ Error::Untrusted { .. }) => {
-                super::warn_once(&format!("untrusted:{}", dir.display()), &format!("{e}; using another name"));
+                super::warn_once(
+                    &format!("untrusted:{}", dir.display()),
+                    &format!("{e}; using another name"),
+                );
                 first_refusal.get_or_insert(e);
             }
             Err(e) => return Err(e),
@@ -234,12 +237,23 @@ mod tests {
         assert!(matches!(e, Error::Untrusted { .. }), "{e}");
         assert!(e.to_string().contains(&link.display().to_string()), "{e}");
         let d2 = private_dir(other.path()).unwrap();
-        assert_eq!(d2, other.path().join(format!("clairvoyant-{}.1", uid())), "the next name");
-        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "left alone");
+        assert_eq!(
+            d2,
+            other.path().join(format!("clairvoyant-{}.1", uid())),
+            "the next name"
+        );
+        assert!(
+            std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
+            "left alone"
+        );
 
         let third = tempfile::tempdir().unwrap();
         for i in 0..8 {
-            let name = if i == 0 { format!("clairvoyant-{}", uid()) } else { format!("clairvoyant-{}.{i}", uid()) };
+            let name = if i == 0 {
+                format!("clairvoyant-{}", uid())
+            } else {
+                format!("clairvoyant-{}.{i}", uid())
+            };
             std::fs::write(third.path().join(name), b"x").unwrap();
         }
         assert!(matches!(private_dir(third.path()), Err(Error::Untrusted { .. })));
