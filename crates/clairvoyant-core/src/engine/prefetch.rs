@@ -1,8 +1,8 @@
 //! Class prefetchers (each rank fills its share of every storage class in order of first
 //! need) and the fetch of one staged sample from the fastest tier that has it. Every cached copy
-//! is checked against the checksum recorded when it was read from the dataset, and against the
-//! dataset file's stamp (size, mtime, inode) once per job; a wrong copy is read again from the
-//! dataset and counted as corrupt.
+//! is checked against the checksum recorded when it was read from the dataset, and once per job
+//! against the dataset file's modification times; a wrong copy is read again from the dataset
+//! and counted as corrupt.
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,35 +39,35 @@ impl Inner {
         Ok(())
     }
 
-    /// A 32-bit digest of the dataset file's (size, mtime, inode, device): 0 when the source has
-    /// no files to stat. Taken before the bytes are read, so a file changed while it is read
-    /// looks changed later rather than current.
-    pub(super) fn stamp(&self, sample: u32) -> u32 {
-        if !self.stamps {
-            return 0;
-        }
-        match std::fs::metadata(self.source.path(sample)) {
-            Ok(m) => {
-                let mut b = [0u8; 40];
-                b[0..8].copy_from_slice(&m.len().to_le_bytes());
-                b[8..16].copy_from_slice(&m.mtime().to_le_bytes());
-                b[16..24].copy_from_slice(&m.mtime_nsec().to_le_bytes());
-                b[24..32].copy_from_slice(&m.ino().to_le_bytes());
-                b[32..40].copy_from_slice(&m.dev().to_le_bytes());
-                (crate::tier::checksum(&b) as u32) | 1
-            }
-            Err(_) => 0,
+    /// The stamp recorded with a fill that starts now: when it started (see
+    /// [`crate::tier::StateSegment::fill_stamp`]); 0 when the source has no files to check.
+    pub(super) fn stamp(&self) -> u32 {
+        if self.stamps {
+            self.node.cache.state().fill_stamp()
+        } else {
+            0
         }
     }
 
-    /// Whether the cached copy of `sample` is of the dataset file as it is now. Checked once per
-    /// sample per job (a stat), not on every access.
+    /// Whether the cached copy of `sample` is of the dataset file as it is now: the file was
+    /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked once per
+    /// sample per job with a stat, and only for samples this job did not fill itself.
     fn current(&self, sample: u32) -> bool {
         if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) {
             return true;
         }
         let (_, recorded) = self.node.cache.state().record(sample);
-        let ok = recorded == 0 || recorded == self.stamp(sample);
+        if recorded == 0 {
+            return true;
+        }
+        let started = self.node.cache.state().fill_started_ns(recorded) as i128;
+        let ok = match std::fs::metadata(self.source.path(sample)) {
+            Ok(m) => {
+                let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+                ns(m.mtime(), m.mtime_nsec()).max(ns(m.ctime(), m.ctime_nsec())) < started
+            }
+            Err(_) => false,
+        };
         if ok {
             self.checked[sample as usize].store(true, Ordering::Relaxed);
         }
@@ -79,7 +79,7 @@ impl Inner {
     fn fill_claimed(&self, class: usize, sample: u32, buf: &mut Vec<u8>) -> Result<()> {
         let len = self.source.size(sample);
         let place = self.node.offset[sample as usize];
-        let stamp = self.stamp(sample);
+        let stamp = self.stamp();
         let in_place = self.node.cache.fill_slot(class, place, len);
         let bytes: &mut [u8] = match in_place {
             // SAFETY: the claim gives this thread exclusive write access to the sample's range of
@@ -154,9 +154,9 @@ impl Inner {
                     }
                     corrupt = !good;
                     // Replace the copy with the dataset's bytes, unless someone else already is.
+                    let stamp = self.stamp();
                     self.read_source(sample, dst)?;
                     if state.reclaim(sample) {
-                        let stamp = self.stamp(sample);
                         if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
                             self.checked[sample as usize].store(true, Ordering::Relaxed);
                         }
@@ -167,7 +167,7 @@ impl Inner {
                     });
                 }
                 Acquire::Claimed => {
-                    let stamp = self.stamp(sample);
+                    let stamp = self.stamp();
                     if let Err(e) = self.read_source(sample, dst) {
                         state.abandon(sample);
                         return Err(e);

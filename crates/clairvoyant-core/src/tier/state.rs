@@ -39,6 +39,7 @@ const H_AGREE: usize = 28;
 const H_NCAP: usize = 32;
 const H_ARENA_AT: usize = 36;
 const H_CAPS: usize = 40; // MAX_CLASSES u64
+const H_CREATED: usize = 104; // wall-clock ns when the segment was created
 const H_PROCS: usize = 128; // MAX_PROCESSES x (pid u32, status u32, start u64)
 const H_RANKS: usize = H_PROCS + MAX_PROCESSES * 16; // MAX_LOCAL_RANKS x u64 holder token
 const _: () = assert!(H_RANKS + MAX_LOCAL_RANKS * 8 <= HEADER_BYTES);
@@ -171,6 +172,7 @@ impl StateSegment {
             slot: 0,
         };
         seg.u64(H_SAMPLES).store(samples as u64, Ordering::Relaxed);
+        seg.u64(H_CREATED).store(wall_ns(), Ordering::Relaxed);
         // The creator is in the process table before anyone can see the segment: a creator that
         // dies right after linking leaves a segment the janitor can tell is dead.
         seg.slot = seg.register_process()?;
@@ -507,6 +509,18 @@ impl StateSegment {
         futex::wake_all(w);
     }
 
+    /// A fill stamp for a fill starting now: milliseconds since the segment was created, + 1
+    /// (0 means "no stamp").
+    pub fn fill_stamp(&self) -> u32 {
+        let created = self.u64(H_CREATED).load(Ordering::Relaxed);
+        (wall_ns().saturating_sub(created) / 1_000_000).min(u32::MAX as u64 - 1) as u32 + 1
+    }
+
+    /// When a fill with `stamp` began, in wall-clock ns (rounded down to the millisecond).
+    pub fn fill_started_ns(&self, stamp: u32) -> u64 {
+        self.u64(H_CREATED).load(Ordering::Relaxed) + (stamp.saturating_sub(1) as u64) * 1_000_000
+    }
+
     /// (checksum, dataset stamp) recorded for a READY sample.
     pub fn record(&self, sample: u32) -> (u64, u32) {
         (
@@ -535,6 +549,14 @@ impl StateSegment {
             futex::wait(w, s, (deadline - now).min(WAIT_SLICE));
         }
     }
+}
+
+/// Wall-clock time in ns since the Unix epoch (file times are wall-clock).
+pub fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// Read the process table of the segment at `path` (opened safely) and say whether every
