@@ -1,0 +1,48 @@
+"""Launcher detection for the node cache: run ids that identify nothing are ignored, and local
+ranks outside the world are a ConfigError naming ``local_ranks`` (never a panic)."""
+
+from __future__ import annotations
+
+import pytest
+
+import clairvoyant
+from clairvoyant import _env
+
+
+def test_torchelastic_none_is_no_run_id():
+    p = _env.detect(env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"})
+    assert p.run_id == ""
+    assert p.local_ranks == [0, 1]
+
+
+def test_no_run_id_is_made_from_process_ids():
+    # Ranks started by their own wrapper scripts have different parents: the id must not differ.
+    p = _env.detect(env={"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    assert p.run_id == ""
+
+
+@pytest.mark.parametrize("local", [[0, 5], [0, 0], [-1, 0], ["a"]])
+def test_bad_local_ranks_name_the_argument(local):
+    with pytest.raises(clairvoyant.ConfigError, match="local_ranks"):
+        _env.detect(rank=0, world_size=2, local_ranks=local, env={})
+
+
+def test_job_with_local_ranks_outside_the_world_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_SHM_DIR", str(tmp_path))
+    with pytest.raises(clairvoyant.ConfigError, match="local_ranks"):
+        clairvoyant.Job(clairvoyant.Synthetic([10] * 8), batch_size=2, epochs=1, rank=0, world_size=2, local_ranks=[0, 5])
+
+
+def test_close_releases_the_staging_ring_at_once(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("CLAIRVOYANT_SHM_DIR", str(tmp_path))
+    job = clairvoyant.Job(clairvoyant.Synthetic([100] * 64), batch_size=8, epochs=1, rank=0, world_size=1)
+    ring = job.segments[0]
+    held = next(iter(job.epoch(0)))  # a live view keeps the mapping, not the file
+    assert os.path.exists(ring)
+    job.close()
+    assert not os.path.exists(ring)
+    assert len(held[0]) == 100
+    leftovers = [f for _, _, fs in os.walk(tmp_path) for f in fs]
+    assert leftovers == [], leftovers
