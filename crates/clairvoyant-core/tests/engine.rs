@@ -575,3 +575,36 @@ fn ranks_without_a_run_id_share_one_cache() {
     assert_eq!(arenas[0], arenas[1]);
     assert!(src.reads.iter().all(|r| r.load(Ordering::Relaxed) == 1));
 }
+
+#[test]
+fn a_truncated_staging_ring_does_not_crash() {
+    let src = MemSource::new(300, Duration::ZERO);
+    let sp = spec(300, 1, 0, vec![0], 2, "");
+    let sched = sp.schedule.clone();
+    let engine = Engine::start(src.clone(), &model(1 << 20, 0, None), sp).unwrap();
+    let ring = engine.segments().0;
+    engine.begin_epoch(0).unwrap();
+    // Let staging fill the ring, then cut it.
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ring)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    for e in 0..2 {
+        engine.begin_epoch(e).unwrap();
+        for &k in &sched.rank_epoch(0, e).unwrap().samples {
+            let l = engine.next(Duration::from_secs(10)).unwrap().unwrap();
+            assert_eq!(l.sample, k);
+            // SAFETY: valid until released.
+            let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
+            assert!(
+                bytes.iter().enumerate().all(|(i, &b)| b == MemSource::byte(k, i)),
+                "sample {k}"
+            );
+            engine.release(l.pos);
+        }
+    }
+    assert!(engine.stats()[0].corrupt > 0, "lost samples refetched and counted");
+}

@@ -129,6 +129,9 @@ impl Inner {
             0 => return Ok(Fetched::from(Src::Staging)),
             2 => return self.fetch_mapped(sample, len),
             _ => {
+                // A truncated ring file would fault on write: give it its size back (what was
+                // staged before is marked lost).
+                self.ring_intact(pos);
                 let st = self.lock();
                 let e = &st.entries[(pos - st.base()) as usize];
                 let ptr = match &e.slot {

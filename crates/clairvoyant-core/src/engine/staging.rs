@@ -37,6 +37,8 @@ pub(super) struct Entry {
     pub(super) released: bool,
     /// The cached copy was wrong and the sample was read again from the dataset.
     pub(super) corrupt: bool,
+    /// Staged in the ring before its file was truncated: the bytes are gone.
+    pub(super) lost: bool,
 }
 
 pub(super) struct StagingState {
@@ -67,6 +69,8 @@ pub(super) fn staging_threads(model: &crate::model::SystemModel) -> u32 {
 /// janitor if the process dies); the mapping is dropped once no lease is alive.
 pub(super) struct RingBuf {
     pub(super) ptr: *mut u8,
+    file: std::fs::File,
+    len: u64,
     pub(super) path: std::path::PathBuf,
     map: std::sync::Mutex<Option<memmap2::MmapRaw>>,
     owner_pid: u32,
@@ -75,12 +79,29 @@ pub(super) struct RingBuf {
 impl RingBuf {
     pub(super) fn new(file: std::fs::File, path: std::path::PathBuf) -> Result<RingBuf> {
         let map = memmap2::MmapRaw::map_raw(&file).map_err(|e| Error::io(&path, e))?;
+        let len = map.len() as u64;
         Ok(RingBuf {
             ptr: map.as_mut_ptr(),
+            file,
+            len,
             path,
             map: std::sync::Mutex::new(Some(map)),
             owner_pid: std::process::id(),
         })
+    }
+
+    /// Whether the ring's file still has its size. If someone truncated it, its size is given
+    /// back (so that touching its pages does not fault) and false returned: what was staged in
+    /// it is lost.
+    pub(super) fn intact(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain old data filled by fstat on a valid descriptor.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(self.file.as_raw_fd(), &mut st) } != 0 || st.st_size as u64 >= self.len {
+            return true;
+        }
+        let _ = self.file.set_len(self.len);
+        false
     }
 
     /// Remove the file (mappings stay valid).
@@ -165,6 +186,7 @@ impl Inner {
                         status: Status::Pending,
                         released: false,
                         corrupt: false,
+                        lost: false,
                     });
                     break (pos, sample, kind);
                 }
@@ -249,8 +271,15 @@ impl Inner {
         let mut corrupt = entry.corrupt;
         drop(st);
         let (mut ptr, mut region, mut offset) = (ptr, region, offset);
-        if region == Region::Arena && matches!(status, Status::Ready(_)) {
-            match self.check_mapped(sample, offset, len as u64) {
+        let ready = matches!(status, Status::Ready(_));
+        let checked = match region {
+            _ if !ready => Some(ptr),
+            Region::Arena => self.check_mapped(sample, offset, len as u64),
+            Region::Ring if !self.ring_intact(pos) => None,
+            _ => Some(ptr),
+        };
+        if ready {
+            match checked {
                 Some(p) => ptr = p,
                 None => {
                     // Damaged after it was staged: the dataset's bytes, in private memory.
@@ -353,6 +382,21 @@ impl Inner {
             self.freed.notify_all();
         }
         self.unmap_if_idle(&st);
+    }
+
+    /// Whether the ring still holds what was staged at `pos`: if the ring's file was truncated,
+    /// every sample staged in it is marked lost (and refetched when the consumer gets to it).
+    pub(super) fn ring_intact(&self, pos: u64) -> bool {
+        if !self.ring.intact() {
+            let mut st = self.lock();
+            for e in st.entries.iter_mut() {
+                if matches!(e.slot, Slot::Ring { .. }) {
+                    e.lost = true;
+                }
+            }
+        }
+        let st = self.lock();
+        pos < st.base() || !st.entries[(pos - st.base()) as usize].lost
     }
 
     /// After shutdown, drop the ring's mapping once every handed-out sample is released
