@@ -62,7 +62,9 @@ pub struct JobSpec {
     pub rank: u32,
     /// The ranks sharing this node's cache (including `rank`).
     pub local_ranks: Vec<u32>,
-    /// Same string on every local rank of one run, different between concurrent runs.
+    /// The launcher's run id: same on every local rank of one run; empty when there is none
+    /// (`none`, as torchrun without `--standalone` sets it, counts as none). Only tells
+    /// concurrent runs apart: local ranks find their node cache without it.
     pub run_id: String,
     /// First epoch to serve (a resumed run); earlier epochs are neither fetched nor cached for.
     pub first_epoch: u32,

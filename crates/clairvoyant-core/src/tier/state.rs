@@ -359,43 +359,52 @@ impl StateSegment {
     /// arena) and publishes what it returns; everyone gets the published values.
     pub fn agree(&self, decide: impl FnOnce() -> Result<(Vec<u64>, ArenaAt)>) -> Result<(Vec<u64>, ArenaAt)> {
         let flag = self.u32(H_AGREE);
-        if flag.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            let (caps, at) = match decide() {
-                Ok(v) => v,
-                Err(e) => {
-                    flag.store(0, Ordering::Release);
-                    futex::wake_all(flag);
-                    return Err(e);
-                }
-            };
-            if caps.len() > MAX_CLASSES {
-                flag.store(0, Ordering::Release);
-                futex::wake_all(flag);
-                return Err(Error::config(
-                    "class",
-                    format!("at most {MAX_CLASSES} storage classes are supported"),
-                ));
-            }
-            self.u32(H_NCAP).store(caps.len() as u32, Ordering::Relaxed);
-            self.u32(H_ARENA_AT).store(at as u32, Ordering::Relaxed);
-            for (i, &c) in caps.iter().enumerate() {
-                self.u64(H_CAPS + 8 * i).store(c, Ordering::Relaxed);
-            }
-            flag.store(2, Ordering::Release);
-            futex::wake_all(flag);
-        }
+        let mine = 1 | ((self.slot + 1) << 8);
+        let mut decide = Some(decide);
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            match flag.load(Ordering::Acquire) {
-                2 => break,
-                // The proposer failed: try again (this caller may become the proposer).
-                0 => {
-                    return Err(Error::io(
-                        &self.path,
-                        std::io::Error::other("another local rank failed to set up this node cache"),
-                    ))
+            let cur = flag.load(Ordering::Acquire);
+            if cur == 2 {
+                break;
+            }
+            if cur == 0 {
+                if flag
+                    .compare_exchange(0, mine, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue;
                 }
-                _ => {}
+                let decided = match decide.take() {
+                    Some(d) => d(),
+                    None => Err(Error::io(
+                        &self.path,
+                        std::io::Error::other("setting up the node cache twice"),
+                    )),
+                };
+                let (caps, at) = match decided {
+                    Ok(v) if v.0.len() <= MAX_CLASSES => v,
+                    other => {
+                        // Give the turn back: another local rank may manage.
+                        flag.store(0, Ordering::Release);
+                        futex::wake_all(flag);
+                        return Err(other.err().unwrap_or_else(|| {
+                            Error::config("class", format!("at most {MAX_CLASSES} storage classes are supported"))
+                        }));
+                    }
+                };
+                self.u32(H_NCAP).store(caps.len() as u32, Ordering::Relaxed);
+                self.u32(H_ARENA_AT).store(at as u32, Ordering::Relaxed);
+                for (i, &c) in caps.iter().enumerate() {
+                    self.u64(H_CAPS + 8 * i).store(c, Ordering::Relaxed);
+                }
+                flag.store(2, Ordering::Release);
+                futex::wake_all(flag);
+                break;
+            }
+            // Another rank is deciding; if it died doing so, take its turn.
+            if self.slot_dead((cur >> 8).saturating_sub(1)) {
+                let _ = flag.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Acquire);
+                continue;
             }
             let now = Instant::now();
             if now >= deadline {
@@ -407,7 +416,7 @@ impl StateSegment {
                     ),
                 ));
             }
-            futex::wait(flag, 1, (deadline - now).min(WAIT_SLICE));
+            futex::wait(flag, cur, (deadline - now).min(WAIT_SLICE));
         }
         let n = self.u32(H_NCAP).load(Ordering::Relaxed) as usize;
         let caps = (0..n.min(MAX_CLASSES))

@@ -171,3 +171,20 @@ fn memory_class_leaves_room_for_the_rings() {
     );
     assert_eq!(memory_room(64 << 20, 512 << 20, 0), 0, "rings first");
 }
+
+#[test]
+fn a_rank_that_died_while_setting_up_is_replaced() {
+    let base = tempfile::tempdir().unwrap();
+    let c = NodeCache::attach_in(base.path(), &key("agree"), 4, 0, 1).unwrap();
+    // Process slot 30 (never registered: dead) began deciding the capacities.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(c.state().path()).unwrap();
+        f.write_all_at(&(1u32 | (31 << 8)).to_ne_bytes(), 28).unwrap();
+    }
+    let t0 = std::time::Instant::now();
+    let (caps, at) = c.state().agree(|| Ok((vec![7, 9], ArenaAt::None))).unwrap();
+    assert_eq!(caps, vec![7, 9]);
+    assert_eq!(at, ArenaAt::None);
+    assert!(t0.elapsed() < Duration::from_secs(1));
+}
