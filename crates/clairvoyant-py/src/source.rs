@@ -1,5 +1,6 @@
 //! Bindings of `clairvoyant_core::source`: source objects that Python passes to a job.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -8,13 +9,13 @@ use clairvoyant_core::source::{self, EmulatedFs, EmulatedSpec, FileSource, Sourc
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::errors::IntoPy;
+use crate::errors::{sample_out_of_range, IntoPy};
 
 /// Any dataset source; built by the constructors below.
 #[pyclass(name = "Source", frozen, module = "clairvoyant._native")]
 pub struct PySource {
     pub inner: Arc<dyn Source>,
-    classes: Vec<String>,
+    classes: Vec<OsString>,
     index_path: Option<PathBuf>,
     index_reused: bool,
 }
@@ -38,19 +39,32 @@ impl PySource {
     }
 }
 
+impl PySource {
+    /// `sample` as an index into the source, or `OutOfRangeError` (never a panic).
+    fn check(&self, sample: i64) -> PyResult<u32> {
+        let len = self.inner.len();
+        if (0..len as i64).contains(&sample) {
+            Ok(sample as u32)
+        } else {
+            Err(sample_out_of_range(sample, len))
+        }
+    }
+}
+
 #[pymethods]
 impl PySource {
     fn __len__(&self) -> usize {
         self.inner.len()
     }
-    fn size(&self, sample: u32) -> u64 {
-        self.inner.size(sample)
+    fn size(&self, sample: i64) -> PyResult<u64> {
+        Ok(self.inner.size(self.check(sample)?))
     }
-    fn label(&self, sample: u32) -> i64 {
-        self.inner.label(sample)
+    fn label(&self, sample: i64) -> PyResult<i64> {
+        Ok(self.inner.label(self.check(sample)?))
     }
-    fn path(&self, sample: u32) -> String {
-        self.inner.path(sample).display().to_string()
+    /// The sample's path as `os.fsdecode` gives it (bytes that are not UTF-8 as surrogates).
+    fn path(&self, sample: i64) -> PyResult<OsString> {
+        Ok(self.inner.path(self.check(sample)?).into_os_string())
     }
     fn total_bytes(&self, py: Python<'_>) -> u64 {
         py.detach(|| self.inner.total_bytes())
@@ -58,22 +72,22 @@ impl PySource {
     fn labels(&self) -> Vec<i64> {
         (0..self.inner.len() as u32).map(|k| self.inner.label(k)).collect()
     }
-    fn paths(&self) -> Vec<String> {
+    fn paths(&self) -> Vec<OsString> {
         (0..self.inner.len() as u32)
-            .map(|k| self.inner.path(k).display().to_string())
+            .map(|k| self.inner.path(k).into_os_string())
             .collect()
     }
     #[getter]
     fn fingerprint(&self) -> u64 {
         self.inner.fingerprint()
     }
-    fn classes(&self) -> Vec<String> {
+    fn classes(&self) -> Vec<OsString> {
         self.classes.clone()
     }
     /// The index file backing this source (None for synthetic sources).
     #[getter]
-    fn index_path(&self) -> Option<String> {
-        self.index_path.as_ref().map(|p| p.display().to_string())
+    fn index_path(&self) -> Option<OsString> {
+        self.index_path.clone().map(PathBuf::into_os_string)
     }
     /// Whether the cached index was reused rather than rebuilt.
     #[getter]
@@ -119,8 +133,9 @@ pub fn file_list(
 
 /// Parse a text file of `<path> <label>` lines.
 #[pyfunction]
-pub fn parse_list_file(path: PathBuf) -> PyResult<(Vec<PathBuf>, Vec<i64>)> {
-    source::parse_list_file(&path).py_err()
+pub fn parse_list_file(path: PathBuf) -> PyResult<(Vec<OsString>, Vec<i64>)> {
+    let (paths, labels) = source::parse_list_file(&path).py_err()?;
+    Ok((paths.into_iter().map(PathBuf::into_os_string).collect(), labels))
 }
 
 /// An emulated shared file system: per-open latency and an aggregate bandwidth shared by every
@@ -170,8 +185,8 @@ impl PyEmulatedFs {
     }
 
     #[getter]
-    fn state_path(&self) -> String {
-        self.inner.state_path().display().to_string()
+    fn state_path(&self) -> OsString {
+        self.inner.state_path().as_os_str().to_owned()
     }
 
     fn reset(&self) {
