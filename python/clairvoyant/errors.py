@@ -133,7 +133,7 @@ def os_error(code: int | None, message: str, filename=None) -> ClairvoyantOSErro
     """The clairvoyant exception for an OS error number (as ``OSError(errno, ...)`` picks a
     subclass), with ``errno``, ``strerror`` and ``filename`` set; ``str()`` is ``message``."""
     cls = _BY_ERRNO.get(code, ClairvoyantOSError) if code is not None else ClairvoyantOSError
-    e = cls(message) if code is None else cls(code, message)
+    e = cls(code, message)
     if filename is not None:
         e.filename = filename
     return e

@@ -3,12 +3,14 @@ synthetic bytes. Any of them can be read through an emulated shared file system.
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Sequence
 
 import numpy as np
 
 from . import _native
+from .errors import ArgumentTypeError, ConfigError, os_error
 
 
 class _Source:
@@ -76,7 +78,7 @@ class FileList(_Source):
     def __init__(self, paths: Sequence | str | os.PathLike, labels: Sequence[int] | None = None, emulated=None, index_dir=None):
         if labels is None:
             if not isinstance(paths, (str, os.PathLike)):
-                raise _native.ConfigError("invalid value for 'labels': required unless 'paths' is a list file")
+                raise ConfigError("invalid value for 'labels': required unless 'paths' is a list file")
             paths, labels = _native.parse_list_file(os.fspath(paths))
         paths = [os.fspath(p) for p in paths]
         self._native = _native.file_list(paths, [int(x) for x in labels], None if index_dir is None else os.fspath(index_dir), emulated)
@@ -103,8 +105,10 @@ def as_source(source) -> _Source:
             return ImageFolder(source)
         if os.path.isfile(source):
             return FileList(source)
-        raise FileNotFoundError(f"dataset {os.fspath(source)!r} does not exist")
-    raise TypeError(f"source must be a path, ImageFolder, FileList or Synthetic, not {type(source).__name__}")
+        raise os_error(errno.ENOENT, f"dataset {os.fspath(source)!r} does not exist", os.fspath(source))
+    raise ArgumentTypeError(
+        f"invalid value for 'source': a path, ImageFolder, FileList or Synthetic, not {type(source).__name__}"
+    )
 
 
 def EmulatedFs(state_path, open_latency_ms: float = 0.0, bandwidth_mbps: float = 100.0):

@@ -14,6 +14,7 @@ pyo3::import_exception!(clairvoyant.errors, ClairvoyantError);
 pyo3::import_exception!(clairvoyant.errors, ConfigError);
 pyo3::import_exception!(clairvoyant.errors, CapacityError);
 pyo3::import_exception!(clairvoyant.errors, OutOfRangeError);
+pyo3::import_exception!(clairvoyant.errors, ArgumentTypeError);
 pyo3::import_exception!(clairvoyant.errors, DatasetChangedError);
 pyo3::import_exception!(clairvoyant.errors, IndexMismatchError);
 pyo3::import_exception!(clairvoyant.errors, ExhaustedError);
@@ -99,10 +100,20 @@ pub fn to_py(e: Error) -> PyErr {
 }
 
 /// `OutOfRangeError` for a sample number outside a dataset of `len` samples.
-pub fn sample_out_of_range(sample: i64, len: usize) -> PyErr {
+pub fn sample_out_of_range(sample: &Bound<'_, PyAny>, len: usize) -> PyErr {
     OutOfRangeError::new_err(format!(
         "invalid value for 'sample': {sample} is outside the dataset (0..{len})"
     ))
+}
+
+/// `ArgumentTypeError` for an argument `name` that is not `expected`.
+pub fn argument_type(name: &str, expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    let type_name = got
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    ArgumentTypeError::new_err(format!("invalid value for '{name}': expected {expected}, not {type_name}"))
 }
 
 pub trait IntoPy<T> {

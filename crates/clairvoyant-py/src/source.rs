@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use clairvoyant_core::source::synthetic::Synthetic;
 use clairvoyant_core::source::{self, EmulatedFs, EmulatedSpec, FileSource, Source, Throttled};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::errors::{sample_out_of_range, IntoPy};
+use crate::errors::{argument_type, sample_out_of_range, IntoPy};
 
 /// Any dataset source; built by the constructors below.
 #[pyclass(name = "Source", frozen, module = "clairvoyant._native")]
@@ -40,13 +41,15 @@ impl PySource {
 }
 
 impl PySource {
-    /// `sample` as an index into the source, or `OutOfRangeError` (never a panic).
-    fn check(&self, sample: i64) -> PyResult<u32> {
+    /// `sample` as an index into the source: `OutOfRangeError` for any integer outside it (even
+    /// one too large for 64 bits), `ArgumentTypeError` for a non-integer; never a panic.
+    fn check(&self, sample: &Bound<'_, PyAny>) -> PyResult<u32> {
         let len = self.inner.len();
-        if (0..len as i64).contains(&sample) {
-            Ok(sample as u32)
-        } else {
-            Err(sample_out_of_range(sample, len))
+        match sample.extract::<i64>() {
+            Ok(k) if (0..len as i64).contains(&k) => Ok(k as u32),
+            Ok(_) => Err(sample_out_of_range(sample, len)),
+            Err(e) if e.is_instance_of::<PyOverflowError>(sample.py()) => Err(sample_out_of_range(sample, len)),
+            Err(_) => Err(argument_type("sample", "an int", sample)),
         }
     }
 }
@@ -56,14 +59,14 @@ impl PySource {
     fn __len__(&self) -> usize {
         self.inner.len()
     }
-    fn size(&self, sample: i64) -> PyResult<u64> {
+    fn size(&self, sample: &Bound<'_, PyAny>) -> PyResult<u64> {
         Ok(self.inner.size(self.check(sample)?))
     }
-    fn label(&self, sample: i64) -> PyResult<i64> {
+    fn label(&self, sample: &Bound<'_, PyAny>) -> PyResult<i64> {
         Ok(self.inner.label(self.check(sample)?))
     }
     /// The sample's path as `os.fsdecode` gives it (bytes that are not UTF-8 as surrogates).
-    fn path(&self, sample: i64) -> PyResult<OsString> {
+    fn path(&self, sample: &Bound<'_, PyAny>) -> PyResult<OsString> {
         Ok(self.inner.path(self.check(sample)?).into_os_string())
     }
     fn total_bytes(&self, py: Python<'_>) -> u64 {
