@@ -209,6 +209,13 @@ pub fn synthetic_source(sizes: Vec<u64>, labels: Option<Vec<i64>>) -> PySource {
     }
 }
 
+/// Where indexes (and `system.toml`) live by default: `$CLAIRVOYANT_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/clairvoyant`, else `~/.cache/clairvoyant`.
+#[pyfunction]
+pub fn default_index_dir() -> PyResult<OsString> {
+    Ok(source::default_index_dir().py_err()?.into_os_string())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySource>()?;
     m.add_class::<PyEmulatedFs>()?;
@@ -216,5 +223,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(image_folder, m)?)?;
     m.add_function(wrap_pyfunction!(file_list, m)?)?;
     m.add_function(wrap_pyfunction!(parse_list_file, m)?)?;
+    m.add_function(wrap_pyfunction!(default_index_dir, m)?)?;
     Ok(())
 }
