@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import clairvoyant
@@ -122,7 +121,7 @@ def test_index_of_another_dataset_is_refused(tmp_path, tree):
 def test_file_list_source(tmp_path, tree):
     src = clairvoyant.ImageFolder(tree)
     lst = tmp_path / "list.txt"
-    lst.write_text("# path label\n" + "".join(f"{p} {int(l)}\n" for p, l in zip(src.paths, src.labels)))
+    lst.write_text("# path label\n" + "".join(f"{p} {int(label)}\n" for p, label in zip(src.paths, src.labels)))
     fl = clairvoyant.FileList(lst)
     assert fl.paths == src.paths and fl.labels.tolist() == src.labels.tolist()
     bad = tmp_path / "bad.txt"

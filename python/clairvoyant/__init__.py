@@ -29,7 +29,7 @@ from .errors import (
     TimedOutError,
 )
 
-from . import _native  # after .errors: the native module re-exports those classes
+# After .errors: the native module imports it and re-exports those classes.
 from ._native import access_stream, access_stream_from_order
 from .job import Job
 from .simulator import SimulationResult, SweepResult, simulate

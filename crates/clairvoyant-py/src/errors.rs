@@ -113,7 +113,9 @@ pub fn argument_type(name: &str, expected: &str, got: &Bound<'_, PyAny>) -> PyEr
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".into());
-    ArgumentTypeError::new_err(format!("invalid value for '{name}': expected {expected}, not {type_name}"))
+    ArgumentTypeError::new_err(format!(
+        "invalid value for '{name}': expected {expected}, not {type_name}"
+    ))
 }
 
 pub trait IntoPy<T> {

@@ -342,11 +342,23 @@ mod tests {
         // b"\xf5" decodes to U+DCF5, which sorts before U+10000 (bytes f0 90 80 80) although
         // its byte is larger; "\u00e9" (c3 a9) sorts before U+DCE9.
         let raw = |b: &[u8]| OsString::from_vec(b.to_vec());
-        let mut names = vec![raw(b"\xf0\x90\x80\x80"), raw(b"\xf5"), raw(b"\xe9"), raw("\u{e9}".as_bytes()), raw(b"a")];
+        let mut names = vec![
+            raw(b"\xf0\x90\x80\x80"),
+            raw(b"\xf5"),
+            raw(b"\xe9"),
+            raw("\u{e9}".as_bytes()),
+            raw(b"a"),
+        ];
         names.sort_by(|a, b| python_str_order(a, b));
         assert_eq!(
             names,
-            [raw(b"a"), raw("\u{e9}".as_bytes()), raw(b"\xe9"), raw(b"\xf5"), raw(b"\xf0\x90\x80\x80")]
+            [
+                raw(b"a"),
+                raw("\u{e9}".as_bytes()),
+                raw(b"\xe9"),
+                raw(b"\xf5"),
+                raw(b"\xf0\x90\x80\x80")
+            ]
         );
     }
 }

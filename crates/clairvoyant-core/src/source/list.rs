@@ -92,7 +92,13 @@ fn prepare(paths: &[PathBuf], labels: &[i64]) -> Result<(Vec<PathBuf>, OsString)
     Ok((abs, format!("list:{:016x}", h.finish()).into()))
 }
 
-fn open(abs: Vec<PathBuf>, labels: &[i64], identity: &OsStr, index_path: PathBuf, explicit: bool) -> Result<FileSource> {
+fn open(
+    abs: Vec<PathBuf>,
+    labels: &[i64],
+    identity: &OsStr,
+    index_path: PathBuf,
+    explicit: bool,
+) -> Result<FileSource> {
     let (index, reused) = load_or_build(&index_path, identity, explicit, || scan(abs, labels, identity))?;
     Ok(FileSource::new(index, PathBuf::new(), Some(index_path), reused))
 }
@@ -112,10 +118,7 @@ fn scan(abs: Vec<PathBuf>, labels: &[i64], identity: &OsStr) -> Result<Index> {
             Err(e) => Err(Error::io(p, e)),
         })
         .collect::<Result<_>>()?;
-    let parents: BTreeSet<&Path> = abs
-        .iter()
-        .map(|p| p.parent().unwrap_or(Path::new("/")))
-        .collect();
+    let parents: BTreeSet<&Path> = abs.iter().map(|p| p.parent().unwrap_or(Path::new("/"))).collect();
     let dirs = parents
         .into_iter()
         .map(|d| {

@@ -160,7 +160,9 @@ impl NodeCache {
             if now >= deadline {
                 return Err(Error::TimedOut {
                     path: self.state_path.clone(),
-                    what: "another local rank to finish initialising this node cache (remove the file if that rank died)".into(),
+                    what:
+                        "another local rank to finish initialising this node cache (remove the file if that rank died)"
+                            .into(),
                     seconds: 30,
                 });
             }
