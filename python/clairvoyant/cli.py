@@ -154,6 +154,8 @@ def probe_usage(path) -> str:
 
 def _mean_file_size(path, limit: int = 2000):
     """Mean size of up to `limit` files under `path` (None when there are none or on errors)."""
+    if os.path.isfile(path):
+        return os.path.getsize(path) or None
     sizes = []
     stack = [os.fspath(path)]
     while stack and len(sizes) < limit:
@@ -170,6 +172,10 @@ def _mean_file_size(path, limit: int = 2000):
             continue
     sizes = [s for s in sizes if s > 0]
     return sum(sizes) / len(sizes) if sizes else None
+
+
+def _bytes(n: float) -> str:
+    return f"{n:,.0f} bytes" if n < 1024 else f"{n / 1024:.1f} KiB"
 
 
 def probe_warnings(toml_text: str, mean_file_bytes) -> list:
@@ -207,7 +213,7 @@ def probe_warnings(toml_text: str, mean_file_bytes) -> list:
         )
     if mean_file_bytes is not None and mean_file_bytes < TINY_FILE_BYTES:
         out.append(
-            f"the files are tiny (mean {mean_file_bytes / 1024:.1f} KiB), so each read mostly measures an open: "
+            f"the files are tiny (mean {_bytes(mean_file_bytes)}), so each read mostly measures an open: "
             "the throughput figures understate what larger samples would get."
         )
     return out
@@ -357,6 +363,10 @@ def main(argv=None) -> int:
             si.error(problem)
     try:
         return args.fn(args)
+    except BrokenPipeError:
+        # Output piped into `head` or a pager that quit: not an error of this command.
+        sys.stdout = open(os.devnull, "w")  # the interpreter flushes stdout at exit
+        return 0
     except (ClairvoyantError, ValueError, OSError) as e:
         print(f"clairvoyant {args.cmd}: error: {cli_message(str(e), args.cmd, args)}", file=sys.stderr)
         return 1
