@@ -189,3 +189,27 @@ def test_source_accessors_raise_only_clairvoyant_errors(sample):
             assert "'sample'" in str(e)
         else:
             assert isinstance(sample, int) and 0 <= sample < 3
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.text(max_size=2)), max_size=4),
+    labels=st.one_of(st.none(), st.lists(st.integers(min_value=-(2**70), max_value=2**70), max_size=4)),
+)
+def test_synthetic_arguments_raise_only_clairvoyant_errors(sizes, labels):
+    try:
+        src = clairvoyant.Synthetic(sizes, labels)
+    except clairvoyant.ClairvoyantError as e:
+        assert "'sizes'" in str(e) or "'labels'" in str(e), e
+    else:
+        assert len(src) == len(sizes) and all(isinstance(s, int) and 0 <= s < 2**64 for s in sizes)
+
+
+@pytest.mark.parametrize(
+    "latency, bandwidth, name",
+    [(-1, 100, "open_latency_ms"), (float("nan"), 100, "open_latency_ms"), (1, 0, "bandwidth_mbps"),
+     ("x", 100, "open_latency_ms"), (1, 10**400, "bandwidth_mbps")],
+)
+def test_emulated_fs_arguments_name_the_argument(tmp_path, latency, bandwidth, name):
+    with pytest.raises(clairvoyant.ClairvoyantError, match=f"'{name}'"):
+        clairvoyant.EmulatedFs(tmp_path / "state", latency, bandwidth)

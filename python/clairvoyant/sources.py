@@ -4,6 +4,8 @@ synthetic bytes. Any of them can be read through an emulated shared file system.
 from __future__ import annotations
 
 import errno
+import numbers
+import operator
 import os
 from typing import Sequence
 
@@ -11,6 +13,25 @@ import numpy as np
 
 from . import _native
 from .errors import ArgumentTypeError, ConfigError, os_error
+
+
+_I64 = (-(2**63), 2**63 - 1)
+_U64 = (0, 2**64 - 1)
+
+
+def _ints(values, name: str, bounds) -> list:
+    """`values` as a list of ints within `bounds`, or ConfigError/ArgumentTypeError naming `name`
+    (rather than an OverflowError from the native layer that names nothing)."""
+    out = []
+    for k, v in enumerate(values):
+        try:
+            i = operator.index(v)
+        except TypeError:
+            raise ArgumentTypeError(f"invalid value for '{name}': item {k} is {type(v).__name__}, not an integer") from None
+        if not bounds[0] <= i <= bounds[1]:
+            raise ConfigError(f"invalid value for '{name}': item {k} is {i}, outside {bounds[0]}..{bounds[1]}")
+        out.append(i)
+    return out
 
 
 class _Source:
@@ -81,7 +102,8 @@ class FileList(_Source):
                 raise ConfigError("invalid value for 'labels': required unless 'paths' is a list file")
             paths, labels = _native.parse_list_file(os.fspath(paths))
         paths = [os.fspath(p) for p in paths]
-        self._native = _native.file_list(paths, [int(x) for x in labels], None if index_dir is None else os.fspath(index_dir), emulated)
+        labels = _ints(labels, "labels", _I64)
+        self._native = _native.file_list(paths, labels, None if index_dir is None else os.fspath(index_dir), emulated)
 
     def __repr__(self):
         return f"FileList({len(self)} samples)"
@@ -91,7 +113,12 @@ class Synthetic(_Source):
     """Deterministic in-memory samples of the given sizes; no storage underneath."""
 
     def __init__(self, sizes: Sequence[int], labels: Sequence[int] | None = None):
-        self._native = _native.synthetic_source([int(s) for s in sizes], None if labels is None else [int(x) for x in labels])
+        sizes = _ints(sizes, "sizes", _U64)
+        if labels is not None:
+            labels = _ints(labels, "labels", _I64)
+            if len(labels) != len(sizes):
+                raise ConfigError(f"invalid value for 'labels': {len(labels)} labels for {len(sizes)} sizes")
+        self._native = _native.synthetic_source(sizes, labels)
 
     def __repr__(self):
         return f"Synthetic({len(self)} samples)"
@@ -114,4 +141,13 @@ def as_source(source) -> _Source:
 def EmulatedFs(state_path, open_latency_ms: float = 0.0, bandwidth_mbps: float = 100.0):
     """An emulated shared file system: per-open latency and an aggregate bandwidth shared by every
     process that opens the same ``state_path``. Pass it as ``emulated=`` to a source."""
-    return _native.EmulatedFs(os.fspath(state_path), float(open_latency_ms), float(bandwidth_mbps))
+    return _native.EmulatedFs(os.fspath(state_path), _number(open_latency_ms, "open_latency_ms"), _number(bandwidth_mbps, "bandwidth_mbps"))
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"invalid value for '{name}': expected a number, not {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ConfigError(f"invalid value for '{name}': {value} is too large") from None

@@ -152,6 +152,11 @@ pub struct PyEmulatedFs {
 impl PyEmulatedFs {
     #[new]
     fn new(state_path: PathBuf, open_latency_ms: f64, bandwidth_mbps: f64) -> PyResult<Self> {
+        if !(open_latency_ms.is_finite() && open_latency_ms >= 0.0) {
+            return Err(crate::errors::ConfigError::new_err(format!(
+                "invalid value for 'open_latency_ms': must be a finite number >= 0, got {open_latency_ms}"
+            )));
+        }
         let spec = EmulatedSpec {
             open_latency_s: open_latency_ms / 1e3,
             bandwidth_mbps,
