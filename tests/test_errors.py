@@ -213,3 +213,24 @@ def test_synthetic_arguments_raise_only_clairvoyant_errors(sizes, labels):
 def test_emulated_fs_arguments_name_the_argument(tmp_path, latency, bandwidth, name):
     with pytest.raises(clairvoyant.ClairvoyantError, match=f"'{name}'"):
         clairvoyant.EmulatedFs(tmp_path / "state", latency, bandwidth)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda d: clairvoyant.ImageFolder(3.5), "root"),
+        (lambda d: clairvoyant.ImageFolder(d, index_dir=object()), "index_dir"),
+        (lambda d: clairvoyant.FileList([d / "a", 7], [0, 1]), "paths"),
+        (lambda d: clairvoyant.FileList(5, [0]), "paths"),
+        (lambda d: clairvoyant.FileList([d / "a"], 3), "labels"),
+        (lambda d: clairvoyant.FileList([d / "a"], ["x"]), "labels"),
+        (lambda d: clairvoyant.FileList(d / "list.txt", [0]), "labels"),
+        (lambda d: clairvoyant.EmulatedFs(None), "state_path"),
+    ],
+)
+def test_source_arguments_of_the_wrong_kind_name_the_argument(tmp_path, make, name):
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "list.txt").write_text("a 0\n")
+    with pytest.raises(clairvoyant.ClairvoyantError, match=f"'{name}'") as info:
+        make(tmp_path)
+    assert isinstance(info.value, (TypeError, ValueError))

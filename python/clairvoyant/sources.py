@@ -23,7 +23,7 @@ def _ints(values, name: str, bounds) -> list:
     """`values` as a list of ints within `bounds`, or ConfigError/ArgumentTypeError naming `name`
     (rather than an OverflowError from the native layer that names nothing)."""
     out = []
-    for k, v in enumerate(values):
+    for k, v in enumerate(_iterable(values, name)):
         try:
             i = operator.index(v)
         except TypeError:
@@ -80,12 +80,12 @@ class ImageFolder(_Source):
     once and cached (``index_dir`` or the default cache directory)."""
 
     def __init__(self, root: str | os.PathLike, emulated: "EmulatedFs | None" = None, index_dir=None, index_path=None):
-        self.root = os.fspath(root)
+        self.root = _fspath(root, "root")
         self._native = _native.image_folder(
             self.root,
-            None if index_dir is None else os.fspath(index_dir),
+            None if index_dir is None else _fspath(index_dir, "index_dir"),
             emulated,
-            None if index_path is None else os.fspath(index_path),
+            None if index_path is None else _fspath(index_path, "index_path"),
         )
         self._classes = self._native.classes()
 
@@ -101,9 +101,11 @@ class FileList(_Source):
             if not isinstance(paths, (str, os.PathLike)):
                 raise ConfigError("invalid value for 'labels': required unless 'paths' is a list file")
             paths, labels = _native.parse_list_file(os.fspath(paths))
-        paths = [os.fspath(p) for p in paths]
+        elif isinstance(paths, (str, bytes, os.PathLike)):
+            raise ConfigError("invalid value for 'labels': a list file carries its own labels; pass labels only with a list of paths")
+        paths = [_fspath(p, "paths") for p in _iterable(paths, "paths")]
         labels = _ints(labels, "labels", _I64)
-        self._native = _native.file_list(paths, labels, None if index_dir is None else os.fspath(index_dir), emulated)
+        self._native = _native.file_list(paths, labels, None if index_dir is None else _fspath(index_dir, "index_dir"), emulated)
 
     def __repr__(self):
         return f"FileList({len(self)} samples)"
@@ -141,7 +143,23 @@ def as_source(source) -> _Source:
 def EmulatedFs(state_path, open_latency_ms: float = 0.0, bandwidth_mbps: float = 100.0):
     """An emulated shared file system: per-open latency and an aggregate bandwidth shared by every
     process that opens the same ``state_path``. Pass it as ``emulated=`` to a source."""
-    return _native.EmulatedFs(os.fspath(state_path), _number(open_latency_ms, "open_latency_ms"), _number(bandwidth_mbps, "bandwidth_mbps"))
+    return _native.EmulatedFs(_fspath(state_path, "state_path"), _number(open_latency_ms, "open_latency_ms"), _number(bandwidth_mbps, "bandwidth_mbps"))
+
+
+def _iterable(values, name: str):
+    try:
+        return iter(values)
+    except TypeError:
+        raise ArgumentTypeError(f"invalid value for '{name}': expected a sequence, not {type(values).__name__}") from None
+
+
+def _fspath(value, name: str) -> str:
+    """os.fspath(value) as str (bytes decoded as os.fsdecode does), or ArgumentTypeError naming
+    the argument."""
+    try:
+        return os.fsdecode(value)
+    except TypeError:
+        raise ArgumentTypeError(f"invalid value for '{name}': expected a path, not {type(value).__name__}") from None
 
 
 def _number(value, name: str) -> float:
