@@ -224,11 +224,16 @@ def test_the_session_keeps_the_user_cache_untouched(tmp_path):
     (tests / "conftest.py").write_text(open(os.path.join(os.path.dirname(__file__), "conftest.py")).read())
     (tests / "test_writes_home.py").write_text(
         "import os\n"
-        "from pathlib import Path\n"
+        "import clairvoyant\n"
+        "def make(tmp_path):\n"
+        "    (tmp_path / 'd' / 'c').mkdir(parents=True)\n"
+        "    (tmp_path / 'd' / 'c' / '1.jpg').write_bytes(b'1')\n"
+        "    return clairvoyant.ImageFolder(tmp_path / 'd')\n"
         "def test_index_goes_to_the_session_dir(tmp_path):\n"
-        "    assert os.environ['CLAIRVOYANT_CACHE_DIR'] != str(Path.home() / '.cache' / 'clairvoyant')\n"
-        "def test_writes_home():\n"
-        "    (Path.home() / '.cache' / 'clairvoyant' / 'x').write_text('x')\n"
+        "    assert make(tmp_path).index_path.startswith(os.environ['CLAIRVOYANT_CACHE_DIR'])\n"
+        "def test_writes_home(tmp_path, monkeypatch):\n"
+        "    monkeypatch.delenv('CLAIRVOYANT_CACHE_DIR')\n"
+        "    assert '.cache/clairvoyant' in make(tmp_path).index_path\n"
     )
     env = {**os.environ, "HOME": str(home)}
     env.pop("XDG_CACHE_HOME", None)
@@ -238,3 +243,14 @@ def test_the_session_keeps_the_user_cache_untouched(tmp_path):
     )
     assert r.returncode != 0 and "wrote to the user's cache directory" in r.stdout, r.stdout + r.stderr
     assert "2 passed" in r.stdout and "1 error" in r.stdout, r.stdout
+    # A file another run of the same user writes there meanwhile is noted, not blamed.
+    (tests / "test_writes_home.py").write_text(
+        "from pathlib import Path\n"
+        "def test_other_run_writes_home():\n"
+        "    (Path.home() / '.cache' / 'clairvoyant' / 'index-0.cvidx').write_bytes(b'CVINDEX dir:/elsewhere')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tests)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tests,
+    )
+    assert r.returncode == 0 and "none naming it" in r.stdout, r.stdout + r.stderr
