@@ -113,9 +113,8 @@ impl NodeCache {
         let magic = cache.header(0);
         let _ = magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire);
         if magic.load(Ordering::Acquire) != MAGIC {
-            return Err(Error::BadIndex {
-                index: cache.state_path.clone(),
-                reason: "is not a clairvoyant node cache".into(),
+            return Err(Error::NotNodeCache {
+                path: cache.state_path.clone(),
             });
         }
         cache.header(1).fetch_add(1, Ordering::AcqRel);
@@ -159,12 +158,12 @@ impl NodeCache {
         while flag.load(Ordering::Acquire) != 2 {
             let now = std::time::Instant::now();
             if now >= deadline {
-                return Err(Error::Io {
+                return Err(Error::TimedOut {
                     path: self.state_path.clone(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "another local rank began initialising this node cache and did not finish; remove the file",
-                    ),
+                    what:
+                        "another local rank to finish initialising this node cache (remove the file if that rank died)"
+                            .into(),
+                    seconds: 30,
                 });
             }
             futex::wait(flag, 1, deadline - now);
