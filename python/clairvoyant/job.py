@@ -42,8 +42,11 @@ def _orders(order, num_samples: int) -> list:
         if a.size and a.dtype.kind not in "iu":
             if a.dtype.kind != "O":
                 raise TypeError(f"'order' epoch {e}: sample ids must be integers, not {a.dtype}")
-            ids = [_int_arg(f"order[{e}][{i}]", k, -(2**63), _U64) for i, k in enumerate(a.tolist())]
-            a = np.asarray(ids, dtype=object)
+            ids = a.tolist()  # Python ints beyond 64 bits, or a mixture
+            for i, k in enumerate(ids):
+                if isinstance(k, (bool, np.bool_)) or not hasattr(type(k), "__index__"):
+                    raise TypeError(f"'order' epoch {e} position {i}: sample ids must be integers, not {type(k).__name__}")
+            a = np.asarray([operator.index(k) for k in ids], dtype=object)
         if a.size:
             bad = np.flatnonzero((a < 0) | (a >= num_samples))
             if bad.size:
