@@ -215,3 +215,16 @@ def test_resident_memory_stays_flat_with_a_slow_consumer():
     assert made.value <= 3 * len(loader)
     loader.close()
     job.close()
+
+
+def test_closing_the_job_mid_epoch_removes_its_shared_files():
+    made = mp.get_context("fork").Value("l", 0)
+    job, loader = make_loader(n=200, epochs=2, made=made, workers=2, prefetch=2)
+    segments = [p for p in job.segments if p]
+    it = iter(loader)
+    next(it)
+    time.sleep(0.2)  # workers hold leases and map the segments
+    assert all(os.path.exists(p) for p in segments)
+    job.close()  # `loader` and `it` are still referenced
+    left = [p for p in segments if os.path.exists(p)]
+    assert not left, f"left after close(): {left}"
