@@ -200,7 +200,7 @@ def test_resident_memory_stays_flat_with_a_slow_consumer():
         return sum(_rss_kib(p) for p in pids) / 1024
 
     samples = []
-    for epoch in range(3):
+    for _epoch in range(3):
         for step, (data, _) in enumerate(loader):
             assert data.nbytes == payload
             del data
