@@ -229,3 +229,20 @@ def test_a_missing_file_raises_at_its_batch_and_the_rest_follow(tmp_path, monkey
             next(it)
     loader.close()
     job.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_job_starts_the_loader_at_its_start_epoch(data_dir, workers):
+    full = clairvoyant.Job(str(data_dir), batch_size=4, epochs=3, rank=0, world_size=1)
+    want = [int(full.labels[k]) for k in full.samples_of(2)]
+    full.close()
+    job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=3, rank=0, world_size=1, start_epoch=2)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=workers)
+    assert len(loader) == -(-42 // 4)
+    loader.set_epoch(2)
+    labels = torch.cat([y for _, y in loader])
+    assert labels.tolist() == want
+    with pytest.raises(RuntimeError, match="all 3 epochs"):
+        iter(loader)
+    loader.close()
+    job.close()
