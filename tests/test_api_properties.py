@@ -240,6 +240,13 @@ def test_non_integer_arguments_are_type_errors_naming_them():
         clairvoyant.Job(src, batch_size=2, epochs=1, drop_last="no")
     with pytest.raises(TypeError, match="'batch_size'"):
         clairvoyant.access_stream(20, 1, 0, 1, 2.5, 0)
+    with clairvoyant.Job(src, batch_size=2, epochs=2) as job:
+        with pytest.raises(TypeError, match="'epoch'"):
+            job.epoch(1.0)
+        with pytest.raises(clairvoyant.ConfigError, match="'epoch'"):
+            job.batches(-1)
+        with pytest.raises(clairvoyant.ExhaustedError, match="past the job's last epoch"):
+            job.samples_of(2)
 
 
 def test_plan_report_checks_sizes_and_ranks():

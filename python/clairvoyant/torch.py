@@ -356,8 +356,8 @@ class DataLoader:
                 p.join(timeout=5)
         for q in self._tasks + ([self._results] if self._results is not None else []):
             try:
+                q.cancel_join_thread()  # never block on a pipe that no process reads any more
                 q.close()
-                q.join_thread()
             except Exception:
                 pass
         self._workers, self._tasks, self._results = [], [], None
