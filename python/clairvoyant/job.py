@@ -15,13 +15,15 @@ from .sources import FileList, ImageFolder, as_source
 
 _U32 = 2**32 - 1
 _U64 = 2**64 - 1
+# A TypeError that is also a ClairvoyantError where the native module defines one.
+_TypeError = getattr(_native, "ArgumentTypeError", TypeError)
 
 
 def _int_arg(name: str, value, lo: int, hi: int) -> int:
     """``value`` as a Python int in ``lo..=hi``: TypeError naming ``name`` for a non-integer,
     ConfigError naming it for an integer out of range."""
     if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"'{name}' must be an integer, not {type(value).__name__}")
+        raise _TypeError(f"'{name}' must be an integer, not {type(value).__name__}")
     v = operator.index(value)
     if not lo <= v <= hi:
         raise _native.ConfigError(f"invalid value for '{name}': must be in {lo}..={hi}, got {v}")
@@ -31,21 +33,21 @@ def _int_arg(name: str, value, lo: int, hi: int) -> int:
 def _orders(order, num_samples: int) -> list:
     """Explicit per-epoch orders as lists of ints, every id checked against the dataset."""
     if isinstance(order, (str, bytes)) or not hasattr(order, "__iter__"):
-        raise TypeError(f"'order' must be a sequence of per-epoch sequences of sample ids, not {type(order).__name__}")
+        raise _TypeError(f"'order' must be a sequence of per-epoch sequences of sample ids, not {type(order).__name__}")
     out = []
     for e, epoch_order in enumerate(order):
         if isinstance(epoch_order, (str, bytes)) or not hasattr(epoch_order, "__iter__"):
-            raise TypeError(f"'order' epoch {e}: must be a sequence of sample ids, not {type(epoch_order).__name__}")
+            raise _TypeError(f"'order' epoch {e}: must be a sequence of sample ids, not {type(epoch_order).__name__}")
         a = np.asarray(epoch_order if hasattr(epoch_order, "__len__") else list(epoch_order))
         if a.ndim != 1:
             raise _native.ConfigError(f"invalid value for 'order': epoch {e} must be a flat sequence of sample ids")
         if a.size and a.dtype.kind not in "iu":
             if a.dtype.kind != "O":
-                raise TypeError(f"'order' epoch {e}: sample ids must be integers, not {a.dtype}")
+                raise _TypeError(f"'order' epoch {e}: sample ids must be integers, not {a.dtype}")
             ids = a.tolist()  # Python ints beyond 64 bits, or a mixture
             for i, k in enumerate(ids):
                 if isinstance(k, (bool, np.bool_)) or not hasattr(type(k), "__index__"):
-                    raise TypeError(f"'order' epoch {e} position {i}: sample ids must be integers, not {type(k).__name__}")
+                    raise _TypeError(f"'order' epoch {e} position {i}: sample ids must be integers, not {type(k).__name__}")
             a = np.asarray([operator.index(k) for k in ids], dtype=object)
         if a.size:
             bad = np.flatnonzero((a < 0) | (a >= num_samples))
@@ -112,7 +114,7 @@ class Job:
             raise _native.ConfigError("invalid value for 'epochs': required unless 'order' gives the epochs")
         seed = _int_arg("seed", seed, 0, _U64)
         if not isinstance(drop_last, (bool, np.bool_)):
-            raise TypeError(f"'drop_last' must be a bool, not {type(drop_last).__name__}")
+            raise _TypeError(f"'drop_last' must be a bool, not {type(drop_last).__name__}")
         drop_last = bool(drop_last)
         start_epoch = _int_arg("start_epoch", start_epoch, 0, _U32)
         if rank is not None:
@@ -121,7 +123,7 @@ class Job:
             world_size = _int_arg("world_size", world_size, 1, _U32)
         if local_ranks is not None:
             if isinstance(local_ranks, (str, bytes)) or not hasattr(local_ranks, "__iter__"):
-                raise TypeError(f"'local_ranks' must be a sequence of ranks, not {type(local_ranks).__name__}")
+                raise _TypeError(f"'local_ranks' must be a sequence of ranks, not {type(local_ranks).__name__}")
             local_ranks = [_int_arg("local_ranks", r, 0, _U32 - 1) for r in local_ranks]
             if len(set(local_ranks)) != len(local_ranks):
                 raise _native.ConfigError(f"invalid value for 'local_ranks': {local_ranks} names a rank twice")
@@ -232,13 +234,11 @@ class Job:
 
     def _epoch_arg(self, epoch) -> int:
         if isinstance(epoch, (bool, np.bool_)) or not hasattr(type(epoch), "__index__"):
-            raise TypeError(f"'epoch' must be an integer, not {type(epoch).__name__}")
+            raise _TypeError(f"'epoch' must be an integer, not {type(epoch).__name__}")
         epoch = operator.index(epoch)
         if epoch < 0:
             raise _native.ConfigError(f"invalid value for 'epoch': must be at least 0, got {epoch}")
-        if epoch >= self.epochs:
-            raise _native.ExhaustedError(f"epoch {epoch} is past the job's last epoch ({self.epochs - 1})")
-        return epoch
+        return min(epoch, _U32)  # the engine says which epochs the job has
 
     def _begin(self, epoch) -> int:
         engine = self._open_engine()
