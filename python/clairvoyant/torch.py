@@ -496,7 +496,10 @@ class _Pipeline:
                     except Exception as exc:  # a sample failed: raised at its batch, the rest follow
                         with self._cond:
                             self._sent = index + 1
-                            self._ready[index] = (None, _Raise(exc))
+                            if index >= self.floor:
+                                self._ready[index] = (None, _Raise(exc))
+                            else:  # the consumer moved on meanwhile
+                                self.outstanding -= 1
                             self._cond.notify_all()
                         continue
                     with self._cond:
