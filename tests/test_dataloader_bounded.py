@@ -228,3 +228,36 @@ def test_closing_the_job_mid_epoch_removes_its_shared_files():
     job.close()  # `loader` and `it` are still referenced
     left = [p for p in segments if os.path.exists(p)]
     assert not left, f"left after close(): {left}"
+
+
+def _slow_decode(data):
+    time.sleep(0.002)  # decoding emulated by sleeping: independent of the machine's load
+    return len(data)
+
+
+def _labels(items):
+    return [t for _, t in items]
+
+
+def test_the_bound_does_not_serialise_decoding_with_training():
+    # 2 workers, 8 samples x 2 ms: 16 ms per batch per worker, 8 ms per batch for the pair.
+    steps, batch = 40, 8
+    job = clairvoyant.Job(clairvoyant.Synthetic([64] * (steps * batch)), batch_size=batch, epochs=2, rank=0, world_size=1)
+    loader = ctorch.DataLoader(
+        ctorch.ImageFolder(job, loader=_slow_decode), num_workers=2, prefetch_factor=2, collate_fn=_labels,
+        multiprocessing_context="fork",
+    )
+    decode = batch * 0.002
+    t0 = time.monotonic()
+    assert sum(1 for _ in loader) == steps  # a fast training loop: both workers busy
+    fast = time.monotonic() - t0
+    t0 = time.monotonic()
+    for _ in loader:  # a training step as long as one worker's batch: decoding overlaps it
+        time.sleep(decode / 2)
+    overlapped = time.monotonic() - t0
+    loader.close()
+    job.close()
+    print(f"fast {fast:.3f} s, overlapped {overlapped:.3f} s, one worker's decode {steps * decode:.3f} s")
+    assert fast < 0.75 * steps * decode, f"{fast:.2f} s: the workers did not decode in parallel"
+    # Serialised, the epoch would take steps x (decode / 2 + decode / 2) at best.
+    assert overlapped < 0.8 * steps * decode, f"{overlapped:.2f} s: decoding waited for the training step"
