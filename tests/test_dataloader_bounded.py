@@ -210,6 +210,7 @@ def test_resident_memory_stays_flat_with_a_slow_consumer():
             if step % 10 == 9:
                 samples.append(rss_mib())
     growth = max(samples) - samples[0]
+    print(f"resident memory growth {growth:.1f} MiB over {len(samples)} samples")
     # 180 batches of 1 MiB: piling up adds about 100 MiB in the first second; the bound is 4.
     assert growth < 24, f"resident memory grew by {growth:.0f} MiB: {[round(s) for s in samples]}"
     assert made.value <= 3 * len(loader)
