@@ -1,8 +1,16 @@
 """The clairvoyant command line."""
 
+import io
 import json
+import os
 import subprocess
 import sys
+import time
+
+import pytest
+
+import clairvoyant
+from clairvoyant import _report, cli
 
 
 def run(*args):
@@ -33,6 +41,118 @@ def test_plan_rank_and_text_output():
 def test_plan_bad_value_is_a_clear_error():
     r = run("plan", "--samples", "3", "--world-size", "4", "--epochs", "1", "--batch-size", "8")
     assert r.returncode == 1
-    assert "drop_last" in r.stderr
+    # The command line's spelling of the setting, not the library's.
+    assert "--drop-last" in r.stderr and "drop_last" not in r.stderr, r.stderr
     r = run("plan", "--samples", "10", "--world-size", "1", "--epochs", "1", "--batch-size", "1", "--memory", "lots")
     assert r.returncode == 2 and "not a size" in r.stderr
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"clairvoyant {clairvoyant.__version__}"
+
+
+@pytest.mark.parametrize("rank", ["2", "7"])
+def test_plan_rank_outside_the_world_size_is_an_error_naming_rank(rank):
+    r = run("plan", "--samples", "100", "--world-size", "2", "--epochs", "1", "--batch-size", "10", "--rank", rank)
+    assert r.returncode == 2 and "--rank" in r.stderr and "--world-size 2" in r.stderr, r.stderr
+    assert "plan for ranks" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--samples", "0"], "--samples"),
+        (["--epochs", "0"], "--epochs"),
+        (["--local-ranks", "0"], "--local-ranks"),
+        (["--seed", "-1"], "--seed"),
+        (["--rank", "-1"], "--rank"),
+    ],
+)
+def test_plan_argument_errors_name_the_flag(args, flag):
+    base = {"--samples": "100", "--world-size": "2", "--epochs": "1", "--batch-size": "10"}
+    for k, v in zip(args[::2], args[1::2]):
+        base[k] = v
+    r = run("plan", *[x for kv in base.items() for x in kv])
+    assert r.returncode == 2 and f"argument {flag}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_messages_from_the_library_use_flag_spelling():
+    msg = "invalid value for 'drop_last': 3 samples ...; set drop_last=True"
+    assert cli.cli_message(msg, "plan") == "invalid value for --drop-last: 3 samples ...; set --drop-last"
+    assert cli.cli_message("invalid value for 'budget_s': is 0", "probe") == "invalid value for --budget: is 0"
+
+
+def test_simulate_plot_without_matplotlib_says_so_before_simulating():
+    # 90 epochs on 16 workers simulate for tens of seconds; the error must come first.
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from clairvoyant.cli import main\n"
+        "sys.exit(main(['simulate', '--epochs', '90', '--workers', '16', '--plot', 'out.png']))\n"
+    )
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--plot needs matplotlib" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 15
+    assert "simulating" not in r.stderr
+
+
+def test_simulate_plot_with_an_unknown_extension_fails_before_simulating(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = run("simulate", "--epochs", "90", "--workers", "16", "--plot", str(tmp_path / "chart.txt"))
+    assert r.returncode == 2 and ".png, .svg or .pdf" in r.stderr, r.stderr
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_progress_without_tqdm_prints_lines_every_2_s_or_10_percent(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    out = io.StringIO()
+    p = _report.Progress("simulating", "samples", stream=out, bar=True)
+    clock = FakeClock()
+    p._clock, p.start, p._last_t = clock, 0.0, 0.0
+    for done in range(0, 1001, 10):  # 1% every 0.1 s: a line each 2 s (20%) or 10%
+        clock.t = done / 100
+        p.update(done, 1000)
+    p.close()
+    lines = out.getvalue().splitlines()
+    assert 10 <= len(lines) <= 12, lines
+    assert lines[0].startswith("simulating: 100 of 1,000 samples (10%)")
+    assert lines[-2].startswith("simulating: 1,000 of 1,000 samples (100%)")
+    assert lines[-1] == "simulating: done in 10.0 s"
+
+
+def test_progress_is_shown_when_output_is_piped():
+    r = run("simulate", "--epochs", "2", "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert "simulating: done in" in r.stderr, r.stderr
+    r = run("simulate", "--epochs", "2", "--workers", "2", "--no-progress")
+    assert r.returncode == 0 and "simulating" not in r.stderr
+
+
+def test_probe_warns_about_page_cached_and_tiny_files_and_says_how_to_use_the_file(tmp_path):
+    data = tmp_path / "data" / "c"
+    data.mkdir(parents=True)
+    for i in range(20):
+        (data / f"{i}.jpg").write_bytes(os.urandom(2000))  # just written: in the page cache
+    out = tmp_path / "system.toml"
+    r = run("probe", str(tmp_path / "data"), "--budget", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "page cache" in r.stderr and "tiny" in r.stderr, r.stderr
+    assert f"CLAIRVOYANT_CONFIG={out}" in r.stderr and f"config={str(out)!r}" in r.stderr
+    assert "system.toml" in r.stderr and out.exists()
+    assert "probe: probe:" not in r.stderr
+
+
+def test_probe_warnings_only_when_the_figures_are_suspect():
+    slow = "[pfs]\nread_mbps = [[1, 180.0], [8, 900.0]]\nopen_latency_ms = 0.8\n"
+    assert cli.probe_warnings(slow, 110_000) == []
+    cached = "[pfs]\nread_mbps = [[1, 9000.0], [8, 30000.0]]\nopen_latency_ms = 0.8\n"
+    assert any("page cache" in w for w in cli.probe_warnings(cached, 110_000))
+    assert any("tiny" in w for w in cli.probe_warnings(slow, 4000))

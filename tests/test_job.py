@@ -1,7 +1,6 @@
 """The Job API on synthetic sources: order, zero-copy views, stats, several jobs, errors."""
 
 import multiprocessing as mp
-import os
 
 import numpy as np
 import pytest
@@ -123,7 +122,7 @@ def test_two_ranks_on_one_node_read_each_sample_once():
     for p in procs:
         p.join(timeout=30)
     for rank, stats, _ in results:
-        assert isinstance(stats, list), stats
+        assert isinstance(stats, list), f"rank {rank}: {stats}"
     files = sum(s["pfs_files_read"] for _, stats, _ in results for s in stats)
     assert files == 400, "one read per sample across both ranks and three epochs"
     union = sorted(k for _, _, order in results for k in order)

@@ -3,8 +3,9 @@ failure mode a dataset can have (missing, changed, foreign index)."""
 
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 
-import numpy as np
 import pytest
 
 import clairvoyant
@@ -120,7 +121,7 @@ def test_index_of_another_dataset_is_refused(tmp_path, tree):
 def test_file_list_source(tmp_path, tree):
     src = clairvoyant.ImageFolder(tree)
     lst = tmp_path / "list.txt"
-    lst.write_text("# path label\n" + "".join(f"{p} {int(l)}\n" for p, l in zip(src.paths, src.labels)))
+    lst.write_text("# path label\n" + "".join(f"{p} {int(label)}\n" for p, label in zip(src.paths, src.labels)))
     fl = clairvoyant.FileList(lst)
     assert fl.paths == src.paths and fl.labels.tolist() == src.labels.tolist()
     bad = tmp_path / "bad.txt"
@@ -170,3 +171,86 @@ def test_two_rank_processes_read_the_dataset_once(tmp_path, tree):
     fs = clairvoyant.EmulatedFs(state, 0, 100)
     assert fs.files_read == len(src)
     assert fs.bytes_read == src.total_bytes
+
+
+def test_file_names_that_are_not_utf8_work_as_in_torchvision(tmp_path):
+    # Bytes that are not UTF-8 in a file name and in a class directory: torchvision reaches them
+    # through os.scandir as str with surrogateescape; so does clairvoyant.
+    root = tmp_path / "data"
+    odd_class = os.fsdecode(b"cl\xe4ss")
+    odd_file = os.fsdecode(b"caf\xe9.jpg")
+    for c in ("b", odd_class, "\u00e9t\u00e9"):
+        (root / c).mkdir(parents=True)
+        (root / c / odd_file).write_bytes(c.encode("utf-8", "surrogateescape") * 3)
+        (root / c / "z.png").write_bytes(b"z" + c.encode("utf-8", "surrogateescape"))
+    age_directories(root)
+    src = clairvoyant.ImageFolder(root)
+    assert odd_class in src.classes and len(src) == 6
+    assert all(isinstance(p, str) for p in src.paths)
+    datasets = pytest.importorskip("torchvision.datasets", reason="torchvision is needed for the reference order")
+    ref = datasets.ImageFolder(str(root), loader=lambda p: p)
+    assert src.classes == ref.classes
+    assert src.paths == [p for p, _ in ref.samples]
+    assert src.labels.tolist() == [label for _, label in ref.samples]
+    # A reused index gives the same names back.
+    again = clairvoyant.ImageFolder(root)
+    assert again.index_reused and again.paths == src.paths and again.classes == src.classes
+    with clairvoyant.Job(again, batch_size=2, epochs=1) as job:
+        seen = 0
+        for (sample, label), k in zip(job.epoch(0), job.samples_of(0)):
+            with open(src.paths[k], "rb") as f:
+                assert bytes(sample) == f.read()
+            assert label == src.labels[k]
+            seen += 1
+    assert seen == len(src)
+
+
+def test_file_list_with_a_name_that_is_not_utf8(tmp_path):
+    odd = tmp_path / os.fsdecode(b"caf\xe9 1.bin")
+    odd.write_bytes(b"coffee")
+    (tmp_path / "list.txt").write_bytes(b"caf\xe9 1.bin 4\n")
+    src = clairvoyant.FileList(tmp_path / "list.txt")
+    assert src.paths == [str(odd)] and src.labels.tolist() == [4]
+    with clairvoyant.Job(src, batch_size=1, epochs=1) as job:
+        assert [bytes(s) for s, _ in job.epoch(0)] == [b"coffee"]
+
+
+def test_the_session_keeps_the_user_cache_untouched(tmp_path):
+    # The guard in conftest.py: a session whose test writes to ~/.cache/clairvoyant fails.
+    home = tmp_path / "home"
+    (home / ".cache" / "clairvoyant").mkdir(parents=True)
+    tests = tmp_path / "t"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(open(os.path.join(os.path.dirname(__file__), "conftest.py")).read())
+    (tests / "test_writes_home.py").write_text(
+        "import os\n"
+        "import clairvoyant\n"
+        "def make(tmp_path):\n"
+        "    (tmp_path / 'd' / 'c').mkdir(parents=True)\n"
+        "    (tmp_path / 'd' / 'c' / '1.jpg').write_bytes(b'1')\n"
+        "    return clairvoyant.ImageFolder(tmp_path / 'd')\n"
+        "def test_index_goes_to_the_session_dir(tmp_path):\n"
+        "    assert make(tmp_path).index_path.startswith(os.environ['CLAIRVOYANT_CACHE_DIR'])\n"
+        "def test_writes_home(tmp_path, monkeypatch):\n"
+        "    monkeypatch.delenv('CLAIRVOYANT_CACHE_DIR')\n"
+        "    assert '.cache/clairvoyant' in make(tmp_path).index_path\n"
+    )
+    env = {**os.environ, "HOME": str(home)}
+    env.pop("XDG_CACHE_HOME", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tests,
+    )
+    assert r.returncode != 0 and "wrote to the user's cache directory" in r.stdout, r.stdout + r.stderr
+    assert "2 passed" in r.stdout and "1 error" in r.stdout, r.stdout
+    # A file another run of the same user writes there meanwhile is noted, not blamed.
+    (tests / "test_writes_home.py").write_text(
+        "from pathlib import Path\n"
+        "def test_other_run_writes_home():\n"
+        "    (Path.home() / '.cache' / 'clairvoyant' / 'index-0.cvidx').write_bytes(b'CVINDEX dir:/elsewhere')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(tests)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tests,
+    )
+    assert r.returncode == 0 and "none naming it" in r.stdout, r.stdout + r.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import numpy as np
@@ -195,5 +194,55 @@ def test_spawned_workers(data_dir):
     loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=2, multiprocessing_context="spawn")
     labels = torch.cat([y for _, y in loader])
     assert labels.tolist() == [int(job.labels[k]) for k in job.samples_of(0)]
+    loader.close()
+    job.close()
+
+
+def _length(data):
+    return len(data)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_missing_file_raises_at_its_batch_and_the_rest_follow(tmp_path, monkeypatch, workers):
+    monkeypatch.setenv("CLAIRVOYANT_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "data"
+    make_imagefolder(root, num_classes=2, per_class=10, size_range=(24, 32), seed=3)
+    source = clairvoyant.ImageFolder(root, index_dir=tmp_path / "index")
+    stream = clairvoyant.access_stream(len(source), 1, 0, 2, 4, 0)
+    victim = source.paths[int(stream[0][9])]
+    os.remove(victim)  # after indexing: the file is missed when it is read
+    job = clairvoyant.Job(source, batch_size=4, epochs=2, rank=0, world_size=1)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, loader=_length), num_workers=workers)
+    for epoch in range(2):
+        bad = list(stream[epoch]).index(source.paths.index(victim)) // 4
+        got, failed = [], []
+        it = iter(loader)
+        for step in range(len(loader)):
+            try:
+                got.append(next(it)[1])
+            except FileNotFoundError as exc:
+                assert victim in str(exc)
+                failed.append(step)
+        assert failed == [bad], f"epoch {epoch}"
+        assert len(got) == len(loader) - 1
+        with pytest.raises(StopIteration):
+            next(it)
+    loader.close()
+    job.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_job_starts_the_loader_at_its_start_epoch(data_dir, workers):
+    full = clairvoyant.Job(str(data_dir), batch_size=4, epochs=3, rank=0, world_size=1)
+    want = [int(full.labels[k]) for k in full.samples_of(2)]
+    full.close()
+    job = clairvoyant.Job(str(data_dir), batch_size=4, epochs=3, rank=0, world_size=1, start_epoch=2)
+    loader = ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), num_workers=workers)
+    assert len(loader) == -(-42 // 4)
+    loader.set_epoch(2)
+    labels = torch.cat([y for _, y in loader])
+    assert labels.tolist() == want
+    with pytest.raises(RuntimeError, match="all 3 epochs"):
+        iter(loader)
     loader.close()
     job.close()

@@ -5,23 +5,43 @@
         ...
 """
 
-from . import _native
-from ._native import (
+from . import errors
+from .errors import (
+    AccessDeniedError,
+    AlreadyExistsError,
+    ArgumentTypeError,
     CancelledError,
     CapacityError,
     ClairvoyantError,
+    ClairvoyantOSError,
     ConfigError,
+    CorruptError,
     DatasetChangedError,
+    EpochConsumedError,
+    EpochOutOfRangeError,
     ExhaustedError,
     IndexMismatchError,
-    access_stream,
-    access_stream_from_order,
+    IsDirectoryError,
+    NotDirectoryError,
+    NotFoundError,
+    OutOfRangeError,
+    SimulationStalledError,
+    TimedOutError,
 )
+
+# After .errors: the native module imports it and re-exports those classes.
+from ._native import access_stream, access_stream_from_order
 from .job import Job
 from .simulator import SimulationResult, SweepResult, simulate
 from .sources import EmulatedFs, FileList, ImageFolder, Synthetic
 
-__version__ = "0.1.0"
+try:
+    from importlib.metadata import PackageNotFoundError as _NoMetadata
+    from importlib.metadata import version as _version
+
+    __version__ = _version("clairvoyant")
+except _NoMetadata:  # a source tree on sys.path without an installed distribution
+    __version__ = "0.1.0"
 
 __all__ = [
     "Job",
@@ -34,13 +54,27 @@ __all__ = [
     "SweepResult",
     "access_stream",
     "access_stream_from_order",
+    "errors",
     "ClairvoyantError",
     "ConfigError",
     "CapacityError",
+    "ArgumentTypeError",
+    "OutOfRangeError",
     "DatasetChangedError",
     "IndexMismatchError",
+    "CorruptError",
     "ExhaustedError",
+    "EpochOutOfRangeError",
+    "EpochConsumedError",
     "CancelledError",
+    "SimulationStalledError",
+    "ClairvoyantOSError",
+    "NotFoundError",
+    "AccessDeniedError",
+    "IsDirectoryError",
+    "NotDirectoryError",
+    "AlreadyExistsError",
+    "TimedOutError",
 ]
 
 

@@ -5,13 +5,30 @@ from typing import Optional, Sequence
 import numpy as np
 import numpy.typing as npt
 
-class ClairvoyantError(RuntimeError): ...
-class ConfigError(ValueError): ...
-class DatasetChangedError(ClairvoyantError): ...
-class IndexMismatchError(ClairvoyantError): ...
-class CapacityError(ValueError): ...
-class ExhaustedError(ClairvoyantError): ...
-class CancelledError(ClairvoyantError): ...
+# The exception classes are those of clairvoyant.errors, re-exported.
+from .errors import (
+    AccessDeniedError as AccessDeniedError,
+    AlreadyExistsError as AlreadyExistsError,
+    ArgumentTypeError as ArgumentTypeError,
+    CancelledError as CancelledError,
+    CapacityError as CapacityError,
+    ClairvoyantError as ClairvoyantError,
+    ClairvoyantOSError as ClairvoyantOSError,
+    ConfigError as ConfigError,
+    CorruptError as CorruptError,
+    DatasetChangedError as DatasetChangedError,
+    EpochConsumedError as EpochConsumedError,
+    EpochOutOfRangeError as EpochOutOfRangeError,
+    ExhaustedError as ExhaustedError,
+    IndexMismatchError as IndexMismatchError,
+    IsDirectoryError as IsDirectoryError,
+    NotDirectoryError as NotDirectoryError,
+    NotFoundError as NotFoundError,
+    OutOfRangeError as OutOfRangeError,
+    SimulationStalledError as SimulationStalledError,
+    TimedOutError as TimedOutError,
+    os_error as os_error,
+)
 
 def access_stream(
     num_samples: int, world_size: int, rank: int, epochs: int, batch_size: int, seed: int, drop_last: bool = False
@@ -49,6 +66,7 @@ def file_list(
     paths: Sequence[str], labels: Sequence[int], index_dir: Optional[str] = None, emulated: Optional["EmulatedFs"] = None
 ) -> Source: ...
 def parse_list_file(path: str) -> tuple[list[str], list[int]]: ...
+def default_index_dir() -> str: ...
 
 class EmulatedFs:
     def __init__(self, state_path: str, open_latency_ms: float, bandwidth_mbps: float) -> None: ...

@@ -4,10 +4,69 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 
-from . import _native
+from . import __version__, _native
+from ._report import Progress
 from ._units import parse_size
+from .errors import ClairvoyantError
+
+# Names of settings as the library spells them, and the flag each comes from on the command line:
+# messages from the library name the setting, the command line user knows the flag.
+FLAGS = {
+    "plan": {
+        "samples": "--samples",
+        "num_samples": "--samples",
+        "world_size": "--world-size",
+        "epochs": "--epochs",
+        "batch_size": "--batch-size",
+        "seed": "--seed",
+        "rank": "--rank",
+        "drop_last": "--drop-last",
+        "sample_bytes": "--sample-bytes",
+    },
+    "probe": {
+        "budget_s": "--budget",
+        "max_files": "--max-files",
+        "ssd_dir": "--ssd-dir",
+        "output": "--output",
+        "dataset": "PATH",
+    },
+    "config": {"config": "--config"},
+    "simulate": {
+        "workers": "--workers",
+        "epochs": "--epochs",
+        "seed": "--seed",
+        "scenario": "--scenario",
+        "policy": "--policy",
+        "policies": "--policy",
+        "sizes": "--sizes-from",
+    },
+}
+
+# A sample this small is read in about the time its open takes: the throughput measured says
+# little about reading real samples.
+TINY_FILE_BYTES = 32 * 1024
+# Opens this fast come from the page cache, not from a device or a network file system.
+CACHED_OPEN_MS = 0.02
+# Faster than any one node's storage device or network link reads.
+CACHED_READ_MBPS = 8000.0
+
+
+def cli_message(message: str, cmd: str, args=None) -> str:
+    """``message`` with the library's setting names replaced by the command's flags:
+    ``invalid value for 'drop_last': ...; set drop_last=True`` -> ``invalid value for
+    --drop-last: ...; set --drop-last``. For simulate, only settings given as flags (the others
+    come from the scenario, which the message names)."""
+    for key, flag in FLAGS.get(cmd, {}).items():
+        if cmd == "simulate" and getattr(args, key, None) is None:
+            continue
+        message = re.sub(rf"\b{key}=True\b", flag, message)
+        message = re.sub(rf"\b{key}=", f"{flag} ", message) if flag.startswith("--") else message
+        message = message.replace(f"'{key}'", flag)
+    return message
 
 
 def _size(text: str) -> int:
@@ -15,6 +74,31 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _count(low: int):
+    """An argparse type: an integer of at least `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def _plan(args) -> int:
@@ -43,12 +127,96 @@ def _plan(args) -> int:
 
 
 def _probe(args) -> int:
+    mean = _mean_file_size(args.path)
     text = _native.probe(args.path, args.output, args.ssd_dir, args.max_files, args.budget)
+    for warning in probe_warnings(text, mean):
+        print(f"clairvoyant probe: warning: {warning}", file=sys.stderr)
     if args.output is None:
         print(text)
+        print("clairvoyant probe: to use this description, save it with -o FILE", file=sys.stderr)
     else:
         print(f"wrote {args.output}", file=sys.stderr)
+        print(probe_usage(args.output), file=sys.stderr)
     return 0
+
+
+def probe_usage(path) -> str:
+    """How the file `probe -o` wrote is used (docs/configuration.md)."""
+    from .config import default_path
+
+    path = os.path.abspath(path)
+    return (
+        f"use it with clairvoyant.Job(..., config={path!r}) or CLAIRVOYANT_CONFIG={path} in the training job's\n"
+        f"environment; `clairvoyant config --config {path}` shows what is in force. Copied to\n"
+        f"{default_path()} it is used by every job of this user that names no other."
+    )
+
+
+def _mean_file_size(path, limit: int = 2000):
+    """Mean size of up to `limit` files under `path` (None when there are none or on errors)."""
+    if os.path.isfile(path):
+        return os.path.getsize(path) or None
+    sizes = []
+    stack = [os.fspath(path)]
+    while stack and len(sizes) < limit:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file():
+                        sizes.append(e.stat().st_size)
+                        if len(sizes) >= limit:
+                            break
+        except OSError:
+            continue
+    sizes = [s for s in sizes if s > 0]
+    return sum(sizes) / len(sizes) if sizes else None
+
+
+def _bytes(n: float) -> str:
+    return f"{n:,.0f} bytes" if n < 1024 else f"{n / 1024:.1f} KiB"
+
+
+def probe_warnings(toml_text: str, mean_file_bytes) -> list:
+    """Why the storage figures of a probe may not describe the storage: files read from the page
+    cache (opens or reads far faster than a device), or files so small that each read measures
+    an open."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        tomllib = None
+    out = []
+    open_ms = peak = None
+    if tomllib is not None:
+        pfs = tomllib.loads(toml_text).get("pfs", {})
+        open_ms = pfs.get("open_latency_ms")
+        rates = pfs.get("read_mbps")
+        if isinstance(rates, (int, float)):
+            peak = float(rates)
+        elif rates:
+            peak = max(float(r[1]) for r in rates)
+    else:
+        m = re.search(r"open_latency_ms\s*=\s*([0-9.eE+-]+)", toml_text)
+        open_ms = float(m.group(1)) if m else None
+    if (open_ms is not None and open_ms < CACHED_OPEN_MS) or (peak is not None and peak > CACHED_READ_MBPS):
+        what = []
+        if open_ms is not None and open_ms < CACHED_OPEN_MS:
+            what.append(f"opens took {open_ms * 1e3:.1f} us")
+        if peak is not None and peak > CACHED_READ_MBPS:
+            what.append(f"reads reached {peak:,.0f} MB/s")
+        out.append(
+            f"the dataset's files were most likely in the page cache ({', '.join(what)}; a disk or a network file "
+            "system takes 0.1 ms or more per open), so the storage figures measure memory, not the storage. "
+            "Probe files that were not read recently (or after `echo 1 > /proc/sys/vm/drop_caches` as root), "
+            "or set [pfs] by hand."
+        )
+    if mean_file_bytes is not None and mean_file_bytes < TINY_FILE_BYTES:
+        out.append(
+            f"the files are tiny (mean {_bytes(mean_file_bytes)}), so each read mostly measures an open: "
+            "the throughput figures understate what larger samples would get."
+        )
+    return out
 
 
 def _config(args) -> int:
@@ -90,8 +258,7 @@ def _simulate(args) -> int:
         src = ImageFolder(args.sizes_from)
         sizes = [src.size(k) for k in range(len(src))]
     sim = _native.Simulation(args.scenario, policies, sets, sizes, axes)
-    show = sys.stderr.isatty() if args.progress is None else args.progress
-    data = json.loads(simulator._wait(sim, show))
+    data = json.loads(_wait(sim, args.progress is not False))
     result = simulator.SweepResult(data) if axes else simulator.SimulationResult(data)
     if args.json:
         print(result.to_json())
@@ -103,18 +270,45 @@ def _simulate(args) -> int:
     return 0
 
 
+def _wait(sim, show: bool) -> str:
+    """The simulation's JSON result, with progress on stderr while it runs."""
+    progress = Progress("simulating", "samples") if show else None
+    try:
+        while True:
+            text = sim.result(0.25)
+            if progress is not None:
+                progress.update(*sim.progress())
+            if text is not None:
+                return text
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _check_plot(path: str) -> str | None:
+    """Why `--plot path` cannot be written (checked before a long simulation), or None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "--plot needs matplotlib, which is not installed: pip install matplotlib (or clairvoyant[plots])"
+    if os.path.splitext(path)[1].lower() not in (".png", ".svg", ".pdf"):
+        return f"--plot {path}: the file name must end in .png, .svg or .pdf"
+    return None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="clairvoyant", description="Clairvoyant prefetching and caching for ML training I/O.")
+    p.add_argument("--version", action="version", version=f"clairvoyant {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     pl = sub.add_parser("plan", help="access-frequency histogram and cache placement for one rank")
-    pl.add_argument("--samples", type=int, required=True, help="number of samples F")
-    pl.add_argument("--world-size", type=int, required=True, help="number of ranks N")
-    pl.add_argument("--epochs", type=int, required=True, help="epochs E")
-    pl.add_argument("--batch-size", type=int, required=True, help="per-rank batch size")
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--rank", type=int, default=0)
-    pl.add_argument("--local-ranks", type=int, default=1, help="ranks per node sharing the cache (default 1)")
+    pl.add_argument("--samples", type=_count(1), required=True, help="number of samples F")
+    pl.add_argument("--world-size", type=_count(1), required=True, help="number of ranks N")
+    pl.add_argument("--epochs", type=_count(1), required=True, help="epochs E")
+    pl.add_argument("--batch-size", type=_count(1), required=True, help="per-rank batch size")
+    pl.add_argument("--seed", type=_count(0), default=0)
+    pl.add_argument("--rank", type=_count(0), default=0, help="rank to plan for, 0..world size - 1 (default 0)")
+    pl.add_argument("--local-ranks", type=_count(1), default=1, help="ranks per node sharing the cache (default 1)")
     pl.add_argument("--drop-last", action="store_true")
     pl.add_argument("--sample-bytes", type=_size, default=110_000, help="size of every sample (default 110kB)")
     pl.add_argument("--memory", type=_size, default=0, help="memory class capacity (e.g. 64GiB)")
@@ -126,8 +320,8 @@ def main(argv=None) -> int:
     pr.add_argument("path", help="dataset directory")
     pr.add_argument("-o", "--output", help="config file to write (default: print)")
     pr.add_argument("--ssd-dir", help="node-local directory to use as the ssd class")
-    pr.add_argument("--max-files", type=int, default=256)
-    pr.add_argument("--budget", type=float, default=10.0, help="seconds to spend measuring")
+    pr.add_argument("--max-files", type=_count(1), default=256, help="most dataset files to read (default 256)")
+    pr.add_argument("--budget", type=_seconds, default=10.0, help="seconds to spend measuring (default 10)")
     pr.set_defaults(fn=_probe)
 
     co = sub.add_parser("config", help="print the resolved system description")
@@ -143,26 +337,42 @@ def main(argv=None) -> int:
     )
     si.add_argument("--scenario", default="imagenet-1k", help="preset name or TOML file (default imagenet-1k)")
     si.add_argument("--policy", action="append", default=[], help="policy to simulate (repeat or comma-separate; default all)")
-    si.add_argument("--workers", type=int, help="override the number of workers N")
-    si.add_argument("--epochs", type=int, help="override the number of epochs E")
-    si.add_argument("--seed", type=int, help="override the shuffle seed")
+    si.add_argument("--workers", type=_count(1), help="override the number of workers N")
+    si.add_argument("--epochs", type=_count(1), help="override the number of epochs E")
+    si.add_argument("--seed", type=_count(0), help="override the shuffle seed")
     si.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any scenario key, e.g. system.compute_mbps=320")
     si.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2", help="what-if: a class name or 'staging' (capacity in GB) or a dotted key, with values; one or two")
     si.add_argument("--sizes-from", metavar="DIR", help="take sample sizes from a real dataset (ImageFolder layout)")
     si.add_argument("--json", action="store_true", help="print the result as JSON")
     si.add_argument("--plot", metavar="FILE", help="write a stacked-bar chart (or, with --sweep, a heatmap): .png, .svg or .pdf")
     si.add_argument("--show", action="store_true", help="print the resolved scenario as TOML and exit")
-    si.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar (default: on a terminal)")
+    si.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress on stderr: a bar on a terminal, else a line every 2 s or 10%% (default: on)",
+    )
     si.set_defaults(fn=_simulate)
 
     args = p.parse_args(argv)
-    if getattr(args, "world_size", 1) < 1 or getattr(args, "rank", 0) < 0:
-        p.error("world size must be >= 1 and rank >= 0")
+    if args.cmd == "plan" and args.rank >= args.world_size:
+        pl.error(f"argument --rank: {args.rank} is outside the world size (--world-size {args.world_size}: ranks 0 to {args.world_size - 1})")
+    if args.cmd == "simulate" and args.plot and not args.show:
+        problem = _check_plot(args.plot)
+        if problem is not None:
+            si.error(problem)
     try:
         return args.fn(args)
-    except (_native.ClairvoyantError, ValueError, OSError) as e:
-        print(f"clairvoyant: error: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        # Output piped into `head` or a pager that quit: not an error of this command.
+        sys.stdout = open(os.devnull, "w")  # the interpreter flushes stdout at exit
+        return 0
+    except (ClairvoyantError, ValueError, OSError) as e:
+        print(f"clairvoyant {args.cmd}: error: {cli_message(str(e), args.cmd, args)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"clairvoyant {args.cmd}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 import os
+import weakref
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -11,28 +13,89 @@ import numpy as np
 from . import _env, _native
 from .sources import FileList, ImageFolder, as_source
 
+_U32 = 2**32 - 1
+_U64 = 2**64 - 1
+# A TypeError that is also a ClairvoyantError where the native module defines one.
+_TypeError = getattr(_native, "ArgumentTypeError", TypeError)
+
+
+def _int_arg(name: str, value, lo: int, hi: int) -> int:
+    """``value`` as a Python int in ``lo..=hi``: TypeError naming ``name`` for a non-integer,
+    ConfigError naming it for an integer out of range."""
+    if isinstance(value, (bool, np.bool_)) or not hasattr(type(value), "__index__"):
+        raise _TypeError(f"'{name}' must be an integer, not {type(value).__name__}")
+    v = operator.index(value)
+    if not lo <= v <= hi:
+        raise _native.ConfigError(f"invalid value for '{name}': must be in {lo}..={hi}, got {v}")
+    return v
+
+
+def _orders(order, num_samples: int) -> list:
+    """Explicit per-epoch orders as lists of ints, every id checked against the dataset."""
+    if isinstance(order, (str, bytes)) or not hasattr(order, "__iter__"):
+        raise _TypeError(f"'order' must be a sequence of per-epoch sequences of sample ids, not {type(order).__name__}")
+    out = []
+    for e, epoch_order in enumerate(order):
+        if isinstance(epoch_order, (str, bytes)) or not hasattr(epoch_order, "__iter__"):
+            raise _TypeError(f"'order' epoch {e}: must be a sequence of sample ids, not {type(epoch_order).__name__}")
+        a = np.asarray(epoch_order if hasattr(epoch_order, "__len__") else list(epoch_order))
+        if a.ndim != 1:
+            raise _native.ConfigError(f"invalid value for 'order': epoch {e} must be a flat sequence of sample ids")
+        if a.size and a.dtype.kind not in "iu":
+            if a.dtype.kind != "O":
+                raise _TypeError(f"'order' epoch {e}: sample ids must be integers, not {a.dtype}")
+            ids = a.tolist()  # Python ints beyond 64 bits, or a mixture
+            for i, k in enumerate(ids):
+                if isinstance(k, (bool, np.bool_)) or not hasattr(type(k), "__index__"):
+                    raise _TypeError(f"'order' epoch {e} position {i}: sample ids must be integers, not {type(k).__name__}")
+            a = np.asarray([operator.index(k) for k in ids], dtype=object)
+        if a.size:
+            bad = np.flatnonzero((a < 0) | (a >= num_samples))
+            if bad.size:
+                pos = int(bad[0])
+                raise _native.ConfigError(
+                    f"invalid value for 'order': epoch {e} position {pos}: sample {a[pos]} is outside "
+                    f"the dataset of {num_samples} samples"
+                )
+        out.append([int(k) for k in a.tolist()])
+    if not out:
+        raise _native.ConfigError("invalid value for 'order': must hold at least one epoch")
+    return out
+
 
 class Job:
     """Clairvoyant data loading for one rank.
 
     ``for sample, label in job.epoch(e)`` yields each sample's bytes as a read-only uint8 numpy
     array that views the staging buffer or the node's shared memory (no copy), with its integer
-    label, in the scheduled order. Epochs are consumed in order. ``job.batches(e)`` yields one
-    (list of arrays, int64 labels) per scheduled batch.
+    label, in the scheduled order. Epochs are consumed in order: starting epoch ``e`` ends every
+    earlier epoch's iterator, which then raises :class:`ExhaustedError` naming both epochs instead
+    of yielding samples of another epoch (an iterator that was run to its end keeps stopping).
+    ``job.batches(e)`` yields one (list of arrays, int64 labels) per scheduled batch.
 
     Every rank derives the same access streams from ``seed`` without communicating (seed 0 by
     default, as DistributedSampler). Ranks on one machine share one node cache.
 
     ``order`` replaces the seeded shuffle with explicit global orders, one per epoch (any
-    sampler, materialised ahead). ``start_epoch`` resumes a run: epochs before it are neither
-    served nor fetched, and later epochs are exactly those of an uninterrupted run.
+    sampler, materialised ahead): the orders define the epochs, so ``epochs`` may be left out and,
+    when given, must equal ``len(order)``. ``start_epoch`` resumes a run: epochs before it are
+    neither served nor fetched, and later epochs are exactly those of an uninterrupted run.
+
+    Arguments are checked before anything starts: a value of the wrong type raises TypeError, one
+    out of range :class:`ConfigError`, each naming the argument (``seed`` is 0..2**64-1; counts,
+    ranks and sample ids fit 32 bits; ``local_ranks`` lie within ``world_size``).
+
+    ``close()`` (or leaving a ``with`` block) stops the job at once: iterators of this job raise
+    :class:`CancelledError`, DataLoaders built on it stop their workers, and the job's shared
+    memory files are removed (views still held keep only their own mapping). :meth:`stats` still
+    answers after ``close()``.
     """
 
     def __init__(
         self,
         source,
         batch_size: int,
-        epochs: int,
+        epochs: int | None = None,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -42,18 +105,47 @@ class Job:
         local_ranks: Sequence[int] | None = None,
         start_epoch: int = 0,
     ):
-        if batch_size < 1:
-            raise _native.ConfigError(f"invalid value for 'batch_size': must be at least 1, got {batch_size}")
-        if order is None and epochs < 1:
-            raise _native.ConfigError(f"invalid value for 'epochs': must be at least 1, got {epochs}")
+        self._closed = True  # until the engine exists (close() and __del__ must not fail)
+        self._engine = None
+        batch_size = _int_arg("batch_size", batch_size, 1, _U32)
+        if epochs is not None:
+            epochs = _int_arg("epochs", epochs, 1, _U32)
+        elif order is None:
+            raise _native.ConfigError("invalid value for 'epochs': required unless 'order' gives the epochs")
+        seed = _int_arg("seed", seed, 0, _U64)
+        if not isinstance(drop_last, (bool, np.bool_)):
+            raise _TypeError(f"'drop_last' must be a bool, not {type(drop_last).__name__}")
+        drop_last = bool(drop_last)
+        start_epoch = _int_arg("start_epoch", start_epoch, 0, _U32)
+        if rank is not None:
+            rank = _int_arg("rank", rank, 0, _U32 - 1)
+        if world_size is not None:
+            world_size = _int_arg("world_size", world_size, 1, _U32)
+        if local_ranks is not None:
+            if isinstance(local_ranks, (str, bytes)) or not hasattr(local_ranks, "__iter__"):
+                raise _TypeError(f"'local_ranks' must be a sequence of ranks, not {type(local_ranks).__name__}")
+            local_ranks = [_int_arg("local_ranks", r, 0, _U32 - 1) for r in local_ranks]
+            if len(set(local_ranks)) != len(local_ranks):
+                raise _native.ConfigError(f"invalid value for 'local_ranks': {local_ranks} names a rank twice")
         self.source = as_source(source)
         where = _env.detect(rank, world_size, local_ranks)
+        outside = [r for r in where.local_ranks if not 0 <= r < where.world_size]
+        if outside:
+            raise _native.ConfigError(
+                f"invalid value for 'local_ranks': {outside} outside world size {where.world_size} "
+                f"(ranks are 0..{where.world_size - 1})"
+            )
+        orders = None if order is None else _orders(order, len(self.source))
+        if orders is not None and epochs is not None and epochs != len(orders):
+            raise _native.ConfigError(
+                f"invalid value for 'epochs': {epochs}, but 'order' gives {len(orders)} epoch(s); "
+                "explicit orders define the epochs (leave 'epochs' out or make it len(order))"
+            )
         self.rank, self.world_size, self.local_ranks = where.rank, where.world_size, where.local_ranks
         self.batch_size, self.seed, self.drop_last = batch_size, seed, drop_last
         from . import config as _config
 
         self.config_path, model_toml = _config.resolve(config)
-        orders = None if order is None else [[int(k) for k in epoch_order] for epoch_order in order]
         self._engine = _native.Engine(
             self.source._native,
             batch_size,
@@ -69,6 +161,11 @@ class Job:
             start_epoch,
         )
         self.epochs = self._engine.epochs
+        self.start_epoch = start_epoch
+        self._steps = len(self._engine.batch_ends(start_epoch))
+        self._live = None  # weak reference to the iterator of the current epoch
+        self._loaders: list = []  # weak references to DataLoaders built on this job
+        self._final_stats = None
         self._closed = False
 
     # -- dataset facts -------------------------------------------------------------------
@@ -86,65 +183,111 @@ class Job:
 
     @property
     def classes(self) -> list:
-        return self.source.classes
+        return list(self.source.classes)
 
     @property
     def steps_per_epoch(self) -> int:
-        return len(self._engine.batch_ends(0))
+        """Batches in the job's first epoch (every epoch of a seeded job)."""
+        return self._steps
 
     def samples_of(self, epoch: int) -> np.ndarray:
         """This rank's sample indices of ``epoch`` in access order."""
-        return self._engine.epoch_samples(epoch)
+        return self._open_engine().epoch_samples(self._epoch_arg(epoch))
 
     def batch_sizes(self, epoch: int) -> np.ndarray:
-        ends = self._engine.batch_ends(epoch)
+        ends = self._open_engine().batch_ends(self._epoch_arg(epoch))
         return np.diff(np.concatenate([[0], ends]))
 
     def placement(self) -> list:
         """(class, samples, bytes) of this node's cache plan."""
-        return self._engine.placement()
+        return self._open_engine().placement()
 
     # -- consumption ---------------------------------------------------------------------
     def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, int]]:
         """Iterate over ``epoch``'s samples as (uint8 view, label)."""
-        self._begin(epoch)
-        remaining = len(self._engine.epoch_samples(epoch))
-        return _SampleIter(self._engine, remaining)
+        epoch = self._begin(epoch)
+        return self._track(_SampleIter(self._engine, epoch, len(self._engine.epoch_samples(epoch))))
 
     def batches(self, epoch: int) -> Iterator[tuple[list, np.ndarray]]:
         """Iterate over ``epoch``'s batches as (list of uint8 views, int64 labels)."""
-        self._begin(epoch)
-        return _BatchIter(self._engine, [int(n) for n in self.batch_sizes(epoch)])
+        epoch = self._begin(epoch)
+        return self._track(_BatchIter(self._engine, epoch, [int(n) for n in self.batch_sizes(epoch)], "next_batch"))
 
     def shared_batches(self, epoch: int) -> Iterator[tuple]:
         """Iterate over ``epoch``'s batches for worker processes: (lease, [(region, offset,
         length)], int64 labels, {index: bytes}). Regions index :attr:`segments`; the bytes stay
         valid while ``lease`` is referenced."""
-        self._begin(epoch)
-        engine = self._engine
-        for n in self.batch_sizes(epoch):
-            yield engine.next_batch_shared(int(n))
+        epoch = self._begin(epoch)
+        sizes = [int(n) for n in self.batch_sizes(epoch)]
+        return self._track(_BatchIter(self._engine, epoch, sizes, "next_batch_shared"))
 
     @property
     def segments(self) -> tuple:
         """(staging ring file, memory arena file or None): shared files holding staged bytes."""
-        return self._engine.segments
+        return self._open_engine().segments
 
-    def _begin(self, epoch: int) -> None:
-        if self._closed:
+    def _open_engine(self):
+        engine = self._engine
+        if engine is None or self._closed:
             raise _native.CancelledError("the job is closed")
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise _native.ConfigError(f"invalid value for 'epoch': {epoch!r}")
-        self._engine.begin_epoch(int(epoch))
+        return engine
+
+    def _epoch_arg(self, epoch) -> int:
+        if isinstance(epoch, (bool, np.bool_)) or not hasattr(type(epoch), "__index__"):
+            raise _TypeError(f"'epoch' must be an integer, not {type(epoch).__name__}")
+        epoch = operator.index(epoch)
+        if epoch < 0:
+            raise _native.ConfigError(f"invalid value for 'epoch': must be at least 0, got {epoch}")
+        return min(epoch, _U32)  # the engine says which epochs the job has
+
+    def _begin(self, epoch) -> int:
+        engine = self._open_engine()
+        epoch = self._epoch_arg(epoch)
+        engine.begin_epoch(epoch)
+        live = self._live() if self._live is not None else None
+        if live is not None:
+            live._end(
+                _native.ExhaustedError(
+                    f"this iterator of epoch {live.epoch} was left unfinished when epoch {epoch} began; "
+                    "epochs are consumed in order"
+                )
+            )
+        self._live = None
+        return epoch
+
+    def _track(self, it):
+        self._live = weakref.ref(it)
+        return it
+
+    def _add_loader(self, loader) -> None:
+        """Close ``loader`` (its workers map this job's shared memory) when the job closes."""
+        self._loaders = [r for r in self._loaders if r() is not None] + [weakref.ref(loader)]
 
     def stats(self) -> list:
         """Per-epoch figures: samples, bytes, stall_seconds, and samples/bytes per source."""
-        return self._engine.stats()
+        if self._closed and self._final_stats is not None:
+            return self._final_stats
+        return self._open_engine().stats()
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._engine.close()
+        """Stop the job and release its shared memory now (see the class documentation)."""
+        if self._closed:
+            return
+        self._closed = True
+        for ref in self._loaders:
+            loader = ref()
+            if loader is not None:
+                loader.close()
+        self._loaders = []
+        live = self._live() if self._live is not None else None
+        if live is not None:
+            live._end(_native.CancelledError(f"the job was closed during epoch {live.epoch}"))
+        self._live = None
+        engine, self._engine = self._engine, None
+        try:
+            self._final_stats = engine.stats()
+        finally:
+            engine.close()
 
     def __enter__(self):
         return self
@@ -166,10 +309,10 @@ class Job:
 
 
 class _SampleIter:
-    __slots__ = ("_engine", "_left")
+    __slots__ = ("_engine", "_left", "epoch", "_error", "__weakref__")
 
-    def __init__(self, engine, left: int):
-        self._engine, self._left = engine, left
+    def __init__(self, engine, epoch: int, left: int):
+        self._engine, self.epoch, self._left, self._error = engine, epoch, left, None
 
     def __iter__(self):
         return self
@@ -177,18 +320,26 @@ class _SampleIter:
     def __len__(self):
         return self._left
 
+    def _end(self, error: BaseException) -> None:
+        """Another epoch began or the job closed: drop the engine, raise ``error`` from now on."""
+        self._engine, self._error = None, error
+
     def __next__(self):
         if self._left <= 0:
             raise StopIteration
+        engine = self._engine
+        if engine is None:
+            raise self._error
         self._left -= 1
-        return self._engine.next_sample()
+        return engine.next_sample()
 
 
 class _BatchIter:
-    __slots__ = ("_engine", "_sizes", "_i")
+    __slots__ = ("_engine", "_sizes", "_i", "_take", "epoch", "_error", "__weakref__")
 
-    def __init__(self, engine, sizes):
-        self._engine, self._sizes, self._i = engine, sizes, 0
+    def __init__(self, engine, epoch: int, sizes, method: str):
+        self._engine, self.epoch, self._sizes, self._i, self._error = engine, epoch, sizes, 0, None
+        self._take = getattr(engine, method)
 
     def __iter__(self):
         return self
@@ -196,12 +347,18 @@ class _BatchIter:
     def __len__(self):
         return len(self._sizes) - self._i
 
+    def _end(self, error: BaseException) -> None:
+        self._engine, self._take, self._error = None, None, error
+
     def __next__(self):
         if self._i >= len(self._sizes):
             raise StopIteration
+        take = self._take
+        if take is None:
+            raise self._error
         n = self._sizes[self._i]
         self._i += 1
-        return self._engine.next_batch(n)
+        return take(n)
 
 
 __all__ = ["Job", "ImageFolder", "FileList", "Path"]

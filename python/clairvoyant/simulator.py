@@ -125,7 +125,10 @@ class SweepResult:
         totals = d["total_seconds"]
         unit, scale = _unit([v for row in totals for v in row])
         head = axes[0]
-        label = lambda a, v: f"{a['key']}={v:g}{a.get('unit') or ''}" if isinstance(v, (int, float)) else f"{a['key']}={v}"
+
+        def label(a, v):
+            return f"{a['key']}={v:g}{a.get('unit') or ''}" if isinstance(v, (int, float)) else f"{a['key']}={v}"
+
         lines = [f"{d['policy']} on {d['scenario']}: total time ({unit})"]
         if d.get("perfect_seconds") is not None:
             lines[0] += f"; lower bound {d['perfect_seconds'] / scale:,.2f}"

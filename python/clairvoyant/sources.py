@@ -3,12 +3,35 @@ synthetic bytes. Any of them can be read through an emulated shared file system.
 
 from __future__ import annotations
 
+import errno
+import numbers
+import operator
 import os
 from typing import Sequence
 
 import numpy as np
 
 from . import _native
+from .errors import ArgumentTypeError, ConfigError, os_error
+
+
+_I64 = (-(2**63), 2**63 - 1)
+_U64 = (0, 2**64 - 1)
+
+
+def _ints(values, name: str, bounds) -> list:
+    """`values` as a list of ints within `bounds`, or ConfigError/ArgumentTypeError naming `name`
+    (rather than an OverflowError from the native layer that names nothing)."""
+    out = []
+    for k, v in enumerate(_iterable(values, name)):
+        try:
+            i = operator.index(v)
+        except TypeError:
+            raise ArgumentTypeError(f"invalid value for '{name}': item {k} is {type(v).__name__}, not an integer") from None
+        if not bounds[0] <= i <= bounds[1]:
+            raise ConfigError(f"invalid value for '{name}': item {k} is {i}, outside {bounds[0]}..{bounds[1]}")
+        out.append(i)
+    return out
 
 
 class _Source:
@@ -57,12 +80,12 @@ class ImageFolder(_Source):
     once and cached (``index_dir`` or the default cache directory)."""
 
     def __init__(self, root: str | os.PathLike, emulated: "EmulatedFs | None" = None, index_dir=None, index_path=None):
-        self.root = os.fspath(root)
+        self.root = _fspath(root, "root")
         self._native = _native.image_folder(
             self.root,
-            None if index_dir is None else os.fspath(index_dir),
+            None if index_dir is None else _fspath(index_dir, "index_dir"),
             emulated,
-            None if index_path is None else os.fspath(index_path),
+            None if index_path is None else _fspath(index_path, "index_path"),
         )
         self._classes = self._native.classes()
 
@@ -76,10 +99,13 @@ class FileList(_Source):
     def __init__(self, paths: Sequence | str | os.PathLike, labels: Sequence[int] | None = None, emulated=None, index_dir=None):
         if labels is None:
             if not isinstance(paths, (str, os.PathLike)):
-                raise _native.ConfigError("invalid value for 'labels': required unless 'paths' is a list file")
+                raise ConfigError("invalid value for 'labels': required unless 'paths' is a list file")
             paths, labels = _native.parse_list_file(os.fspath(paths))
-        paths = [os.fspath(p) for p in paths]
-        self._native = _native.file_list(paths, [int(x) for x in labels], None if index_dir is None else os.fspath(index_dir), emulated)
+        elif isinstance(paths, (str, bytes, os.PathLike)):
+            raise ConfigError("invalid value for 'labels': a list file carries its own labels; pass labels only with a list of paths")
+        paths = [_fspath(p, "paths") for p in _iterable(paths, "paths")]
+        labels = _ints(labels, "labels", _I64)
+        self._native = _native.file_list(paths, labels, None if index_dir is None else _fspath(index_dir, "index_dir"), emulated)
 
     def __repr__(self):
         return f"FileList({len(self)} samples)"
@@ -89,7 +115,12 @@ class Synthetic(_Source):
     """Deterministic in-memory samples of the given sizes; no storage underneath."""
 
     def __init__(self, sizes: Sequence[int], labels: Sequence[int] | None = None):
-        self._native = _native.synthetic_source([int(s) for s in sizes], None if labels is None else [int(x) for x in labels])
+        sizes = _ints(sizes, "sizes", _U64)
+        if labels is not None:
+            labels = _ints(labels, "labels", _I64)
+            if len(labels) != len(sizes):
+                raise ConfigError(f"invalid value for 'labels': {len(labels)} labels for {len(sizes)} sizes")
+        self._native = _native.synthetic_source(sizes, labels)
 
     def __repr__(self):
         return f"Synthetic({len(self)} samples)"
@@ -103,11 +134,38 @@ def as_source(source) -> _Source:
             return ImageFolder(source)
         if os.path.isfile(source):
             return FileList(source)
-        raise FileNotFoundError(f"dataset {os.fspath(source)!r} does not exist")
-    raise TypeError(f"source must be a path, ImageFolder, FileList or Synthetic, not {type(source).__name__}")
+        raise os_error(errno.ENOENT, f"dataset {os.fspath(source)!r} does not exist", os.fspath(source))
+    raise ArgumentTypeError(
+        f"invalid value for 'source': a path, ImageFolder, FileList or Synthetic, not {type(source).__name__}"
+    )
 
 
 def EmulatedFs(state_path, open_latency_ms: float = 0.0, bandwidth_mbps: float = 100.0):
     """An emulated shared file system: per-open latency and an aggregate bandwidth shared by every
     process that opens the same ``state_path``. Pass it as ``emulated=`` to a source."""
-    return _native.EmulatedFs(os.fspath(state_path), float(open_latency_ms), float(bandwidth_mbps))
+    return _native.EmulatedFs(_fspath(state_path, "state_path"), _number(open_latency_ms, "open_latency_ms"), _number(bandwidth_mbps, "bandwidth_mbps"))
+
+
+def _iterable(values, name: str):
+    try:
+        return iter(values)
+    except TypeError:
+        raise ArgumentTypeError(f"invalid value for '{name}': expected a sequence, not {type(values).__name__}") from None
+
+
+def _fspath(value, name: str) -> str:
+    """os.fspath(value) as str (bytes decoded as os.fsdecode does), or ArgumentTypeError naming
+    the argument."""
+    try:
+        return os.fsdecode(value)
+    except TypeError:
+        raise ArgumentTypeError(f"invalid value for '{name}': expected a path, not {type(value).__name__}") from None
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"invalid value for '{name}': expected a number, not {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ConfigError(f"invalid value for '{name}': {value} is too large") from None

@@ -94,7 +94,7 @@ class ImageFolder:
         if batch_size is None:
             raise ValueError("batch_size is required when the dataset was made from a directory")
         kwargs = dict(self._job_kwargs)
-        if "epochs" not in kwargs:
+        if "epochs" not in kwargs and "order" not in kwargs:
             raise ValueError("pass epochs=... to ImageFolder(root, ...) (or pass a clairvoyant.Job)")
         if drop_last is not None:
             kwargs["drop_last"] = drop_last
@@ -200,14 +200,24 @@ class DataLoader:
     ``(images, labels)`` pair of tensors with the default collate; ``len(loader)`` is the number
     of batches per epoch (the same on every rank). Each ``iter(loader)`` consumes the job's next
     epoch; ``set_epoch(e)`` may be called first, as with DistributedSampler, and must name it.
+    Starting the next epoch ends the previous epoch's iterator: if it was left unfinished, using
+    it again raises :class:`clairvoyant.ExhaustedError` naming both epochs.
 
     ``num_workers`` processes decode and transform (started once, kept across epochs); ``0``
-    does it in the iterating thread. At most ``prefetch_factor * num_workers`` batches are in
-    flight (``prefetch_factor`` defaults to 4: batches served from the node's memory class cost
-    no staging space while they wait). An exception raised while decoding a sample surfaces from ``next()`` at the batch
-    the sample belongs to; a worker that dies is an error, not a hang. ``pin_memory`` pins
-    batches when CUDA is available. ``batch_size`` and ``drop_last`` belong to the job; passing
-    values that differ from the job's is an error (shuffling and sampling are the job's too).
+    does it in the iterating thread. Memory is bounded: at most ``prefetch_factor *
+    num_workers`` decoded batches exist at any time (being decoded, decoded and waiting, or being
+    handed out); a batch's credit returns when ``next()`` hands it to the training loop, so a
+    slow training step holds the workers back instead of piling batches up. The next epoch's
+    first batches are decoded while this epoch's last ones are trained on. :attr:`in_flight`
+    tells how many credits are taken. ``prefetch_factor`` defaults to 4.
+
+    An exception raised while reading or decoding a sample surfaces from ``next()`` at the batch
+    the sample belongs to, and later batches still follow; a worker that dies is an error, not a
+    hang. ``close()`` (also called when the job closes) stops the workers and drops every
+    reference to the job's shared memory; an iterator used after it raises
+    :class:`clairvoyant.CancelledError`. ``pin_memory`` pins batches when CUDA is available.
+    ``batch_size`` and ``drop_last`` belong to the job; passing values that differ from the job's
+    is an error (shuffling and sampling are the job's too).
     """
 
     def __init__(
@@ -228,6 +238,10 @@ class DataLoader:
             raise ValueError(f"timeout must be non-negative, got {timeout}")
         if prefetch_factor is not None and prefetch_factor < 1:
             raise ValueError(f"prefetch_factor must be at least 1, got {prefetch_factor}")
+        self._workers: list = []
+        self._tasks: list = []
+        self._pipeline: Optional[_Pipeline] = None
+        self._current: Optional[_EpochIterator] = None
         self.dataset = dataset
         self.job = dataset._ensure_job(batch_size, drop_last)
         job_batch = getattr(self.job, "batch_size", None)
@@ -241,19 +255,24 @@ class DataLoader:
         self.num_workers = int(num_workers)
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
         self.pin_memory = bool(pin_memory) and _torch.cuda.is_available()
-        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 4
+        self.prefetch_factor = int(prefetch_factor) if prefetch_factor is not None else 4
         self.timeout = float(timeout)
         self.multiprocessing_context = multiprocessing_context
-        self._next_epoch = 0
-        self._workers: list = []
-        self._tasks: list = []
+        self._next_epoch = int(getattr(self.job, "start_epoch", 0))
         self._results: Any = None
-        self._pipeline: Optional[_Pipeline] = None
-        self._current: Optional[_EpochIterator] = None
+        if hasattr(self.job, "_add_loader"):
+            self.job._add_loader(self)
 
     @property
     def epochs(self) -> int:
         return int(self.job.epochs)
+
+    @property
+    def in_flight(self) -> int:
+        """Batches holding a prefetch credit: sent to a worker, decoded and waiting, or being
+        handed out by ``next()``. Never above ``prefetch_factor * num_workers``."""
+        pipeline = self._pipeline
+        return 0 if pipeline is None else pipeline.outstanding
 
     def __len__(self) -> int:
         return int(self.job.steps_per_epoch)
@@ -266,18 +285,18 @@ class DataLoader:
             )
 
     def __iter__(self) -> Iterator:
-        if self._current is not None:
-            self._current.close()
-            self._current = None
         epochs = getattr(self.job, "epochs", None)
         if epochs is not None and self._next_epoch >= epochs:
             raise RuntimeError(f"all {epochs} epochs of the job have been consumed")
         epoch = self._next_epoch
-        self._next_epoch += 1
-        if self.num_workers > 0 and not self._workers:
+        if self._current is not None:
+            self._current._end(_exhausted(self._current.epoch, epoch))
+            self._current = None
+        if self.num_workers > 0 and self._pipeline is None:
             self._start_workers()
             self._pipeline = _Pipeline(self, epoch)
         self._current = _EpochIterator(self, epoch)
+        self._next_epoch += 1
         return self._current
 
     def _start_workers(self) -> None:
@@ -317,11 +336,14 @@ class DataLoader:
         return self._finish_batch(self.collate_fn(items))
 
     def close(self) -> None:
-        """Stop the current epoch's read-ahead and the worker processes."""
-        self._current = None
-        if self._pipeline is not None:
-            self._pipeline.close()
-            self._pipeline = None
+        """Stop the read-ahead and the worker processes; drop every lease on the job's memory.
+        Idempotent; a later ``iter()`` starts workers again (if the job is still open)."""
+        current, self._current = self._current, None
+        if current is not None:
+            current._end(_cancelled("the DataLoader was closed"))
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.close()
         for q in self._tasks:
             try:
                 q.put(None)
@@ -331,7 +353,14 @@ class DataLoader:
             p.join(timeout=5)
             if p.is_alive():
                 p.terminate()
-        self._workers, self._tasks = [], []
+                p.join(timeout=5)
+        for q in self._tasks + ([self._results] if self._results is not None else []):
+            try:
+                q.cancel_join_thread()  # never block on a pipe that no process reads any more
+                q.close()
+            except Exception:
+                pass
+        self._workers, self._tasks, self._results = [], [], None
 
     def __del__(self):
         try:
@@ -343,28 +372,69 @@ class DataLoader:
         return f"clairvoyant.torch.DataLoader(batch_size={self.batch_size}, num_workers={self.num_workers}, steps={len(self)})"
 
 
+def _exhausted(epoch: int, began: int) -> BaseException:
+    from clairvoyant import ExhaustedError
+
+    return ExhaustedError(
+        f"this DataLoader iterator of epoch {epoch} was left unfinished when epoch {began} began; "
+        "epochs are consumed in order"
+    )
+
+
+def _cancelled(message: str) -> BaseException:
+    from clairvoyant import CancelledError
+
+    return CancelledError(message)
+
+
+class _Raise:
+    """An error met while taking a batch from the job, delivered at that batch."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def reraise(self):
+        raise self.exc
+
+
 class _Pipeline:
     """Feeds the decode workers for the rest of the run, across epoch boundaries: the order of
     every later batch is known, so the next epoch's first batches are decoded while this epoch's
     last ones are trained on (no bubble at epoch starts). A feeder thread takes the job's batches
-    in order as leases (the bytes stay in shared memory), hands their locations to the workers
-    round-robin and keeps at most ``prefetch_factor * num_workers`` in flight. A collector thread
-    receives the decoded batches (rebuilding shared tensors costs a round trip to the worker, kept
-    off the training loop's path) and releases each batch's lease once its worker has answered.
-    Batch ``(epoch, step)`` has the run-wide index ``(epoch - first_epoch) * steps + step``."""
+    in order as leases (the bytes stay in shared memory) and hands their locations to the workers
+    round-robin. A collector thread receives the decoded batches (rebuilding shared tensors costs
+    a round trip to the worker, kept off the training loop's path) and releases each batch's
+    lease once its worker has answered.
+
+    Credits bound memory: the feeder takes one per batch before sending it, at most
+    ``prefetch_factor * num_workers``; the consumer returns it when ``next()`` hands the batch
+    out, and a batch nobody will take (an epoch left early, a closed loader) returns it when it
+    is dropped. An epoch left early is not decoded further: the feeder moves to the epoch the
+    consumer is on. Batch ``(epoch, step)`` has the run-wide index ``base[epoch] + step``."""
 
     def __init__(self, loader: DataLoader, first_epoch: int):
         self.loader = loader
+        job = loader.job
         self.first_epoch = first_epoch
-        self.steps = len(loader)
+        self.epochs = int(job.epochs)
+        self.base: dict = {}
+        self.steps: dict = {}
+        total = 0
+        for e in range(first_epoch, self.epochs):
+            self.base[e], self.steps[e] = total, len(job.batch_sizes(e))
+            total += self.steps[e]
+        self.limit = loader.prefetch_factor * loader.num_workers
+        self.outstanding = 0  # credits taken
         self.floor = 0  # results below this index are no longer wanted
         self._leases: dict = {}
         self._ready: dict = {}
         self._sent = 0
         self._feed_error: Optional[BaseException] = None
         self._worker_error: Optional[BaseException] = None
+        self._shut = False
         self._cond = threading.Condition()
-        self._slots = threading.Semaphore(loader.prefetch_factor * loader.num_workers)
         self._stop = threading.Event()  # stops the feeder
         self._closed = threading.Event()  # stops the collector
         self._feeder = threading.Thread(target=self._feed, name="clairvoyant-feed", daemon=True)
@@ -373,26 +443,77 @@ class _Pipeline:
         self._collector.start()
 
     def index(self, epoch: int, step: int) -> int:
-        return (epoch - self.first_epoch) * self.steps + step
+        return self.base[epoch] + step
+
+    def _epoch_of(self, index: int) -> int:
+        for e in range(self.epochs - 1, self.first_epoch - 1, -1):
+            if self.base[e] <= index:
+                return e
+        return self.first_epoch
+
+    def _reserve(self, index: int):
+        """Take a credit for batch ``index``: True; None when stopping; or the floor (an int)
+        when the consumer has moved past ``index``."""
+        with self._cond:
+            while True:
+                if self._stop.is_set():
+                    return None
+                if index < self.floor:
+                    return self.floor
+                if self.outstanding < self.limit:
+                    self.outstanding += 1
+                    return True
+                self._cond.wait(timeout=0.5)
+
+    def release(self, n: int = 1) -> None:
+        """Return ``n`` credits (batches handed out or dropped)."""
+        with self._cond:
+            self.outstanding -= n
+            self._cond.notify_all()
 
     def _feed(self) -> None:
+        from clairvoyant import CancelledError, ExhaustedError
+
         loader = self.loader
+        epoch = self.first_epoch
         try:
-            for epoch in range(self.first_epoch, int(loader.job.epochs)):
+            while epoch < self.epochs:
                 source = loader.job.shared_batches(epoch)
-                for step in range(self.steps):
-                    while not self._slots.acquire(timeout=0.1):
-                        if self._stop.is_set():
-                            return
-                    if self._stop.is_set():
-                        return
-                    lease, descriptors, labels, private = next(source)
+                jump = None
+                for step in range(self.steps[epoch]):
                     index = self.index(epoch, step)
+                    got = self._reserve(index)
+                    if got is None:
+                        return
+                    if got is not True:  # the consumer left this epoch: skip to where it is
+                        jump = got
+                        break
+                    try:
+                        lease, descriptors, labels, private = next(source)
+                    except (CancelledError, ExhaustedError):
+                        self.release()
+                        raise
+                    except Exception as exc:  # a sample failed: raised at its batch, the rest follow
+                        with self._cond:
+                            self._sent = index + 1
+                            if index >= self.floor:
+                                self._ready[index] = (None, _Raise(exc))
+                            else:  # the consumer moved on meanwhile
+                                self.outstanding -= 1
+                            self._cond.notify_all()
+                        continue
                     with self._cond:
                         self._leases[index] = lease
                         self._sent = index + 1
                     loader._tasks[index % loader.num_workers].put((index, descriptors, labels.tolist(), dict(private)))
                     del lease
+                del source
+                if jump is None:
+                    epoch += 1
+                elif jump >= sum(self.steps.values()):
+                    return
+                else:
+                    epoch = max(epoch + 1, self._epoch_of(jump))
         except BaseException as exc:  # delivered to the consumer at this position
             with self._cond:
                 self._feed_error = exc
@@ -403,7 +524,9 @@ class _Pipeline:
         while not self._closed.is_set():
             try:
                 got, batch, error = loader._results.get(timeout=0.5)
-            except (queue.Empty, OSError, EOFError) as exc:
+            except (queue.Empty, OSError, EOFError, ValueError) as exc:
+                if self._closed.is_set():
+                    return
                 # A worker killed while answering can leave the queue broken: report the death.
                 dead = [p.name for p in loader._workers if not p.is_alive()]
                 if dead or not isinstance(exc, queue.Empty):
@@ -421,14 +544,19 @@ class _Pipeline:
                 self._leases.pop(got, None)  # the worker is done with the bytes
                 if got >= self.floor:
                     self._ready[got] = (batch, error)
+                else:  # nobody will take it
+                    self.outstanding -= 1
                 self._cond.notify_all()
-            self._slots.release()
+            del batch, error
 
     def get(self, index: int):
-        """(batch, error) of batch ``index``, waiting for it."""
+        """(batch, error) of batch ``index``, waiting for it. Its credit stays taken until the
+        caller returns it with :meth:`release`."""
         timeout = self.loader.timeout or None
         with self._cond:
             while index not in self._ready:
+                if self._shut:
+                    raise _cancelled("the DataLoader was closed")
                 if self._feed_error is not None and index >= self._sent:
                     raise self._feed_error
                 if self._worker_error is not None:
@@ -438,15 +566,21 @@ class _Pipeline:
             return self._ready.pop(index)
 
     def skip_to(self, index: int) -> None:
-        """Drop results before ``index`` (an epoch left before its end)."""
+        """Drop results before ``index`` (an epoch left before its end) and their credits."""
         with self._cond:
             self.floor = max(self.floor, index)
-            for k in [k for k in self._ready if k < index]:
+            dropped = [k for k in self._ready if k < index]
+            for k in dropped:
                 del self._ready[k]
+            self.outstanding -= len(dropped)
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Stop feeding, wait for the batches still in flight, stop collecting."""
-        self._stop.set()
+        with self._cond:
+            self._shut = True
+            self._stop.set()
+            self._cond.notify_all()
         if self._feeder.is_alive() and self._feeder is not threading.current_thread():
             self._feeder.join()
         deadline = time.monotonic() + 10
@@ -457,6 +591,7 @@ class _Pipeline:
                     break
             self._leases.clear()
             self._ready.clear()
+            self.outstanding = 0
         self._closed.set()
         if self._collector.is_alive() and self._collector is not threading.current_thread():
             self._collector.join(timeout=2)
@@ -468,14 +603,16 @@ class _EpochIterator:
     def __init__(self, loader: DataLoader, epoch: int):
         self.epoch = epoch
         self._loader = loader
-        self._left = len(loader)
-        self._step = 0
-        self._done = False
         self._pipeline = loader._pipeline if loader.num_workers > 0 else None
+        self._error: Optional[BaseException] = None
         if self._pipeline is None:
             self._source = iter(loader.job.batches(epoch))
+            self._left = len(self._source)
         else:
+            self._source = None
+            self._left = self._pipeline.steps[epoch]
             self._pipeline.skip_to(self._pipeline.index(epoch, 0))
+        self._step = 0
 
     def __iter__(self):
         return self
@@ -483,30 +620,37 @@ class _EpochIterator:
     def __len__(self) -> int:
         return self._left
 
+    def _end(self, error: BaseException) -> None:
+        """Another epoch began or the loader closed: drop the job's objects, raise from now on."""
+        if self._left > 0 and self._error is None:
+            self._error = error
+        self._pipeline = self._source = None
+
     def __next__(self):
-        if self._done or self._left <= 0:
-            self._done = True
+        if self._left <= 0:
             raise StopIteration
+        if self._error is not None:
+            raise self._error
         loader = self._loader
         if self._pipeline is None:
-            try:
-                samples, labels = next(self._source)
-            except BaseException:
-                self._done = True
-                raise
             self._left -= 1
+            samples, labels = next(self._source)  # a failed batch raises; the next ones follow
             return loader._process(samples, labels)
+        pipeline = self._pipeline
         try:
-            batch, error = self._pipeline.get(self._pipeline.index(self.epoch, self._step))
-        except BaseException:
+            batch, error = pipeline.get(pipeline.index(self.epoch, self._step))
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             # The job or a worker failed: the rest of the epoch cannot be delivered.
-            self._done = True
+            self._error = exc
             raise
         self._step += 1
         self._left -= 1
-        if error is not None:
-            error.reraise()  # a decode error, at its batch; later batches still follow
-        return loader._finish_batch(batch)
-
-    def close(self) -> None:
-        self._done = True
+        try:
+            if error is not None:
+                error.reraise()  # a read or decode error, at its batch; later batches still follow
+            return loader._finish_batch(batch)
+        finally:
+            del batch
+            pipeline.release()  # the batch is the training loop's now: its credit returns

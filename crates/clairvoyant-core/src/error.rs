@@ -36,6 +36,11 @@ pub enum Error {
     #[error("index {index} {reason}")]
     BadIndex { index: PathBuf, reason: String },
 
+    /// A file at the name of a node cache's shared state is not one (remove it, or use another
+    /// run id).
+    #[error("{path} is not a clairvoyant node cache; remove it or choose another run id")]
+    NotNodeCache { path: PathBuf },
+
     /// A sample does not fit a buffer or storage class.
     #[error("sample {sample} ({path}) is {size} bytes, larger than {what} ({capacity} bytes)")]
     TooLarge {
@@ -46,9 +51,33 @@ pub enum Error {
         capacity: u64,
     },
 
-    /// Consumption went past what the schedule holds.
-    #[error("{0}")]
-    Exhausted(String),
+    /// Every epoch of the job was consumed: there is no next sample.
+    #[error("all {epochs} epochs of this job were consumed")]
+    Exhausted { epochs: u32 },
+
+    /// An epoch past the job's last one (pass more epochs to the job).
+    #[error("epoch {epoch} is past the job's last epoch ({last})")]
+    EpochPastEnd { epoch: u32, last: u32 },
+
+    /// An epoch before the epoch the job was started (resumed) at.
+    #[error("epoch {epoch} is before the job's start epoch {first}")]
+    EpochBeforeStart { epoch: u32, first: u32 },
+
+    /// An epoch that was already consumed (epochs are consumed in order).
+    #[error("epoch {epoch} was already consumed (epochs are consumed in order; the next is {next})")]
+    EpochConsumed { epoch: u32, next: u32 },
+
+    /// Waiting for another process (a local rank initialising shared state) took too long.
+    #[error("timed out after {seconds} s waiting for {what} ({path})")]
+    TimedOut { path: PathBuf, what: String, seconds: u64 },
+
+    /// A simulated run stopped before its last iteration: no simulated thread could progress.
+    #[error("simulation of {policy} stopped at iteration {iteration} of {iterations}: no thread could make progress")]
+    SimulationStalled {
+        policy: String,
+        iteration: u64,
+        iterations: u64,
+    },
 
     /// The job was shut down while waiting.
     #[error("the job was shut down")]

@@ -154,7 +154,7 @@ fn consume_all(engine: &Engine, sched: &Schedule, rank: u32, hold: bool) -> Vec<
     }
     assert!(matches!(
         engine.next(Duration::from_millis(10)),
-        Err(Error::Exhausted(_))
+        Err(Error::Exhausted { .. })
     ));
     engine.release_many(&held);
     out

@@ -1,65 +1,121 @@
-//! Every core error variant mapped to a Python exception, built-ins where they fit.
+//! Every core error variant mapped to a Python exception. The classes live in
+//! `clairvoyant/errors.py`, where each derives from `ClairvoyantError` and the matching built-in
+//! (PyO3's `create_exception!` takes one base); they are imported once and re-exported here so
+//! `clairvoyant._native.ConfigError` is `clairvoyant.ConfigError`.
+
+use std::io::ErrorKind;
+use std::path::Path;
 
 use clairvoyant_core::Error;
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
-pyo3::create_exception!(
-    _native,
-    ClairvoyantError,
-    PyRuntimeError,
-    "Base class of clairvoyant's own errors."
-);
-pyo3::create_exception!(
-    _native,
-    ConfigError,
-    PyValueError,
-    "An invalid configuration value or argument; the message names the field."
-);
-pyo3::create_exception!(
-    _native,
-    DatasetChangedError,
-    ClairvoyantError,
-    "The dataset changed after it was indexed."
-);
-pyo3::create_exception!(
-    _native,
-    IndexMismatchError,
-    ClairvoyantError,
-    "An index file belongs to another dataset or is damaged."
-);
-pyo3::create_exception!(
-    _native,
-    CapacityError,
-    PyValueError,
-    "A sample is larger than a buffer or storage class."
-);
-pyo3::create_exception!(
-    _native,
-    ExhaustedError,
-    ClairvoyantError,
-    "Consumption went past the end of the schedule or an epoch."
-);
-pyo3::create_exception!(
-    _native,
-    CancelledError,
-    ClairvoyantError,
-    "The job was closed while waiting."
-);
+pyo3::import_exception!(clairvoyant.errors, ClairvoyantError);
+pyo3::import_exception!(clairvoyant.errors, ConfigError);
+pyo3::import_exception!(clairvoyant.errors, CapacityError);
+pyo3::import_exception!(clairvoyant.errors, OutOfRangeError);
+pyo3::import_exception!(clairvoyant.errors, ArgumentTypeError);
+pyo3::import_exception!(clairvoyant.errors, DatasetChangedError);
+pyo3::import_exception!(clairvoyant.errors, IndexMismatchError);
+pyo3::import_exception!(clairvoyant.errors, ExhaustedError);
+pyo3::import_exception!(clairvoyant.errors, EpochOutOfRangeError);
+pyo3::import_exception!(clairvoyant.errors, EpochConsumedError);
+pyo3::import_exception!(clairvoyant.errors, CancelledError);
+pyo3::import_exception!(clairvoyant.errors, SimulationStalledError);
+
+/// Classes re-exported on `_native` (code raises `_native.ConfigError(...)`).
+const EXPORTED: [&str; 21] = [
+    "ClairvoyantError",
+    "ConfigError",
+    "CapacityError",
+    "ArgumentTypeError",
+    "OutOfRangeError",
+    "DatasetChangedError",
+    "IndexMismatchError",
+    "CorruptError",
+    "ExhaustedError",
+    "EpochOutOfRangeError",
+    "EpochConsumedError",
+    "CancelledError",
+    "SimulationStalledError",
+    "ClairvoyantOSError",
+    "NotFoundError",
+    "AccessDeniedError",
+    "IsDirectoryError",
+    "NotDirectoryError",
+    "AlreadyExistsError",
+    "TimedOutError",
+    "os_error",
+];
+
+/// The `OSError` subclass for an error number, with `errno`, `filename` and the message set
+/// (`clairvoyant.errors.os_error`, which picks the class as `OSError(errno, ...)` does).
+fn os_error(code: Option<i32>, msg: String, path: &Path) -> PyErr {
+    static FACTORY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    Python::attach(|py| {
+        let made = FACTORY
+            .import(py, "clairvoyant.errors", "os_error")
+            .and_then(|f| f.call1((code, msg.clone(), path.as_os_str())));
+        match made {
+            Ok(exc) => PyErr::from_value(exc),
+            Err(e) => e,
+        }
+    })
+}
+
+/// errno of an I/O error: the OS's own, else the one its kind stands for.
+fn errno_of(e: &std::io::Error) -> Option<i32> {
+    e.raw_os_error().or(match e.kind() {
+        ErrorKind::NotFound => Some(libc::ENOENT),
+        ErrorKind::PermissionDenied => Some(libc::EACCES),
+        ErrorKind::AlreadyExists => Some(libc::EEXIST),
+        ErrorKind::TimedOut => Some(libc::ETIMEDOUT),
+        ErrorKind::IsADirectory => Some(libc::EISDIR),
+        ErrorKind::NotADirectory => Some(libc::ENOTDIR),
+        ErrorKind::StorageFull => Some(libc::ENOSPC),
+        _ => None,
+    })
+}
 
 pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Config { .. } => ConfigError::new_err(msg),
-        Error::NotFound { .. } => PyFileNotFoundError::new_err(msg),
-        Error::Io { .. } => PyOSError::new_err(msg),
+        Error::NotFound { path, .. } => os_error(Some(libc::ENOENT), msg, &path),
+        Error::Io { path, source } => os_error(errno_of(&source), msg, &path),
         Error::Changed { .. } => DatasetChangedError::new_err(msg),
         Error::BadIndex { .. } => IndexMismatchError::new_err(msg),
+        Error::NotNodeCache { path } => os_error(Some(libc::EEXIST), msg, &path),
         Error::TooLarge { .. } => CapacityError::new_err(msg),
-        Error::Exhausted(_) => ExhaustedError::new_err(msg),
+        Error::Exhausted { .. } => ExhaustedError::new_err(msg),
+        Error::EpochPastEnd { .. } | Error::EpochBeforeStart { .. } => EpochOutOfRangeError::new_err(msg),
+        Error::EpochConsumed { .. } => EpochConsumedError::new_err(msg),
+        Error::TimedOut { path, .. } => os_error(Some(libc::ETIMEDOUT), msg, &path),
+        Error::SimulationStalled { .. } => SimulationStalledError::new_err(msg),
         Error::Cancelled => CancelledError::new_err(msg),
+        // The core's enum is non_exhaustive; a variant added there without a line here still
+        // reaches Python as a ClairvoyantError.
         _ => ClairvoyantError::new_err(msg),
     }
+}
+
+/// `OutOfRangeError` for a sample number outside a dataset of `len` samples.
+pub fn sample_out_of_range(sample: &Bound<'_, PyAny>, len: usize) -> PyErr {
+    OutOfRangeError::new_err(format!(
+        "invalid value for 'sample': {sample} is outside the dataset (0..{len})"
+    ))
+}
+
+/// `ArgumentTypeError` for an argument `name` that is not `expected`.
+pub fn argument_type(name: &str, expected: &str, got: &Bound<'_, PyAny>) -> PyErr {
+    let type_name = got
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    ArgumentTypeError::new_err(format!(
+        "invalid value for '{name}': expected {expected}, not {type_name}"
+    ))
 }
 
 pub trait IntoPy<T> {
@@ -73,13 +129,9 @@ impl<T> IntoPy<T> for Result<T, Error> {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    let py = m.py();
-    m.add("ClairvoyantError", py.get_type::<ClairvoyantError>())?;
-    m.add("ConfigError", py.get_type::<ConfigError>())?;
-    m.add("DatasetChangedError", py.get_type::<DatasetChangedError>())?;
-    m.add("IndexMismatchError", py.get_type::<IndexMismatchError>())?;
-    m.add("CapacityError", py.get_type::<CapacityError>())?;
-    m.add("ExhaustedError", py.get_type::<ExhaustedError>())?;
-    m.add("CancelledError", py.get_type::<CancelledError>())?;
+    let errors = m.py().import("clairvoyant.errors")?;
+    for name in EXPORTED {
+        m.add(name, errors.getattr(name)?)?;
+    }
     Ok(())
 }

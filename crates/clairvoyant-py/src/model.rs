@@ -40,7 +40,7 @@ pub fn probe(
 ) -> PyResult<String> {
     let model = py
         .detach(|| {
-            let progress = |msg: &str| eprintln!("probe: {msg}");
+            let progress = |msg: &str| eprintln!("{msg}");
             let opts = ProbeOptions {
                 ssd_dir,
                 max_files,

@@ -3,9 +3,90 @@
 use clairvoyant_core::plan;
 use clairvoyant_core::schedule::Schedule;
 use numpy::{IntoPyArray, PyArray1};
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
+use pyo3::types::PyBool;
 
-use crate::errors::IntoPy;
+use crate::errors::{ConfigError, IntoPy};
+
+/// Unsigned integer types an argument can be checked into.
+pub(crate) trait UInt: TryFrom<i128> + Copy {
+    const MAX: u64;
+}
+impl UInt for u32 {
+    const MAX: u64 = u32::MAX as u64;
+}
+impl UInt for u64 {
+    const MAX: u64 = u64::MAX;
+}
+
+/// The integer argument `name` in `T`'s range: TypeError naming it for a non-integer (bool
+/// included), ConfigError naming it for a value out of range (instead of a bare OverflowError).
+pub(crate) fn int_arg<T: UInt>(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<T> {
+    let py = obj.py();
+    let out_of_range = || {
+        ConfigError::new_err(format!(
+            "invalid value for '{name}': must be in 0..={}, got {}",
+            T::MAX,
+            obj.str().map(|s| s.to_string()).unwrap_or_default()
+        ))
+    };
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("'{name}' must be an integer, not bool")));
+    }
+    match obj.extract::<i128>() {
+        Ok(v) => T::try_from(v).map_err(|_| out_of_range()),
+        Err(e) if e.is_instance_of::<PyOverflowError>(py) => Err(out_of_range()),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "'{name}' must be an integer, not {}",
+            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+        ))),
+    }
+}
+
+/// A sequence of unsigned integers; an element out of range or of the wrong type is named by
+/// its position (`name[i]`).
+pub(crate) fn uint_list<T>(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<T>>
+where
+    T: UInt + for<'a, 'py> FromPyObject<'a, 'py>,
+{
+    if let Ok(v) = obj.extract::<Vec<T>>() {
+        return Ok(v);
+    }
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(format!(
+            "'{name}' must be a sequence of integers, not str"
+        )));
+    }
+    let items = obj
+        .try_iter()
+        .map_err(|_| PyTypeError::new_err(format!("'{name}' must be a sequence of integers")))?;
+    let mut out = Vec::new();
+    for (i, item) in items.enumerate() {
+        out.push(int_arg::<T>(&format!("{name}[{i}]"), &item?)?);
+    }
+    Ok(out)
+}
+
+/// Per-epoch orders of sample ids, each checked like [`uint_list`] (`orders[e][i]`).
+pub(crate) fn orders_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u32>>> {
+    if let Ok(v) = obj.extract::<Vec<Vec<u32>>>() {
+        return Ok(v);
+    }
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return Err(PyTypeError::new_err(
+            "'orders' must be a sequence of sequences of sample ids, not str",
+        ));
+    }
+    let epochs = obj
+        .try_iter()
+        .map_err(|_| PyTypeError::new_err("'orders' must be a sequence of sequences of sample ids"))?;
+    let mut out = Vec::new();
+    for (e, epoch) in epochs.enumerate() {
+        out.push(uint_list::<u32>(&format!("orders[{e}]"), &epoch?)?);
+    }
+    Ok(out)
+}
 
 /// One int64 array per epoch: `rank`'s samples in access order.
 #[pyfunction]
@@ -13,14 +94,20 @@ use crate::errors::IntoPy;
 #[pyo3(signature = (num_samples, world_size, rank, epochs, batch_size, seed, drop_last=false))]
 pub fn access_stream<'py>(
     py: Python<'py>,
-    num_samples: u64,
-    world_size: u32,
-    rank: u32,
-    epochs: u32,
-    batch_size: u32,
-    seed: u64,
+    num_samples: &Bound<'py, PyAny>,
+    world_size: &Bound<'py, PyAny>,
+    rank: &Bound<'py, PyAny>,
+    epochs: &Bound<'py, PyAny>,
+    batch_size: &Bound<'py, PyAny>,
+    seed: &Bound<'py, PyAny>,
     drop_last: bool,
 ) -> PyResult<Vec<Bound<'py, PyArray1<i64>>>> {
+    let num_samples = int_arg::<u64>("num_samples", num_samples)?;
+    let world_size = int_arg::<u32>("world_size", world_size)?;
+    let rank = int_arg::<u32>("rank", rank)?;
+    let epochs = int_arg::<u32>("epochs", epochs)?;
+    let batch_size = int_arg::<u32>("batch_size", batch_size)?;
+    let seed = int_arg::<u64>("seed", seed)?;
     let s = Schedule::shuffle(num_samples, world_size, batch_size, epochs, seed, drop_last).py_err()?;
     streams(py, &s, rank)
 }
@@ -30,13 +117,18 @@ pub fn access_stream<'py>(
 #[pyo3(signature = (num_samples, orders, world_size, rank, batch_size, drop_last=false))]
 pub fn access_stream_from_order<'py>(
     py: Python<'py>,
-    num_samples: u64,
-    orders: Vec<Vec<u32>>,
-    world_size: u32,
-    rank: u32,
-    batch_size: u32,
+    num_samples: &Bound<'py, PyAny>,
+    orders: &Bound<'py, PyAny>,
+    world_size: &Bound<'py, PyAny>,
+    rank: &Bound<'py, PyAny>,
+    batch_size: &Bound<'py, PyAny>,
     drop_last: bool,
 ) -> PyResult<Vec<Bound<'py, PyArray1<i64>>>> {
+    let num_samples = int_arg::<u64>("num_samples", num_samples)?;
+    let orders = orders_arg(orders)?;
+    let world_size = int_arg::<u32>("world_size", world_size)?;
+    let rank = int_arg::<u32>("rank", rank)?;
+    let batch_size = int_arg::<u32>("batch_size", batch_size)?;
     let s = Schedule::explicit(num_samples, orders, world_size, batch_size, drop_last).py_err()?;
     streams(py, &s, rank)
 }
@@ -62,16 +154,44 @@ fn streams<'py>(py: Python<'py>, s: &Schedule, rank: u32) -> PyResult<Vec<Bound<
 #[allow(clippy::too_many_arguments)]
 pub fn plan_report(
     py: Python<'_>,
-    num_samples: u64,
-    world_size: u32,
-    epochs: u32,
-    batch_size: u32,
-    seed: u64,
-    ranks: Vec<u32>,
-    sample_bytes: Vec<u64>,
-    classes: Vec<(String, u64)>,
+    num_samples: &Bound<'_, PyAny>,
+    world_size: &Bound<'_, PyAny>,
+    epochs: &Bound<'_, PyAny>,
+    batch_size: &Bound<'_, PyAny>,
+    seed: &Bound<'_, PyAny>,
+    ranks: &Bound<'_, PyAny>,
+    sample_bytes: &Bound<'_, PyAny>,
+    classes: Vec<(String, Bound<'_, PyAny>)>,
     drop_last: bool,
 ) -> PyResult<String> {
+    let num_samples = int_arg::<u64>("num_samples", num_samples)?;
+    let world_size = int_arg::<u32>("world_size", world_size)?;
+    let epochs = int_arg::<u32>("epochs", epochs)?;
+    let batch_size = int_arg::<u32>("batch_size", batch_size)?;
+    let seed = int_arg::<u64>("seed", seed)?;
+    let ranks = uint_list::<u32>("ranks", ranks)?;
+    let sample_bytes = uint_list::<u64>("sample_bytes", sample_bytes)?;
+    let classes = classes
+        .iter()
+        .enumerate()
+        .map(|(j, (name, cap))| Ok((name.clone(), int_arg::<u64>(&format!("classes[{j}] capacity"), cap)?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    if ranks.is_empty() {
+        return Err(ConfigError::new_err(
+            "invalid value for 'ranks': must name at least one rank",
+        ));
+    }
+    if let Some(r) = ranks.iter().find(|&&r| r >= world_size) {
+        return Err(ConfigError::new_err(format!(
+            "invalid value for 'ranks': rank {r} is outside world size {world_size}"
+        )));
+    }
+    if sample_bytes.len() != 1 && sample_bytes.len() as u64 != num_samples {
+        return Err(ConfigError::new_err(format!(
+            "invalid value for 'sample_bytes': {} sizes for {num_samples} samples (give one size or one per sample)",
+            sample_bytes.len()
+        )));
+    }
     let s = Schedule::shuffle(num_samples, world_size, batch_size, epochs, seed, drop_last).py_err()?;
     let report = py
         .detach(|| {

@@ -1,20 +1,22 @@
 //! Bindings of `clairvoyant_core::source`: source objects that Python passes to a job.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clairvoyant_core::source::synthetic::Synthetic;
 use clairvoyant_core::source::{self, EmulatedFs, EmulatedSpec, FileSource, Source, Throttled};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::errors::IntoPy;
+use crate::errors::{argument_type, sample_out_of_range, IntoPy};
 
 /// Any dataset source; built by the constructors below.
 #[pyclass(name = "Source", frozen, module = "clairvoyant._native")]
 pub struct PySource {
     pub inner: Arc<dyn Source>,
-    classes: Vec<String>,
+    classes: Vec<OsString>,
     index_path: Option<PathBuf>,
     index_reused: bool,
 }
@@ -38,19 +40,34 @@ impl PySource {
     }
 }
 
+impl PySource {
+    /// `sample` as an index into the source: `OutOfRangeError` for any integer outside it (even
+    /// one too large for 64 bits), `ArgumentTypeError` for a non-integer; never a panic.
+    fn check(&self, sample: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let len = self.inner.len();
+        match sample.extract::<i64>() {
+            Ok(k) if (0..len as i64).contains(&k) => Ok(k as u32),
+            Ok(_) => Err(sample_out_of_range(sample, len)),
+            Err(e) if e.is_instance_of::<PyOverflowError>(sample.py()) => Err(sample_out_of_range(sample, len)),
+            Err(_) => Err(argument_type("sample", "an int", sample)),
+        }
+    }
+}
+
 #[pymethods]
 impl PySource {
     fn __len__(&self) -> usize {
         self.inner.len()
     }
-    fn size(&self, sample: u32) -> u64 {
-        self.inner.size(sample)
+    fn size(&self, sample: &Bound<'_, PyAny>) -> PyResult<u64> {
+        Ok(self.inner.size(self.check(sample)?))
     }
-    fn label(&self, sample: u32) -> i64 {
-        self.inner.label(sample)
+    fn label(&self, sample: &Bound<'_, PyAny>) -> PyResult<i64> {
+        Ok(self.inner.label(self.check(sample)?))
     }
-    fn path(&self, sample: u32) -> String {
-        self.inner.path(sample).display().to_string()
+    /// The sample's path as `os.fsdecode` gives it (bytes that are not UTF-8 as surrogates).
+    fn path(&self, sample: &Bound<'_, PyAny>) -> PyResult<OsString> {
+        Ok(self.inner.path(self.check(sample)?).into_os_string())
     }
     fn total_bytes(&self, py: Python<'_>) -> u64 {
         py.detach(|| self.inner.total_bytes())
@@ -58,22 +75,22 @@ impl PySource {
     fn labels(&self) -> Vec<i64> {
         (0..self.inner.len() as u32).map(|k| self.inner.label(k)).collect()
     }
-    fn paths(&self) -> Vec<String> {
+    fn paths(&self) -> Vec<OsString> {
         (0..self.inner.len() as u32)
-            .map(|k| self.inner.path(k).display().to_string())
+            .map(|k| self.inner.path(k).into_os_string())
             .collect()
     }
     #[getter]
     fn fingerprint(&self) -> u64 {
         self.inner.fingerprint()
     }
-    fn classes(&self) -> Vec<String> {
+    fn classes(&self) -> Vec<OsString> {
         self.classes.clone()
     }
     /// The index file backing this source (None for synthetic sources).
     #[getter]
-    fn index_path(&self) -> Option<String> {
-        self.index_path.as_ref().map(|p| p.display().to_string())
+    fn index_path(&self) -> Option<OsString> {
+        self.index_path.clone().map(PathBuf::into_os_string)
     }
     /// Whether the cached index was reused rather than rebuilt.
     #[getter]
@@ -119,8 +136,9 @@ pub fn file_list(
 
 /// Parse a text file of `<path> <label>` lines.
 #[pyfunction]
-pub fn parse_list_file(path: PathBuf) -> PyResult<(Vec<PathBuf>, Vec<i64>)> {
-    source::parse_list_file(&path).py_err()
+pub fn parse_list_file(path: PathBuf) -> PyResult<(Vec<OsString>, Vec<i64>)> {
+    let (paths, labels) = source::parse_list_file(&path).py_err()?;
+    Ok((paths.into_iter().map(PathBuf::into_os_string).collect(), labels))
 }
 
 /// An emulated shared file system: per-open latency and an aggregate bandwidth shared by every
@@ -134,6 +152,11 @@ pub struct PyEmulatedFs {
 impl PyEmulatedFs {
     #[new]
     fn new(state_path: PathBuf, open_latency_ms: f64, bandwidth_mbps: f64) -> PyResult<Self> {
+        if !(open_latency_ms.is_finite() && open_latency_ms >= 0.0) {
+            return Err(crate::errors::ConfigError::new_err(format!(
+                "invalid value for 'open_latency_ms': must be a finite number >= 0, got {open_latency_ms}"
+            )));
+        }
         let spec = EmulatedSpec {
             open_latency_s: open_latency_ms / 1e3,
             bandwidth_mbps,
@@ -170,8 +193,8 @@ impl PyEmulatedFs {
     }
 
     #[getter]
-    fn state_path(&self) -> String {
-        self.inner.state_path().display().to_string()
+    fn state_path(&self) -> OsString {
+        self.inner.state_path().as_os_str().to_owned()
     }
 
     fn reset(&self) {
@@ -191,6 +214,13 @@ pub fn synthetic_source(sizes: Vec<u64>, labels: Option<Vec<i64>>) -> PySource {
     }
 }
 
+/// Where indexes (and `system.toml`) live by default: `$CLAIRVOYANT_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/clairvoyant`, else `~/.cache/clairvoyant`.
+#[pyfunction]
+pub fn default_index_dir() -> PyResult<OsString> {
+    Ok(source::default_index_dir().py_err()?.into_os_string())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySource>()?;
     m.add_class::<PyEmulatedFs>()?;
@@ -198,5 +228,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(image_folder, m)?)?;
     m.add_function(wrap_pyfunction!(file_list, m)?)?;
     m.add_function(wrap_pyfunction!(parse_list_file, m)?)?;
+    m.add_function(wrap_pyfunction!(default_index_dir, m)?)?;
     Ok(())
 }

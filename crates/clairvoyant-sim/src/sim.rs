@@ -891,12 +891,11 @@ impl<'r, 'a> Sim<'r, 'a> {
     fn finish(mut self) -> Result<PolicyResult> {
         self.flush_progress(true)?;
         if self.finalized < self.ends.len() {
-            return Err(Error::Exhausted(format!(
-                "simulation of {} stopped at iteration {} of {}: no thread could make progress",
-                self.policy,
-                self.finalized,
-                self.ends.len()
-            )));
+            return Err(Error::SimulationStalled {
+                policy: self.policy.to_string(),
+                iteration: self.finalized as u64,
+                iterations: self.ends.len() as u64,
+            });
         }
         let total = self.ends.last().copied().unwrap_or(self.t0);
         let compute: f64 = self.iters.iter().map(|a| a.max_c).sum();

@@ -426,35 +426,35 @@ impl Engine {
         self.inner.check_pid()?;
         let epochs = self.epochs();
         if epoch >= epochs {
-            return Err(Error::Exhausted(format!(
-                "epoch {epoch} is past the job's last epoch ({})",
-                epochs.saturating_sub(1)
-            )));
+            return Err(Error::EpochPastEnd {
+                epoch,
+                last: epochs.saturating_sub(1),
+            });
         }
         if epoch < self.first_epoch {
-            return Err(Error::Exhausted(format!(
-                "epoch {epoch} is before the job's start epoch {}",
-                self.first_epoch
-            )));
+            return Err(Error::EpochBeforeStart {
+                epoch,
+                first: self.first_epoch,
+            });
         }
         let start = self.inner.epoch_starts[epoch as usize];
         let pos = self.position();
         if pos > start {
             let cur = self.inner.epoch_of(pos);
-            return Err(Error::Exhausted(format!(
-                "epoch {epoch} was already consumed (epochs are consumed in order; the next is {})",
-                if self.inner.epoch_starts[cur as usize] == pos {
+            return Err(Error::EpochConsumed {
+                epoch,
+                next: if self.inner.epoch_starts[cur as usize] == pos {
                     cur
                 } else {
                     cur + 1
-                }
-            )));
+                },
+            });
         }
         while self.position() < start {
             match self.next(Duration::from_secs(1)) {
                 Ok(Some(l)) => self.release(l.pos),
                 Ok(None) => {}
-                Err(e @ (Error::Cancelled | Error::Exhausted(_))) => return Err(e),
+                Err(e @ (Error::Cancelled | Error::Exhausted { .. })) => return Err(e),
                 // A sample that cannot be read is skipped along with the rest.
                 Err(_) => {}
             }

@@ -216,10 +216,9 @@ impl Inner {
         let mut st = self.lock();
         let pos = st.next_consume;
         if pos >= self.total() {
-            return Err(Error::Exhausted(format!(
-                "all {} epochs of this job were consumed",
-                self.batch_ends.len()
-            )));
+            return Err(Error::Exhausted {
+                epochs: self.batch_ends.len() as u32,
+            });
         }
         loop {
             if self.shutdown.load(Ordering::Relaxed) {

@@ -1,8 +1,11 @@
 //! `image_folder`: a directory of class subdirectories with torchvision `ImageFolder` semantics
 //! (same classes, labels and sample order), backed by a reusable on-disk index.
 
+use std::cmp::Ordering;
 use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -40,8 +43,8 @@ pub fn scan_image_folder(root: &Path) -> Result<Index> {
     scan(&canon, identity)
 }
 
-fn open(root: &Path, canon: &Path, identity: &str, index_path: PathBuf, explicit: bool) -> Result<FileSource> {
-    let (index, reused) = load_or_build(&index_path, identity, explicit, || scan(canon, identity.to_string()))?;
+fn open(root: &Path, canon: &Path, identity: &OsStr, index_path: PathBuf, explicit: bool) -> Result<FileSource> {
+    let (index, reused) = load_or_build(&index_path, identity, explicit, || scan(canon, identity.to_owned()))?;
     let base = std::path::absolute(root).map_err(|e| Error::io(root, e))?;
     Ok(FileSource::new(index, base, Some(index_path), reused))
 }
@@ -54,28 +57,45 @@ fn canonical_root(root: &Path) -> Result<PathBuf> {
     Ok(canon)
 }
 
-fn identity(canon: &Path) -> Result<String> {
-    Ok(format!("dir:{}", utf8(canon)?))
+fn identity(canon: &Path) -> Result<OsString> {
+    let mut id = OsString::from("dir:");
+    id.push(canon.as_os_str());
+    Ok(id)
 }
 
-fn utf8(p: &Path) -> Result<&str> {
-    p.to_str()
-        .ok_or_else(|| Error::config("root", format!("{} is not valid UTF-8", p.display())))
-}
-
-fn has_image_extension(name: &str) -> bool {
-    let lower = name.to_lowercase();
+fn has_image_extension(name: &OsStr) -> bool {
+    // The extensions are ASCII, so undecodable bytes elsewhere in the name do not matter.
+    let lower = name.to_string_lossy().to_lowercase();
     IMG_EXTENSIONS.iter().any(|ext| lower.ends_with(ext))
+}
+
+/// The order of Python's `sorted()` on names as `os.scandir` gives them (str, with each byte
+/// that is not UTF-8 decoded to the lone surrogate U+DC80..U+DCFF by surrogateescape), which is
+/// torchvision's order. For UTF-8 names that is byte order.
+pub(crate) fn python_str_order(a: &OsStr, b: &OsStr) -> Ordering {
+    match (a.to_str(), b.to_str()) {
+        (Some(x), Some(y)) => x.cmp(y),
+        _ => code_points(a).cmp(code_points(b)),
+    }
+}
+
+fn code_points(s: &OsStr) -> impl Iterator<Item = u32> + '_ {
+    s.as_bytes().utf8_chunks().flat_map(|c| {
+        c.valid()
+            .chars()
+            .map(|ch| ch as u32)
+            .chain(c.invalid().iter().map(|&b| 0xDC00 + b as u32))
+    })
 }
 
 /// One directory found by the walk: its path relative to the root and its image files, each
 /// with its size.
 struct WalkedDir {
-    rel: String,
-    files: Vec<(String, u64)>,
+    rel: OsString,
+    files: Vec<(OsString, u64)>,
 }
 
-fn scan(canon: &Path, identity: String) -> Result<Index> {
+fn scan(canon: &Path, identity: OsString) -> Result<Index> {
     let scan_start_ns = now_ns();
     let root_mtime = dir_mtime_ns(canon).map_err(|e| Error::io(canon, e))?;
     // find_classes: names of the root's entries that are directories (symlinks followed), sorted.
@@ -84,10 +104,10 @@ fn scan(canon: &Path, identity: String) -> Result<Index> {
         let entry = entry.map_err(|e| Error::io(canon, e))?;
         let path = entry.path();
         if fs::metadata(&path).map(|m| m.is_dir()).unwrap_or(false) {
-            classes.push(utf8(&path)?.rsplit('/').next().unwrap_or_default().to_string());
+            classes.push(entry.file_name());
         }
     }
-    classes.sort();
+    classes.sort_by(|a, b| python_str_order(a, b));
     if classes.is_empty() {
         return Err(Error::config(
             "root",
@@ -104,13 +124,13 @@ fn scan(canon: &Path, identity: String) -> Result<Index> {
             let mut ancestors = HashSet::new();
             walk(canon, c.clone(), &mut ancestors, &mut dirs, &mut stamps)?;
             // sorted(os.walk(...)): directories in order of their path string.
-            dirs.sort_by(|a, b| a.rel.cmp(&b.rel));
+            dirs.sort_by(|a, b| python_str_order(&a.rel, &b.rel));
             Ok((dirs, stamps))
         })
         .collect::<Result<_>>()?;
     let mut entries = Vec::new();
     let mut all_stamps = vec![DirStamp {
-        path: utf8(canon)?.to_string(),
+        path: canon.to_path_buf(),
         mtime_ns: root_mtime,
     }];
     let mut empty = Vec::new();
@@ -119,14 +139,14 @@ fn scan(canon: &Path, identity: String) -> Result<Index> {
         for d in dirs {
             for (name, size) in d.files {
                 entries.push(IndexEntry {
-                    path: format!("{}/{}", d.rel, name),
+                    path: Path::new(&d.rel).join(name),
                     size,
                     label: label as i64,
                 });
             }
         }
         if entries.len() == before {
-            empty.push(classes[label].as_str());
+            empty.push(classes[label].to_string_lossy());
         }
         all_stamps.extend(stamps);
     }
@@ -158,7 +178,7 @@ fn scan(canon: &Path, identity: String) -> Result<Index> {
 /// ancestor (a symlink loop) is skipped, where os.walk would recurse until the path is too long.
 fn walk(
     root: &Path,
-    rel: String,
+    rel: OsString,
     ancestors: &mut HashSet<(u64, u64)>,
     out: &mut Vec<WalkedDir>,
     stamps: &mut Vec<DirStamp>,
@@ -170,7 +190,7 @@ fn walk(
         return Ok(());
     }
     stamps.push(DirStamp {
-        path: utf8(&dir)?.to_string(),
+        path: dir.clone(),
         mtime_ns: meta
             .mtime()
             .saturating_mul(1_000_000_000)
@@ -193,31 +213,28 @@ fn walk(
         } else {
             ft.is_dir()
         };
+        // Names are kept as bytes: one that is not UTF-8 is as usable as any other.
         let name = entry.file_name();
-        let Some(name) = name.to_str() else {
-            // Index paths are UTF-8; a name that is not can only be skipped if it would not be used.
-            if is_dir || has_image_extension(&name.to_string_lossy()) {
-                return Err(Error::config("root", format!("{} is not valid UTF-8", path.display())));
-            }
-            continue;
-        };
         if is_dir {
-            subdirs.push(name.to_string());
-        } else if has_image_extension(name) {
+            subdirs.push(name);
+        } else if has_image_extension(&name) {
             let size = match target {
                 Some(m) => m.len(),
                 None => entry.metadata().map_err(|e| Error::io(&path, e))?.len(),
             };
-            files.push((name.to_string(), size));
+            files.push((name, size));
         }
     }
-    files.sort();
+    files.sort_by(|a, b| python_str_order(&a.0, &b.0));
     out.push(WalkedDir {
         rel: rel.clone(),
         files,
     });
     for s in subdirs {
-        walk(root, format!("{rel}/{s}"), ancestors, out, stamps)?;
+        let mut sub = rel.clone();
+        sub.push("/");
+        sub.push(s);
+        walk(root, sub, ancestors, out, stamps)?;
     }
     ancestors.remove(&key);
     Ok(())
@@ -230,11 +247,11 @@ mod tests {
 
     #[test]
     fn extensions_match_case_insensitively() {
-        assert!(has_image_extension("a.JPG"));
-        assert!(has_image_extension("b.Tiff"));
-        assert!(has_image_extension("c.webp"));
-        assert!(!has_image_extension("d.txt"));
-        assert!(!has_image_extension("jpg"));
+        assert!(has_image_extension(OsStr::new("a.JPG")));
+        assert!(has_image_extension(OsStr::new("b.Tiff")));
+        assert!(has_image_extension(OsStr::new("c.webp")));
+        assert!(!has_image_extension(OsStr::new("d.txt")));
+        assert!(!has_image_extension(OsStr::new("jpg")));
     }
 
     #[test]
@@ -250,7 +267,7 @@ mod tests {
             fs::write(r.join(f), b"x").unwrap();
         }
         let ix = scan_image_folder(r).unwrap();
-        let paths: Vec<_> = ix.entries.iter().map(|e| e.path.as_str()).collect();
+        let paths: Vec<_> = ix.entries.iter().map(|e| e.path.to_str().unwrap()).collect();
         assert_eq!(
             paths,
             ["c/0.png", "c/b/1.png", "c/b c/3.png", "c/b-x/4.png", "c/b/x/2.png"]
@@ -288,7 +305,60 @@ mod tests {
         let paths: Vec<_> = src.index().entries.iter().map(|e| (e.path.clone(), e.size)).collect();
         // "a/loop" leads back to the root, whose "a" is an ancestor: the walk enters the root
         // once more (finds no images there) but does not loop.
-        assert_eq!(paths, [("a/1.jpg".to_string(), 3), ("a/link/o.jpg".to_string(), 2)]);
+        assert_eq!(paths, [("a/1.jpg".into(), 3), ("a/link/o.jpg".into(), 2)]);
         assert_eq!(src.path(1), std::path::absolute(&r).unwrap().join("a/link/o.jpg"));
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_indexed_and_read() {
+        use std::os::unix::ffi::OsStringExt;
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path().join("root");
+        let bad_class = OsString::from_vec(b"cl\xe4ss".to_vec());
+        let bad_file = OsString::from_vec(b"caf\xe9.jpg".to_vec());
+        fs::create_dir_all(r.join(&bad_class)).unwrap();
+        fs::create_dir_all(r.join("b")).unwrap();
+        fs::write(r.join(&bad_class).join(&bad_file), b"abc").unwrap();
+        fs::write(r.join("b").join(&bad_file), b"de").unwrap();
+        fs::write(r.join("b/z.jpg"), b"f").unwrap();
+        let ix = d.path().join("ix");
+        let src = image_folder(&r, Some(&ix)).unwrap();
+        // Python sorts "b" < "cl\udce4ss" and "caf\udce9.jpg" < "z.jpg".
+        assert_eq!(src.classes(), [OsString::from("b"), bad_class.clone()]);
+        assert_eq!(src.path(0), std::path::absolute(&r).unwrap().join("b").join(&bad_file));
+        assert_eq!(src.label(2), 1);
+        let mut buf = vec![0u8; src.size(2) as usize];
+        src.read_into(2, &mut buf).unwrap();
+        assert_eq!(buf, b"abc");
+        // The stored index keeps the bytes: a second open reuses it and sees the same names.
+        let again = image_folder(&r, Some(&ix)).unwrap();
+        assert_eq!(again.index().entries, src.index().entries);
+        assert_eq!(again.fingerprint(), src.fingerprint());
+    }
+
+    #[test]
+    fn order_matches_python_str_order_for_undecodable_bytes() {
+        use std::os::unix::ffi::OsStringExt;
+        // b"\xf5" decodes to U+DCF5, which sorts before U+10000 (bytes f0 90 80 80) although
+        // its byte is larger; "\u00e9" (c3 a9) sorts before U+DCE9.
+        let raw = |b: &[u8]| OsString::from_vec(b.to_vec());
+        let mut names = vec![
+            raw(b"\xf0\x90\x80\x80"),
+            raw(b"\xf5"),
+            raw(b"\xe9"),
+            raw("\u{e9}".as_bytes()),
+            raw(b"a"),
+        ];
+        names.sort_by(|a, b| python_str_order(a, b));
+        assert_eq!(
+            names,
+            [
+                raw(b"a"),
+                raw("\u{e9}".as_bytes()),
+                raw(b"\xe9"),
+                raw(b"\xf5"),
+                raw(b"\xf0\x90\x80\x80")
+            ]
+        );
     }
 }

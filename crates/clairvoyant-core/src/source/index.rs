@@ -2,8 +2,10 @@
 //! `Source` both `image_folder` and `file_list` return. Indexes are reused while the directory
 //! mtimes recorded at scan time are unchanged; one process scans while the others wait on a lock.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -48,6 +50,12 @@ impl Fnv1a {
 
     /// Length-prefixed, so that ("ab", "c") and ("a", "bc") hash differently.
     pub fn write_str(&mut self, s: &str) {
+        self.write_os(OsStr::new(s));
+    }
+
+    /// Like [`write_str`](Self::write_str) for a name as the OS gives it (any bytes); equal to
+    /// it for UTF-8 names.
+    pub fn write_os(&mut self, s: &OsStr) {
         self.write(&(s.len() as u64).to_le_bytes());
         self.write(s.as_bytes());
     }
@@ -57,11 +65,12 @@ impl Fnv1a {
     }
 }
 
-/// One sample of an index.
+/// One sample of an index. Paths and names are kept as the OS gives them (bytes, not
+/// necessarily UTF-8), as torchvision keeps them through `os.scandir`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexEntry {
     /// Relative to the dataset root for directory datasets; absolute for file lists.
-    pub path: String,
+    pub path: PathBuf,
     pub size: u64,
     pub label: i64,
 }
@@ -71,7 +80,7 @@ pub struct IndexEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirStamp {
     /// Absolute path.
-    pub path: String,
+    pub path: PathBuf,
     pub mtime_ns: i64,
 }
 
@@ -92,9 +101,9 @@ pub struct Index {
     /// Canonical dataset root for directory datasets; empty for file lists (entries are absolute).
     pub root: PathBuf,
     /// `dir:<canonical root>` or `list:<16 hex of the list hash>`; names the index file.
-    pub identity: String,
+    pub identity: OsString,
     /// Class names, in label order (empty for file lists).
-    pub classes: Vec<String>,
+    pub classes: Vec<OsString>,
     pub entries: Vec<IndexEntry>,
     pub dirs: Vec<DirStamp>,
     /// Wall clock (ns since the Unix epoch) when the scan began and when it ended.
@@ -107,14 +116,14 @@ impl Index {
     /// same samples with the same sizes and labels.
     pub fn fingerprint(&self) -> u64 {
         let mut h = Fnv1a::default();
-        h.write_str(&self.identity);
+        h.write_os(&self.identity);
         h.write(&(self.classes.len() as u64).to_le_bytes());
         for c in &self.classes {
-            h.write_str(c);
+            h.write_os(c);
         }
         h.write(&(self.entries.len() as u64).to_le_bytes());
         for e in &self.entries {
-            h.write_str(&e.path);
+            h.write_os(e.path.as_os_str());
             h.write(&e.size.to_le_bytes());
             h.write(&e.label.to_le_bytes());
         }
@@ -122,23 +131,28 @@ impl Index {
     }
 
     /// File name of the index for `identity`: `index-<16 hex of FNV-1a(identity)>.cvidx`.
-    pub fn file_name(identity: &str) -> String {
+    pub fn file_name(identity: impl AsRef<OsStr>) -> String {
         let mut h = Fnv1a::default();
-        h.write(identity.as_bytes());
+        h.write(identity.as_ref().as_bytes());
         format!("{FILE_PREFIX}{:016x}{FILE_SUFFIX}", h.finish())
     }
 
     /// Human-readable dataset this index belongs to (for errors).
-    pub fn describe_identity(identity: &str) -> String {
-        match identity.strip_prefix("dir:") {
-            Some(root) => format!("root {root}"),
-            None => format!("file list {}", identity.strip_prefix("list:").unwrap_or(identity)),
+    pub fn describe_identity(identity: &OsStr) -> String {
+        let b = identity.as_bytes();
+        match b.strip_prefix(b"dir:") {
+            Some(root) => format!("root {}", Path::new(OsStr::from_bytes(root)).display()),
+            None => format!(
+                "file list {}",
+                OsStr::from_bytes(b.strip_prefix(b"list:").unwrap_or(b)).to_string_lossy()
+            ),
         }
     }
 
     /// Binary layout, all integers little-endian: magic, u32 version, identity, classes, dir
     /// stamps, entries, i64 scan start and end, then a u64 FNV-1a of everything before it.
-    /// Strings are u32 length + UTF-8; lists are u64 count + items.
+    /// Strings are u32 length + their bytes as the OS gives them (file names need not be UTF-8);
+    /// lists are u64 count + items.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(64 + self.entries.len() * 48);
         w.extend_from_slice(MAGIC);
@@ -150,12 +164,12 @@ impl Index {
         }
         w.extend_from_slice(&(self.dirs.len() as u64).to_le_bytes());
         for d in &self.dirs {
-            put_str(&mut w, &d.path);
+            put_str(&mut w, d.path.as_os_str());
             w.extend_from_slice(&d.mtime_ns.to_le_bytes());
         }
         w.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
         for e in &self.entries {
-            put_str(&mut w, &e.path);
+            put_str(&mut w, e.path.as_os_str());
             w.extend_from_slice(&e.size.to_le_bytes());
             w.extend_from_slice(&e.label.to_le_bytes());
         }
@@ -197,7 +211,7 @@ impl Index {
             let dirs = (0..r.count()?)
                 .map(|_| {
                     Some(DirStamp {
-                        path: r.string()?,
+                        path: r.string()?.into(),
                         mtime_ns: r.u64()? as i64,
                     })
                 })
@@ -205,7 +219,7 @@ impl Index {
             let entries = (0..r.count()?)
                 .map(|_| {
                     Some(IndexEntry {
-                        path: r.string()?,
+                        path: r.string()?.into(),
                         size: r.u64()?,
                         label: r.u64()? as i64,
                     })
@@ -213,7 +227,11 @@ impl Index {
                 .collect::<Option<Vec<_>>>()?;
             let scan_start_ns = r.u64()? as i64;
             let built_ns = r.u64()? as i64;
-            let root = identity.strip_prefix("dir:").map(PathBuf::from).unwrap_or_default();
+            let root = identity
+                .as_bytes()
+                .strip_prefix(b"dir:")
+                .map(|r| PathBuf::from(OsStr::from_bytes(r)))
+                .unwrap_or_default();
             (r.pos == r.buf.len()).then_some(Index {
                 root,
                 identity,
@@ -263,7 +281,7 @@ impl Index {
     pub fn freshness(&self) -> Freshness {
         let mut fresh = Freshness::Fresh;
         for d in &self.dirs {
-            match dir_mtime_ns(Path::new(&d.path)) {
+            match dir_mtime_ns(&d.path) {
                 Ok(m) if m == d.mtime_ns => {
                     if m > self.scan_start_ns.saturating_sub(RACY_WINDOW_NS) {
                         fresh = Freshness::Racy;
@@ -276,7 +294,7 @@ impl Index {
     }
 }
 
-fn put_str(w: &mut Vec<u8>, s: &str) {
+fn put_str(w: &mut Vec<u8>, s: &OsStr) {
     w.extend_from_slice(&(s.len() as u32).to_le_bytes());
     w.extend_from_slice(s.as_bytes());
 }
@@ -304,9 +322,9 @@ impl Reader<'_> {
         let n = self.u64()?;
         (n <= (self.buf.len() - self.pos) as u64).then_some(n as usize)
     }
-    fn string(&mut self) -> Option<String> {
+    fn string(&mut self) -> Option<OsString> {
         let n = self.u32()? as usize;
-        String::from_utf8(self.take(n)?.to_vec()).ok()
+        Some(OsString::from_vec(self.take(n)?.to_vec()))
     }
 }
 
@@ -343,7 +361,7 @@ pub fn default_index_dir() -> Result<PathBuf> {
 }
 
 /// Where the index for `identity` lives in `index_dir` (or the default directory).
-pub(crate) fn index_path_in(index_dir: Option<&Path>, identity: &str) -> Result<PathBuf> {
+pub(crate) fn index_path_in(index_dir: Option<&Path>, identity: &OsStr) -> Result<PathBuf> {
     let dir = match index_dir {
         Some(d) => d.to_path_buf(),
         None => default_index_dir()?,
@@ -383,7 +401,7 @@ impl IndexLock {
 
 /// Reads the index at `path` if it belongs to `identity`. Missing or damaged: None (rebuild). Of
 /// another dataset: `BadIndex` when the caller named the file explicitly, else None.
-fn try_load(path: &Path, identity: &str, explicit: bool) -> Result<Option<Index>> {
+fn try_load(path: &Path, identity: &OsStr, explicit: bool) -> Result<Option<Index>> {
     let bytes = match fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -412,7 +430,7 @@ fn try_load(path: &Path, identity: &str, explicit: bool) -> Result<Option<Index>
 /// lock and saves the result. Returns the index and whether it was reused (no scan here).
 pub(crate) fn load_or_build(
     path: &Path,
-    identity: &str,
+    identity: &OsStr,
     explicit: bool,
     build: impl FnOnce() -> Result<Index>,
 ) -> Result<(Index, bool)> {
@@ -472,7 +490,7 @@ impl FileSource {
     }
 
     /// Class names in label order (empty for file lists).
-    pub fn classes(&self) -> &[String] {
+    pub fn classes(&self) -> &[OsString] {
         &self.index.classes
     }
 
@@ -563,7 +581,7 @@ mod tests {
     fn sample_index(root: &Path) -> Index {
         Index {
             root: root.to_path_buf(),
-            identity: format!("dir:{}", root.display()),
+            identity: format!("dir:{}", root.display()).into(),
             classes: vec!["a".into(), "b".into()],
             entries: vec![
                 IndexEntry {
@@ -578,7 +596,7 @@ mod tests {
                 },
             ],
             dirs: vec![DirStamp {
-                path: root.display().to_string(),
+                path: root.to_path_buf(),
                 mtime_ns: 5,
             }],
             scan_start_ns: 10,
@@ -671,7 +689,7 @@ mod tests {
         let build = || {
             let mut ix = sample_index(&data);
             ix.dirs = vec![DirStamp {
-                path: data.display().to_string(),
+                path: data.clone(),
                 mtime_ns: dir_mtime_ns(&data).unwrap(),
             }];
             ix.scan_start_ns = now_ns();
@@ -679,7 +697,7 @@ mod tests {
             Ok(ix)
         };
         let ip = d.path().join("ix").join(Index::file_name("id"));
-        let id = format!("dir:{}", data.display());
+        let id = OsString::from(format!("dir:{}", data.display()));
         let (a, reused) = load_or_build(&ip, &id, false, build).unwrap();
         assert!(!reused);
         let (b, reused) = load_or_build(&ip, &id, false, || panic!("must not rescan")).unwrap();
@@ -688,7 +706,7 @@ mod tests {
         fs::write(data.join("new"), b"").unwrap();
         let (_, reused) = load_or_build(&ip, &id, false, build).unwrap();
         assert!(!reused, "a changed directory is rescanned");
-        let err = load_or_build(&ip, "dir:/elsewhere", true, build).unwrap_err();
+        let err = load_or_build(&ip, OsStr::new("dir:/elsewhere"), true, build).unwrap_err();
         assert!(matches!(err, Error::BadIndex { .. }), "{err}");
     }
 }

@@ -2,7 +2,9 @@
 //! cached in an index keyed by a hash of the list, validated by the mtimes of the parent dirs.
 
 use std::collections::BTreeSet;
+use std::ffi::{OsStr, OsString};
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -31,38 +33,44 @@ pub fn file_list_with_index(paths: &[PathBuf], labels: &[i64], index_path: &Path
 /// (absolute ones are kept) and may contain spaces: the label is the last field. Blank lines and
 /// lines starting with `#` are skipped.
 pub fn parse_list_file(path: &Path) -> Result<(Vec<PathBuf>, Vec<i64>)> {
-    let text = fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    // Bytes, not text: a listed file name need not be UTF-8.
+    let text = fs::read(path).map_err(|e| Error::io(path, e))?;
     let base = path.parent().unwrap_or(Path::new(""));
     let mut paths = Vec::new();
     let mut labels = Vec::new();
-    for (k, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+    for (k, line) in text.split(|&b| b == b'\n').enumerate() {
+        let line = line.trim_ascii();
+        if line.is_empty() || line.starts_with(b"#") {
             continue;
         }
         let bad = |why: &str| {
             Error::config(
                 "list_file",
                 format!(
-                    "{}:{}: {why}, expected '<path> <label>': {line:?}",
+                    "{}:{}: {why}, expected '<path> <label>': {:?}",
                     path.display(),
-                    k + 1
+                    k + 1,
+                    String::from_utf8_lossy(line)
                 ),
             )
         };
-        let (file, label) = line
-            .rsplit_once(char::is_whitespace)
+        let cut = line
+            .iter()
+            .rposition(u8::is_ascii_whitespace)
             .ok_or_else(|| bad("missing label"))?;
-        let label: i64 = label.parse().map_err(|_| bad("label is not an integer"))?;
-        let file = file.trim_end();
-        paths.push(base.join(file));
+        let (file, label) = (&line[..cut], &line[cut + 1..]);
+        let label: i64 = std::str::from_utf8(label)
+            .ok()
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| bad("label is not an integer"))?;
+        paths.push(base.join(OsStr::from_bytes(file.trim_ascii_end())));
         labels.push(label);
     }
     Ok((paths, labels))
 }
 
 /// Validates the arguments and returns the absolute paths and the list's identity.
-fn prepare(paths: &[PathBuf], labels: &[i64]) -> Result<(Vec<String>, String)> {
+fn prepare(paths: &[PathBuf], labels: &[i64]) -> Result<(Vec<PathBuf>, OsString)> {
     if paths.len() != labels.len() {
         return Err(Error::config(
             "labels",
@@ -76,24 +84,26 @@ fn prepare(paths: &[PathBuf], labels: &[i64]) -> Result<(Vec<String>, String)> {
     let mut abs = Vec::with_capacity(paths.len());
     for (p, &label) in paths.iter().zip(labels) {
         let a = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
-        let a = a
-            .into_os_string()
-            .into_string()
-            .map_err(|a| Error::config("paths", format!("{} is not valid UTF-8", Path::new(&a).display())))?;
         // Labels are part of the identity: the same files with other labels are another dataset.
-        h.write_str(&a);
+        h.write_os(a.as_os_str());
         h.write(&label.to_le_bytes());
         abs.push(a);
     }
-    Ok((abs, format!("list:{:016x}", h.finish())))
+    Ok((abs, format!("list:{:016x}", h.finish()).into()))
 }
 
-fn open(abs: Vec<String>, labels: &[i64], identity: &str, index_path: PathBuf, explicit: bool) -> Result<FileSource> {
+fn open(
+    abs: Vec<PathBuf>,
+    labels: &[i64],
+    identity: &OsStr,
+    index_path: PathBuf,
+    explicit: bool,
+) -> Result<FileSource> {
     let (index, reused) = load_or_build(&index_path, identity, explicit, || scan(abs, labels, identity))?;
     Ok(FileSource::new(index, PathBuf::new(), Some(index_path), reused))
 }
 
-fn scan(abs: Vec<String>, labels: &[i64], identity: &str) -> Result<Index> {
+fn scan(abs: Vec<PathBuf>, labels: &[i64], identity: &OsStr) -> Result<Index> {
     let scan_start_ns = now_ns();
     // Parallel stats overlap per-file latency on network file systems.
     let sizes: Vec<u64> = abs
@@ -103,20 +113,17 @@ fn scan(abs: Vec<String>, labels: &[i64], identity: &str) -> Result<Index> {
             Ok(m) => Ok(m.len()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::NotFound {
                 sample: k as u64,
-                path: PathBuf::from(p),
+                path: p.clone(),
             }),
             Err(e) => Err(Error::io(p, e)),
         })
         .collect::<Result<_>>()?;
-    let parents: BTreeSet<&str> = abs
-        .iter()
-        .map(|p| Path::new(p).parent().and_then(Path::to_str).unwrap_or("/"))
-        .collect();
+    let parents: BTreeSet<&Path> = abs.iter().map(|p| p.parent().unwrap_or(Path::new("/"))).collect();
     let dirs = parents
         .into_iter()
         .map(|d| {
             Ok(DirStamp {
-                path: d.to_string(),
+                path: d.to_path_buf(),
                 mtime_ns: dir_mtime_ns(Path::new(d)).map_err(|e| Error::io(d, e))?,
             })
         })
@@ -129,7 +136,7 @@ fn scan(abs: Vec<String>, labels: &[i64], identity: &str) -> Result<Index> {
         .collect();
     Ok(Index {
         root: PathBuf::new(),
-        identity: identity.to_string(),
+        identity: identity.to_owned(),
         classes: Vec::new(),
         entries,
         dirs,
@@ -161,6 +168,10 @@ mod tests {
         fs::write(&lf, "ok.jpg 1\nbroken.jpg cat\n").unwrap();
         let err = parse_list_file(&lf).unwrap_err().to_string();
         assert!(err.contains("list.txt:2"), "{err}");
+        fs::write(&lf, b"caf\xe9 b.jpg 2\r\n").unwrap();
+        let (paths, labels) = parse_list_file(&lf).unwrap();
+        assert_eq!(paths, [d.path().join(OsStr::from_bytes(b"caf\xe9 b.jpg"))]);
+        assert_eq!(labels, [2]);
         fs::write(&lf, "nolabel\n").unwrap();
         assert!(parse_list_file(&lf).unwrap_err().to_string().contains(":1:"));
     }

@@ -132,10 +132,7 @@ impl StateSegment {
             if seg.u32(H_MAGIC).load(Ordering::Acquire) != MAGIC
                 || seg.u64(H_SAMPLES).load(Ordering::Acquire) != samples as u64
             {
-                return Err(Error::BadIndex {
-                    index: path,
-                    reason: "is not a clairvoyant node cache of this job; remove it".into(),
-                });
+                return Err(Error::NotNodeCache { path });
             }
             seg.slot = seg.register_process()?;
             // A janitor or the last detacher may have unlinked it while we opened it.
@@ -408,13 +405,11 @@ impl StateSegment {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::io(
-                    &self.path,
-                    std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "another local rank began setting up this node cache and did not finish",
-                    ),
-                ));
+                return Err(Error::TimedOut {
+                    path: self.path.clone(),
+                    what: "another local rank to finish setting up this node cache".into(),
+                    seconds: 120,
+                });
             }
             futex::wait(flag, cur, (deadline - now).min(WAIT_SLICE));
         }

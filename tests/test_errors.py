@@ -1,0 +1,236 @@
+"""Exceptions: every one derives from ClairvoyantError and the matching built-in; I/O errors come
+by kind with errno and filename; no argument reaches a panic."""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import clairvoyant
+from clairvoyant import _native, errors
+
+BUILTIN = {
+    "ConfigError": ValueError,
+    "CapacityError": ValueError,
+    "ArgumentTypeError": TypeError,
+    "OutOfRangeError": IndexError,
+    "DatasetChangedError": RuntimeError,
+    "IndexMismatchError": RuntimeError,
+    "CorruptError": RuntimeError,
+    "ExhaustedError": RuntimeError,
+    "EpochOutOfRangeError": IndexError,
+    "EpochConsumedError": RuntimeError,
+    "CancelledError": RuntimeError,
+    "SimulationStalledError": RuntimeError,
+    "ClairvoyantOSError": OSError,
+    "NotFoundError": FileNotFoundError,
+    "AccessDeniedError": PermissionError,
+    "IsDirectoryError": IsADirectoryError,
+    "NotDirectoryError": NotADirectoryError,
+    "AlreadyExistsError": FileExistsError,
+    "TimedOutError": TimeoutError,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_every_class_derives_from_clairvoyant_error_and_its_builtin(name):
+    cls = getattr(clairvoyant, name)
+    assert issubclass(cls, clairvoyant.ClairvoyantError) and issubclass(cls, BUILTIN[name])
+    assert issubclass(cls, Exception)
+    # The native module raises these very classes, and code may raise them through it.
+    assert getattr(_native, name) is cls
+
+
+def test_every_public_exception_is_listed():
+    public = {n for n in errors.__all__ if n.endswith("Error")} - {"ClairvoyantError"}
+    assert public == set(BUILTIN)
+
+
+@pytest.mark.parametrize(
+    "code, cls",
+    [
+        (errno.ENOENT, clairvoyant.NotFoundError),
+        (errno.EACCES, clairvoyant.AccessDeniedError),
+        (errno.EPERM, clairvoyant.AccessDeniedError),
+        (errno.EISDIR, clairvoyant.IsDirectoryError),
+        (errno.ENOTDIR, clairvoyant.NotDirectoryError),
+        (errno.EEXIST, clairvoyant.AlreadyExistsError),
+        (errno.ETIMEDOUT, clairvoyant.TimedOutError),
+        (errno.ENOSPC, clairvoyant.ClairvoyantOSError),
+        (None, clairvoyant.ClairvoyantOSError),
+    ],
+)
+def test_os_errors_by_errno(code, cls):
+    e = errors.os_error(code, "reading /x failed", "/x")
+    assert type(e) is cls and e.errno == code and e.filename == "/x"
+    # The message names the file already; OSError's "[Errno n] ...: '/x'" is not added.
+    assert str(e) == "reading /x failed"
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_missing_dataset_is_not_found_with_errno_and_filename(tmp_path, cache_dir):
+    missing = tmp_path / "missing"
+    for make in (lambda: clairvoyant.ImageFolder(missing), lambda: clairvoyant.Job(str(missing), batch_size=1, epochs=1)):
+        with pytest.raises(clairvoyant.NotFoundError) as info:
+            make()
+        assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, clairvoyant.ClairvoyantError)
+        assert info.value.errno == errno.ENOENT and info.value.filename == str(missing)
+        assert str(missing) in str(info.value)
+
+
+def test_a_directory_listed_as_a_sample_is_a_directory_error(tmp_path, cache_dir):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "f").write_bytes(b"abc")
+    src = clairvoyant.FileList([tmp_path / "f", tmp_path / "d"], [0, 1])
+    with clairvoyant.Job(src, batch_size=1, epochs=1, order=[[0, 1]]) as job:
+        it = job.epoch(0)
+        assert bytes(next(it)[0]) == b"abc"
+        with pytest.raises(clairvoyant.IsDirectoryError) as info:
+            next(it)
+    assert info.value.errno == errno.EISDIR and info.value.filename == str(tmp_path / "d")
+
+
+def test_a_path_through_a_file_is_a_not_directory_error(tmp_path, cache_dir):
+    (tmp_path / "f").write_bytes(b"abc")
+    with pytest.raises(clairvoyant.NotDirectoryError) as info:
+        clairvoyant.FileList([tmp_path / "f" / "x.jpg"], [0])
+    assert info.value.errno == errno.ENOTDIR and info.value.filename == str(tmp_path / "f" / "x.jpg")
+
+
+def test_unreadable_sample_is_a_permission_error():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the reader as another user (setpriv --reuid=nobody)")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed")
+    # pytest's tmp_path lies below a 0700 directory of root; user nobody needs a way in.
+    base = Path(tempfile.mkdtemp(prefix="cv-perm-"))
+    try:
+        base.chmod(0o755)
+        secret = base / "secret.bin"
+        secret.write_bytes(b"x" * 10)
+        secret.chmod(0o600)
+        (base / "ix").mkdir()
+        (base / "ix").chmod(0o777)
+        script = (
+            "import clairvoyant\n"
+            f"src = clairvoyant.FileList([{str(secret)!r}], [0], index_dir={str(base / 'ix')!r})\n"
+            "job = clairvoyant.Job(src, batch_size=1, epochs=1)\n"
+            "try:\n"
+            "    next(job.epoch(0))\n"
+            "except clairvoyant.AccessDeniedError as e:\n"
+            "    assert isinstance(e, PermissionError) and e.filename.endswith('secret.bin'), e\n"
+            "    print('denied', e.errno)\n"
+        )
+        r = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", script],
+            capture_output=True, text=True, timeout=60, cwd=base,
+            env={**os.environ, "HOME": str(base), "CLAIRVOYANT_CACHE_DIR": str(base / "ix")},
+        )
+        if "ModuleNotFoundError" in r.stderr or "ImportError" in r.stderr:
+            pytest.skip(f"user nobody cannot import this checkout: {r.stderr.strip().splitlines()[-1]}")
+        assert r.returncode == 0 and f"denied {errno.EACCES}" in r.stdout, r.stdout + r.stderr
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_epoch_errors_are_typed(tmp_path):
+    src = clairvoyant.Synthetic([10] * 8)
+    with clairvoyant.Job(src, batch_size=2, epochs=2) as job:
+        with pytest.raises(clairvoyant.EpochOutOfRangeError, match="past the job's last epoch"):
+            next(job.epoch(5))
+        list(job.epoch(0))
+        with pytest.raises(clairvoyant.EpochConsumedError, match="already consumed"):
+            next(job.epoch(0))
+    with clairvoyant.Job(src, batch_size=2, epochs=3, start_epoch=1) as job:
+        with pytest.raises(clairvoyant.EpochOutOfRangeError, match="start epoch") as info:
+            next(job.epoch(0))
+        assert isinstance(info.value, IndexError) and isinstance(info.value, clairvoyant.ExhaustedError)
+
+
+def test_index_of_another_dataset_is_an_index_mismatch(tmp_path, cache_dir):
+    for name in ("a", "b"):
+        (tmp_path / name / "cls").mkdir(parents=True)
+        (tmp_path / name / "cls" / "1.jpg").write_bytes(b"1")
+    ix = tmp_path / "one.cvidx"
+    clairvoyant.ImageFolder(tmp_path / "a", index_path=ix)
+    with pytest.raises(clairvoyant.IndexMismatchError, match="another dataset"):
+        clairvoyant.ImageFolder(tmp_path / "b", index_path=ix)
+
+
+def test_wrong_source_type_and_missing_labels(tmp_path):
+    with pytest.raises(clairvoyant.ArgumentTypeError, match="'source'"):
+        clairvoyant.Job(42, batch_size=1, epochs=1)
+    with pytest.raises(clairvoyant.ConfigError, match="'labels'"):
+        clairvoyant.FileList([tmp_path / "x"])
+    with pytest.raises(clairvoyant.NotFoundError):
+        clairvoyant.Job(str(tmp_path / "nothing-here"), batch_size=1, epochs=1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sample=st.one_of(st.integers(), st.floats(allow_nan=True), st.text(max_size=3), st.none()))
+def test_source_accessors_raise_only_clairvoyant_errors(sample):
+    src = clairvoyant.Synthetic([3, 4, 5])
+    for method in (src._native.size, src._native.label, src._native.path):
+        try:
+            method(sample)
+        except clairvoyant.ClairvoyantError as e:
+            assert isinstance(e, (IndexError, TypeError)), e
+            assert "'sample'" in str(e)
+        else:
+            assert isinstance(sample, int) and 0 <= sample < 3
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.one_of(st.integers(min_value=-(2**70), max_value=2**70), st.floats(), st.text(max_size=2)), max_size=4),
+    labels=st.one_of(st.none(), st.lists(st.integers(min_value=-(2**70), max_value=2**70), max_size=4)),
+)
+def test_synthetic_arguments_raise_only_clairvoyant_errors(sizes, labels):
+    try:
+        src = clairvoyant.Synthetic(sizes, labels)
+    except clairvoyant.ClairvoyantError as e:
+        assert "'sizes'" in str(e) or "'labels'" in str(e), e
+    else:
+        assert len(src) == len(sizes) and all(isinstance(s, int) and 0 <= s < 2**64 for s in sizes)
+
+
+@pytest.mark.parametrize(
+    "latency, bandwidth, name",
+    [(-1, 100, "open_latency_ms"), (float("nan"), 100, "open_latency_ms"), (1, 0, "bandwidth_mbps"),
+     ("x", 100, "open_latency_ms"), (1, 10**400, "bandwidth_mbps")],
+)
+def test_emulated_fs_arguments_name_the_argument(tmp_path, latency, bandwidth, name):
+    with pytest.raises(clairvoyant.ClairvoyantError, match=f"'{name}'"):
+        clairvoyant.EmulatedFs(tmp_path / "state", latency, bandwidth)
+
+
+@pytest.mark.parametrize(
+    "make, name",
+    [
+        (lambda d: clairvoyant.ImageFolder(3.5), "root"),
+        (lambda d: clairvoyant.ImageFolder(d, index_dir=object()), "index_dir"),
+        (lambda d: clairvoyant.FileList([d / "a", 7], [0, 1]), "paths"),
+        (lambda d: clairvoyant.FileList(5, [0]), "paths"),
+        (lambda d: clairvoyant.FileList([d / "a"], 3), "labels"),
+        (lambda d: clairvoyant.FileList([d / "a"], ["x"]), "labels"),
+        (lambda d: clairvoyant.FileList(d / "list.txt", [0]), "labels"),
+        (lambda d: clairvoyant.EmulatedFs(None), "state_path"),
+    ],
+)
+def test_source_arguments_of_the_wrong_kind_name_the_argument(tmp_path, make, name):
+    (tmp_path / "a").write_bytes(b"x")
+    (tmp_path / "list.txt").write_text("a 0\n")
+    with pytest.raises(clairvoyant.ClairvoyantError, match=f"'{name}'") as info:
+        make(tmp_path)
+    assert isinstance(info.value, (TypeError, ValueError))
