@@ -64,22 +64,25 @@ def test_yields_the_jobs_order_in_collated_batches(data_dir, workers):
 
 def test_epochs_in_order_and_set_epoch(data_dir):
     job, loader = make(data_dir, epochs=2, num_workers=2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as err:
         loader.set_epoch(1)
+    assert isinstance(err.value, clairvoyant.ConfigError)
     loader.set_epoch(0)
     assert sum(1 for _ in loader) == len(loader)
     loader.set_epoch(1)
     assert sum(1 for _ in loader) == len(loader)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as err:
         iter(loader)
+    assert isinstance(err.value, clairvoyant.ExhaustedError)
     loader.close()
     job.close()
 
 
 def test_batch_size_must_match_the_job(data_dir):
     job = clairvoyant.Job(str(data_dir), batch_size=BATCH, epochs=1, rank=0, world_size=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="batch_size") as err:
         ctorch.DataLoader(ctorch.ImageFolder(job, to_tensor), batch_size=BATCH + 1)
+    assert isinstance(err.value, clairvoyant.ClairvoyantError)
     job.close()
 
 

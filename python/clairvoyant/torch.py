@@ -40,7 +40,14 @@ from typing import Any, Callable, Iterator, Optional
 import torch as _torch
 from torch.utils.data import default_collate
 
-__all__ = ["ImageFolder", "DataLoader", "pil_loader"]
+from .errors import ArgumentTypeError, ClairvoyantError, ConfigError, ExhaustedError
+
+__all__ = ["ImageFolder", "DataLoader", "LoaderError", "pil_loader"]
+
+
+class LoaderError(ClairvoyantError, RuntimeError):
+    """The DataLoader cannot go on: it has no job yet, a worker died, or it timed out (a
+    RuntimeError, as torch's DataLoader raises in these cases)."""
 
 
 def pil_loader(data: Any):
@@ -81,7 +88,7 @@ class ImageFolder:
             self._job_kwargs = job_kwargs
         else:
             if job_kwargs:
-                raise TypeError(f"Job arguments {sorted(job_kwargs)} are only accepted with a directory, not with a Job")
+                raise ArgumentTypeError(f"Job arguments {sorted(job_kwargs)} are only accepted with a directory, not with a Job")
             self.job = root_or_job
             self.root = None
             self._job_kwargs = {}
@@ -92,10 +99,10 @@ class ImageFolder:
         import clairvoyant
 
         if batch_size is None:
-            raise ValueError("batch_size is required when the dataset was made from a directory")
+            raise ConfigError("batch_size is required when the dataset was made from a directory")
         kwargs = dict(self._job_kwargs)
         if "epochs" not in kwargs and "order" not in kwargs:
-            raise ValueError("pass epochs=... to ImageFolder(root, ...) (or pass a clairvoyant.Job)")
+            raise ConfigError("pass epochs=... to ImageFolder(root, ...) (or pass a clairvoyant.Job)")
         if drop_last is not None:
             kwargs["drop_last"] = drop_last
         self.job = clairvoyant.Job(self.root, batch_size=batch_size, **kwargs)
@@ -103,7 +110,7 @@ class ImageFolder:
 
     def _require_job(self):
         if self.job is None:
-            raise RuntimeError("the dataset has no job yet; wrap it in clairvoyant.torch.DataLoader first")
+            raise LoaderError("the dataset has no job yet; wrap it in clairvoyant.torch.DataLoader first")
         return self.job
 
     # -- torchvision-compatible facts ---------------------------------------------------
@@ -233,11 +240,11 @@ class DataLoader:
         multiprocessing_context: Any = None,
     ):
         if num_workers < 0:
-            raise ValueError(f"num_workers must be non-negative, got {num_workers}")
+            raise ConfigError(f"num_workers must be non-negative, got {num_workers}")
         if timeout < 0:
-            raise ValueError(f"timeout must be non-negative, got {timeout}")
+            raise ConfigError(f"timeout must be non-negative, got {timeout}")
         if prefetch_factor is not None and prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be at least 1, got {prefetch_factor}")
+            raise ConfigError(f"prefetch_factor must be at least 1, got {prefetch_factor}")
         self._workers: list = []
         self._tasks: list = []
         self._pipeline: Optional[_Pipeline] = None
@@ -246,10 +253,10 @@ class DataLoader:
         self.job = dataset._ensure_job(batch_size, drop_last)
         job_batch = getattr(self.job, "batch_size", None)
         if batch_size is not None and job_batch is not None and batch_size != job_batch:
-            raise ValueError(f"batch_size={batch_size} differs from the job's batch_size={job_batch}")
+            raise ConfigError(f"batch_size={batch_size} differs from the job's batch_size={job_batch}")
         job_drop = getattr(self.job, "drop_last", None)
         if drop_last is not None and job_drop is not None and bool(drop_last) != bool(job_drop):
-            raise ValueError(f"drop_last={drop_last} differs from the job's drop_last={job_drop}")
+            raise ConfigError(f"drop_last={drop_last} differs from the job's drop_last={job_drop}")
         self.batch_size = job_batch if job_batch is not None else batch_size
         self.drop_last = job_drop if job_drop is not None else bool(drop_last)
         self.num_workers = int(num_workers)
@@ -280,14 +287,14 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         """Declare the epoch the next ``iter()`` consumes; epochs are consumed in order."""
         if int(epoch) != self._next_epoch:
-            raise ValueError(
+            raise ConfigError(
                 f"set_epoch({epoch}): clairvoyant consumes epochs in order and the next one is {self._next_epoch}"
             )
 
     def __iter__(self) -> Iterator:
         epochs = getattr(self.job, "epochs", None)
         if epochs is not None and self._next_epoch >= epochs:
-            raise RuntimeError(f"all {epochs} epochs of the job have been consumed")
+            raise ExhaustedError(f"all {epochs} epochs of the job have been consumed")
         epoch = self._next_epoch
         if self._current is not None:
             self._current._end(_exhausted(self._current.epoch, epoch))
@@ -533,7 +540,7 @@ class _Pipeline:
                     time.sleep(0.05)
                     dead = [p.name for p in loader._workers if not p.is_alive()]
                     with self._cond:
-                        self._worker_error = RuntimeError(
+                        self._worker_error = LoaderError(
                             f"DataLoader worker(s) {', '.join(dead) or '?'} exited unexpectedly"
                             + ("" if dead else f" ({exc!r})")
                         )
@@ -562,7 +569,7 @@ class _Pipeline:
                 if self._worker_error is not None:
                     raise self._worker_error
                 if not self._cond.wait(timeout=timeout) and timeout is not None:
-                    raise RuntimeError(f"DataLoader timed out after {self.loader.timeout} seconds")
+                    raise LoaderError(f"DataLoader timed out after {self.loader.timeout} seconds")
             return self._ready.pop(index)
 
     def skip_to(self, index: int) -> None:
