@@ -193,13 +193,16 @@ pub fn is_no_space(e: &std::io::Error) -> bool {
 }
 
 /// Start time of process `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`);
-/// None when the process does not exist. Together with the pid it names a process even after
-/// its pid is reused.
+/// None when the process does not exist or has exited (a zombie not yet reaped by its parent
+/// holds no claim). Together with the pid it names a process even after its pid is reused.
 pub fn start_time(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses: fields 3.. follow the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = s[s.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next()?, "Z" | "X" | "x") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether the process (pid, start time) still runs.
@@ -287,5 +290,14 @@ mod tests {
         assert!(alive(me, st));
         assert!(!alive(me, st + 1), "another start time is another process");
         assert!(!alive(0x7fff_fff0, st));
+    }
+
+    #[test]
+    fn an_unreaped_child_is_dead() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(start_time(pid), None, "exited, not yet reaped");
+        child.wait().unwrap();
     }
 }
