@@ -9,6 +9,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{secure, Fault, Tier};
 use crate::error::{Error, Result};
 
+/// The file in a directory class's per-cache directory naming its state segment.
+const OWNER: &str = ".owner";
+
+/// The state segment that owns the per-cache directory `dir`, if it says.
+pub(super) fn owner_of(dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let f = secure::open_existing(&dir.join(OWNER), false).ok()?;
+    let mut bytes = Vec::new();
+    (&f).read_to_end(&mut bytes).ok()?;
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+}
+
 /// Free space a directory class leaves on its file system.
 const RESERVE: u64 = 16 << 20;
 
@@ -31,6 +43,18 @@ impl DirectoryTier {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Record which state segment owns this directory, so that a janitor working from another
+    /// shared-memory directory does not mistake it for a dead cache's.
+    pub fn mark_owner(&self, state: &Path) {
+        let tmp = self.dir.join(format!(".{OWNER}.{}.tmp", std::process::id()));
+        let written = secure::create_new(&tmp)
+            .and_then(|mut f| f.write_all(state.as_os_str().as_encoded_bytes()))
+            .and_then(|_| std::fs::rename(&tmp, self.dir.join(OWNER)));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
     }
 
     fn file(&self, sample: u32) -> PathBuf {

@@ -148,10 +148,10 @@ impl NodeCache {
     pub fn attach_in(base: &Path, key: &str, samples: usize, rank_index: usize, users: u32) -> Result<NodeCache> {
         static NONCE: AtomicU32 = AtomicU32::new(1);
         let dir = secure::private_dir(base)?;
-        remove_dead_caches(&dir, &[]);
+        remove_dead_caches(&dir);
         if let Ok(disk) = secure::private_dir(&secure::disk_base()) {
             if disk != dir {
-                remove_dead_caches(&disk, &[&dir]);
+                remove_dead_caches(&disk);
             }
         }
         let nonce = NONCE.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
@@ -287,7 +287,9 @@ impl NodeCache {
                 ClassKind::Directory { path } => {
                     let base = secure::private_dir(path)?;
                     remove_dead_class_dirs(&base, &self.dir, &self.stem);
-                    Box::new(DirectoryTier::open(&c.name, &base.join(&self.stem), caps[j])?)
+                    let tier = DirectoryTier::open(&c.name, &base.join(&self.stem), caps[j])?;
+                    tier.mark_owner(self.state.path());
+                    Box::new(tier)
                 }
             };
             self.tiers.push(tier);
@@ -449,9 +451,8 @@ fn pid_alive(pid: u32) -> bool {
 
 /// Remove, in a private directory, the caches whose recorded processes all died (state, arena
 /// next to it and in the disk directory), staging rings of dead processes and temporary files
-/// older than a minute. `state_dirs` are other directories whose `.state` files own the arenas
-/// here.
-fn remove_dead_caches(dir: &Path, state_dirs: &[&Path]) {
+/// older than a minute.
+fn remove_dead_caches(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let disk = secure::private_dir(&secure::disk_base()).ok();
     for entry in entries.flatten() {
@@ -486,27 +487,22 @@ fn remove_dead_caches(dir: &Path, state_dirs: &[&Path]) {
             if old {
                 let _ = std::fs::remove_file(&path);
             }
-        } else if let Some(stem) = name.strip_suffix(".mem") {
-            // An arena on disk whose state segment is gone.
-            let owned = std::iter::once(dir)
-                .chain(state_dirs.iter().copied())
-                .any(|d| d.join(format!("{stem}.state")).exists());
-            if !owned {
-                let _ = std::fs::remove_file(&path);
-            }
         }
     }
 }
 
-/// Remove a directory class's per-cache directories whose cache no longer exists.
+/// Remove a directory class's per-cache directories whose cache no longer exists: the state
+/// segment named in the directory's owner file (or, without one, the one of the same name in
+/// `state_dir`) is gone.
 fn remove_dead_class_dirs(base: &Path, state_dir: &Path, except: &str) {
     let Ok(entries) = std::fs::read_dir(base) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name == except || !name.starts_with("clairvoyant-") {
+        if name == except || !name.starts_with("clairvoyant-") || !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        if !state_dir.join(format!("{name}.state")).exists() && entry.file_type().is_ok_and(|t| t.is_dir()) {
+        let state = directory::owner_of(&entry.path()).unwrap_or_else(|| state_dir.join(format!("{name}.state")));
+        if !state.exists() {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

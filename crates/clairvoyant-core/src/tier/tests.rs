@@ -188,3 +188,41 @@ fn a_rank_that_died_while_setting_up_is_replaced() {
     assert_eq!(at, ArenaAt::None);
     assert!(t0.elapsed() < Duration::from_secs(1));
 }
+
+#[test]
+fn class_directories_of_dead_caches_go_and_live_ones_stay() {
+    let shm = tempfile::tempdir().unwrap();
+    let other_shm = tempfile::tempdir().unwrap();
+    let ssd = tempfile::tempdir().unwrap();
+    let class = |c: &mut NodeCache| {
+        c.setup(
+            &[ClassRequest {
+                name: "ssd".into(),
+                kind: ClassKind::Directory {
+                    path: ssd.path().to_path_buf(),
+                },
+                capacity: 1 << 20,
+            }],
+            0,
+        )
+        .unwrap();
+    };
+    // A live cache whose state is in another shared-memory directory.
+    let mut live = NodeCache::attach_in(other_shm.path(), &key("live"), 4, 0, 1).unwrap();
+    class(&mut live);
+    let base = secure::private_dir(ssd.path()).unwrap();
+    let live_dir = base.join(live.stem());
+    // A dead cache's directory: its owner file names a state that is gone.
+    let dead_dir = base.join("clairvoyant-dead");
+    std::fs::create_dir(&dead_dir).unwrap();
+    std::fs::write(
+        dead_dir.join(".owner"),
+        shm.path().join("gone.state").as_os_str().as_encoded_bytes(),
+    )
+    .unwrap();
+    std::fs::write(dead_dir.join("3"), b"old").unwrap();
+    let mut c = NodeCache::attach_in(shm.path(), &key("janitor"), 4, 0, 1).unwrap();
+    class(&mut c);
+    assert!(!dead_dir.exists(), "a dead cache's files are removed");
+    assert!(live_dir.exists(), "a live cache of another shm directory is kept");
+}
