@@ -27,11 +27,10 @@ unsafe impl Sync for MemoryTier {}
 impl MemoryTier {
     /// Create the arena at `path` with `len` bytes reserved: exclusively, under a temporary name,
     /// then linked into place (a stale file of ours left by a dead run is replaced).
-    pub fn create(name: &str, path: &Path, len: u64) -> std::io::Result<()> {
+    pub fn create(path: &Path, len: u64) -> std::io::Result<()> {
         let tmp = path.with_extension(format!("mem.{}.tmp", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         let _f = secure::create_reserved(&tmp, len)?;
-        let _ = name;
         let r = match std::fs::hard_link(&tmp, path) {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 // In our private directory only we can have put it there: a dead run's arena.
@@ -65,7 +64,7 @@ impl MemoryTier {
 
     /// Create and map a private arena (tests, wrappers): `path` must not exist.
     pub fn create_and_open(name: &str, path: &Path, len: u64) -> Result<MemoryTier> {
-        Self::create(name, path, len).map_err(|e| Error::io(path, e))?;
+        Self::create(path, len).map_err(|e| Error::io(path, e))?;
         Self::open(name, path, len)
     }
 

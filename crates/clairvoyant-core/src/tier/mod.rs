@@ -238,12 +238,12 @@ impl NodeCache {
                     );
                     caps[j] = avail;
                 }
-                if caps[j] > 0 && MemoryTier::create(&classes[j].name, &shm_arena, caps[j]).is_ok() {
+                if caps[j] > 0 && MemoryTier::create(&shm_arena, caps[j]).is_ok() {
                     at = ArenaAt::Shm;
                 } else {
                     let disk_free = crate::sysinfo::free_space(&disk_arena).unwrap_or(0);
                     caps[j] = caps[j].min(disk_free.saturating_sub(SHM_MARGIN));
-                    if caps[j] > 0 && MemoryTier::create(&classes[j].name, &disk_arena, caps[j]).is_ok() {
+                    if caps[j] > 0 && MemoryTier::create(&disk_arena, caps[j]).is_ok() {
                         warn_once(
                             &format!("{field}.disk"),
                             &format!(
