@@ -268,6 +268,17 @@ impl Inner {
         };
         let overflow = matches!(entry.slot, Slot::Heap(_));
         let mut corrupt = entry.corrupt;
+        // The next sample will be checked in a moment: have its bytes and record on the way.
+        if let Some(Entry {
+            sample: k,
+            slot: Slot::Arena { offset, len },
+            ..
+        }) = st.entries.get(idx + 1)
+        {
+            if let Some((class, _)) = self.store_of(*k) {
+                self.node.cache.prefetch(class, *k, *offset, *len);
+            }
+        }
         drop(st);
         let (mut ptr, mut region, mut offset) = (ptr, region, offset);
         let ready = matches!(status, Status::Ready(_));

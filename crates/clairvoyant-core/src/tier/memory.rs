@@ -123,6 +123,15 @@ impl Tier for MemoryTier {
         Ok(Some(unsafe { self.map.as_mut_ptr().add(place as usize) }))
     }
 
+    fn prefetch(&self, place: u64, len: u64) {
+        if place < self.len {
+            super::prefetch_lines(
+                self.map.as_mut_ptr().wrapping_add(place as usize),
+                len.min(self.len - place) as usize,
+            );
+        }
+    }
+
     fn shared_path(&self) -> Option<&Path> {
         Some(&self.path)
     }

@@ -64,8 +64,29 @@ pub trait Tier: Send + Sync {
     fn shared_path(&self) -> Option<&Path> {
         None
     }
+    /// Hint that `place..place+len` is about to be read (mapped tiers); never faults.
+    fn prefetch(&self, _place: u64, _len: u64) {}
     /// Remove the tier's files (the last local rank leaves).
     fn remove(&self) {}
+}
+
+/// Ask the CPU to bring the cache lines of `ptr..ptr+len` in; a hint that never faults.
+#[inline]
+pub(crate) fn prefetch_lines(ptr: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut i = 0;
+        while i < len {
+            // SAFETY: prefetch is a hint; it does not access memory architecturally and never
+            // faults, whatever the address.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch(ptr.wrapping_add(i) as *const i8, std::arch::x86_64::_MM_HINT_T0)
+            };
+            i += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (ptr, len);
 }
 
 /// The checksum of a sample's bytes (xxh3-64: ~30 GB/s, no C dependency).
@@ -361,6 +382,12 @@ impl NodeCache {
             }
             r => r.map(|p| p.map(|p| p as *const u8)),
         }
+    }
+
+    /// Hint that READY `sample` of `class` at `place` is about to be checked.
+    pub fn prefetch(&self, class: usize, sample: u32, place: u64, len: u64) {
+        self.state.prefetch_record(sample);
+        self.tiers[class].prefetch(place, len.min(4096));
     }
 
     /// The mapped bytes where a claimed `sample` is to be filled in place (mapped tiers only).

@@ -525,6 +525,14 @@ impl StateSegment {
         self.u64(H_CREATED).load(Ordering::Relaxed) + (stamp.saturating_sub(1) as u64) * 1_000_000
     }
 
+    /// Hint that `sample`'s record is about to be read.
+    pub fn prefetch_record(&self, sample: u32) {
+        if (sample as usize) < self.samples {
+            let off = HEADER_BYTES + sample as usize * RECORD_BYTES;
+            super::prefetch_lines(self.map.as_mut_ptr().wrapping_add(off), RECORD_BYTES);
+        }
+    }
+
     /// (checksum, dataset stamp) recorded for a READY sample.
     pub fn record(&self, sample: u32) -> (u64, u32) {
         (
