@@ -75,8 +75,9 @@ impl MemoryTier {
                 got: self.len.saturating_sub(place),
             });
         }
-        // Somebody may have truncated the file: touching a page past its end would be SIGBUS. A
-        // plain fstat per access (not cached: a truncation right before a read must be seen).
+        // Somebody may have truncated the file: touching a page past its end would be SIGBUS. The
+        // size is read on every access (not cached: a truncation right before a read must be
+        // seen).
         let now = file_len(&self.file).map_err(|e| Fault::Io(Error::io(&self.path, e)))?;
         if place + len > now {
             // Give the file its size back (it is ours): other processes' views of the lost
@@ -141,13 +142,14 @@ impl Tier for MemoryTier {
     }
 }
 
-/// The size of `f` by `fstat` (cheaper than `metadata`, which asks for more with `statx`).
+/// The current size of `f`: `lseek(SEEK_END)`, the cheapest system call that reads it (the
+/// descriptor's offset is not used otherwise: the arena is only accessed through the mapping).
 fn file_len(f: &File) -> std::io::Result<u64> {
     use std::os::fd::AsRawFd;
-    // SAFETY: `st` is plain old data filled by fstat on a valid descriptor.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(f.as_raw_fd(), &mut st) } != 0 {
+    // SAFETY: lseek on a valid descriptor only moves its offset.
+    let end = unsafe { libc::lseek(f.as_raw_fd(), 0, libc::SEEK_END) };
+    if end < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(st.st_size as u64)
+    Ok(end as u64)
 }
