@@ -576,6 +576,8 @@ fn ranks_without_a_run_id_share_one_cache() {
     let arenas: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     assert_eq!(arenas[0], arenas[1]);
     assert!(src.reads.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+    let arena = arenas[0].clone().unwrap();
+    assert!(!arena.exists(), "both ranks left: the cache is removed");
 }
 
 #[test]

@@ -107,20 +107,26 @@ struct NodeShare {
     stores: Vec<ClassStore>,
     summary: Vec<(String, u64, u64)>,
     fingerprint: u64,
+    /// The ranks sharing this node's cache: jobs over other ranks (another node simulated in
+    /// the same process) keep their own.
+    local_ranks: Vec<u32>,
+    /// The local ranks of this process's jobs using it (several ranks may run in one process).
+    ranks: Mutex<Vec<u32>>,
     /// Engines using it; the last to shut down leaves the node cache.
     engines: AtomicUsize,
 }
 
 static NODE_SHARES: Mutex<Vec<std::sync::Weak<NodeShare>>> = Mutex::new(Vec::new());
 
-/// A node share of this process for the dataset `fingerprint` of `samples` samples, counted as
-/// used by one more engine.
-fn join_share(fingerprint: u64, samples: usize) -> Option<Arc<NodeShare>> {
+/// A node share of this process for the dataset `fingerprint` of `samples` samples on the same
+/// local ranks, counted as used by one more engine.
+fn join_share(fingerprint: u64, samples: usize, local_ranks: &[u32]) -> Option<Arc<NodeShare>> {
     let mut shares = NODE_SHARES.lock().unwrap_or_else(|p| p.into_inner());
     shares.retain(|w| w.strong_count() > 0);
     shares.iter().filter_map(|w| w.upgrade()).find(|n| {
         n.fingerprint == fingerprint
             && n.class_of.len() == samples
+            && n.local_ranks == local_ranks
             && n.engines
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c > 0).then_some(c + 1))
                 .is_ok()
@@ -217,8 +223,15 @@ impl Engine {
         let typical = if f == 0 { 0 } else { total_bytes / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
         let fingerprint = source.fingerprint();
-        let (node, fill_order) = match join_share(fingerprint, f) {
-            Some(node) => (node, None),
+        let (node, fill_order) = match join_share(fingerprint, f, &spec.local_ranks) {
+            Some(node) => {
+                let mut ranks = node.ranks.lock().unwrap_or_else(|p| p.into_inner());
+                if !ranks.contains(&spec.rank) {
+                    ranks.push(spec.rank);
+                }
+                drop(ranks);
+                (node, None)
+            }
             None => {
                 let (node, fill_order) = Self::node_share(&source, model, &spec, &useful, total_bytes)?;
                 let node = Arc::new(node);
@@ -373,6 +386,8 @@ impl Engine {
             stores,
             summary: placement_summary,
             fingerprint: source.fingerprint(),
+            local_ranks: spec.local_ranks.clone(),
+            ranks: Mutex::new(vec![spec.rank]),
             engines: AtomicUsize::new(1),
         };
         Ok((node, placement.fill_order))

@@ -433,10 +433,18 @@ impl NodeCache {
     /// Leave the cache; the last of its expected users removes its files. Does nothing in a
     /// forked child (the cache belongs to the process that attached).
     pub fn detach(&self) {
+        self.detach_ranks(1)
+    }
+
+    /// [`NodeCache::detach`] for an attachment that served `ranks` local ranks of this process.
+    pub fn detach_ranks(&self, ranks: u32) {
         if std::process::id() != self.creator_pid || self.detached.swap(true, Ordering::AcqRel) {
             return;
         }
-        if self.state.unregister_rank(self.rank_index, self.nonce, self.users) {
+        if self
+            .state
+            .unregister_rank(self.rank_index, self.nonce, self.users, ranks)
+        {
             let _ = std::fs::remove_file(self.state.path());
             for t in &self.tiers {
                 t.remove();

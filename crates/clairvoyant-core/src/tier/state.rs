@@ -343,12 +343,14 @@ impl StateSegment {
 
     /// Leave: marks the rank done; returns true when this was the last of `users` attachments
     /// (the caller then removes the cache's files).
-    pub fn unregister_rank(&self, index: usize, nonce: u32, users: u32) -> bool {
+    /// `ranks` is how many local ranks this attachment served (jobs of several ranks in one
+    /// process share one attachment).
+    pub fn unregister_rank(&self, index: usize, nonce: u32, users: u32, ranks: u32) -> bool {
         let mine = ((self.slot as u64 + 1) << 32) | (nonce as u64 & (DONE - 1));
         let _ = self
             .rank_token(index)
             .compare_exchange(mine, mine | DONE, Ordering::AcqRel, Ordering::Relaxed);
-        let done = self.u32(H_DETACHED).fetch_add(1, Ordering::AcqRel) + 1;
+        let done = self.u32(H_DETACHED).fetch_add(ranks.max(1), Ordering::AcqRel) + ranks.max(1);
         self.u32(H_ATTACHED).fetch_sub(1, Ordering::AcqRel) == 1 && done >= users
     }
 
