@@ -246,8 +246,20 @@ impl Engine {
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
 
         let ring_cap = model.staging.capacity;
-        let (ring_path, ring_file) = node.cache.create_ring(spec.rank, ring_cap.max(1))?;
-        let ring = RingBuf::new(ring_file, ring_path)?;
+        let ring = node
+            .cache
+            .create_ring(spec.rank, ring_cap.max(1))
+            .and_then(|(path, file)| RingBuf::new(file, path));
+        let ring = match ring {
+            Ok(r) => r,
+            Err(e) => {
+                // This engine will not use the share it joined or created.
+                if node.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    node.cache.detach();
+                }
+                return Err(e);
+            }
+        };
         // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples served
         // from the memory class take no ring space, so this must cover every batch a consumer
         // keeps in flight (e.g. decode workers x prefetch depth x batch size) or the staging
