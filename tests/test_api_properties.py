@@ -327,10 +327,6 @@ def test_close_removes_the_jobs_shared_memory_at_once():
         next(it)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="removing the staging ring while a batch view still maps it is Engine::shutdown's part",
-)
 def test_close_removes_the_jobs_shared_memory_while_a_batch_is_held():
     left, _ = _run_and_close(hold_a_batch=True)
     assert not left, f"left after close(): {left}"

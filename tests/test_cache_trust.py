@@ -78,12 +78,12 @@ def memory_config(path: Path, memory: str = "64 MiB", staging: str = "8 MiB", ex
     return path
 
 
-def ssd_config(path: Path, ssd_dir: Path, capacity: str = "64 MiB") -> Path:
+def ssd_config(path: Path, ssd_dir: Path, capacity: str = "64 MiB", staging: str = "8 MiB") -> Path:
     path.write_text(
         textwrap.dedent(
             f"""
             [staging]
-            capacity = "8 MiB"
+            capacity = "{staging}"
             threads = 2
             [pfs]
             read_mbps = 50.0
@@ -332,7 +332,8 @@ def test_truncated_memory_segment_does_not_crash(tmp_path, shm):
 def test_flipped_bytes_in_ssd_files_are_detected(tmp_path, shm):
     ssd = tmp_path / "ssd"
     ssd.mkdir()
-    cfg = ssd_config(tmp_path / "system.toml", ssd)
+    # A small staging buffer, so that later epochs read the SSD files after they were damaged.
+    cfg = ssd_config(tmp_path / "system.toml", ssd, staging="64 KiB")
     s = script(
         tmp_path,
         "flip",

@@ -261,10 +261,10 @@ impl PyEngine {
 impl PyEngine {
     fn check_epoch(&self, epoch: u32) -> PyResult<()> {
         if epoch >= self.engine.epochs() {
-            return Err(crate::errors::ExhaustedError::new_err(format!(
-                "epoch {epoch} is past the job's last epoch ({})",
-                self.engine.epochs().saturating_sub(1)
-            )));
+            return Err(to_py(clairvoyant_core::Error::EpochPastEnd {
+                epoch,
+                last: self.engine.epochs().saturating_sub(1),
+            }));
         }
         Ok(())
     }

@@ -93,6 +93,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::TimedOut { path, .. } => os_error(Some(libc::ETIMEDOUT), msg, &path),
         Error::SimulationStalled { .. } => SimulationStalledError::new_err(msg),
         Error::Cancelled => CancelledError::new_err(msg),
+        Error::Untrusted { path, .. } => os_error(Some(libc::EACCES), msg, &path),
         // The core's enum is non_exhaustive; a variant added there without a line here still
         // reaches Python as a ClairvoyantError.
         _ => ClairvoyantError::new_err(msg),
