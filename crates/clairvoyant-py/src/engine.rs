@@ -53,19 +53,36 @@ impl PyEngine {
     fn take(&self, py: Python<'_>, n: usize) -> PyResult<Vec<Lease>> {
         let mut leases = Vec::with_capacity(n);
         let mut first_err = None;
-        for _ in 0..n {
-            match self.wait_next(py) {
-                Ok(l) => leases.push(l),
-                Err(e)
-                    if e.is_instance_of::<crate::errors::CancelledError>(py)
-                        || e.is_instance_of::<crate::errors::ExhaustedError>(py)
-                        || e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) =>
-                {
-                    first_err = Some(e);
+        // Samples consumed so far, handed out or failed.
+        let mut taken = 0;
+        while taken < n {
+            // One call hands out as many as are ready (the GIL released once for them all),
+            // waking every 100 ms for Ctrl-C.
+            let before = leases.len();
+            let r = py.detach(|| {
+                self.engine
+                    .next_many(n - taken, Duration::from_millis(100), &mut leases)
+            });
+            taken += leases.len() - before;
+            match r {
+                Ok(()) if taken < n => {
+                    if let Err(e) = py.check_signals() {
+                        if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) {
+                            first_err = Some(e);
+                        } else {
+                            first_err.get_or_insert(e);
+                        }
+                        break;
+                    }
+                }
+                Ok(()) => {}
+                Err(e @ (clairvoyant_core::Error::Cancelled | clairvoyant_core::Error::Exhausted { .. })) => {
+                    first_err = Some(to_py(e));
                     break;
                 }
                 Err(e) => {
-                    first_err.get_or_insert(e);
+                    taken += 1;
+                    first_err.get_or_insert(to_py(e));
                 }
             }
         }

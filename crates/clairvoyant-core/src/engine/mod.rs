@@ -21,12 +21,13 @@ use crate::source::Source;
 use crate::tier::{ClassRequest, NodeCache};
 
 mod key;
+mod pid;
 mod prefetch;
 mod staging;
 mod stats;
 
 use key::node_key;
-use staging::{RingBuf, StagingState};
+use staging::{Group, RingBuf, StagingState};
 pub use stats::EpochStats;
 
 /// Where the consumer's copy of a sample came from.
@@ -146,6 +147,8 @@ struct Inner {
     /// Samples whose dataset stamp this job checked (or filled itself).
     checked: Vec<AtomicBool>,
     ring: RingBuf,
+    /// How many times the ring was found truncated (its staged samples marked lost).
+    ring_losses: AtomicU64,
     ring_cap: u64,
     max_entries: usize,
     st: Mutex<StagingState>,
@@ -276,6 +279,7 @@ impl Engine {
             stamps,
             checked: (0..f).map(|_| AtomicBool::new(false)).collect(),
             ring,
+            ring_losses: AtomicU64::new(0),
             ring_cap,
             max_entries,
             st: Mutex::new(StagingState {
@@ -300,7 +304,7 @@ impl Engine {
             pfs_bytes: AtomicU64::new(0),
             pfs_files: AtomicU64::new(0),
             pfs_at_epoch_start: Mutex::new((0, 0)),
-            owner_pid: std::process::id(),
+            owner_pid: pid::current(),
         });
 
         let mut threads = Vec::new();
@@ -494,7 +498,25 @@ impl Engine {
     /// returned here; the consumer then moves on to the following sample.
     pub fn next(&self, timeout: Duration) -> Result<Option<Lease>> {
         self.inner.check_pid()?;
-        self.inner.next(timeout)
+        self.inner.next(timeout, &mut Group::default())
+    }
+
+    /// Up to `n` next samples in access order, appended to `out`, as one hand-out call: the
+    /// shared segments' sizes are read once for the call (a truncation before the call is always
+    /// seen), every sample's checksum is checked. Stops early, returning Ok, when a sample is not
+    /// ready within `timeout` (so a caller can check for interrupts and call again); an error
+    /// fetching a sample is returned at once (that sample is consumed, those before it are in
+    /// `out`).
+    pub fn next_many(&self, n: usize, timeout: Duration, out: &mut Vec<Lease>) -> Result<()> {
+        self.inner.check_pid()?;
+        let mut group = Group::default();
+        for _ in 0..n {
+            match self.inner.next(timeout, &mut group)? {
+                Some(l) => out.push(l),
+                None => break,
+            }
+        }
+        Ok(())
     }
 
     /// Give a consumed sample's staging space back.
@@ -526,7 +548,7 @@ impl Engine {
     /// Stop all threads; waiting consumers get `Error::Cancelled`. Idempotent.
     pub fn shutdown(&self) {
         // A forked child has none of the parent's threads and must not touch its cache.
-        if std::process::id() != self.inner.owner_pid {
+        if pid::current() != self.inner.owner_pid {
             return;
         }
         self.inner.shutdown.store(true, Ordering::SeqCst);
@@ -573,7 +595,7 @@ impl Inner {
     }
 
     fn check_pid(&self) -> Result<()> {
-        let me = std::process::id();
+        let me = pid::current();
         if me != self.owner_pid {
             return Err(Error::config(
                 "job",

@@ -49,6 +49,12 @@ impl Inner {
         }
     }
 
+    /// Whether this job already knows the cached copy of `sample` is of the dataset file as it
+    /// is now (no file to check, or checked), without a system call.
+    pub(super) fn stamp_checked(&self, sample: u32) -> bool {
+        !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed)
+    }
+
     /// Whether the cached copy of `sample` is of the dataset file as it is now: the file was
     /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked once per
     /// sample per job with a stat, and only for samples this job did not fill itself.
@@ -219,8 +225,19 @@ impl Inner {
     /// Check a memory-class sample just before it is handed to the consumer (as late as
     /// possible, so a copy damaged or truncated after staging is still caught): the arena file
     /// still holds it and its checksum matches. None: read it from the dataset instead.
-    pub(super) fn check_mapped(&self, sample: u32, offset: u64, len: u64) -> Option<*const u8> {
+    /// `arena_size`: the arena file's size as read earlier in the same hand-out call, if it was.
+    pub(super) fn check_mapped(
+        &self,
+        sample: u32,
+        offset: u64,
+        len: u64,
+        arena_size: &mut Option<u64>,
+    ) -> Option<*const u8> {
         let (class, _) = self.store_of(sample)?;
-        self.node.cache.view_verified(class, sample, offset, len).ok().flatten()
+        self.node
+            .cache
+            .view_verified_in_group(class, sample, offset, len, arena_size)
+            .ok()
+            .flatten()
     }
 }

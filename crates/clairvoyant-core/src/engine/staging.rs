@@ -32,6 +32,8 @@ pub(super) enum Status {
 
 pub(super) struct Entry {
     pub(super) sample: u32,
+    /// Looked up by the producer, off the consumer's path.
+    pub(super) label: i64,
     pub(super) slot: Slot,
     pub(super) status: Status,
     pub(super) released: bool,
@@ -39,6 +41,17 @@ pub(super) struct Entry {
     pub(super) corrupt: bool,
     /// Staged in the ring before its file was truncated: the bytes are gone.
     pub(super) lost: bool,
+}
+
+/// What one hand-out call (one sample, or a batch) has checked so far: a truncation that
+/// happened before the call began is always seen; the segments' sizes are read once per call,
+/// not once per sample (every sample's checksum is still checked).
+#[derive(Default)]
+pub(super) struct Group {
+    /// The memory arena file's size (there is at most one memory class).
+    pub(super) arena_size: Option<u64>,
+    /// Whether the staging ring's file had its size.
+    pub(super) ring_intact: Option<bool>,
 }
 
 pub(super) struct StagingState {
@@ -86,7 +99,7 @@ impl RingBuf {
             len,
             path,
             map: std::sync::Mutex::new(Some(map)),
-            owner_pid: std::process::id(),
+            owner_pid: super::pid::current(),
         })
     }
 
@@ -107,7 +120,7 @@ impl RingBuf {
 
     /// Remove the file (mappings stay valid).
     pub(super) fn unlink(&self) {
-        if std::process::id() == self.owner_pid {
+        if super::pid::current() == self.owner_pid {
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -129,30 +142,52 @@ impl Drop for RingBuf {
 }
 
 impl Inner {
-    /// Fill the staging ring strictly in access order.
+    /// Fill the staging ring strictly in access order. Memory-class samples already filled (and
+    /// whose dataset stamp this job checked) need no fetch: they are marked ready while the lock
+    /// is held, a run of them at a time, so serving them costs the producer no extra lock
+    /// round trip per sample.
     pub(super) fn staging_prefetch(&self) {
+        // Ready memory-class samples allocated per lock hold, before the consumer gets a turn.
+        const RUN: usize = 256;
         loop {
             let (pos, sample, slot_kind) = {
                 let mut st = self.lock();
-                loop {
+                let mut run = 0;
+                // A sample made ready at the consumer's position: wake it before letting go.
+                let mut wake = false;
+                let next = loop {
                     if self.shutdown.load(Ordering::Relaxed) || st.next_alloc >= self.total() {
-                        return;
+                        break None;
                     }
                     // The consumer waiting for the very next sample while it still holds every
                     // staged one must not wait for space it will never give back.
                     let consumer_starved = st.next_consume == st.next_alloc;
                     if st.entries.len() >= self.max_entries && !consumer_starved {
+                        if std::mem::take(&mut wake) {
+                            self.produced.notify_all();
+                        }
                         st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
                         continue;
                     }
+                    if run >= RUN {
+                        break Some(None);
+                    }
                     let sample = self.stream[st.next_alloc as usize];
                     let len = self.source.size(sample);
+                    let mut status = Status::Pending;
                     let slot = match self.store_of(sample) {
                         _ if len == 0 => Slot::Empty,
-                        Some((_, ClassStore::Mapped)) => Slot::Arena {
-                            offset: self.node.offset[sample as usize],
-                            len,
-                        },
+                        Some((_, ClassStore::Mapped)) => {
+                            if self.node.cache.state().state(sample) == crate::tier::READY && self.stamp_checked(sample)
+                            {
+                                // Checked against its checksum when handed out.
+                                status = Status::Ready(Src::Memory);
+                            }
+                            Slot::Arena {
+                                offset: self.node.offset[sample as usize],
+                                len,
+                            }
+                        }
                         _ => {
                             // Contiguous ring space; skip the ring's tail end if it is too short.
                             let phys = st.ring_head % self.ring_cap;
@@ -168,6 +203,9 @@ impl Inner {
                                 // Stage it outside the ring rather than hang.
                                 Slot::Heap(vec![0u8; len as usize].into_boxed_slice())
                             } else {
+                                if std::mem::take(&mut wake) {
+                                    self.produced.notify_all();
+                                }
                                 st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
                                 continue;
                             }
@@ -181,15 +219,29 @@ impl Inner {
                         Slot::Arena { .. } => 2,
                         Slot::Heap(_) => 3,
                     };
+                    let ready = matches!(status, Status::Ready(_));
                     st.entries.push_back(Entry {
                         sample,
+                        label: self.source.label(sample),
                         slot,
-                        status: Status::Pending,
+                        status,
                         released: false,
                         corrupt: false,
                         lost: false,
                     });
-                    break (pos, sample, kind);
+                    if !ready {
+                        break Some(Some((pos, sample, kind)));
+                    }
+                    run += 1;
+                    wake |= pos == st.next_consume;
+                };
+                if wake {
+                    self.produced.notify_all();
+                }
+                match next {
+                    None => return,
+                    Some(None) => continue,
+                    Some(Some(n)) => n,
                 }
             };
             let outcome = self.fetch(pos, sample, slot_kind);
@@ -212,8 +264,10 @@ impl Inner {
         }
     }
 
-    pub(super) fn next(&self, timeout: Duration) -> Result<Option<Lease>> {
-        let t0 = Instant::now();
+    /// The next sample, waiting up to `timeout` for it. `group` carries what the hand-out call
+    /// this sample belongs to already checked (the segments' sizes, read once per call).
+    pub(super) fn next(&self, timeout: Duration, group: &mut Group) -> Result<Option<Lease>> {
+        let mut t0: Option<Instant> = None;
         let mut st = self.lock();
         let pos = st.next_consume;
         if pos >= self.total() {
@@ -234,9 +288,11 @@ impl Inner {
                 // Producers may be waiting for space that only this wait can unlock.
                 self.freed.notify_all();
             }
-            let left = timeout.saturating_sub(t0.elapsed());
+            // The clock is read only when the sample is not ready at once.
+            let start = *t0.get_or_insert_with(Instant::now);
+            let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                self.add_stall(pos, t0.elapsed());
+                self.add_stall(pos, start.elapsed());
                 return Ok(None);
             }
             st = self
@@ -245,11 +301,12 @@ impl Inner {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        let stalled = t0.elapsed();
+        let stalled = t0.map_or(Duration::ZERO, |t| t.elapsed());
         let idx = (pos - st.base()) as usize;
         st.next_consume += 1;
+        let losses = self.ring_losses.load(Ordering::Relaxed);
         let entry = &mut st.entries[idx];
-        let sample = entry.sample;
+        let (sample, label, lost) = (entry.sample, entry.label, entry.lost);
         let status = std::mem::replace(&mut entry.status, Status::Taken);
         let (ptr, len, region, offset) = match &entry.slot {
             Slot::Empty => (
@@ -285,8 +342,10 @@ impl Inner {
         let ready = matches!(status, Status::Ready(_));
         let checked = match region {
             _ if !ready => Some(ptr),
-            Region::Arena => self.check_mapped(sample, offset, len as u64),
-            Region::Ring if !self.ring_intact(pos) => None,
+            Region::Arena => self.check_mapped(sample, offset, len as u64, &mut group.arena_size),
+            Region::Ring if lost || !self.ring_intact_in_group(group) => None,
+            // Lost to a truncation another thread saw after the entry was read above.
+            Region::Ring if self.ring_losses.load(Ordering::Relaxed) != losses => None,
             _ => Some(ptr),
         };
         if ready {
@@ -338,7 +397,7 @@ impl Inner {
                 Ok(Some(Lease {
                     pos,
                     sample,
-                    label: self.source.label(sample),
+                    label,
                     region,
                     offset,
                     ptr,
@@ -368,7 +427,7 @@ impl Inner {
     pub(super) fn release(&self, positions: &[u64]) {
         // A forked child may drop leases it inherited; the engine (and its lock, possibly held
         // by a thread that does not exist in the child) belongs to the parent.
-        if std::process::id() != self.owner_pid {
+        if super::pid::current() != self.owner_pid {
             return;
         }
         let mut st = self.lock();
@@ -399,15 +458,33 @@ impl Inner {
     /// every sample staged in it is marked lost (and refetched when the consumer gets to it).
     pub(super) fn ring_intact(&self, pos: u64) -> bool {
         if !self.ring.intact() {
-            let mut st = self.lock();
-            for e in st.entries.iter_mut() {
-                if matches!(e.slot, Slot::Ring { .. }) {
-                    e.lost = true;
-                }
-            }
+            self.mark_ring_lost();
         }
         let st = self.lock();
         pos < st.base() || !st.entries[(pos - st.base()) as usize].lost
+    }
+
+    /// Whether the ring's file still has its size, read once per hand-out call (`group`); if it
+    /// was truncated, every sample staged in it is marked lost.
+    fn ring_intact_in_group(&self, group: &mut Group) -> bool {
+        if group.ring_intact != Some(true) {
+            let intact = self.ring.intact();
+            if !intact {
+                self.mark_ring_lost();
+            }
+            group.ring_intact = Some(intact);
+        }
+        group.ring_intact == Some(true)
+    }
+
+    fn mark_ring_lost(&self) {
+        let mut st = self.lock();
+        for e in st.entries.iter_mut() {
+            if matches!(e.slot, Slot::Ring { .. }) {
+                e.lost = true;
+            }
+        }
+        self.ring_losses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// After shutdown, drop the ring's mapping once every handed-out sample is released

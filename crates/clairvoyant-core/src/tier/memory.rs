@@ -1,7 +1,7 @@
 //! The memory class: one shared file (normally on tmpfs) mapped by every local rank, laid out
 //! statically by the placement (a sample's place is its byte offset). Space is reserved when the
-//! file is created, and its size is checked with `fstat` before bytes are handed out, so a
-//! truncated file is reported as a short read instead of a SIGBUS.
+//! file is created, and its size is checked (`lseek`) before bytes are handed out, so a truncated
+//! file is reported as a short read instead of a SIGBUS.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -69,6 +69,12 @@ impl MemoryTier {
     }
 
     fn check(&self, place: u64, len: u64) -> Result<(), Fault> {
+        self.check_in_group(place, len, &mut None)
+    }
+
+    /// [`MemoryTier::check`] with the file's size read only when `size` does not hold it yet
+    /// (see [`Tier::mapped_in_group`]).
+    fn check_in_group(&self, place: u64, len: u64, size: &mut Option<u64>) -> Result<(), Fault> {
         if place.checked_add(len).is_none_or(|end| end > self.len) {
             return Err(Fault::Short {
                 expected: len,
@@ -76,13 +82,21 @@ impl MemoryTier {
             });
         }
         // Somebody may have truncated the file: touching a page past its end would be SIGBUS. The
-        // size is read on every access (not cached: a truncation right before a read must be
-        // seen).
-        let now = file_len(&self.file).map_err(|e| Fault::Io(Error::io(&self.path, e)))?;
+        // size is read on every access, or once per group of accesses made together (a
+        // truncation right before a read or a group must be seen).
+        let now = match *size {
+            Some(n) => n,
+            None => {
+                let n = file_len(&self.file).map_err(|e| Fault::Io(Error::io(&self.path, e)))?;
+                *size = Some(n);
+                n
+            }
+        };
         if place + len > now {
             // Give the file its size back (it is ours): other processes' views of the lost
             // pages then read zeros, which their checksums catch, instead of faulting.
             let _ = self.file.set_len(self.len);
+            *size = None;
             return Err(Fault::Short {
                 expected: len,
                 got: now.saturating_sub(place),
@@ -120,6 +134,12 @@ impl Tier for MemoryTier {
 
     fn mapped(&self, place: u64, len: u64) -> Result<Option<*mut u8>, Fault> {
         self.check(place, len)?;
+        // SAFETY: in bounds (checked above).
+        Ok(Some(unsafe { self.map.as_mut_ptr().add(place as usize) }))
+    }
+
+    fn mapped_in_group(&self, place: u64, len: u64, size: &mut Option<u64>) -> Result<Option<*mut u8>, Fault> {
+        self.check_in_group(place, len, size)?;
         // SAFETY: in bounds (checked above).
         Ok(Some(unsafe { self.map.as_mut_ptr().add(place as usize) }))
     }

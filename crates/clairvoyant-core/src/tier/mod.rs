@@ -60,6 +60,13 @@ pub trait Tier: Send + Sync {
     fn mapped(&self, _place: u64, _len: u64) -> Result<Option<*mut u8>, Fault> {
         Ok(None)
     }
+    /// [`Tier::mapped`] for one access of a group made together (the samples of one hand-out
+    /// call): the backing file's size is read by the group's first access (`size` is None) and
+    /// kept in `size` for the rest, so a group costs one system call; a truncation that happened
+    /// before the group began is always seen.
+    fn mapped_in_group(&self, place: u64, len: u64, _size: &mut Option<u64>) -> Result<Option<*mut u8>, Fault> {
+        self.mapped(place, len)
+    }
     /// The shared file other processes map to read [`Tier::mapped`] bytes.
     fn shared_path(&self) -> Option<&Path> {
         None
@@ -370,7 +377,21 @@ impl NodeCache {
     /// The mapped bytes of READY `sample`, checked against its recorded checksum; None when the
     /// tier is not mapped, Err when the bytes are wrong or the backing file is too short.
     pub fn view_verified(&self, class: usize, sample: u32, place: u64, len: u64) -> Result<Option<*const u8>, Fault> {
-        match self.tiers[class].mapped(place, len) {
+        self.view_verified_in_group(class, sample, place, len, &mut None)
+    }
+
+    /// [`NodeCache::view_verified`] for one sample of a group handed out together: the mapped
+    /// file's size is read once per group (see [`Tier::mapped_in_group`]); every sample's
+    /// checksum is still checked.
+    pub fn view_verified_in_group(
+        &self,
+        class: usize,
+        sample: u32,
+        place: u64,
+        len: u64,
+        size: &mut Option<u64>,
+    ) -> Result<Option<*const u8>, Fault> {
+        match self.tiers[class].mapped_in_group(place, len, size) {
             Ok(Some(p)) => {
                 // SAFETY: the tier checked the range against the file's current size.
                 let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, len as usize) };
