@@ -33,7 +33,10 @@ impl Curve {
                 return Err(format!("point {i}: MB/s must be finite and > 0, got {y}"));
             }
             if i > 0 && x <= points[i - 1].0 {
-                return Err(format!("point {i}: readers must increase, got {x} after {}", points[i - 1].0));
+                return Err(format!(
+                    "point {i}: readers must increase, got {x} after {}",
+                    points[i - 1].0
+                ));
             }
         }
         Ok(Curve { points })
@@ -50,8 +53,14 @@ impl Curve {
             let (x, y) = part
                 .split_once(':')
                 .ok_or_else(|| format!("'{part}' is not readers:MB/s (e.g. 1:60,2:100,4:160,8:200)"))?;
-            let x: f64 = x.trim().parse().map_err(|_| format!("'{x}' is not a number of readers"))?;
-            let y: f64 = y.trim().parse().map_err(|_| format!("'{y}' is not a throughput in MB/s"))?;
+            let x: f64 = x
+                .trim()
+                .parse()
+                .map_err(|_| format!("'{x}' is not a number of readers"))?;
+            let y: f64 = y
+                .trim()
+                .parse()
+                .map_err(|_| format!("'{y}' is not a throughput in MB/s"))?;
             points.push((x, y));
         }
         Curve::new(points)

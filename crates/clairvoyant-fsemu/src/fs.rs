@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, OpenAccMode, OpenFlags,
-    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, OpenAccMode,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
 };
 use serde::Serialize;
 
@@ -208,7 +208,12 @@ impl EmuFs {
     }
 
     fn node(&self, ino: u64) -> Option<Arc<Node>> {
-        self.inodes.read().unwrap_or_else(|p| p.into_inner()).nodes.get(&ino).cloned()
+        self.inodes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .nodes
+            .get(&ino)
+            .cloned()
     }
 
     /// The inode of `rel` (relative to the root), allocated on first sight.
@@ -300,7 +305,10 @@ impl EmuFs {
 
     fn add_handle(&self, h: Handle) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, Arc::new(h));
+        self.handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fh, Arc::new(h));
         fh
     }
 }

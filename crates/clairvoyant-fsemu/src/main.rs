@@ -54,6 +54,42 @@ fn write_stats(fs: &EmuFs, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// CPU time of this process so far, in clock ticks (Linux; None elsewhere).
+fn cpu_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Waits until this process runs at least `n` threads and has finished setting them up (its CPU
+/// time stops growing), at most `limit`: requests that arrive while serving threads are still
+/// being created would see a slower file system than the one configured.
+fn wait_until_serving(n: usize, limit: Duration) {
+    let t = std::time::Instant::now();
+    let mut last = None;
+    let mut quiet = 0;
+    while t.elapsed() < limit {
+        let running = std::fs::read_dir("/proc/self/task")
+            .map(|d| d.count())
+            .unwrap_or(usize::MAX);
+        let ticks = cpu_ticks();
+        if running >= n {
+            if ticks.is_none() || ticks == last {
+                quiet += 1;
+                if quiet >= 3 {
+                    return;
+                }
+            } else {
+                quiet = 0;
+            }
+        }
+        last = ticks;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     if !(args.open_latency_ms.is_finite() && args.open_latency_ms >= 0.0) {
@@ -75,7 +111,8 @@ fn main() -> Result<()> {
     }
 
     // Register the signals before mounting, so that none is lost between the two.
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]).context("installing signal handlers")?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]).context("installing signal handlers")?;
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::RO,
@@ -93,6 +130,7 @@ fn main() -> Result<()> {
             args.mountpoint.display()
         )
     })?;
+    wait_until_serving(args.threads + 1, Duration::from_secs(5));
     println!("mounted {}", args.mountpoint.display());
     std::io::stdout().flush().ok();
 
