@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::model::{ClassKind, SystemModel};
 use crate::plan::{AccessCounts, Placement, UNCACHED};
+use crate::readahead::Gate;
 use crate::schedule::Schedule;
 use crate::source::Source;
 use crate::tier::{Acquire, NodeCache};
@@ -157,6 +158,8 @@ struct Inner {
     pfs_files: AtomicU64,
     pfs_at_epoch_start: Mutex<(u64, u64)>,
     owner_pid: u32,
+    /// How many staging fetches run at once.
+    readahead: Gate,
 }
 
 // SAFETY: the ring is written only in byte ranges allocated to one producer under the staging
@@ -397,6 +400,12 @@ impl Engine {
             pfs_files: AtomicU64::new(0),
             pfs_at_epoch_start: Mutex::new((0, 0)),
             owner_pid: std::process::id(),
+            readahead: crate::readahead::staging_gate(
+                model,
+                typical,
+                spec.local_ranks.len() as u32,
+                spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap_or(0) as u32,
+            ),
         });
 
         let mut threads = Vec::new();
@@ -422,7 +431,7 @@ impl Engine {
                 );
             }
         }
-        for t in 0..model.staging.threads.max(1) {
+        for t in 0..inner.readahead.max_threads() {
             let inner = inner.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -560,6 +569,7 @@ impl Engine {
     /// Stop all threads; waiting consumers get `Error::Cancelled`. Idempotent.
     pub fn shutdown(&self) {
         self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.inner.readahead.close();
         {
             let _g = self.inner.lock();
             self.inner.produced.notify_all();
@@ -661,6 +671,9 @@ impl Inner {
     /// Fill the staging ring strictly in access order.
     fn staging_prefetch(&self) {
         loop {
+            let Some(mut permit) = self.readahead.acquire() else {
+                return;
+            };
             let (pos, sample, slot_kind) = {
                 let mut st = self.lock();
                 loop {
@@ -719,7 +732,9 @@ impl Inner {
                     break (pos, sample, kind);
                 }
             };
+            permit.start();
             let outcome = self.fetch(pos, sample, slot_kind);
+            permit.finish(self.source.size(sample));
             let mut st = self.lock();
             let idx = (pos - st.base()) as usize;
             let entry = &mut st.entries[idx];

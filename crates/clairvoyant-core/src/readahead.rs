@@ -26,7 +26,8 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::model::Curve;
+use crate::model::{Curve, SystemModel};
+use crate::sysinfo::defaults;
 
 /// The file system's figures as the model states them.
 #[derive(Clone, Debug, PartialEq)]
@@ -106,14 +107,23 @@ impl Default for Config {
     }
 }
 
+/// What one window measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Window {
+    /// Bytes/s staged.
+    throughput: f64,
+    /// Mean seconds per fetch.
+    fetch_s: f64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
     /// Measure the current level, then probe.
     Measure,
-    /// Trying a level above `from`, whose throughput was `base`.
-    Up { from: usize, base: f64 },
-    /// Trying a level below `from`, whose throughput was `base`.
-    Down { from: usize, base: f64 },
+    /// Trying a level above `from`, measured at `base`.
+    Up { from: usize, base: Window },
+    /// Trying a level below `from`, measured at `base`.
+    Down { from: usize, base: Window },
     /// Keep the level for `left` more windows.
     Hold { left: u32 },
 }
@@ -125,6 +135,8 @@ pub struct Controller {
     target: usize,
     /// The file system's figures are defaults: probe down too.
     explore_down: bool,
+    /// This rank's part of the node's reads (1 / local ranks).
+    share: f64,
     phase: Phase,
     /// Windows to hold after the next failed probe: doubles while probes from one level keep
     /// failing (up to 16x the configured figure), back to the configured figure when the level
@@ -154,6 +166,7 @@ impl Controller {
             cfg,
             target,
             explore_down,
+            share: 1.0,
             phase: Phase::Measure,
             hold,
             down_failed_at: None,
@@ -167,10 +180,25 @@ impl Controller {
         }
     }
 
-    /// Starts from the model's figures.
-    pub fn from_figures(cfg: Config, f: &FsFigures, now: f64) -> Controller {
+    /// Starts from the model's figures, as rank number `index` of the node's `f.ranks`.
+    pub fn from_figures(cfg: Config, f: &FsFigures, index: u32, now: f64) -> Controller {
         let initial = from_model(f, &cfg);
-        Controller::new(cfg, initial, !f.known, now)
+        Controller::new(cfg, initial, !f.known, now).sharing(f.ranks, index)
+    }
+
+    /// This rank is number `index` of `ranks` on the node that read the same file system the
+    /// same way. Ranks then probe at different times (windows of different lengths, the first
+    /// probe delayed by two windows per index): the saturation estimate of
+    /// [`Controller::node_gain`] assumes that the other ranks held still.
+    pub fn sharing(mut self, ranks: u32, index: u32) -> Controller {
+        let ranks = ranks.max(1);
+        self.share = 1.0 / ranks as f64;
+        let index = index % ranks;
+        self.cfg.window_s *= 1.0 + 0.3 * index as f64 / ranks as f64;
+        if index > 0 {
+            self.phase = Phase::Hold { left: 2 * index };
+        }
+        self
     }
 
     pub fn target(&self) -> usize {
@@ -205,7 +233,11 @@ impl Controller {
         if !(full || length >= self.cfg.window_max_s) {
             return false;
         }
-        let throughput = self.bytes as f64 / length.max(1e-9);
+        let w = Window {
+            throughput: self.bytes as f64 / length.max(1e-9),
+            // Little's law: fetches in progress on average / completions per second.
+            fetch_s: self.busy_integral / self.reads.max(1) as f64,
+        };
         let busy = self.busy_integral / length.max(1e-9);
         self.start = now;
         self.bytes = 0;
@@ -216,7 +248,27 @@ impl Controller {
             // about the file system.
             return false;
         }
-        self.window(now, throughput)
+        self.window(now, w)
+    }
+
+    /// The node's throughput after a move from `base` (at level `from`) to `now` (at the current
+    /// level), relative to before, if every rank of the node made the same move.
+    ///
+    /// This rank's own throughput overstates a gain where the file system is saturated: its
+    /// extra reads take bandwidth from the other ranks. The fetch time tells how saturated the
+    /// file system is: there, a transfer's time grows with the reads in flight on the node, and
+    /// this rank's move changed those by `(k - 1) * share` (k: the level's ratio, share: this
+    /// rank's part of the node's reads), so `(w - 1) / ((k - 1) * share)` (w: the fetch time's
+    /// ratio) estimates the saturation σ in [0, 1]; all ranks moving by k then give the node
+    /// `k / (1 + (k - 1) σ)`.
+    fn node_gain(&self, from: usize, base: Window, now: Window) -> f64 {
+        let k = self.target as f64 / from.max(1) as f64;
+        if (k - 1.0).abs() < 1e-9 || base.fetch_s <= 0.0 {
+            return 1.0;
+        }
+        let w = now.fetch_s / base.fetch_s;
+        let sigma = ((w - 1.0) / ((k - 1.0) * self.share)).clamp(0.0, 1.0);
+        k / (1.0 + (k - 1.0) * sigma)
     }
 
     fn set(&mut self, now: f64, target: usize, throughput: f64) -> bool {
@@ -239,28 +291,29 @@ impl Controller {
         self.hold = (self.hold * 2).min(self.cfg.hold_windows * 16);
     }
 
-    /// One saturated window at the current target with `throughput` bytes/s.
-    fn window(&mut self, now: f64, throughput: f64) -> bool {
+    /// One saturated window at the current target.
+    fn window(&mut self, now: f64, cur: Window) -> bool {
         let gain = self.cfg.gain;
+        let x = cur.throughput;
         match self.phase {
-            Phase::Measure => self.probe_up(now, throughput),
+            Phase::Measure => self.probe_up(now, cur),
             Phase::Up { from, base } => {
-                if throughput >= base * (1.0 + gain) {
+                if x >= base.throughput * (1.0 + gain) && self.node_gain(from, base, cur) >= 1.0 + gain {
                     // Worth it: keep, and try further up.
                     self.hold = self.cfg.hold_windows;
                     self.down_failed_at = None;
-                    self.probe_up(now, throughput)
+                    self.probe_up(now, cur)
                 } else if self.explore_down && from > self.cfg.min && self.down_failed_at != Some(from) {
                     let down = from - (from / 3).max(1);
                     self.phase = Phase::Down { from, base };
-                    self.set(now, down, throughput)
+                    self.set(now, down, x)
                 } else {
                     self.hold_after_failure();
-                    self.set(now, from, throughput)
+                    self.set(now, from, x)
                 }
             }
             Phase::Down { from, base } => {
-                if throughput >= base * (1.0 - gain / 2.0) {
+                if self.node_gain(from, base, cur) >= 1.0 - gain / 2.0 {
                     // As fast with fewer: keep the lower level.
                     self.hold = self.cfg.hold_windows;
                     self.phase = Phase::Hold { left: self.hold };
@@ -268,7 +321,7 @@ impl Controller {
                 } else {
                     self.down_failed_at = Some(from);
                     self.hold_after_failure();
-                    self.set(now, from, throughput)
+                    self.set(now, from, x)
                 }
             }
             Phase::Hold { left } => {
@@ -282,18 +335,43 @@ impl Controller {
         }
     }
 
-    fn probe_up(&mut self, now: f64, throughput: f64) -> bool {
+    fn probe_up(&mut self, now: f64, cur: Window) -> bool {
         if self.target >= self.cfg.max {
             self.phase = Phase::Hold { left: self.hold };
             return false;
         }
         self.phase = Phase::Up {
             from: self.target,
-            base: throughput,
+            base: cur,
         };
         let up = self.target + self.step();
-        self.set(now, up, throughput)
+        self.set(now, up, cur.throughput)
     }
+}
+
+/// The file system's figures in `model`, for samples of `typical_bytes` read by `ranks` ranks of
+/// this node. They count as known unless they are the detected defaults.
+pub fn figures(model: &SystemModel, typical_bytes: u64, ranks: u32) -> FsFigures {
+    let known = model.pfs.read_mbps != defaults::pfs_read() || model.pfs.open_latency_s != defaults::PFS_OPEN_LATENCY_S;
+    FsFigures {
+        read_mbps: model.pfs.read_mbps.clone(),
+        open_latency_s: model.pfs.open_latency_s,
+        typical_bytes,
+        ranks,
+        known,
+    }
+}
+
+/// The gate of the staging fetches of rank number `index` of the node's `ranks` under `model`:
+/// up to [`MAX_FETCHES`] (or the configured `staging.threads` when more), starting from the
+/// model's figure.
+pub fn staging_gate(model: &SystemModel, typical_bytes: u64, ranks: u32, index: u32) -> Gate {
+    let cfg = Config {
+        max: MAX_FETCHES.max(model.staging.threads as usize),
+        ..Config::default()
+    };
+    let f = figures(model, typical_bytes, ranks);
+    Gate::new(move |now| Controller::from_figures(cfg, &f, index, now))
 }
 
 /// Applies a [`Controller`] to threads: at most `target` permits are out at once.
@@ -424,7 +502,7 @@ mod tests {
         Curve(vec![(1.0, 60.0), (2.0, 100.0), (4.0, 160.0), (8.0, 200.0)])
     }
 
-    fn figures(ranks: u32, known: bool) -> FsFigures {
+    fn table_figures(ranks: u32, known: bool) -> FsFigures {
         FsFigures {
             read_mbps: table(),
             open_latency_s: 2e-3,
@@ -446,23 +524,23 @@ mod tests {
     fn model_sizes_reads_from_latency_and_bandwidth() {
         // γ* = 7 at 190 MB/s: 27.1 MB/s per reader, 100 KB in 3.68 ms, plus 2 ms to open:
         // 7 · 5.68 / 3.68 = 10.8 reads in flight on the node, 3 per rank of 4.
-        let f = figures(4, true);
+        let f = table_figures(4, true);
         let n = node_reads_in_flight(&f);
         assert!((n - 10.8).abs() < 0.1, "{n}");
         let cfg = Config::default();
         assert_eq!(from_model(&f, &cfg), 3);
-        assert_eq!(from_model(&figures(1, true), &cfg), 11);
+        assert_eq!(from_model(&table_figures(1, true), &cfg), 11);
         // Longer latency needs more in flight; tiny files are all latency.
         let slow = FsFigures {
             open_latency_s: 20e-3,
-            ..figures(1, true)
+            ..table_figures(1, true)
         };
         assert!(from_model(&slow, &cfg) > 30);
         assert_eq!(from_model(&slow, &cfg), cfg.max);
         let local = FsFigures {
             read_mbps: Curve::constant(5000.0),
             open_latency_s: 0.0,
-            ..figures(4, true)
+            ..table_figures(4, true)
         };
         assert_eq!(from_model(&local, &cfg), 1);
     }
@@ -500,6 +578,70 @@ mod tests {
         }
     }
 
+    /// Seconds per read of 100 KB with `n` reads in flight on the node of the table's file
+    /// system (2 ms per open, processor sharing of t(γ) between transfers).
+    fn node_read_seconds(n: f64) -> f64 {
+        let (s, l) = (100_000.0, 2e-3);
+        let c = table();
+        let mut g = n.max(1.0);
+        for _ in 0..200 {
+            let x = s / (c.at(g.max(1.0)) * 1e6 / g.max(1.0));
+            g = 0.5 * g + 0.5 * (n * x / (l + x)).max(1e-9);
+        }
+        l + s / (c.at(g.max(1.0)) * 1e6 / g.max(1.0))
+    }
+
+    /// Ranks sharing one synthetic file system, in steps of 1 ms, for `seconds`; returns the
+    /// node's throughput over the last second, bytes/s.
+    fn drive_node(ctls: &mut [Controller], seconds: f64) -> f64 {
+        let dt = 1e-3;
+        let mut busy = vec![0usize; ctls.len()];
+        let mut due = vec![0.0f64; ctls.len()];
+        let (mut now, mut last_second) = (0.0, 0u64);
+        while now < seconds {
+            for (i, c) in ctls.iter_mut().enumerate() {
+                while busy[i] < c.target() {
+                    c.fetch_started(now);
+                    busy[i] += 1;
+                }
+            }
+            let n: usize = busy.iter().sum();
+            let w = node_read_seconds(n as f64);
+            now += dt;
+            for (i, c) in ctls.iter_mut().enumerate() {
+                due[i] += busy[i] as f64 * dt / w;
+                while due[i] >= 1.0 && busy[i] > 0 {
+                    due[i] -= 1.0;
+                    busy[i] -= 1;
+                    c.fetch_ended(now, 100_000);
+                    if now > seconds - 1.0 {
+                        last_second += 100_000;
+                    }
+                }
+            }
+        }
+        last_second as f64
+    }
+
+    #[test]
+    fn ranks_of_a_node_stop_where_the_node_saturates() {
+        for start in [1, 8] {
+            let mut ctls: Vec<Controller> = (0..4)
+                .map(|i| Controller::new(Config::default(), start, true, 0.0).sharing(4, i))
+                .collect();
+            let rate = drive_node(&mut ctls, 30.0);
+            let total: usize = ctls.iter().map(|c| c.target()).sum();
+            let histories: Vec<_> = ctls.iter().map(|c| &c.history).collect();
+            // The node saturates at about 11 reads in flight (see the model test); without the
+            // saturation estimate the ranks would climb to 4 x 32.
+            assert!(
+                (8..=28).contains(&total),
+                "start {start}: {total} in flight, {histories:?}"
+            );
+            assert!(rate > 0.9 * 200e6, "start {start}: {rate}");
+        }
+    }
+
     #[test]
     fn unknown_figures_climb_to_saturation_and_stop() {
         let mut ctl = Controller::new(Config::default(), 2, true, 0.0);
@@ -530,7 +672,7 @@ mod tests {
     #[test]
     fn known_figures_start_at_the_model_and_do_not_go_below() {
         let cfg = Config::default();
-        let mut ctl = Controller::from_figures(cfg, &figures(1, true), 0.0);
+        let mut ctl = Controller::from_figures(cfg, &table_figures(1, true), 0, 0.0);
         assert_eq!(ctl.target(), 11);
         // A flat file system: no step up pays.
         drive(&mut ctl, 20.0, |_| 200e6);
@@ -566,6 +708,27 @@ mod tests {
         assert_eq!(ctl.target(), 2);
         drive(&mut ctl, 10.0, |_| 1e6);
         assert!(ctl.target() >= 2);
+    }
+
+    #[test]
+    fn detected_defaults_are_unknown_figures() {
+        let machine = crate::sysinfo::Machine {
+            mem_total: Some(8 << 30),
+            mem_available: Some(4 << 30),
+            cpus: 2,
+        };
+        let mut m = SystemModel::detect_on(&machine, None);
+        assert!(!figures(&m, 100_000, 4).known);
+        m.pfs.read_mbps = table();
+        let f = figures(&m, 100_000, 4);
+        assert!(f.known);
+        assert_eq!(f.ranks, 4);
+        m.staging.threads = 64;
+        assert_eq!(staging_gate(&m, 100_000, 4, 0).max_threads(), 64);
+        m.staging.threads = 2;
+        let g = staging_gate(&m, 100_000, 1, 0);
+        assert_eq!(g.max_threads(), MAX_FETCHES);
+        assert_eq!(g.target(), from_model(&figures(&m, 100_000, 1), &Config::default()));
     }
 
     #[test]
