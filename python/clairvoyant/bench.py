@@ -330,7 +330,7 @@ def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bp
         "fs_before": before,
         "fs_after": after,
         "stall_seconds": None if stats is None else stats["stall_seconds"],
-        "by_source": None if stats is None else stats.get("by_source"),
+        "job_stats": stats,
     }
 
 
@@ -354,6 +354,7 @@ def _epoch0_run(loader: str, mnt: Path, rel, labels, compute_bps: float, env: di
         # Mean opens and transfers in progress on the file system while the epoch ran.
         "reads_in_flight": ((a["open_seconds"] - b["open_seconds"]) + (a["transfer_seconds"] - b["transfer_seconds"])) / wall,
         "stall_seconds": [r["stall_seconds"] for r in per_rank],
+        "job_stats": [r["job_stats"] for r in per_rank],
     }
 
 

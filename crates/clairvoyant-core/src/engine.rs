@@ -671,7 +671,11 @@ impl Inner {
     /// Fill the staging ring strictly in access order.
     fn staging_prefetch(&self) {
         loop {
-            let Some(mut permit) = self.readahead.acquire() else {
+            let ahead = || {
+                let st = self.lock();
+                st.next_alloc.saturating_sub(st.next_consume)
+            };
+            let Some(mut permit) = self.readahead.acquire(ahead) else {
                 return;
             };
             let (pos, sample, slot_kind) = {

@@ -87,6 +87,13 @@ pub struct Config {
     pub hold_windows: u32,
     /// A window counts when the fetchers were busy at least this share of the target on average.
     pub busy_share: f64,
+    /// Staging that is this many samples ahead of the consumer (at least `far_min`, else
+    /// `far_per_fetch` per fetch of the target) is not urgent: it runs at most `relaxed` fetches,
+    /// leaving the file system to ranks that are behind (the slowest rank sets the pace of
+    /// synchronous training, and reads for a later epoch must not slow the current one).
+    pub far_min: u64,
+    pub far_per_fetch: u64,
+    pub relaxed: usize,
 }
 
 /// Most concurrent staging fetches of one rank.
@@ -103,6 +110,9 @@ impl Default for Config {
             gain: 0.08,
             hold_windows: 8,
             busy_share: 0.75,
+            far_min: 128,
+            far_per_fetch: 16,
+            relaxed: 2,
         }
     }
 }
@@ -203,6 +213,16 @@ impl Controller {
 
     pub fn target(&self) -> usize {
         self.target
+    }
+
+    /// Fetches allowed at once when staging is `ahead` samples ahead of the consumer.
+    pub fn allowed(&self, ahead: u64) -> usize {
+        let far = self.cfg.far_min.max(self.cfg.far_per_fetch * self.target as u64);
+        if ahead >= far {
+            self.cfg.relaxed.clamp(1, self.target.max(1))
+        } else {
+            self.target
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -431,14 +451,15 @@ impl Gate {
         self.lock().ctl.history.clone()
     }
 
-    /// Waits for a permit; None once the gate is closed.
-    pub fn acquire(&self) -> Option<Permit<'_>> {
+    /// Waits for a permit; None once the gate is closed. `ahead` tells how many samples staging
+    /// is ahead of the consumer (see [`Controller::allowed`]); it is asked again on every wake-up.
+    pub fn acquire(&self, ahead: impl Fn() -> u64) -> Option<Permit<'_>> {
         let mut st = self.lock();
         loop {
             if st.closed {
                 return None;
             }
-            if st.out < st.ctl.target() {
+            if st.out < st.ctl.allowed(ahead()) {
                 st.out += 1;
                 return Some(Permit {
                     gate: self,
@@ -694,6 +715,32 @@ mod tests {
     }
 
     #[test]
+    fn staging_far_ahead_runs_few_fetches() {
+        let ctl = Controller::new(Config::default(), 8, true, 0.0);
+        assert_eq!(ctl.allowed(0), 8);
+        assert_eq!(ctl.allowed(127), 8);
+        assert_eq!(ctl.allowed(128), 2);
+        let ctl = Controller::new(Config::default(), 16, true, 0.0);
+        assert_eq!(ctl.allowed(200), 16);
+        assert_eq!(ctl.allowed(256), 2);
+        let one = Controller::new(Config::default(), 1, true, 0.0);
+        assert_eq!(one.allowed(10_000), 1);
+        // Through the gate: with staging far ahead only `relaxed` permits go out.
+        let gate = Gate::new(|now| Controller::new(Config::default(), 8, false, now));
+        let held: Vec<_> = (0..2).map(|_| gate.acquire(|| 1000).unwrap()).collect();
+        let far = std::sync::atomic::AtomicU64::new(1000);
+        std::thread::scope(|s| {
+            let h = s.spawn(|| gate.acquire(|| far.load(std::sync::atomic::Ordering::SeqCst)).is_some());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert!(!h.is_finished(), "a third permit went out while far ahead");
+            // The consumer caught up; a permit coming back wakes the waiter, which re-checks.
+            far.store(0, std::sync::atomic::Ordering::SeqCst);
+            drop(held);
+            assert!(h.join().unwrap());
+        });
+    }
+
+    #[test]
     fn targets_stay_in_range() {
         let cfg = Config {
             min: 2,
@@ -742,7 +789,7 @@ mod tests {
             for _ in 0..8 {
                 s.spawn(|| {
                     for _ in 0..20 {
-                        let Some(mut p) = gate.acquire() else { return };
+                        let Some(mut p) = gate.acquire(|| 0) else { return };
                         p.start();
                         let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                         peak.fetch_max(n, Ordering::SeqCst);
@@ -755,14 +802,14 @@ mod tests {
         });
         assert!(peak.load(Ordering::SeqCst) <= gate.target().max(3));
         // All permits returned: close wakes a waiter and refuses new ones.
-        let p: Vec<_> = (0..gate.target()).map(|_| gate.acquire().unwrap()).collect();
+        let p: Vec<_> = (0..gate.target()).map(|_| gate.acquire(|| 0).unwrap()).collect();
         std::thread::scope(|s| {
-            let h = s.spawn(|| gate.acquire().is_none());
+            let h = s.spawn(|| gate.acquire(|| 0).is_none());
             std::thread::sleep(std::time::Duration::from_millis(20));
             gate.close();
             assert!(h.join().unwrap());
         });
         drop(p);
-        assert!(gate.acquire().is_none());
+        assert!(gate.acquire(|| 0).is_none());
     }
 }
