@@ -65,9 +65,12 @@ pub fn node_reads_in_flight(f: &FsFigures) -> f64 {
     g * (f.open_latency_s.max(0.0) + transfer) / transfer
 }
 
-/// Concurrent fetches for one rank from the model, within `[cfg.min, cfg.max]`.
+/// Concurrent fetches for one rank from the model, within `[cfg.min, cfg.max]`; with
+/// [`Config::headroom`] when the figures are known (unknown ones are only where the search
+/// starts).
 pub fn from_model(f: &FsFigures, cfg: &Config) -> usize {
-    let per_rank = (node_reads_in_flight(f) / f.ranks.max(1) as f64).ceil();
+    let headroom = if f.known { cfg.headroom } else { 1.0 };
+    let per_rank = (headroom * node_reads_in_flight(f) / f.ranks.max(1) as f64).ceil();
     (per_rank as usize).clamp(cfg.min, cfg.max)
 }
 
@@ -76,6 +79,11 @@ pub fn from_model(f: &FsFigures, cfg: &Config) -> usize {
 pub struct Config {
     pub min: usize,
     pub max: usize,
+    /// Reads in flight beyond the model's figure: the figure is the least that saturates the file
+    /// system in theory, while a request's own overheads (the gap between open and read, the
+    /// consumer's pauses) leave readers idle part of the time; extra readers on a saturated file
+    /// system cost little, missing ones cost bandwidth.
+    pub headroom: f64,
     /// A window closes after this long and [`Config::window_reads`] completions (or after
     /// [`Config::window_max_s`] whatever the count).
     pub window_s: f64,
@@ -104,6 +112,7 @@ impl Default for Config {
         Config {
             min: 1,
             max: MAX_FETCHES,
+            headroom: 1.5,
             window_s: 0.15,
             window_reads: 24,
             window_max_s: 1.0,
@@ -544,13 +553,21 @@ mod tests {
     #[test]
     fn model_sizes_reads_from_latency_and_bandwidth() {
         // γ* = 7 at 190 MB/s: 27.1 MB/s per reader, 100 KB in 3.68 ms, plus 2 ms to open:
-        // 7 · 5.68 / 3.68 = 10.8 reads in flight on the node, 3 per rank of 4.
+        // 7 · 5.68 / 3.68 = 10.8 reads in flight on the node; with headroom 1.5, 5 per rank of 4.
         let f = table_figures(4, true);
         let n = node_reads_in_flight(&f);
         assert!((n - 10.8).abs() < 0.1, "{n}");
         let cfg = Config::default();
-        assert_eq!(from_model(&f, &cfg), 3);
-        assert_eq!(from_model(&table_figures(1, true), &cfg), 11);
+        assert_eq!(from_model(&f, &cfg), 5);
+        assert_eq!(from_model(&table_figures(1, true), &cfg), 17);
+        let exact = Config {
+            headroom: 1.0,
+            ..Config::default()
+        };
+        assert_eq!(from_model(&f, &exact), 3);
+        assert_eq!(from_model(&table_figures(1, true), &exact), 11);
+        // Unknown figures are a starting point: no headroom.
+        assert_eq!(from_model(&table_figures(4, false), &cfg), 3);
         // Longer latency needs more in flight; tiny files are all latency.
         let slow = FsFigures {
             open_latency_s: 20e-3,
@@ -694,10 +711,10 @@ mod tests {
     fn known_figures_start_at_the_model_and_do_not_go_below() {
         let cfg = Config::default();
         let mut ctl = Controller::from_figures(cfg, &table_figures(1, true), 0, 0.0);
-        assert_eq!(ctl.target(), 11);
-        // A flat file system: no step up pays.
+        assert_eq!(ctl.target(), 17);
+        // A flat file system: no step up pays, and known figures are not probed below.
         drive(&mut ctl, 20.0, |_| 200e6);
-        assert_eq!(ctl.target(), 11, "{:?}", ctl.history);
+        assert_eq!(ctl.target(), 17, "{:?}", ctl.history);
     }
 
     #[test]
