@@ -47,6 +47,8 @@ TARGETS = {
     "simulator_memory_gib": 2.0,  # its peak resident memory (at most)
     "epoch0_fuse_vs_bound": 1.05,  # epoch 0 on the FUSE emulation / max(compute, dataset / t(γ)) (at most)
     "epoch0_fuse_vs_threadpool": 1.0,  # epoch 0 on the FUSE emulation / plain thread pool, same run (at most)
+    "epoch0_fuse_small_memory_vs_bound": 1.05,  # the same with a memory class of a third of the dataset
+    "epoch0_fuse_small_memory_vs_threadpool": 1.0,
 }
 
 
@@ -359,9 +361,10 @@ def _epoch0_run(loader: str, mnt: Path, rel, labels, compute_bps: float, env: di
 
 
 def bench_epoch0_fuse(out: Path, count: int, log, repeats: int = 2) -> dict:
-    """Epoch 0 of 4 ranks on the FUSE emulation: clairvoyant (default configuration, and with a
-    memory class of a third of the dataset) against its bound and a plain thread pool, each
-    measured ``repeats`` times, interleaved; the best of each is compared (same run)."""
+    """Epoch 0 of 4 ranks on the FUSE emulation: clairvoyant (default configuration, with a
+    memory class of a third of the dataset, and with the file system's figures in the
+    configuration) against its bound and a plain thread pool, each measured ``repeats`` times,
+    interleaved; the best of each is compared (same run)."""
     from . import _emulation
 
     reason = _emulation.fuse_unavailable()
@@ -378,10 +381,15 @@ def bench_epoch0_fuse(out: Path, count: int, log, repeats: int = 2) -> dict:
     cache = out / "bench" / "fuse-cache"
     cache.mkdir(parents=True, exist_ok=True)
     base_env = {"CLAIRVOYANT_CONFIG": "", "CLAIRVOYANT_CACHE_DIR": str(cache.resolve())}
+    # The same run with the file system's figures given to the model (the rest detected).
+    known = cache / "fsemu-system.toml"
+    pts = ", ".join(f"[{x}, {y}]" for x, y in table)
+    known.write_text(f"[pfs]\nread_mbps = [{pts}]\nopen_latency_ms = {_emulation.FSEMU_DEFAULT_LATENCY_MS}\n")
     variants = {
         "clairvoyant": ("clairvoyant", base_env),
         "threadpool": ("threadpool", base_env),
         "clairvoyant_small_memory": ("clairvoyant", {**base_env, "CLAIRVOYANT_MEMORY": str(small)}),
+        "clairvoyant_known_model": ("clairvoyant", {**base_env, "CLAIRVOYANT_CONFIG": str(known.resolve())}),
     }
     runs: dict[str, list] = {k: [] for k in variants}
     mnt = out / "bench" / "fuse-mnt"
@@ -477,6 +485,8 @@ def evaluate(
     if fuse and "skipped" not in fuse:
         out.append(_target("epoch0_fuse_vs_bound", fuse["vs_bound"], False))
         out.append(_target("epoch0_fuse_vs_threadpool", fuse["vs_threadpool"], False))
+        out.append(_target("epoch0_fuse_small_memory_vs_bound", fuse["small_memory_vs_bound"], False))
+        out.append(_target("epoch0_fuse_small_memory_vs_threadpool", fuse["small_memory_vs_threadpool"], False))
     return out
 
 
@@ -491,6 +501,8 @@ _LABELS = {
     "simulator_memory_gib": "simulator peak resident memory, GiB",
     "epoch0_fuse_vs_bound": "epoch 0 on FUSE, 4 ranks / max(compute, dataset / t(γ))",
     "epoch0_fuse_vs_threadpool": "epoch 0 on FUSE, 4 ranks / plain pool of 4 threads per rank (same run)",
+    "epoch0_fuse_small_memory_vs_bound": "epoch 0 on FUSE, memory class 1/3 of the dataset / bound",
+    "epoch0_fuse_small_memory_vs_threadpool": "epoch 0 on FUSE, memory class 1/3 of the dataset / plain pool (same run)",
 }
 
 
@@ -512,6 +524,7 @@ def fuse_markdown(fuse: dict) -> list:
     names = {
         "clairvoyant": "clairvoyant, default configuration",
         "clairvoyant_small_memory": f"clairvoyant, memory class {fuse['small_memory_bytes'] / 2**20:.0f} MiB",
+        "clairvoyant_known_model": "clairvoyant, file system's figures in the configuration",
         "threadpool": f"plain pool, {fuse['pool_threads_per_rank']} threads per rank",
     }
     for k, label in names.items():
