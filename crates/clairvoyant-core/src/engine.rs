@@ -562,6 +562,12 @@ impl Engine {
             let base = *self.inner.pfs_at_epoch_start.lock().unwrap();
             s[e].pfs_bytes_read = self.inner.pfs_bytes.load(Ordering::Relaxed) - base.0;
             s[e].pfs_files_read = self.inner.pfs_files.load(Ordering::Relaxed) - base.1;
+        } else if let Some(last) = s.last_mut() {
+            // Reads that ended after the last epoch closed (a class prefetcher filling samples
+            // for another local rank) belong to the last epoch.
+            let base = *self.inner.pfs_at_epoch_start.lock().unwrap();
+            last.pfs_bytes_read += self.inner.pfs_bytes.load(Ordering::Relaxed) - base.0;
+            last.pfs_files_read += self.inner.pfs_files.load(Ordering::Relaxed) - base.1;
         }
         s
     }
