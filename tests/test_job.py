@@ -99,13 +99,16 @@ read_mbps = [[1, 100.0]]
         clairvoyant.Job(clairvoyant.Synthetic(sizes(10)), batch_size=1, epochs=1, config=cfg)
 
 
-def _rank_main(rank, q):
+def _rank_main(rank, q, done):
     try:
         src = clairvoyant.Synthetic(sizes(400))
         job = clairvoyant.Job(src, batch_size=8, epochs=3, rank=rank, world_size=2, local_ranks=[0, 1])
         order = []
         for e in range(3):
             order.append([int(np.frombuffer(s, dtype=np.uint8)[0]) for s, _ in job.epoch(e)])
+        # A rank's class prefetchers may still fill samples for the other rank after its own
+        # last epoch: count reads once both ranks consumed everything (then every fill ended).
+        done.wait(timeout=60)
         q.put((rank, job.stats(), job.samples_of(0).tolist()))
         job.close()
     except Exception as e:  # pragma: no cover - reported to the parent
@@ -115,7 +118,8 @@ def _rank_main(rank, q):
 def test_two_ranks_on_one_node_read_each_sample_once():
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, q)) for r in range(2)]
+    done = ctx.Barrier(2)
+    procs = [ctx.Process(target=_rank_main, args=(r, q, done)) for r in range(2)]
     for p in procs:
         p.start()
     results = [q.get(timeout=120) for _ in procs]

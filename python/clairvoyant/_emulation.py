@@ -220,3 +220,128 @@ def run_ranks(
     if errors:
         raise RuntimeError("\n".join(errors))
     return [outs[r] for r in range(world_size)]
+
+
+# -- an emulated shared file system mounted through FUSE ---------------------------------------
+# The in-process emulation above (and the core's `Throttled` source) charges reads inside the
+# loader; this one is a real file system (crates/clairvoyant-fsemu), so any reader (PyTorch's
+# DataLoader, plain threads, clairvoyant) meets the same latency and shared bandwidth t(γ), and
+# nothing comes from the page cache.
+
+FSEMU_DEFAULT_LATENCY_MS = 2.0
+FSEMU_DEFAULT_BANDWIDTH = ((1, 60.0), (2, 100.0), (4, 160.0), (8, 200.0))
+
+
+def fsemu_binary() -> Path:
+    """The ``clairvoyant-fsemu`` binary: ``$CLAIRVOYANT_FSEMU`` or the workspace's release build
+    (``./dev build`` builds it)."""
+    env = os.environ.get("CLAIRVOYANT_FSEMU")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "target" / "release" / "clairvoyant-fsemu"
+
+
+def fuse_unavailable() -> str | None:
+    """Why a FUSE emulation cannot be mounted here, or None when it can."""
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist (no FUSE in this kernel or container)"
+    if not fsemu_binary().is_file():
+        return f"{fsemu_binary()} is not built (./dev build builds it)"
+    if os.geteuid() != 0 and shutil.which("fusermount3") is None and shutil.which("fusermount") is None:
+        return "not root and no fusermount3 (apt-get install fuse3)"
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        return "/dev/fuse is not readable and writable by this user"
+    return None
+
+
+def _curve_arg(bandwidth) -> str:
+    if isinstance(bandwidth, (int, float)):
+        return f"{float(bandwidth):g}"
+    return ",".join(f"{x:g}:{y:g}" for x, y in bandwidth)
+
+
+def curve_at(bandwidth, readers: float) -> float:
+    """t(γ) of a bandwidth table ((readers, MB/s), ...) or a constant, as the emulation
+    interpolates it (linear between points, flat beyond the ends)."""
+    if isinstance(bandwidth, (int, float)):
+        return float(bandwidth)
+    pts = list(bandwidth)
+    if readers <= pts[0][0]:
+        return float(pts[0][1])
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if readers <= x1:
+            return y0 + (y1 - y0) * (readers - x0) / (x1 - x0)
+    return float(pts[-1][1])
+
+
+class FuseMount:
+    """A running ``clairvoyant-fsemu``: ``backing`` exposed read-only at ``path``.
+
+    Use as a context manager; leaving it sends SIGTERM, which unmounts. ``stats()`` reads the
+    counters (JSON) from the mount's ``.fsemu-stats`` file.
+    """
+
+    def __init__(
+        self,
+        backing: str | os.PathLike,
+        mountpoint: str | os.PathLike,
+        open_latency_ms: float = FSEMU_DEFAULT_LATENCY_MS,
+        bandwidth=FSEMU_DEFAULT_BANDWIDTH,
+        timeout: float = 20.0,
+    ):
+        import subprocess
+
+        self.backing, self.path = Path(backing), Path(mountpoint)
+        self.open_latency_ms, self.bandwidth = open_latency_ms, bandwidth
+        self.path.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            str(fsemu_binary()),
+            str(self.backing),
+            str(self.path),
+            "--open-latency-ms",
+            f"{open_latency_ms:g}",
+            "--bandwidth",
+            _curve_arg(bandwidth),
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # "mounted PATH" once it answers
+        if not line.startswith("mounted"):
+            err = self.proc.stderr.read() if self.proc.wait(timeout=timeout) is not None else ""
+            raise RuntimeError(f"clairvoyant-fsemu could not mount {self.path}: {(line + err).strip()}")
+
+    def stats(self) -> dict:
+        with open(self.path / ".fsemu-stats", "rb") as f:
+            return json.loads(f.read())
+
+    def close(self) -> None:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if is_mounted(self.path):  # killed before it could unmount
+            subprocess.run(["umount", "-l", str(self.path)], check=False)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                f.close()
+
+    def __enter__(self) -> "FuseMount":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def is_mounted(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a mount point in /proc/self/mounts."""
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(line.split()[1] == target for line in f if len(line.split()) > 1)
+    except OSError:
+        return False

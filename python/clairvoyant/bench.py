@@ -10,6 +10,12 @@
 (c) Resident memory of a job above its configured capacities.
 (d) The simulator: all policies on ImageNet-1k, 16 workers, 90 epochs, wall time and peak
     memory in a fresh process.
+(e) Epoch 0 on a FUSE-mounted emulated shared file system (``clairvoyant-fsemu``: 2 ms per open,
+    t(γ) of 60/100/160/200 MB/s at 1/2/4/8 readers, no page cache), 4 ranks, default
+    configuration: the first epoch's time against its bound max(compute, dataset / t(γ)) and
+    against a plain pool of 4 reader threads per rank reading the same files in the same run,
+    also with a memory class smaller than the dataset. Skipped, with the reason, where FUSE
+    cannot be mounted.
 
 Every target is printed as met or missed with its margin, followed by a markdown table (with
 command, machine and date) for docs/benchmarks.md; ``--json`` prints the figures as JSON instead.
@@ -39,6 +45,10 @@ TARGETS = {
     "overhead_ratio": 5.0,  # job.batches samples/s / DataLoader samples/s (at least)
     "simulator_seconds": 60.0,  # all policies, ImageNet-1k, 16 workers, 90 epochs (at most)
     "simulator_memory_gib": 2.0,  # its peak resident memory (at most)
+    "epoch0_fuse_vs_bound": 1.05,  # epoch 0 on the FUSE emulation / max(compute, dataset / t(γ)) (at most)
+    "epoch0_fuse_vs_threadpool": 1.0,  # epoch 0 on the FUSE emulation / plain thread pool, same run (at most)
+    "epoch0_fuse_small_memory_vs_bound": 1.05,  # the same with a memory class of a third of the dataset
+    "epoch0_fuse_small_memory_vs_threadpool": 1.0,
 }
 
 
@@ -223,6 +233,199 @@ def bench_memory(log, samples: int = 150_000, size: int = 2048, memory: str = "1
     return out
 
 
+# -- (e) epoch 0 on a FUSE-mounted emulated shared file system ----------------------------------
+FUSE_RANKS = 4
+FUSE_BATCH = 64
+FUSE_POOL_THREADS = 4
+# The accelerator is twice as fast as the file system's peak, so the bound is the file system's.
+FUSE_COMPUTE_RATIO = 2.0
+
+
+def make_fuse_dataset(root: Path, count: int, mean: int = 100_000) -> tuple[list, list, int]:
+    """``count`` files of random bytes, 75-125 KB (mean ``mean``), 100 per directory, reused
+    when present; returns (relative paths, labels, total bytes)."""
+    rng = np.random.default_rng(7)
+    sizes = rng.integers(int(mean * 0.75), int(mean * 1.25) + 1, size=count)
+    rel = [f"d{i // 100:04d}/s{i:06d}.bin" for i in range(count)]
+    labels = [i // 100 for i in range(count)]
+    marker = root / f".complete-{count}-{mean}"
+    if not marker.exists():
+        for i, (r, n) in enumerate(zip(rel, sizes)):
+            p = root / r
+            if i % 100 == 0:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(rng.bytes(int(n)))
+        marker.write_text("")
+    return rel, labels, int(sizes.sum())
+
+
+def _fs_snapshot(mnt: str) -> dict:
+    with open(os.path.join(mnt, ".fsemu-stats"), "rb") as f:
+        s = json.loads(f.read())
+    return {k: s[k] for k in ("uptime_s", "opens", "bytes", "open_seconds", "transfer_seconds")}
+
+
+def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bps: float, epochs: int) -> dict:
+    """One rank: consume epoch 0 in steps of FUSE_BATCH samples, a training step (slept) per
+    batch and a barrier per step as with DDP; rank 0 reads the file system's counters around it.
+    The time runs from the creation of the job (or pool) to the last step, and the dataset's list
+    (sizes) is taken before, as both loaders need it."""
+    from . import _emulation
+
+    paths = [os.path.join(mnt, r) for r in rel]
+    accel = _emulation.EmulatedAccelerator(compute_bps)
+    if loader == "clairvoyant":
+        import clairvoyant
+
+        source = clairvoyant.FileList(paths, labels)
+        ctx.sync()
+        before = _fs_snapshot(mnt) if ctx.rank == 0 else None
+        # The clock starts before the job does: its prefetchers start with it.
+        t = time.perf_counter()
+        job = clairvoyant.Job(source, batch_size=FUSE_BATCH, epochs=epochs)
+        n = 0
+        for samples, _labels in job.batches(0):
+            n += len(samples)
+            accel.step(sum(len(x) for x in samples))
+            ctx.sync()
+        seconds = time.perf_counter() - t
+        stats = job.stats()[0]
+        job.close()
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import clairvoyant
+
+        order = clairvoyant.access_stream(len(paths), ctx.world_size, ctx.rank, epochs, FUSE_BATCH, 0)[0]
+
+        def read(i):
+            with open(paths[i], "rb") as f:
+                return f.read()
+
+        ctx.sync()
+        before = _fs_snapshot(mnt) if ctx.rank == 0 else None
+        t = time.perf_counter()
+        n = 0
+        # A plain pool: FUSE_POOL_THREADS readers, two batches of look-ahead (as a DataLoader's
+        # prefetch), consumed in order.
+        with ThreadPoolExecutor(FUSE_POOL_THREADS) as pool:
+            ahead = 2 * FUSE_BATCH
+            futures = [pool.submit(read, int(i)) for i in order[:ahead]]
+            nxt = len(futures)
+            for b in range(0, len(order), FUSE_BATCH):
+                batch = [futures[k].result() for k in range(b, min(b + FUSE_BATCH, len(order)))]
+                for k in range(b, min(b + FUSE_BATCH, len(order))):
+                    futures[k] = None
+                while nxt < len(order) and nxt < b + FUSE_BATCH + ahead:
+                    futures.append(pool.submit(read, int(order[nxt])))
+                    nxt += 1
+                n += len(batch)
+                accel.step(sum(len(x) for x in batch))
+                ctx.sync()
+        seconds = time.perf_counter() - t
+        stats = None
+    after = _fs_snapshot(mnt) if ctx.rank == 0 else None
+    return {
+        "seconds": seconds,
+        "samples": n,
+        "compute_seconds": accel.compute_seconds,
+        "fs_before": before,
+        "fs_after": after,
+        "stall_seconds": None if stats is None else stats["stall_seconds"],
+        "job_stats": stats,
+    }
+
+
+def _epoch0_run(loader: str, mnt: Path, rel, labels, compute_bps: float, env: dict, epochs: int) -> dict:
+    from . import _emulation
+
+    per_rank = _emulation.run_ranks(
+        _epoch0_rank, FUSE_RANKS, args=(loader, str(mnt), rel, labels, compute_bps, epochs), env=env, timeout=600
+    )
+    r0 = per_rank[0]
+    b, a = r0["fs_before"], r0["fs_after"]
+    wall = a["uptime_s"] - b["uptime_s"]
+    seconds = max(r["seconds"] for r in per_rank)
+    return {
+        "loader": loader,
+        "epoch_seconds": seconds,
+        "compute_seconds": max(r["compute_seconds"] for r in per_rank),
+        "samples": sum(r["samples"] for r in per_rank),
+        "fs_bytes_read": a["bytes"] - b["bytes"],
+        "fs_opens": a["opens"] - b["opens"],
+        # Mean opens and transfers in progress on the file system while the epoch ran.
+        "reads_in_flight": ((a["open_seconds"] - b["open_seconds"]) + (a["transfer_seconds"] - b["transfer_seconds"])) / wall,
+        "stall_seconds": [r["stall_seconds"] for r in per_rank],
+        "job_stats": [r["job_stats"] for r in per_rank],
+    }
+
+
+def bench_epoch0_fuse(out: Path, count: int, log, repeats: int = 2) -> dict:
+    """Epoch 0 of 4 ranks on the FUSE emulation: clairvoyant (default configuration, with a
+    memory class of a third of the dataset, and with the file system's figures in the
+    configuration) against its bound and a plain thread pool, each measured ``repeats`` times,
+    interleaved; the best of each is compared (same run)."""
+    from . import _emulation
+
+    reason = _emulation.fuse_unavailable()
+    if reason is not None:
+        log(f"epoch 0 on FUSE: skipped: {reason}")
+        return {"skipped": reason}
+    data = out / "bench" / "fuse-data"
+    log(f"epoch 0 on FUSE: {count:,} files of ~100 KB ...")
+    rel, labels, total = make_fuse_dataset(data, count)
+    table = _emulation.FSEMU_DEFAULT_BANDWIDTH
+    peak = max(y for _, y in table) * 1e6
+    compute_bps = FUSE_COMPUTE_RATIO * peak / FUSE_RANKS
+    small = max(1 << 20, total // 3)
+    cache = out / "bench" / "fuse-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    base_env = {"CLAIRVOYANT_CONFIG": "", "CLAIRVOYANT_CACHE_DIR": str(cache.resolve())}
+    # The same run with the file system's figures given to the model (the rest detected).
+    known = cache / "fsemu-system.toml"
+    pts = ", ".join(f"[{x}, {y}]" for x, y in table)
+    known.write_text(f"[pfs]\nread_mbps = [{pts}]\nopen_latency_ms = {_emulation.FSEMU_DEFAULT_LATENCY_MS}\n")
+    variants = {
+        "clairvoyant": ("clairvoyant", base_env),
+        "threadpool": ("threadpool", base_env),
+        "clairvoyant_small_memory": ("clairvoyant", {**base_env, "CLAIRVOYANT_MEMORY": str(small)}),
+        "clairvoyant_known_model": ("clairvoyant", {**base_env, "CLAIRVOYANT_CONFIG": str(known.resolve())}),
+    }
+    runs: dict[str, list] = {k: [] for k in variants}
+    mnt = out / "bench" / "fuse-mnt"
+    with _emulation.FuseMount(data, mnt, _emulation.FSEMU_DEFAULT_LATENCY_MS, table):
+        for rep in range(repeats):
+            for name, (loader, env) in variants.items():
+                # A fresh node cache per run: epoch 0 must read the file system.
+                env = {**env, "CLAIRVOYANT_RUN_ID": f"fuse-epoch0-{os.getpid()}-{name}-{rep}"}
+                r = _epoch0_run(loader, mnt, rel, labels, compute_bps, env, epochs=2)
+                runs[name].append(r)
+                log(
+                    f"epoch 0 on FUSE: {name:<25} {r['epoch_seconds']:6.2f} s, {r['reads_in_flight']:5.1f} reads in flight, "
+                    f"{r['fs_bytes_read'] / total:.2f}x the dataset read"
+                )
+    best = {k: min(v, key=lambda r: r["epoch_seconds"]) for k, v in runs.items()}
+    bound = max(best["clairvoyant"]["compute_seconds"], total / peak)
+    return {
+        "files": count,
+        "dataset_bytes": total,
+        "ranks": FUSE_RANKS,
+        "batch_size": FUSE_BATCH,
+        "pool_threads_per_rank": FUSE_POOL_THREADS,
+        "open_latency_ms": _emulation.FSEMU_DEFAULT_LATENCY_MS,
+        "bandwidth_mbps": [list(p) for p in table],
+        "compute_mbps_per_rank": compute_bps / 1e6,
+        "small_memory_bytes": small,
+        "bound_seconds": bound,
+        "runs": runs,
+        "best": best,
+        "vs_bound": best["clairvoyant"]["epoch_seconds"] / bound,
+        "vs_threadpool": best["clairvoyant"]["epoch_seconds"] / best["threadpool"]["epoch_seconds"],
+        "small_memory_vs_bound": best["clairvoyant_small_memory"]["epoch_seconds"] / bound,
+        "small_memory_vs_threadpool": best["clairvoyant_small_memory"]["epoch_seconds"] / best["threadpool"]["epoch_seconds"],
+    }
+
+
 # -- reporting -------------------------------------------------------------------------------
 # -- (d) the simulator -------------------------------------------------------------------------
 SIMULATOR_ARGS = ["simulate", "--scenario", "imagenet-1k", "--workers", "16", "--epochs", "90", "--json", "--no-progress"]
@@ -258,7 +461,13 @@ def _target(name: str, value: Optional[float], at_least: bool) -> dict:
     return {"name": name, "value": value, "target": goal, "at_least": at_least, "met": met, "margin": margin}
 
 
-def evaluate(training: Optional[dict], overhead: Optional[dict], memory: Optional[dict] = None, simulator: Optional[dict] = None) -> list:
+def evaluate(
+    training: Optional[dict],
+    overhead: Optional[dict],
+    memory: Optional[dict] = None,
+    simulator: Optional[dict] = None,
+    fuse: Optional[dict] = None,
+) -> list:
     out = []
     if training:
         util = training["utilization"]["clairvoyant"][1:]
@@ -273,6 +482,11 @@ def evaluate(training: Optional[dict], overhead: Optional[dict], memory: Optiona
     if simulator:
         out.append(_target("simulator_seconds", simulator["seconds"], False))
         out.append(_target("simulator_memory_gib", simulator["peak_rss_bytes"] / 2**30, False))
+    if fuse and "skipped" not in fuse:
+        out.append(_target("epoch0_fuse_vs_bound", fuse["vs_bound"], False))
+        out.append(_target("epoch0_fuse_vs_threadpool", fuse["vs_threadpool"], False))
+        out.append(_target("epoch0_fuse_small_memory_vs_bound", fuse["small_memory_vs_bound"], False))
+        out.append(_target("epoch0_fuse_small_memory_vs_threadpool", fuse["small_memory_vs_threadpool"], False))
     return out
 
 
@@ -285,10 +499,61 @@ _LABELS = {
     "memory_overhead_mb": "resident memory above configured capacities, MB",
     "simulator_seconds": "simulator, all policies, ImageNet-1k, 16 workers, 90 epochs, s",
     "simulator_memory_gib": "simulator peak resident memory, GiB",
+    "epoch0_fuse_vs_bound": "epoch 0 on FUSE, 4 ranks / max(compute, dataset / t(γ))",
+    "epoch0_fuse_vs_threadpool": "epoch 0 on FUSE, 4 ranks / plain pool of 4 threads per rank (same run)",
+    "epoch0_fuse_small_memory_vs_bound": "epoch 0 on FUSE, memory class 1/3 of the dataset / bound",
+    "epoch0_fuse_small_memory_vs_threadpool": "epoch 0 on FUSE, memory class 1/3 of the dataset / plain pool (same run)",
 }
 
 
-def markdown(training: Optional[dict], overhead: Optional[dict], targets: list, command: str, memory: Optional[dict] = None) -> str:
+def fuse_markdown(fuse: dict) -> list:
+    """Lines describing the epoch-0 measurement on the FUSE emulation."""
+    if "skipped" in fuse:
+        return [f"Epoch 0 on FUSE: skipped ({fuse['skipped']}).", ""]
+    bw = "/".join(f"{y:g}" for _, y in fuse["bandwidth_mbps"])
+    readers = "/".join(f"{x:g}" for x, _ in fuse["bandwidth_mbps"])
+    lines = [
+        f"Epoch 0 on the FUSE emulation: {fuse['files']:,} files ({fuse['dataset_bytes'] / 1e6:.0f} MB), "
+        f"{fuse['ranks']} ranks, batch {fuse['batch_size']}, {fuse['open_latency_ms']:g} ms per open, t(γ) {bw} MB/s at "
+        f"{readers} readers, direct I/O; accelerator {fuse['compute_mbps_per_rank']:.0f} MB/s per rank; bound "
+        f"max(compute, dataset / t(γ)) = {fuse['bound_seconds']:.2f} s; best of {len(fuse['runs']['clairvoyant'])} "
+        f"interleaved runs each.",
+        "",
+    ]
+    rows = []
+    names = {
+        "clairvoyant": "clairvoyant, default configuration",
+        "clairvoyant_small_memory": f"clairvoyant, memory class {fuse['small_memory_bytes'] / 2**20:.0f} MiB",
+        "clairvoyant_known_model": "clairvoyant, file system's figures in the configuration",
+        "threadpool": f"plain pool, {fuse['pool_threads_per_rank']} threads per rank",
+    }
+    for k, label in names.items():
+        r = fuse["best"][k]
+        rows.append(
+            [
+                label,
+                r["epoch_seconds"],
+                r["epoch_seconds"] / fuse["bound_seconds"],
+                r["epoch_seconds"] / fuse["best"]["threadpool"]["epoch_seconds"],
+                r["reads_in_flight"],
+                r["fs_bytes_read"] / fuse["dataset_bytes"],
+            ]
+        )
+    lines += [
+        _report.markdown_table(["loader", "epoch 0 s", "/ bound", "/ plain pool", "reads in flight", "dataset read"], rows),
+        "",
+    ]
+    return lines
+
+
+def markdown(
+    training: Optional[dict],
+    overhead: Optional[dict],
+    targets: list,
+    command: str,
+    memory: Optional[dict] = None,
+    fuse: Optional[dict] = None,
+) -> str:
     m = _report.machine()
     lines = [
         f"Measured {_dt.date.today().isoformat()} with `{command}` on `{m['uname']}`, "
@@ -342,6 +607,8 @@ def markdown(training: Optional[dict], overhead: Optional[dict], targets: list, 
             f"(staging + memory class) of {memory['capacities_bytes'] / 2**20:.0f} MiB.",
             "",
         ]
+    if fuse:
+        lines += fuse_markdown(fuse)
     rows = []
     for t in targets:
         sign = ">=" if t.get("at_least", True) else "<="
@@ -359,7 +626,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--small-files", type=int, default=50_000, help="1 KB files for the overhead benchmark")
     ap.add_argument("--compute-ratio", type=float, default=BENCH_COMPUTE_RATIO, help="accelerator / file system speed")
-    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator"], help="run one benchmark only")
+    ap.add_argument("--fuse-files", type=int, default=8000, help="~100 KB files for the epoch-0 benchmark on FUSE")
+    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator", "fuse"], help="run one benchmark only")
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -373,6 +641,7 @@ def main(argv: Optional[list] = None) -> int:
     overhead = bench_overhead(out, args.small_files, log) if args.only in (None, "overhead") else None
     memory = bench_memory(log) if args.only in (None, "memory") else None
     simulator = bench_simulator(log) if args.only in (None, "simulator") else None
+    fuse = bench_epoch0_fuse(out, args.fuse_files, log) if args.only in (None, "fuse") else None
     validation = None
     if training is not None:
         try:
@@ -381,7 +650,7 @@ def main(argv: Optional[list] = None) -> int:
             validation = _validate.predict(training, out / "bench" / "data", out / "bench", log)
         except ImportError as e:  # tomllib needs Python 3.11
             log(f"validation skipped: {e}")
-    targets = evaluate(training, overhead, memory, simulator)
+    targets = evaluate(training, overhead, memory, simulator, fuse)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -390,6 +659,7 @@ def main(argv: Optional[list] = None) -> int:
         "overhead": overhead,
         "memory": memory,
         "simulator": simulator,
+        "epoch0_fuse": fuse,
         "simulator_validation": validation,
         "targets": targets,
     }
@@ -403,7 +673,7 @@ def main(argv: Optional[list] = None) -> int:
             margin = "" if t["margin"] is None else f" (margin {t['margin']:+.3f})"
             print(f"[{status}] {_LABELS[t['name']]}: {value} vs {t['target']:g}{margin}")
         print()
-        print(markdown(training, overhead, targets, command.strip(), memory))
+        print(markdown(training, overhead, targets, command.strip(), memory, fuse))
         if validation is not None:
             from . import _validate
 

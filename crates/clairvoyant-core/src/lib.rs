@@ -6,6 +6,7 @@ pub mod error;
 pub mod model;
 pub mod plan;
 pub mod probe;
+pub mod readahead;
 pub mod schedule;
 pub mod source;
 pub mod sysinfo;

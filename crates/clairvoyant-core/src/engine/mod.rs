@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::model::{ClassKind, SystemModel};
 use crate::plan::{AccessCounts, Placement, UNCACHED};
+use crate::readahead::Gate;
 use crate::schedule::Schedule;
 use crate::source::Source;
 use crate::tier::{ClassRequest, NodeCache};
@@ -161,6 +162,8 @@ struct Inner {
     pfs_files: AtomicU64,
     pfs_at_epoch_start: Mutex<(u64, u64)>,
     owner_pid: u32,
+    /// How many staging fetches run at once.
+    readahead: Gate,
 }
 
 // SAFETY: the ring is written only in byte ranges allocated to one producer under the staging
@@ -305,6 +308,12 @@ impl Engine {
             pfs_files: AtomicU64::new(0),
             pfs_at_epoch_start: Mutex::new((0, 0)),
             owner_pid: pid::current(),
+            readahead: crate::readahead::staging_gate(
+                model,
+                typical,
+                spec.local_ranks.len() as u32,
+                spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap_or(0) as u32,
+            ),
         });
 
         let mut threads = Vec::new();
@@ -331,7 +340,7 @@ impl Engine {
                 );
             }
         }
-        for t in 0..staging::staging_threads(model) {
+        for t in 0..inner.readahead.max_threads() {
             let inner = inner.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -541,6 +550,12 @@ impl Engine {
             let base = *self.inner.pfs_at_epoch_start.lock().unwrap();
             s[e].pfs_bytes_read = self.inner.pfs_bytes.load(Ordering::Relaxed) - base.0;
             s[e].pfs_files_read = self.inner.pfs_files.load(Ordering::Relaxed) - base.1;
+        } else if let Some(last) = s.last_mut() {
+            // Reads that ended after the last epoch closed (a class prefetcher filling samples
+            // for another local rank) belong to the last epoch.
+            let base = *self.inner.pfs_at_epoch_start.lock().unwrap();
+            last.pfs_bytes_read += self.inner.pfs_bytes.load(Ordering::Relaxed) - base.0;
+            last.pfs_files_read += self.inner.pfs_files.load(Ordering::Relaxed) - base.1;
         }
         s
     }
@@ -552,6 +567,7 @@ impl Engine {
             return;
         }
         self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.inner.readahead.close();
         {
             let _g = self.inner.lock();
             self.inner.produced.notify_all();

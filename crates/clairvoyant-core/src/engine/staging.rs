@@ -69,12 +69,6 @@ impl StagingState {
     }
 }
 
-/// How many staging prefetch threads fetch for one rank (`p_0`). The one place that decides it:
-/// a read-concurrency controller replaces this.
-pub(super) fn staging_threads(model: &crate::model::SystemModel) -> u32 {
-    model.staging.threads.max(1)
-}
-
 /// The staging ring's bytes: a shared file mapping in the node cache's private directory, so
 /// that worker processes (decoding for this rank) can read staged samples in place. Its space is
 /// reserved when it is created (a full tmpfs shows up then, and the ring goes to a disk file,
@@ -150,6 +144,14 @@ impl Inner {
         // Ready memory-class samples allocated per lock hold, before the consumer gets a turn.
         const RUN: usize = 256;
         loop {
+            // How many fetch at once is the read-concurrency controller's call (readahead.rs).
+            let ahead = || {
+                let st = self.lock();
+                st.next_alloc.saturating_sub(st.next_consume)
+            };
+            let Some(mut permit) = self.readahead.acquire(ahead) else {
+                return;
+            };
             let (pos, sample, slot_kind) = {
                 let mut st = self.lock();
                 let mut run = 0;
@@ -244,7 +246,9 @@ impl Inner {
                     Some(Some(n)) => n,
                 }
             };
+            permit.start();
             let outcome = self.fetch(pos, sample, slot_kind);
+            permit.finish(self.source.size(sample));
             let mut st = self.lock();
             let idx = (pos - st.base()) as usize;
             let entry = &mut st.entries[idx];
