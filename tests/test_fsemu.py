@@ -118,7 +118,8 @@ def test_aggregate_bandwidth_follows_the_table(tmp_path):
         four = _throughput(m.path, names, 4, size)  # 32 MB at t(4) = 160 MB/s: 0.2 s
         stats = m.stats()
     print(f"t(1) measured {one:.1f} MB/s, t(4) measured {four:.1f} MB/s")
-    assert abs(one / emu.curve_at(table, 1) - 1) < 0.15, one
+    # A lone reader also pays the FUSE round trip between requests: a busy machine measures less.
+    assert 0.7 < one / emu.curve_at(table, 1) < 1.15, one
     # Between one request and the next a reader is briefly not transferring (γ dips), so the
     # measured figure sits a little below t(4).
     assert 0.75 < four / emu.curve_at(table, 4) < 1.1, four

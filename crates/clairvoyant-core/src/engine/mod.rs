@@ -601,6 +601,13 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        if pid::current() != self.inner.owner_pid {
+            // A forked child: the threads belong to the parent and do not exist here; dropping
+            // their handles would detach thread ids that name nothing in this process.
+            let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+            std::mem::forget(threads);
+            return;
+        }
         self.shutdown();
     }
 }
