@@ -23,31 +23,6 @@ pyo3::import_exception!(clairvoyant.errors, EpochConsumedError);
 pyo3::import_exception!(clairvoyant.errors, CancelledError);
 pyo3::import_exception!(clairvoyant.errors, SimulationStalledError);
 
-/// Classes re-exported on `_native` (code raises `_native.ConfigError(...)`).
-const EXPORTED: [&str; 21] = [
-    "ClairvoyantError",
-    "ConfigError",
-    "CapacityError",
-    "ArgumentTypeError",
-    "OutOfRangeError",
-    "DatasetChangedError",
-    "IndexMismatchError",
-    "CorruptError",
-    "ExhaustedError",
-    "EpochOutOfRangeError",
-    "EpochConsumedError",
-    "CancelledError",
-    "SimulationStalledError",
-    "ClairvoyantOSError",
-    "NotFoundError",
-    "AccessDeniedError",
-    "IsDirectoryError",
-    "NotDirectoryError",
-    "AlreadyExistsError",
-    "TimedOutError",
-    "os_error",
-];
-
 /// The `OSError` subclass for an error number, with `errno`, `filename` and the message set
 /// (`clairvoyant.errors.os_error`, which picks the class as `OSError(errno, ...)` does).
 fn os_error(code: Option<i32>, msg: String, path: &Path) -> PyErr {
@@ -130,9 +105,12 @@ impl<T> IntoPy<T> for Result<T, Error> {
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Every name of `clairvoyant.errors.__all__` is re-exported on `_native` (code raises
+    // `_native.ConfigError(...)`): one list of the classes, kept in errors.py.
     let errors = m.py().import("clairvoyant.errors")?;
-    for name in EXPORTED {
-        m.add(name, errors.getattr(name)?)?;
+    for name in errors.getattr("__all__")?.try_iter()? {
+        let name: String = name?.extract()?;
+        m.add(name.as_str(), errors.getattr(name.as_str())?)?;
     }
     Ok(())
 }
