@@ -582,13 +582,10 @@ impl Engine {
         for t in threads {
             let _ = t.join();
         }
-        // Release the shared memory now: the ring's file goes at once, its mapping as soon as no
-        // lease is alive.
+        // Release the shared memory now: the ring's file goes at once, its mapping when the last
+        // lease is released or the engine is dropped (a consumer thread may still be reading a
+        // sample it was handed while another thread shuts down).
         self.inner.ring.unlink();
-        {
-            let st = self.inner.lock();
-            self.inner.unmap_if_idle(&st);
-        }
         // Leave the node cache now rather than when the last lease is garbage collected, so a
         // job started next attaches to a fresh cache; mappings stay valid for live leases. The
         // last job of this process using it leaves it.
