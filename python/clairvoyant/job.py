@@ -80,6 +80,7 @@ class Job:
     sampler, materialised ahead): the orders define the epochs, so ``epochs`` may be left out and,
     when given, must equal ``len(order)``. ``start_epoch`` resumes a run: epochs before it are
     neither served nor fetched, and later epochs are exactly those of an uninterrupted run.
+    ``run_id`` tells concurrent runs on one machine apart (default: the launcher's run id).
 
     Arguments are checked before anything starts: a value of the wrong type raises TypeError, one
     out of range :class:`ConfigError`, each naming the argument (``seed`` is 0..2**64-1; counts,
@@ -104,6 +105,7 @@ class Job:
         order: Sequence[Sequence[int]] | None = None,
         local_ranks: Sequence[int] | None = None,
         start_epoch: int = 0,
+        run_id: str | None = None,
     ):
         self._closed = True  # until the engine exists (close() and __del__ must not fail)
         self._engine = None
@@ -117,6 +119,8 @@ class Job:
             raise _TypeError(f"'drop_last' must be a bool, not {type(drop_last).__name__}")
         drop_last = bool(drop_last)
         start_epoch = _int_arg("start_epoch", start_epoch, 0, _U32)
+        if run_id is not None and not isinstance(run_id, str):
+            raise _TypeError(f"'run_id' must be a string, not {type(run_id).__name__}")
         if rank is not None:
             rank = _int_arg("rank", rank, 0, _U32 - 1)
         if world_size is not None:
@@ -155,7 +159,7 @@ class Job:
             self.rank,
             self.world_size,
             self.local_ranks,
-            where.run_id,
+            where.run_id if run_id is None else run_id,
             model_toml,
             orders,
             start_epoch,

@@ -40,9 +40,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch as _torch
 from torch.utils.data import default_collate
 
-from .errors import ArgumentTypeError, ClairvoyantError, ConfigError, ExhaustedError
+from ..errors import ArgumentTypeError, ClairvoyantError, ConfigError, ExhaustedError
 
-__all__ = ["ImageFolder", "DataLoader", "LoaderError", "pil_loader"]
+__all__ = ["ImageFolder", "JobLoader", "LoaderError", "pil_loader"]
 
 
 class LoaderError(ClairvoyantError, RuntimeError):
@@ -110,6 +110,9 @@ class ImageFolder:
 
     def _require_job(self):
         if self.job is None:
+            facts = self.__dict__.get("_facts")
+            if facts is not None:  # a copy in another process: the job's facts travelled
+                return facts
             raise LoaderError("the dataset has no job yet; wrap it in clairvoyant.torch.DataLoader first")
         return self.job
 
@@ -145,6 +148,12 @@ class ImageFolder:
     def __getstate__(self):
         # Worker processes need the decoding, not the job (which stays in the training process).
         state = dict(self.__dict__)
+        job = state["job"]
+        if job is not None:
+            # What dataset[i] and the torchvision attributes need, without the job (which stays
+            # in the training process): torch's own DataLoader may pickle this dataset to its
+            # workers.
+            state["_facts"] = _Facts(list(job.paths), [int(x) for x in job.labels], list(job.classes))
         state["job"] = None
         return state
 
@@ -162,6 +171,17 @@ class ImageFolder:
     def __repr__(self) -> str:
         where = self.root if self.job is None else repr(self.job)
         return f"clairvoyant.torch.ImageFolder({where}, transform={self.transform!r})"
+
+
+class _Facts:
+    """A job's dataset facts (paths, labels, classes), for a dataset copied to another process."""
+
+    def __init__(self, paths: list, labels: list, classes: list):
+        self.paths, self.labels, self.classes = paths, labels, classes
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.paths)
 
 
 def _worker_loop(decoder: Callable, collate_fn: Callable, segments: tuple, tasks, results, worker_id: int) -> None:
@@ -199,7 +219,7 @@ def _worker_loop(decoder: Callable, collate_fn: Callable, segments: tuple, tasks
         del task
 
 
-class DataLoader:
+class JobLoader:
     """Iterates over a clairvoyant-backed dataset in the job's scheduled batches.
 
     Keeps ``torch.utils.data.DataLoader`` semantics where they apply: iterating yields
@@ -421,7 +441,7 @@ class _Pipeline:
     is dropped. An epoch left early is not decoded further: the feeder moves to the epoch the
     consumer is on. Batch ``(epoch, step)`` has the run-wide index ``base[epoch] + step``."""
 
-    def __init__(self, loader: DataLoader, first_epoch: int):
+    def __init__(self, loader: JobLoader, first_epoch: int):
         self.loader = loader
         job = loader.job
         self.first_epoch = first_epoch
@@ -607,7 +627,7 @@ class _Pipeline:
 class _EpochIterator:
     """One epoch: batches in order, from the pipeline (workers) or decoded here (no workers)."""
 
-    def __init__(self, loader: DataLoader, epoch: int):
+    def __init__(self, loader: JobLoader, epoch: int):
         self.epoch = epoch
         self._loader = loader
         self._pipeline = loader._pipeline if loader.num_workers > 0 else None

@@ -1,0 +1,323 @@
+"""How a user's map-style dataset meets clairvoyant's cache.
+
+clairvoyant caches bytes, not items: it needs to know which stored bytes sample ``i`` is made
+from, and it must hand those bytes to the dataset's own code so that ``dataset[i]`` means what
+it meant. Two kinds of dataset qualify:
+
+- torchvision ``DatasetFolder`` / ``ImageFolder`` (and subclasses, and ``Subset`` views of
+  them): sample ``i`` is the file ``dataset.samples[i][0]``. The dataset's ``__getitem__`` runs
+  unchanged; only its ``loader`` is given the cached bytes instead of opening the path (when the
+  loader is one whose file-reading clairvoyant can stand in for: torchvision's
+  ``default_loader``/``pil_loader``, ``clairvoyant.torch.pil_loader``, ``torchvision.io``'s
+  ``decode_image``/``read_image``).
+- any dataset implementing the protocol::
+
+      def __clairvoyant_files__(self) -> Sequence[str]:
+          '''The file holding sample i's bytes, for every i.'''
+      def __clairvoyant_getitem__(self, index: int, data: memoryview):
+          '''dataset[index], computed from that file's bytes (valid during the call only).'''
+
+Anything else is loaded as torch's DataLoader loads it.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+__all__ = ["Adapter", "adapter_for", "CachedDataset", "Batch", "Index"]
+
+
+def _pil_decode(data) -> Any:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    return img.convert("RGB")
+
+
+def _tv_decode_image(fn: Callable) -> Callable:
+    def decode(data) -> Any:
+        return fn(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    return decode
+
+
+def _byte_decoder(loader: Callable) -> Optional[Callable]:
+    """A function of the file's bytes that returns what ``loader(path)`` returns, or None when
+    clairvoyant cannot stand in for this loader's file reading."""
+    from . import _legacy
+
+    if loader is _legacy.pil_loader:
+        return _pil_decode
+    try:
+        import torchvision.datasets.folder as tvf
+    except ImportError:  # pragma: no cover - torchvision is optional
+        return None
+    if loader is tvf.pil_loader:
+        return _pil_decode
+    if loader is tvf.default_loader:
+        import torchvision
+
+        return _pil_decode if torchvision.get_image_backend() == "PIL" else None
+    try:
+        import torchvision.io as tvio
+
+        if loader is tvio.decode_image or loader is tvio.read_image:
+            return _tv_decode_image(tvio.decode_image)
+    except ImportError:  # pragma: no cover
+        pass
+    return None
+
+
+class Adapter:
+    """What clairvoyant knows about one dataset: the file of every sample (``files``), the
+    labels it can tell (``labels``, or zeros), and how a worker computes ``dataset[i]`` from the
+    bytes (``kind``)."""
+
+    def __init__(self, kind: str, files: list, labels: Sequence[int], detail: str = ""):
+        self.kind = kind  # "folder" or "protocol"
+        self.files = files
+        self.labels = labels
+        self.detail = detail
+
+
+def _folder_root(dataset):
+    """(DatasetFolder, index map or None) when ``dataset`` is a DatasetFolder or a (nested)
+    Subset of one."""
+    try:
+        from torchvision.datasets import DatasetFolder
+    except ImportError:  # pragma: no cover
+        return None, None
+    indices = None
+    d = dataset
+    while isinstance(d, torch.utils.data.Subset):
+        idx = list(d.indices)
+        indices = idx if indices is None else [idx[i] for i in indices]
+        d = d.dataset
+    if isinstance(d, DatasetFolder):
+        return d, indices
+    return None, None
+
+
+def adapter_for(dataset) -> tuple[Optional[Adapter], str]:
+    """(adapter, "") for a dataset clairvoyant can cache, else (None, why not)."""
+    name = type(dataset).__name__
+    files_fn = getattr(dataset, "__clairvoyant_files__", None)
+    if files_fn is not None:
+        if not callable(getattr(dataset, "__clairvoyant_getitem__", None)):
+            return None, f"{name} has __clairvoyant_files__ but no __clairvoyant_getitem__"
+        files = [os.fsdecode(p) for p in files_fn()]
+        if len(files) != len(dataset):
+            return None, f"{name}.__clairvoyant_files__() gave {len(files)} files for {len(dataset)} samples"
+        labels = getattr(dataset, "targets", None)
+        if labels is None or len(labels) != len(files):
+            labels = [0] * len(files)
+        return Adapter("protocol", files, [int(x) for x in labels]), ""
+    folder, indices = _folder_root(dataset)
+    if folder is not None:
+        if _byte_decoder(folder.loader) is None:
+            return None, (
+                f"{name}'s loader {getattr(folder.loader, '__qualname__', folder.loader)!r} reads files itself "
+                "(implement __clairvoyant_files__/__clairvoyant_getitem__ to have it cached)"
+            )
+        samples = folder.samples
+        order = range(len(samples)) if indices is None else indices
+        files = [os.fsdecode(samples[i][0]) for i in order]
+        labels = [int(samples[i][1]) for i in order]
+        return Adapter("folder", files, labels), ""
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return None, f"{name} is an iterable-style dataset (it has no sample indices to read ahead)"
+    return None, f"{name} has no stored files clairvoyant knows of (see clairvoyant.torch's dataset protocol)"
+
+
+class Batch(list):
+    """The sample indices of one batch, as the user's batch sampler gave them, plus where their
+    bytes are in clairvoyant's shared memory. Travels to a worker in torch's index queue."""
+
+    __slots__ = ("token", "segments", "where", "private", "restore")
+
+    def __init__(self, indices, token: int, segments, where, private: dict, restore=None):
+        super().__init__(indices)
+        self.token, self.segments, self.where, self.private, self.restore = token, segments, where, private, restore
+
+    def __reduce__(self):
+        return (Batch, (list(self), self.token, self.segments, self.where, self.private, self.restore))
+
+
+class Index(int):
+    """One sample index (no automatic batching), with where its bytes are."""
+
+    def __new__(cls, index: int, token: int, segments, where, private: dict, restore=None):
+        obj = super().__new__(cls, index)
+        obj.token, obj.segments, obj.where, obj.private, obj.restore = token, segments, where, private, restore
+        return obj
+
+    def __reduce__(self):
+        return (Index, (int(self), self.token, self.segments, self.where, self.private, self.restore))
+
+
+def rng_state() -> tuple:
+    """This process's random states that torch seeds in each DataLoader worker."""
+    import random
+
+    state: list = [torch.get_rng_state(), random.getstate(), None]
+    try:
+        import numpy as np
+
+        state[2] = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(state)
+
+
+def set_rng_state(state: tuple) -> None:
+    import random
+
+    torch.set_rng_state(state[0])
+    random.setstate(state[1])
+    if state[2] is not None:
+        import numpy as np
+
+        np.random.set_state(state[2])
+
+
+class _CachedLoader:
+    """Stands in for a DatasetFolder's ``loader`` in a worker: the path being loaded gets the
+    cached bytes, any other path the original loader."""
+
+    def __init__(self, original: Callable):
+        self.original = original
+        self.decode = _byte_decoder(original)
+        self.pending: Optional[tuple] = None
+
+    def __call__(self, path):
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] == path and self.decode is not None:
+            return self.decode(pending[1])
+        return self.original(path)
+
+
+class CachedDataset(torch.utils.data.Dataset):
+    """The dataset torch's iterator (and its workers) see in clairvoyant's place of the user's:
+    ``dataset[i]`` of the user's dataset, computed from the bytes clairvoyant staged for it.
+
+    Each batch's bytes stay in shared memory until this process says it is done with them:
+    ``done[token % len(done)] = token + 1`` (a shared tensor the loading process reads)."""
+
+    def __init__(self, dataset, kind: str, done: torch.Tensor, states: torch.Tensor):
+        self.dataset = dataset
+        self.kind = kind
+        self.done = done
+        self.states = states  # [slots, bytes]: RNG state before each batch, for exact resume
+        self._maps: dict = {}
+        self._folder = None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_maps"] = {}
+        state["_folder"] = None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _region(self, path: str):
+        m = self._maps.get(path)
+        if m is None:
+            with open(path, "rb") as f:
+                m = self._maps[path] = memoryview(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+        return m
+
+    def _bytes(self, k: int, req):
+        if k in req.private:
+            return memoryview(req.private[k])
+        r, off, n = req.where[k]
+        if n == 0:
+            return memoryview(b"")
+        return self._region(req.segments[r])[off : off + n]
+
+    def _item(self, index: int, data):
+        if self.kind == "protocol":
+            return self.dataset.__clairvoyant_getitem__(index, data)
+        folder = self._folder
+        if folder is None:
+            folder, _ = _folder_root(self.dataset)
+            if not isinstance(folder.loader, _CachedLoader):
+                folder.loader = _CachedLoader(folder.loader)
+            self._folder = folder
+        path = self._path_of(index)
+        folder.loader.pending = (path, data)
+        try:
+            return self.dataset[index]
+        finally:
+            folder.loader.pending = None
+
+    def _path_of(self, index: int):
+        d = self.dataset
+        while isinstance(d, torch.utils.data.Subset):
+            index = d.indices[index]
+            d = d.dataset
+        return d.samples[index][0]
+
+    def _begin(self, req) -> None:
+        if req.restore is not None:
+            set_rng_state(req.restore)
+        self._record(req.token)
+
+    def _record(self, token: int) -> None:
+        """Keep this worker's random state before batch ``token`` (for an exact resume)."""
+        import pickle
+
+        states = self.states
+        if states.numel() == 0:
+            return
+        blob = pickle.dumps((token, rng_state()), protocol=pickle.HIGHEST_PROTOCOL)
+        row = states[token % states.shape[0]]
+        if len(blob) + 8 > row.numel():
+            return
+        view = row.numpy()
+        view[8 : 8 + len(blob)] = memoryview(blob)
+        view[:8] = memoryview(len(blob).to_bytes(8, "little"))
+
+    def __getitems__(self, req):
+        if not isinstance(req, Batch):  # not one of clairvoyant's batches: as torch would
+            return [self.dataset[i] for i in req]
+        try:
+            self._begin(req)
+            if req.where is None:  # not cached, or clairvoyant could not read it: as torch would
+                return [self.dataset[i] for i in req]
+            return [self._item(i, self._bytes(k, req)) for k, i in enumerate(req)]
+        finally:
+            self.done[req.token % self.done.numel()] = req.token + 1
+
+    def __getitem__(self, req):
+        if not isinstance(req, Index):
+            return self.dataset[req]
+        try:
+            self._begin(req)
+            if req.where is None:
+                return self.dataset[int(req)]
+            return self._item(int(req), self._bytes(0, req))
+        finally:
+            self.done[req.token % self.done.numel()] = req.token + 1
+
+
+def read_state(states: torch.Tensor, token: int) -> Optional[tuple]:
+    """The random state a worker recorded before batch ``token``, if it did."""
+    import pickle
+
+    if states.numel() == 0:
+        return None
+    view = states[token % states.shape[0]].numpy()
+    n = int.from_bytes(bytes(view[:8]), "little")
+    if n == 0 or n + 8 > view.size:
+        return None
+    try:
+        got, state = pickle.loads(bytes(view[8 : 8 + n]))
+    except Exception:
+        return None
+    return state if got == token else None

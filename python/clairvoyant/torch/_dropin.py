@@ -1,0 +1,614 @@
+"""``clairvoyant.torch.DataLoader``: torch's DataLoader, with clairvoyant reading the bytes.
+
+The loader is a ``torch.utils.data.DataLoader`` (a subclass, built by torch's own constructor:
+every argument, attribute, check and error is torch's). Iterating it runs torch's own
+single-process or multi-process iterator, so worker seeding, ``worker_init_fn``, start methods,
+persistent workers, pinning, ``in_order`` and time-outs behave as they do in torch. Two things
+differ, both invisible in the batches:
+
+- the iterator draws indices from clairvoyant's index sampler, which draws the user's sampler
+  for the whole epoch at the epoch's first draw (exactly the draws torch would make; see
+  ``_order``), has the job's engine serve those samples in that order, and hands each batch of
+  indices to torch together with where its bytes lie in shared memory;
+- the dataset in the workers is a ``CachedDataset`` around the user's, which computes
+  ``dataset[i]`` from those bytes (see ``_datasets``).
+
+The engine's access stream is a queue of passes: the epochs the loader predicted (placement is
+planned over them) and the epochs it actually served. An epoch that was predicted is served
+from the prefetched pass; one that was not (a peek restarting an epoch, a resume, an
+unpredictable sampler) is appended and the passes before it are skipped unread.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+
+from ..errors import ArgumentTypeError, CancelledError, ConfigError, ExhaustedError
+from . import _datasets, _legacy, _order, _rank
+
+__all__ = ["DataLoader"]
+
+# Epochs planned ahead when the run's length is not given.
+_HORIZON = 2
+# Bytes kept per batch for a worker's random state (torch, random and numpy generators).
+_STATE_BYTES = 16384
+_STATE_VERSION = 1
+
+
+def _epochs_arg(epochs) -> Optional[int]:
+    if epochs is None:
+        env = os.environ.get("CLAIRVOYANT_EPOCHS", "").strip()
+        if not env:
+            return None
+        try:
+            epochs = int(env)
+        except ValueError:
+            raise ConfigError(f"CLAIRVOYANT_EPOCHS={env!r} is not an integer") from None
+    if isinstance(epochs, bool) or not isinstance(epochs, int):
+        raise ArgumentTypeError(f"'epochs' must be an integer, not {type(epochs).__name__}")
+    if epochs < 1:
+        raise ConfigError(f"invalid value for 'epochs': must be at least 1, got {epochs}")
+    return epochs
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """``torch.utils.data.DataLoader`` with clairvoyant's prefetching and node cache.
+
+    Takes torch's arguments with torch's meaning and yields exactly the batches torch's
+    DataLoader yields for them, in the same order. When the dataset's samples are stored files
+    clairvoyant knows how to read (torchvision ``DatasetFolder``/``ImageFolder``, or the dataset
+    protocol in ``clairvoyant.torch``), their bytes come from clairvoyant: read ahead in the
+    sampler's order, cached on the node, shared by the ranks of the machine. Otherwise the
+    batches are loaded as torch loads them, with a one-line notice.
+
+    ``epochs`` (or ``CLAIRVOYANT_EPOCHS``) optionally names the run's number of epochs so that the
+    node cache is planned over the whole run; without it, it is planned over the next few epochs.
+
+    ``state_dict()`` / ``load_state_dict()`` resume a run exactly: after loading a state saved
+    mid-epoch, the next ``iter()`` continues with the very next batch (also with another
+    ``num_workers``; with the same ``num_workers`` random transforms in the workers also repeat
+    exactly).
+
+    A ``clairvoyant.torch.ImageFolder`` over a :class:`clairvoyant.Job` is served in the job's own
+    order (see :class:`clairvoyant.torch.JobLoader`).
+    """
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers: int = 0,
+        collate_fn=None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn=None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        epochs: Optional[int] = None,
+    ):
+        self._job_loader = None
+        self._cv = None
+        self._cv_reason: Optional[str] = None
+        self._resume: Optional[dict] = None
+        if isinstance(dataset, _legacy.ImageFolder):
+            jl = _legacy.JobLoader(
+                dataset,
+                batch_size=None if batch_size in (None, 1) else batch_size,
+                num_workers=num_workers,
+                collate_fn=collate_fn,
+                pin_memory=pin_memory,
+                drop_last=None if not drop_last else True,
+                prefetch_factor=prefetch_factor,
+                timeout=timeout,
+                multiprocessing_context=multiprocessing_context,
+            )
+            super().__init__(
+                dataset,
+                batch_size=jl.batch_size,
+                drop_last=jl.drop_last,
+                num_workers=num_workers,
+                collate_fn=collate_fn,
+                pin_memory=pin_memory,
+                timeout=timeout,
+                prefetch_factor=jl.prefetch_factor if num_workers > 0 else None,
+            )
+            self._job_loader = jl
+            return
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        self.epochs = _epochs_arg(epochs)
+
+    # -- the job-backed dataset of clairvoyant.torch.ImageFolder ---------------------------
+    def __getattr__(self, name):
+        jl = self.__dict__.get("_job_loader")
+        if jl is not None and not name.startswith("__"):
+            return getattr(jl, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __len__(self) -> int:
+        if self._job_loader is not None:
+            return len(self._job_loader)
+        return super().__len__()
+
+    def __iter__(self):
+        if self._job_loader is not None:
+            return iter(self._job_loader)
+        return super().__iter__()
+
+    # -- torch's iterators over clairvoyant's sampler and dataset --------------------------
+    def _get_iterator(self):
+        feed = self._feed()
+        if feed is None:
+            return super()._get_iterator()
+        view = _View(self, feed)
+        if self.num_workers == 0:
+            it = _SingleProcessDataLoaderIter(view)
+        else:
+            self.check_worker_number_rationality()
+            it = _MultiProcessingDataLoaderIter(view)
+        feed.serving(it)
+        return it
+
+    def _feed(self) -> Optional["_Feed"]:
+        if self._cv is None and self._cv_reason is None:
+            if isinstance(self.dataset, torch.utils.data.IterableDataset):
+                self._cv_reason = f"{type(self.dataset).__name__} is an iterable-style dataset"
+            else:
+                self._cv = _Feed(self)
+        return self._cv
+
+    def _index_sampler_of_user(self):
+        return torch.utils.data.DataLoader._index_sampler.fget(self)
+
+    # -- exact resume ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where the loader is: the epoch, the batches the training loop has received in it,
+        the sampler's generator state at the epoch's start and the workers' random states
+        (small: no orders). ``load_state_dict`` of it makes the next ``iter()`` continue with
+        the next batch."""
+        if self._job_loader is not None:
+            raise ConfigError("state_dict() is for DataLoaders over a torch dataset; a clairvoyant.Job resumes with start_epoch=")
+        feed = self._feed()
+        if feed is None:
+            raise ConfigError(f"state_dict(): {self._cv_reason}; resuming it is not supported")
+        return feed.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch with its
+        next batch (when the sampler is on that epoch; a sampler moved to another epoch starts
+        that one from its beginning, with a warning if the saved epoch was unfinished)."""
+        if self._job_loader is not None:
+            raise ConfigError("load_state_dict() is for DataLoaders over a torch dataset")
+        if not isinstance(state, dict):
+            raise ArgumentTypeError(f"load_state_dict() takes a dict from state_dict(), not {type(state).__name__}")
+        missing = [k for k in ("version", "epoch", "yielded", "total", "num_workers", "generator", "workers") if k not in state]
+        if missing:
+            raise ConfigError(f"load_state_dict(): the state lacks {missing} (was it made by clairvoyant.torch.DataLoader.state_dict()?)")
+        if state["version"] != _STATE_VERSION:
+            raise ConfigError(f"load_state_dict(): state version {state['version']} is not {_STATE_VERSION}")
+        for k in ("yielded", "total", "num_workers"):
+            if isinstance(state[k], bool) or not isinstance(state[k], int) or state[k] < 0:
+                raise ConfigError(f"load_state_dict(): '{k}' must be a non-negative integer, got {state[k]!r}")
+        self._resume = dict(state)
+        feed = self._feed()
+        if feed is not None and isinstance(state["epoch"], int) and _order.epoch_of(self.sampler) is None:
+            feed.count = state["epoch"]
+
+    def close(self) -> None:
+        """Stop the workers and the job now and release clairvoyant's shared memory (also done
+        when the loader is garbage collected)."""
+        if self._job_loader is not None:
+            self._job_loader.close()
+            return
+        it = self.__dict__.get("_iterator")
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        feed = self.__dict__.get("_cv")
+        if feed is not None:
+            feed.close()
+
+    def __del__(self):
+        try:
+            feed = self.__dict__.get("_cv")
+            if feed is not None:
+                feed.close()
+        except Exception:
+            pass
+
+
+class _View:
+    """The loader as torch's iterator sees it: the user's loader, but with clairvoyant's
+    dataset and index sampler."""
+
+    def __init__(self, loader: DataLoader, feed: "_Feed"):
+        self._loader = loader
+        self.dataset = feed.dataset
+        self._index_sampler = feed.sampler
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _Sampler:
+    """clairvoyant's index sampler: the user's batches, each with where its bytes are."""
+
+    def __init__(self, feed: "_Feed"):
+        self._feed = feed
+
+    def __len__(self) -> int:
+        return len(self._feed.loader._index_sampler_of_user())
+
+    def __iter__(self):
+        # torch calls this while creating or resetting an iterator, when the loader is alive;
+        # the generator keeps it alive for as long as the iterator draws from it (a loop over
+        # a DataLoader nobody else references is fine in torch).
+        return self._feed.epoch(self._feed.loader)
+
+
+class _Current:
+    """The epoch being served: what ``state_dict`` needs."""
+
+    def __init__(self, key, total: int, skip: int, first_token: int, gstate):
+        self.key, self.total, self.skip, self.first_token, self.gstate = key, total, skip, first_token, gstate
+
+
+class _Feed:
+    """One loader's link to its job: plans the job at the first epoch, serves each epoch's
+    batches from it, keeps each batch's bytes leased until the process decoding it is done."""
+
+    def __init__(self, loader: DataLoader):
+        self._loader = weakref.ref(loader)
+        self.pid = os.getpid()
+        self.adapter, why = _datasets.adapter_for(loader.dataset)
+        self.reason = why
+        self.predictor = _order.Predictor(loader)
+        self.job = None
+        self.started = False
+        self.next_pass = 0
+        self.count = 0
+        self.token = 0
+        self.leases: dict = {}
+        self.current: Optional[_Current] = None
+        self._iter = None
+        workers = loader.num_workers
+        depth = (loader.prefetch_factor or 2) * max(1, workers)
+        slots = 4 * depth + 16
+        self.done = torch.zeros(slots, dtype=torch.int64).share_memory_()
+        self.states = torch.zeros((slots if workers > 0 else 0, _STATE_BYTES), dtype=torch.uint8).share_memory_()
+        self.segments: tuple = ()
+        self.dataset = _datasets.CachedDataset(
+            loader.dataset, self.adapter.kind if self.adapter else "none", self.done, self.states
+        )
+        self.sampler = _Sampler(self)
+
+    @property
+    def loader(self) -> DataLoader:
+        loader = self._loader()
+        if loader is None:
+            raise ExhaustedError("the DataLoader this iterator belongs to was garbage collected")
+        return loader
+
+    def serving(self, it) -> None:
+        self._iter = weakref.ref(it)
+
+    def _notice(self, message: str) -> None:
+        if os.environ.get("CLAIRVOYANT_QUIET"):
+            return
+        print(f"clairvoyant: {message}", file=sys.stderr)
+
+    # -- planning ------------------------------------------------------------------------
+    def _start(self, loader: DataLoader, key, batches: list) -> None:
+        """Create the job at the first epoch: plan over the predicted epochs of every rank of
+        this machine."""
+        self.started = True
+        if self.adapter is None:
+            self._notice(f"not cached: {self.reason}; batches are loaded as torch's DataLoader loads them")
+            return
+        flat = _flatten(batches)
+        if len(flat) == 0:
+            return
+        sampler = loader.sampler
+        distributed = self.predictor.all_ranks and isinstance(sampler, DistributedSampler)
+        where = _rank.resolve((sampler.rank, sampler.num_replicas) if distributed else None)
+        b, dl = _batch_shape(loader)
+        horizon = _HORIZON
+        if loader.epochs is not None and isinstance(key, int):
+            horizon = max(1, loader.epochs - key)
+        import clairvoyant
+
+        source = clairvoyant.FileList(self.adapter.files, self.adapter.labels)
+        if distributed and b is not None:
+            orders = []
+            for h in range(horizon):
+                e = key + h
+                streams = {}
+                for r in where.local_ranks:
+                    got = batches if (h == 0 and r == where.rank) else self.predictor.batches(e, r)
+                    if got is None:
+                        break
+                    streams[r] = got
+                else:
+                    order = _interleave(streams, where.world_size, b, dl)
+                    if order is not None:
+                        orders.append(order)
+                        continue
+                break
+            if orders:
+                self.job = clairvoyant.Job(
+                    source,
+                    batch_size=b,
+                    order=orders,
+                    drop_last=dl,
+                    rank=where.rank,
+                    world_size=where.world_size,
+                    local_ranks=where.local_ranks,
+                )
+        if self.job is None:
+            # This rank's own order only: a node cache of its own.
+            orders = [flat]
+            # A generator's next epoch can be replayed; the ones after it depend on draws
+            # made meanwhile (the base seeds of iterators), so one epoch ahead only.
+            ahead = horizon if self.predictor.kind in ("distributed", "sequential", "protocol") else min(horizon, 2)
+            for h in range(1, ahead):
+                got = self.predictor.batches(key + h if isinstance(key, int) else h, None, draw_base_seed=self._draws_base_seed())
+                if got is None:
+                    break
+                orders.append(_flatten(got))
+            run = os.environ.get("CLAIRVOYANT_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
+            self.job = clairvoyant.Job(
+                source,
+                batch_size=b or 1,
+                order=orders,
+                drop_last=dl if b else False,
+                rank=0,
+                world_size=1,
+                local_ranks=[0],
+                run_id=f"{run}/rank{where.rank}" if where.world_size > 1 else None,
+            )
+        self.segments = tuple(self.job.segments)
+
+    def _draws_base_seed(self) -> bool:
+        loader = self.loader
+        return not (loader.persistent_workers and loader.num_workers > 0)
+
+    # -- serving -------------------------------------------------------------------------
+    def _pass_for(self, samples: np.ndarray, sizes: list) -> int:
+        """The engine pass that serves exactly these samples in these batches: a predicted
+        one if it matches, else a new one appended."""
+        job = self.job
+        for p in range(self.next_pass, job.epochs):
+            try:
+                if list(job.batch_sizes(p)) == sizes and np.array_equal(job.samples_of(p), samples):
+                    return p
+            except Exception:
+                continue
+        return job.append_epoch(samples, sizes)
+
+    def _predict_after(self, key, p: int) -> None:
+        """Append the next epoch's predicted pass when none follows ``p`` yet."""
+        job = self.job
+        if job.epochs > p + 1 or not isinstance(key, int) or not hasattr(job, "append_epoch"):
+            return
+        got = self.predictor.batches(key + 1, self._rank_for_prediction(), draw_base_seed=self._draws_base_seed())
+        if not got:
+            return
+        flat = _flatten(got)
+        if len(flat):
+            job.append_epoch(flat, [len(b) if isinstance(b, list) else 1 for b in got])
+
+    def _rank_for_prediction(self):
+        s = self.loader.sampler
+        return s.rank if isinstance(s, DistributedSampler) else None
+
+    def _retire(self) -> None:
+        """A new epoch: the previous one's batches are no longer wanted. A previous iterator
+        still running workers is shut down before its bytes are released."""
+        old = self._iter() if self._iter is not None else None
+        if old is not None and not getattr(old, "_persistent_workers", False):
+            if hasattr(old, "_shutdown_workers") and getattr(old, "_workers", None):
+                old._shutdown_workers()
+        self.leases.clear()
+
+    def _sweep(self) -> None:
+        done = self.done
+        for t in [t for t in self.leases if int(done[t % done.numel()]) == t + 1]:
+            del self.leases[t]
+
+    def epoch(self, loader: DataLoader):
+        """The generator torch's iterator draws indices from, one epoch."""
+        self._retire()
+        key = _order.epoch_of(loader.sampler)
+        if key is None:
+            key = self.count
+        self.count += 1
+        gstate = _order.generator_state(loader)
+        resume, loader._resume = loader._resume, None
+        skip, restore = 0, None
+        if resume is not None and resume["yielded"] < resume["total"] and resume["epoch"] == key:
+            batches = _order.redraw(loader, resume["generator"]) if resume["generator"] is not None else _order.drain(loader._index_sampler_of_user())
+            if len(batches) != resume["total"]:
+                raise ConfigError(
+                    f"load_state_dict(): the saved epoch {key} had {resume['total']} batches but the sampler now gives "
+                    f"{len(batches)}; the dataset or the sampler changed"
+                )
+            skip = resume["yielded"]
+            gstate = resume["generator"]
+            if resume["num_workers"] == loader.num_workers and loader.num_workers > 0:
+                restore = resume["workers"]
+        else:
+            if resume is not None and resume["yielded"] < resume["total"]:
+                warnings.warn(
+                    f"clairvoyant: the loaded state is {resume['yielded']} batches into epoch {resume['epoch']}, "
+                    f"but the sampler is on epoch {key}: starting epoch {key} from its beginning",
+                    stacklevel=3,
+                )
+            batches = _order.drain(loader._index_sampler_of_user())
+        self.current = _Current(key, len(batches), skip, self.token, gstate)
+        if not self.started:
+            self._start(loader, key, batches)
+        tail = batches[skip:]
+        job = self.job
+        src = None
+        if job is not None and tail:
+            sizes = [len(b) if isinstance(b, list) else 1 for b in tail]
+            flat = _flatten(tail)
+            p = self._pass_for(flat, sizes)
+            src = job.shared_batches(p)
+            self.next_pass = p + 1
+            self._predict_after(key, p)
+        batched = loader._auto_collation
+        for k, b in enumerate(tail):
+            token = self.token
+            self.token += 1
+            where, private, lease = None, {}, None
+            if src is not None:
+                try:
+                    lease, where, _labels, private = next(src)
+                    private = dict(private)
+                except (CancelledError, ExhaustedError):
+                    raise
+                except Exception:
+                    # clairvoyant could not read a sample of this batch: the dataset reads the
+                    # batch itself, as with torch's DataLoader (and fails as it would).
+                    where = None
+            self._sweep()
+            if lease is not None:
+                self.leases[token] = lease
+            state = restore[k] if restore is not None and k < len(restore) else None
+            if batched:
+                yield _datasets.Batch(b, token, self.segments, where, private, state)
+            else:
+                yield _datasets.Index(b, token, self.segments, where, private, state)
+            del lease
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        loader = self.loader
+        cur = self.current
+        it = self._iter() if self._iter is not None else None
+        state = {
+            "version": _STATE_VERSION,
+            "epoch": None if cur is None else cur.key,
+            "yielded": 0,
+            "total": 0,
+            "num_workers": loader.num_workers,
+            "generator": None,
+            "workers": None,
+        }
+        if cur is None or it is None:
+            return state
+        got = int(getattr(it, "_num_yielded", 0))
+        yielded = cur.skip + got
+        state.update(yielded=yielded, total=cur.total, generator=cur.gstate)
+        if loader.num_workers > 0 and yielded < cur.total:
+            first = cur.first_token + got
+            tokens = range(first, first + min(loader.num_workers, cur.total - yielded))
+            states = []
+            deadline = time.monotonic() + 10
+            for t in tokens:
+                s = _datasets.read_state(self.states, t)
+                while s is None and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                    s = _datasets.read_state(self.states, t)
+                states.append(s)
+            state["workers"] = states if all(s is not None for s in states) else None
+        return state
+
+    def close(self) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked worker: the job and its shared memory are the parent's
+        self.leases.clear()
+        job, self.job = self.job, None
+        if job is not None:
+            job.close()
+
+
+def _flatten(batches: list) -> np.ndarray:
+    if not batches:
+        return np.zeros(0, dtype=np.int64)
+    if isinstance(batches[0], list):
+        return np.fromiter((i for b in batches for i in b), dtype=np.int64)
+    return np.asarray(batches, dtype=np.int64)
+
+
+def _batch_shape(loader) -> tuple:
+    """(batch size, drop_last) of the loader's batching, (None, False) for a custom batch
+    sampler; (1, False) without automatic batching."""
+    bs = loader.batch_sampler
+    if bs is None:
+        return 1, False
+    if type(bs) is BatchSampler:
+        return bs.batch_size, bs.drop_last
+    return None, False
+
+
+def _interleave(streams: dict, world: int, b: int, drop_last: bool) -> Optional[list]:
+    """The global order whose split among ``world`` ranks (the engine's layout, batch size
+    ``b``) gives each rank in ``streams`` exactly its batches. Ranks not on this machine get a
+    placeholder of the right length (their streams do not affect this machine's cache).
+    None when the streams are not regular batches of ``b`` of equal lengths."""
+    lengths = set()
+    flat = {}
+    for r, batches in streams.items():
+        f = _flatten(batches)
+        sizes = [len(x) if isinstance(x, list) else 1 for x in batches]
+        n = len(f)
+        full, rem = divmod(n, b)
+        want = [b] * full + ([rem] if rem and not drop_last else [])
+        if sizes != want:
+            return None
+        lengths.add(n)
+        flat[r] = f
+    if len(lengths) != 1:
+        return None
+    n = lengths.pop()
+    if n == 0:
+        return None
+    rows = np.zeros((world, n), dtype=np.int64)
+    for r, f in flat.items():
+        rows[r] = f
+    full, rem = divmod(n, b)
+    head = rows[:, : full * b].reshape(world, full, b).transpose(1, 0, 2).reshape(-1)
+    if rem and not drop_last:
+        head = np.concatenate([head, rows[:, full * b :].reshape(-1)])
+    return head.tolist()
+
+
+def _unused(*_: Any) -> None:  # pragma: no cover
+    pass

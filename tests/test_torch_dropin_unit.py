@@ -1,0 +1,264 @@
+"""clairvoyant.torch.DataLoader in one process: same batches as torch's DataLoader, the
+sampler's order read without disturbing it, peeks, resume, fallbacks, rank checks, the dataset
+protocol, and forked workers that cannot hurt the job."""
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+from PIL import Image  # noqa: E402
+from torch.utils.data import DistributedSampler  # noqa: E402
+from torchvision import transforms as T  # noqa: E402
+
+import clairvoyant  # noqa: E402
+import clairvoyant.torch as ct  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imgs")
+    rng = np.random.default_rng(7)
+    for c in range(3):
+        (root / f"class{c}").mkdir()
+        for i in range(15):
+            h, w = rng.integers(12, 40, 2)
+            Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.jpg")
+    return str(root)
+
+
+def _tf():
+    return T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip(), T.ToTensor()])
+
+
+def _digest(batch) -> str:
+    x, y = batch
+    return hashlib.sha256(x.numpy().tobytes()).hexdigest()[:16] + "|" + ",".join(map(str, y.tolist()))
+
+
+def _run(DL, folder, epochs=3, sampler="dist", workers=0, peek=False, **kw):
+    torch.manual_seed(0)
+    ds = torchvision.datasets.ImageFolder(folder, _tf())
+    if sampler == "dist":
+        s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
+        kw["sampler"] = s
+    elif sampler == "gen":
+        kw.update(shuffle=True, generator=torch.Generator().manual_seed(5))
+    elif sampler == "global":
+        kw.update(shuffle=True)
+    loader = DL(ds, batch_size=4, num_workers=workers, **kw)
+    out = []
+    for e in range(epochs):
+        if sampler == "dist":
+            s.set_epoch(e)
+        if peek:
+            out.append(("peek", _digest(next(iter(loader)))))
+        out += [(e, _digest(b)) for b in loader]
+    if isinstance(loader, ct.DataLoader):
+        loader.close()
+    return out
+
+
+@pytest.mark.parametrize("sampler", ["dist", "gen", "global", "sequential"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_same_batches_as_torch(folder, sampler, workers):
+    ref = _run(torch.utils.data.DataLoader, folder, sampler=sampler, workers=workers)
+    got = _run(ct.DataLoader, folder, sampler=sampler, workers=workers)
+    assert got == ref
+
+
+def test_peeking_restarts_the_epoch_as_torch_does(folder):
+    ref = _run(torch.utils.data.DataLoader, folder, peek=True, workers=2)
+    got = _run(ct.DataLoader, folder, peek=True, workers=2)
+    assert got == ref
+    # A peek consumes nothing: the epoch that follows is the whole epoch.
+    assert [d for e, d in got if e == 0] == [d for e, d in ref if e == 0]
+
+
+def test_persistent_workers_and_an_unknown_number_of_epochs(folder):
+    ref = _run(torch.utils.data.DataLoader, folder, epochs=4, workers=2, persistent_workers=True)
+    got = _run(ct.DataLoader, folder, epochs=4, workers=2, persistent_workers=True)
+    assert got == ref
+
+
+def test_the_bytes_come_from_clairvoyant(folder):
+    ds = torchvision.datasets.ImageFolder(folder, _tf())
+    loader = ct.DataLoader(ds, batch_size=5, shuffle=True, num_workers=0)
+    n = sum(len(y) for _, y in loader)
+    stats = loader._cv.job.stats()
+    loader.close()
+    assert n == len(ds)
+    assert stats[0]["samples"] == len(ds)  # every sample went through the engine
+
+
+def test_is_a_torch_dataloader_with_torchs_attributes(folder):
+    ds = torchvision.datasets.ImageFolder(folder)
+    for kw in [dict(batch_size=4), dict(batch_size=4, shuffle=True, drop_last=True), dict(batch_size=None)]:
+        a, b = torch.utils.data.DataLoader(ds, **kw), ct.DataLoader(ds, **kw)
+        assert isinstance(b, torch.utils.data.DataLoader)
+        assert (len(a), a.batch_size, a.drop_last, type(a.sampler), type(a.batch_sampler)) == (
+            len(b),
+            b.batch_size,
+            b.drop_last,
+            type(b.sampler),
+            type(b.batch_sampler),
+        )
+        assert b.dataset is ds
+    with pytest.raises(ValueError):  # torch's own check
+        ct.DataLoader(ds, shuffle=True, sampler=torch.utils.data.SequentialSampler(ds))
+
+
+def test_fakedata_falls_back_with_a_notice(capfd):
+    ds = torchvision.datasets.FakeData(size=12, image_size=(3, 6, 6), transform=T.ToTensor())
+    torch.manual_seed(1)
+    ref = [_digest(b) for b in torch.utils.data.DataLoader(ds, batch_size=5, shuffle=True)]
+    torch.manual_seed(1)
+    loader = ct.DataLoader(ds, batch_size=5, shuffle=True)
+    got = [_digest(b) for b in loader]
+    assert got == ref
+    err = capfd.readouterr().err
+    assert err.count("clairvoyant: not cached: FakeData") == 1
+
+
+def test_a_loader_that_reads_files_itself_falls_back(folder, capfd):
+    def my_loader(path):
+        return Image.open(path).convert("RGB")
+
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]), loader=my_loader)
+    got = [_digest(b) for b in ct.DataLoader(ds, batch_size=8)]
+    ref = [_digest(b) for b in torch.utils.data.DataLoader(ds, batch_size=8)]
+    assert got == ref
+    assert "reads files itself" in capfd.readouterr().err
+
+
+class _Protocol(torch.utils.data.Dataset):
+    """Any dataset can be cached: it names each sample's file and computes the item from bytes."""
+
+    def __init__(self, files):
+        self.files = files
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        with open(self.files[i], "rb") as f:
+            return self.__clairvoyant_getitem__(i, f.read())
+
+    def __clairvoyant_files__(self):
+        return self.files
+
+    def __clairvoyant_getitem__(self, i, data):
+        return torch.tensor([i, len(data), sum(bytes(data[:64]))])
+
+
+def test_dataset_protocol(folder):
+    files = sorted(str(p) for p in __import__("pathlib").Path(folder).rglob("*.jpg"))
+    ds = _Protocol(files)
+    torch.manual_seed(3)
+    ref = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=6, shuffle=True, num_workers=2)]
+    torch.manual_seed(3)
+    loader = ct.DataLoader(ds, batch_size=6, shuffle=True, num_workers=2)
+    got = [b.tolist() for b in loader]
+    assert loader._cv.job is not None
+    loader.close()
+    assert got == ref
+
+
+def test_subset_of_an_imagefolder_is_cached(folder):
+    ds = torch.utils.data.Subset(torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()])), list(range(3, 40, 2)))
+    got = [_digest(b) for b in ct.DataLoader(ds, batch_size=4)]
+    ref = [_digest(b) for b in torch.utils.data.DataLoader(ds, batch_size=4)]
+    assert got == ref
+
+
+def test_rank_contradiction_is_an_error(folder, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ds = torchvision.datasets.ImageFolder(folder, T.ToTensor())
+    s = DistributedSampler(ds, num_replicas=2, rank=0)
+    loader = ct.DataLoader(ds, batch_size=4, sampler=s)
+    with pytest.raises(clairvoyant.ConfigError, match="rank 0 of 2.*rank 1 of 4"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize("workers,workers_after", [(2, 2), (2, 3), (0, 0)])
+def test_resume_mid_epoch_continues_with_the_next_batch(folder, workers, workers_after):
+    ref = _run(ct.DataLoader, folder, epochs=2, workers=workers)
+    ds = torchvision.datasets.ImageFolder(folder, _tf())
+    s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
+    torch.manual_seed(0)
+    loader = ct.DataLoader(ds, batch_size=4, sampler=s, num_workers=workers)
+    got = []
+    for k, b in enumerate(loader):
+        got.append((0, _digest(b)))
+        if k == 2:
+            state = loader.state_dict()
+            break
+    loader.close()
+    assert state["yielded"] == 3 and state["epoch"] == 0
+    assert len(__import__("pickle").dumps(state)) < 100_000  # positions and seeds, not orders
+    ds = torchvision.datasets.ImageFolder(folder, _tf())
+    s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
+    loader = ct.DataLoader(ds, batch_size=4, sampler=s, num_workers=workers_after)
+    loader.load_state_dict(state)
+    for e in range(2):
+        s.set_epoch(e)
+        got += [(e, _digest(b)) for b in loader]
+    loader.close()
+    if workers == workers_after:
+        assert got == ref  # with the same workers random transforms repeat too
+    else:  # the same samples in the same batches; augmentations are seeded per worker
+        assert [(e, d.split("|")[1]) for e, d in got] == [(e, d.split("|")[1]) for e, d in ref]
+
+
+def test_load_state_dict_rejects_what_is_not_a_state():
+    ds = torchvision.datasets.FakeData(size=4)
+    loader = ct.DataLoader(ds)
+    with pytest.raises(clairvoyant.ConfigError, match="lacks"):
+        loader.load_state_dict({"epoch": 0})
+    with pytest.raises(TypeError):
+        loader.load_state_dict([1, 2])
+
+
+def test_a_forked_worker_closing_the_job_does_not_hurt_the_parent(folder):
+    """Whatever a forked worker garbage collects (the job, the loader), the parent's run goes on."""
+
+    def init(_):
+        import gc
+
+        for obj in gc.get_objects():
+            if isinstance(obj, (clairvoyant.Job, ct.DataLoader)):
+                obj.close()
+        gc.collect()
+
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    loader = ct.DataLoader(ds, batch_size=4, num_workers=2, worker_init_fn=init, multiprocessing_context="fork")
+    for _ in range(2):
+        assert sum(len(y) for _, y in loader) == len(ds)
+    loader.close()
+
+
+def test_spawned_torch_workers_over_a_job_dataset(folder, tmp_path):
+    """torch's own DataLoader with spawned workers over clairvoyant.torch.ImageFolder(job)."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import torch, clairvoyant, clairvoyant.torch as ct, torchvision.transforms as T
+            if __name__ == "__main__":
+                job = clairvoyant.Job({folder!r}, batch_size=4, epochs=1)
+                ds = ct.ImageFolder(job, T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+                loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+                print(sum(len(y) for _, y in loader))
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "45"
