@@ -7,8 +7,9 @@ on 2 rank processes for 3 epochs, twice:
 
 - PyTorch: a torchvision-style ImageFolder whose loader reads the file bytes through the
   emulated file system, a DistributedSampler and ``torch.utils.data.DataLoader``.
-- clairvoyant: ``clairvoyant.Job`` over ``clairvoyant.ImageFolder(root, emulated=fs)`` and
-  ``clairvoyant.torch.DataLoader``.
+- clairvoyant: the same dataset, the same DistributedSampler and ``clairvoyant.torch.DataLoader``
+  (the one-line change); the dataset tells clairvoyant its files through the emulated file
+  system (``__clairvoyant_source__``) and how to make an item from bytes.
 
 Both decode with PIL and apply the same transforms with one worker per rank (the same CPU
 budget). The accelerator's aggregate speed is ``--compute-ratio`` times the file
@@ -86,13 +87,23 @@ class FsImageFolder:
         return img, self.labels[index], fingerprint(data)
 
 
-class FingerprintingImageFolder(ctorch.ImageFolder):
-    """clairvoyant's ImageFolder whose items also carry a fingerprint of the bytes, like
-    :class:`FsImageFolder`, so the demo can check which samples each epoch saw."""
+class CachedFsImageFolder(FsImageFolder):
+    """:class:`FsImageFolder` with clairvoyant's dataset protocol: the samples are its files,
+    read through the same emulated file system, and an item is computed from a file's bytes
+    exactly as ``__getitem__`` computes it."""
 
-    def decode(self, data, label):
-        img, target = super().decode(data, label)
-        return img, target, fingerprint(data)
+    def __clairvoyant_source__(self):
+        import clairvoyant
+
+        return clairvoyant.FileList(self.paths, self.labels, emulated=clairvoyant.EmulatedFs(*self.fs_args))
+
+    def __clairvoyant_getitem__(self, index: int, data):
+        from .torch import pil_loader
+
+        img = pil_loader(data)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.labels[index], fingerprint(data)
 
 
 def _train_rank(ctx: RankContext, cfg: dict) -> dict:
@@ -111,20 +122,15 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
     index_of = {fp: k for k, fp in enumerate(cfg["fingerprints"])}
     mean_bytes = cfg["dataset_bytes"] / len(cfg["fingerprints"])
     epochs, batch_size, workers = cfg["epochs"], cfg["batch_size"], cfg["num_workers"]
-    job = None
+    cached = cfg["loader"] != "pytorch"
 
     ctx.sync()
     start = time.perf_counter()
-    if cfg["loader"] == "pytorch":
-        dataset = FsImageFolder(cfg["paths"], cfg["labels"], fs_args, transform)
-        sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg["seed"])
-        loader: Any = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers)
-    else:
-
-        source = clairvoyant.ImageFolder(cfg["root"], emulated=fs)
-        job = clairvoyant.Job(source, batch_size=batch_size, epochs=epochs, seed=cfg["seed"])
-        dataset = FingerprintingImageFolder(job, transform)
-        loader = ctorch.DataLoader(dataset, num_workers=workers)
+    # The two runs differ in one line: which DataLoader.
+    Loader: Any = ctorch.DataLoader if cached else DataLoader
+    dataset = (CachedFsImageFolder if cached else FsImageFolder)(cfg["paths"], cfg["labels"], fs_args, transform)
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=cfg["seed"])
+    loader = Loader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers)
     setup_seconds = time.perf_counter() - start
 
     out = []
@@ -132,7 +138,7 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
         if epoch > 0:
             ctx.sync()
             start = time.perf_counter()
-        (sampler if cfg["loader"] == "pytorch" else loader).set_epoch(epoch)
+        sampler.set_epoch(epoch)
         compute0 = acc.compute_seconds
         stall = 0.0
         fingerprints: list = []
@@ -160,13 +166,12 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
             "fs_bytes_read_total": fs.bytes_read,
             "samples": [index_of.get(fp, -1) for fp in fingerprints],
         }
-        if job is not None:
-            stats = job.stats()[epoch]
+        if cached:
+            stats = loader.stats()[-1]
             row["samples_by_source"] = {k: v["samples"] for k, v in stats["sources"].items()}
         out.append(row)
-    if job is not None:
+    if cached:
         loader.close()
-        job.close()
     return {"rank": ctx.rank, "epochs": out}
 
 

@@ -17,6 +17,10 @@ it meant. Two kinds of dataset qualify:
       def __clairvoyant_getitem__(self, index: int, data: memoryview):
           '''dataset[index], computed from that file's bytes (valid during the call only).'''
 
+  or, instead of ``__clairvoyant_files__``, ``__clairvoyant_source__()`` returning a
+  clairvoyant source (``clairvoyant.FileList``, ``ImageFolder``, ``Synthetic``, optionally
+  through an emulated file system) whose sample i is the dataset's sample i.
+
 Anything else is loaded as torch's DataLoader loads it.
 """
 
@@ -78,11 +82,11 @@ class Adapter:
     labels it can tell (``labels``, or zeros), and how a worker computes ``dataset[i]`` from the
     bytes (``kind``)."""
 
-    def __init__(self, kind: str, files: list, labels: Sequence[int], detail: str = ""):
+    def __init__(self, kind: str, files: list, labels: Sequence[int], source=None):
         self.kind = kind  # "folder" or "protocol"
         self.files = files
         self.labels = labels
-        self.detail = detail
+        self.source = source  # a clairvoyant source the dataset gave (else files are read)
 
 
 def _folder_root(dataset):
@@ -106,6 +110,14 @@ def _folder_root(dataset):
 def adapter_for(dataset) -> tuple[Optional[Adapter], str]:
     """(adapter, "") for a dataset clairvoyant can cache, else (None, why not)."""
     name = type(dataset).__name__
+    source_fn = getattr(dataset, "__clairvoyant_source__", None)
+    if source_fn is not None:
+        if not callable(getattr(dataset, "__clairvoyant_getitem__", None)):
+            return None, f"{name} has __clairvoyant_source__ but no __clairvoyant_getitem__"
+        source = source_fn()
+        if len(source) != len(dataset):
+            return None, f"{name}.__clairvoyant_source__() has {len(source)} samples for {len(dataset)} in the dataset"
+        return Adapter("protocol", [], [], source), ""
     files_fn = getattr(dataset, "__clairvoyant_files__", None)
     if files_fn is not None:
         if not callable(getattr(dataset, "__clairvoyant_getitem__", None)):

@@ -61,7 +61,11 @@ def _epochs_arg(epochs) -> Optional[int]:
     return epochs
 
 
-class DataLoader(torch.utils.data.DataLoader):
+# torch's class, whatever ``torch.utils.data.DataLoader`` names later (see ``patch``).
+_TorchDataLoader = torch.utils.data.dataloader.DataLoader
+
+
+class DataLoader(_TorchDataLoader):
     """``torch.utils.data.DataLoader`` with clairvoyant's prefetching and node cache.
 
     Takes torch's arguments with torch's meaning and yields exactly the batches torch's
@@ -194,7 +198,7 @@ class DataLoader(torch.utils.data.DataLoader):
         return self._cv
 
     def _index_sampler_of_user(self):
-        return torch.utils.data.DataLoader._index_sampler.fget(self)
+        return _TorchDataLoader._index_sampler.fget(self)
 
     # -- exact resume ----------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -229,6 +233,15 @@ class DataLoader(torch.utils.data.DataLoader):
         feed = self._feed()
         if feed is not None and isinstance(state["epoch"], int) and _order.epoch_of(self.sampler) is None:
             feed.count = state["epoch"]
+
+    def stats(self) -> list:
+        """Per epoch served (in the order served; a peeked epoch appears twice): samples,
+        bytes, stall_seconds and samples/bytes per source, as :meth:`clairvoyant.Job.stats`,
+        with ``epoch`` the sampler's epoch. Empty when nothing is cached."""
+        if self._job_loader is not None:
+            return self._job_loader.job.stats()
+        feed = self.__dict__.get("_cv")
+        return [] if feed is None else feed.stats()
 
     def close(self) -> None:
         """Stop the workers and the job now and release clairvoyant's shared memory (also done
@@ -305,6 +318,8 @@ class _Feed:
         self.token = 0
         self.leases: dict = {}
         self.current: Optional[_Current] = None
+        self.served: list = []  # (epoch key, engine pass) of every epoch served
+        self._job_stats = None
         self._iter = None
         workers = loader.num_workers
         depth = (loader.prefetch_factor or 2) * max(1, workers)
@@ -352,7 +367,7 @@ class _Feed:
             horizon = max(1, loader.epochs - key)
         import clairvoyant
 
-        source = clairvoyant.FileList(self.adapter.files, self.adapter.labels)
+        source = self.adapter.source or clairvoyant.FileList(self.adapter.files, self.adapter.labels)
         if distributed and b is not None:
             orders = []
             for h in range(horizon):
@@ -489,6 +504,7 @@ class _Feed:
             sizes = [len(b) if isinstance(b, list) else 1 for b in tail]
             flat = _flatten(tail)
             p = self._pass_for(flat, sizes)
+            self.served.append((key, p))
             src = job.shared_batches(p)
             self.next_pass = p + 1
             self._predict_after(key, p)
@@ -557,6 +573,13 @@ class _Feed:
         job, self.job = self.job, None
         if job is not None:
             job.close()
+            self._job_stats = job.stats()
+
+    def stats(self) -> list:
+        job_stats = self.job.stats() if self.job is not None else self._job_stats
+        if not job_stats:
+            return []
+        return [dict(job_stats[p], epoch=key) for key, p in self.served if p < len(job_stats)]
 
 
 def _flatten(batches: list) -> np.ndarray:
