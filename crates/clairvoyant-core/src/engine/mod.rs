@@ -446,7 +446,11 @@ impl Engine {
             });
         }
         let base = st.stream_base;
-        Ok(st.stream.range((a - base) as usize..(b - base) as usize).copied().collect())
+        Ok(st
+            .stream
+            .range((a - base) as usize..(b - base) as usize)
+            .copied()
+            .collect())
     }
 
     /// Epochs of the job: those of the schedule, then the appended passes.
