@@ -30,34 +30,40 @@ def _int_arg(name: str, value, lo: int, hi: int) -> int:
     return v
 
 
+def _ids(name: str, where: str, seq, num_samples: int) -> np.ndarray:
+    """Sample ids of one pass as an int64 array, each checked against the dataset; errors name
+    ``name`` (and ``where``: which epoch) and the position."""
+    if isinstance(seq, (str, bytes)) or not hasattr(seq, "__iter__"):
+        raise _TypeError(f"'{name}'{where}: must be a sequence of sample ids, not {type(seq).__name__}")
+    a = np.asarray(seq if hasattr(seq, "__len__") else list(seq))
+    if a.ndim != 1:
+        raise _native.ConfigError(f"invalid value for '{name}':{where} must be a flat sequence of sample ids")
+    if a.size and a.dtype.kind not in "iu":
+        if a.dtype.kind != "O":
+            raise _TypeError(f"'{name}'{where}: sample ids must be integers, not {a.dtype}")
+        ids = a.tolist()  # Python ints beyond 64 bits, or a mixture
+        for i, k in enumerate(ids):
+            if isinstance(k, (bool, np.bool_)) or not hasattr(type(k), "__index__"):
+                raise _TypeError(f"'{name}'{where} position {i}: sample ids must be integers, not {type(k).__name__}")
+        a = np.asarray([operator.index(k) for k in ids], dtype=object)
+    if a.size:
+        bad = np.flatnonzero((a < 0) | (a >= num_samples))
+        if bad.size:
+            pos = int(bad[0])
+            raise _native.ConfigError(
+                f"invalid value for '{name}':{where} position {pos}: sample {a[pos]} is outside "
+                f"the dataset of {num_samples} samples"
+            )
+    return a.astype(np.int64) if a.size else np.zeros(0, dtype=np.int64)
+
+
 def _orders(order, num_samples: int) -> list:
     """Explicit per-epoch orders as lists of ints, every id checked against the dataset."""
     if isinstance(order, (str, bytes)) or not hasattr(order, "__iter__"):
         raise _TypeError(f"'order' must be a sequence of per-epoch sequences of sample ids, not {type(order).__name__}")
     out = []
     for e, epoch_order in enumerate(order):
-        if isinstance(epoch_order, (str, bytes)) or not hasattr(epoch_order, "__iter__"):
-            raise _TypeError(f"'order' epoch {e}: must be a sequence of sample ids, not {type(epoch_order).__name__}")
-        a = np.asarray(epoch_order if hasattr(epoch_order, "__len__") else list(epoch_order))
-        if a.ndim != 1:
-            raise _native.ConfigError(f"invalid value for 'order': epoch {e} must be a flat sequence of sample ids")
-        if a.size and a.dtype.kind not in "iu":
-            if a.dtype.kind != "O":
-                raise _TypeError(f"'order' epoch {e}: sample ids must be integers, not {a.dtype}")
-            ids = a.tolist()  # Python ints beyond 64 bits, or a mixture
-            for i, k in enumerate(ids):
-                if isinstance(k, (bool, np.bool_)) or not hasattr(type(k), "__index__"):
-                    raise _TypeError(f"'order' epoch {e} position {i}: sample ids must be integers, not {type(k).__name__}")
-            a = np.asarray([operator.index(k) for k in ids], dtype=object)
-        if a.size:
-            bad = np.flatnonzero((a < 0) | (a >= num_samples))
-            if bad.size:
-                pos = int(bad[0])
-                raise _native.ConfigError(
-                    f"invalid value for 'order': epoch {e} position {pos}: sample {a[pos]} is outside "
-                    f"the dataset of {num_samples} samples"
-                )
-        out.append([int(k) for k in a.tolist()])
+        out.append(_ids("order", f" epoch {e}", epoch_order, num_samples).tolist())
     if not out:
         raise _native.ConfigError("invalid value for 'order': must hold at least one epoch")
     return out
@@ -195,8 +201,30 @@ class Job:
         return self._steps
 
     def samples_of(self, epoch: int) -> np.ndarray:
-        """This rank's sample indices of ``epoch`` in access order."""
+        """This rank's sample indices of ``epoch`` in access order. The job drops a pass's
+        samples once it is consumed or skipped: asking for them then raises
+        :class:`EpochConsumedError`."""
         return self._open_engine().epoch_samples(self._epoch_arg(epoch))
+
+    def append_epoch(self, samples, batch_sizes) -> int:
+        """Append a pass over ``samples`` (this rank's sample ids, in access order) served in
+        batches of ``batch_sizes`` (positive, adding up to ``len(samples)``) as the job's next
+        epoch, and return its index. The job stages into it as soon as it is appended; epochs
+        are still consumed in order, and beginning a later epoch skips the rest unread."""
+        engine = self._open_engine()
+        ids = _ids("samples", "", samples, len(self.source))
+        if ids.size == 0:
+            raise _native.ConfigError("invalid value for 'samples': an epoch needs at least one sample")
+        if isinstance(batch_sizes, (str, bytes)) or not hasattr(batch_sizes, "__iter__"):
+            raise _TypeError(f"'batch_sizes' must be a sequence of batch sizes, not {type(batch_sizes).__name__}")
+        sizes = [_int_arg("batch_sizes", b, 1, _U32) for b in batch_sizes]
+        if sum(sizes) != ids.size:
+            raise _native.ConfigError(
+                f"invalid value for 'batch_sizes': the sizes add up to {sum(sizes)} but 'samples' holds {ids.size}"
+            )
+        epoch = engine.append_epoch(ids, sizes)
+        self.epochs = engine.epochs
+        return epoch
 
     def batch_sizes(self, epoch: int) -> np.ndarray:
         ends = self._open_engine().batch_ends(self._epoch_arg(epoch))
@@ -210,7 +238,8 @@ class Job:
     def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, int]]:
         """Iterate over ``epoch``'s samples as (uint8 view, label)."""
         epoch = self._begin(epoch)
-        return self._track(_SampleIter(self._engine, epoch, len(self._engine.epoch_samples(epoch))))
+        ends = self._engine.batch_ends(epoch)
+        return self._track(_SampleIter(self._engine, epoch, int(ends[-1]) if len(ends) else 0))
 
     def batches(self, epoch: int) -> Iterator[tuple[list, np.ndarray]]:
         """Iterate over ``epoch``'s batches as (list of uint8 views, int64 labels)."""

@@ -67,6 +67,10 @@ pub enum Error {
     #[error("epoch {epoch} was already consumed (epochs are consumed in order; the next is {next})")]
     EpochConsumed { epoch: u32, next: u32 },
 
+    /// The samples of a consumed (or skipped) epoch, which the engine no longer holds.
+    #[error("the samples of epoch {epoch} were dropped once it was consumed or skipped (the current epoch is {next})")]
+    EpochDropped { epoch: u32, next: u32 },
+
     /// Waiting for another process (a local rank initialising shared state) took too long.
     #[error("timed out after {seconds} s waiting for {what} ({path})")]
     TimedOut { path: PathBuf, what: String, seconds: u64 },

@@ -217,12 +217,48 @@ impl PyEngine {
 
     fn epoch_samples<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
         self.check_epoch(epoch)?;
-        Ok(int64_array(py, self.engine.epoch_samples(epoch)))
+        Ok(int64_array(py, &self.engine.epoch_samples(epoch).py_err()?))
     }
 
     fn batch_ends<'py>(&self, py: Python<'py>, epoch: u32) -> PyResult<Bound<'py, PyArray1<i64>>> {
         self.check_epoch(epoch)?;
-        Ok(int64_array(py, self.engine.batch_ends(epoch)))
+        Ok(int64_array(py, &self.engine.batch_ends(epoch)))
+    }
+
+    /// Append a pass over `samples` in batches of `batch_sizes` as the next epoch; its index.
+    fn append_epoch(&self, py: Python<'_>, samples: &Bound<'_, PyAny>, batch_sizes: Vec<u64>) -> PyResult<u32> {
+        let samples = sample_ids(samples)?;
+        let mut ends = Vec::with_capacity(batch_sizes.len());
+        let mut end = 0u64;
+        for (i, &b) in batch_sizes.iter().enumerate() {
+            if b == 0 {
+                return Err(to_py(clairvoyant_core::Error::config(
+                    "batch_sizes",
+                    format!("batch {i} has size 0; every batch holds at least one sample"),
+                )));
+            }
+            end += b;
+            if end > samples.len() as u64 {
+                return Err(to_py(clairvoyant_core::Error::config(
+                    "batch_sizes",
+                    format!("the sizes add up to more than the {} samples", samples.len()),
+                )));
+            }
+            ends.push(end as u32);
+        }
+        if end != samples.len() as u64 {
+            return Err(to_py(clairvoyant_core::Error::config(
+                "batch_sizes",
+                format!("the sizes add up to {end} but there are {} samples", samples.len()),
+            )));
+        }
+        py.detach(|| self.engine.append_epoch(samples, ends)).py_err()
+    }
+
+    /// Samples of the stream the engine still holds (passes not yet consumed).
+    #[getter]
+    fn held_samples(&self) -> usize {
+        self.engine.held_samples()
     }
 
     #[getter]
@@ -285,6 +321,32 @@ impl PyEngine {
         }
         Ok(())
     }
+}
+
+/// Sample ids from a numpy integer array (fast path) or any sequence of ints.
+fn sample_ids(samples: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let bad = |i: usize, k: i128| {
+        to_py(clairvoyant_core::Error::config(
+            "samples",
+            format!("position {i}: sample {k} is not a valid sample id"),
+        ))
+    };
+    if let Ok(a) = samples.extract::<numpy::PyReadonlyArray1<'_, i64>>() {
+        return a
+            .as_array()
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| u32::try_from(k).map_err(|_| bad(i, k as i128)))
+            .collect();
+    }
+    if let Ok(a) = samples.extract::<numpy::PyReadonlyArray1<'_, u32>>() {
+        return Ok(a.as_array().to_vec());
+    }
+    let ids: Vec<i64> = samples.extract()?;
+    ids.iter()
+        .enumerate()
+        .map(|(i, &k)| u32::try_from(k).map_err(|_| bad(i, k as i128)))
+        .collect()
 }
 
 fn int64_array<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyArray1<i64>> {

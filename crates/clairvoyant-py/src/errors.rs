@@ -64,7 +64,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::TooLarge { .. } => CapacityError::new_err(msg),
         Error::Exhausted { .. } => ExhaustedError::new_err(msg),
         Error::EpochPastEnd { .. } | Error::EpochBeforeStart { .. } => EpochOutOfRangeError::new_err(msg),
-        Error::EpochConsumed { .. } => EpochConsumedError::new_err(msg),
+        Error::EpochConsumed { .. } | Error::EpochDropped { .. } => EpochConsumedError::new_err(msg),
         Error::TimedOut { path, .. } => os_error(Some(libc::ETIMEDOUT), msg, &path),
         Error::SimulationStalled { .. } => SimulationStalledError::new_err(msg),
         Error::Cancelled => CancelledError::new_err(msg),

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -137,9 +137,11 @@ fn join_share(fingerprint: u64, samples: usize, local_ranks: &[u32]) -> Option<A
 
 struct Inner {
     source: Arc<dyn Source>,
-    stream: Vec<u32>,
-    epoch_starts: Vec<u64>,
-    batch_ends: Vec<Vec<u32>>,
+    /// End (within the epoch) of each batch, per epoch; grows when a pass is appended. The
+    /// stream itself and the epochs' start positions live in the staging state.
+    batch_ends: RwLock<Vec<Arc<[u32]>>>,
+    /// Serialises appends (stats, stream and batch ends grow together).
+    appending: Mutex<()>,
     node: Arc<NodeShare>,
     /// This engine has left `node` (shutdown ran).
     left: AtomicBool,
@@ -214,14 +216,14 @@ impl Engine {
             ));
         }
         let streams = sched.streams_from(&[spec.rank], spec.first_epoch)?;
-        let mut stream = Vec::new();
+        let mut stream = VecDeque::new();
         let mut epoch_starts = vec![0u64; spec.first_epoch as usize + 1];
-        let mut batch_ends = vec![Vec::new(); spec.first_epoch as usize];
+        let mut batch_ends: Vec<Arc<[u32]>> = vec![Arc::from(Vec::new()); spec.first_epoch as usize];
         for epoch in streams {
             let e = epoch.into_iter().next().expect("one rank");
-            stream.extend_from_slice(&e.samples);
+            stream.extend(e.samples.iter().copied());
             epoch_starts.push(stream.len() as u64);
-            batch_ends.push(e.batch_ends);
+            batch_ends.push(Arc::from(e.batch_ends));
         }
 
         let f = source.len();
@@ -274,9 +276,8 @@ impl Engine {
         let epochs = sched.epochs as usize;
         let inner = Arc::new(Inner {
             source,
-            stream,
-            epoch_starts,
-            batch_ends,
+            batch_ends: RwLock::new(batch_ends),
+            appending: Mutex::new(()),
             node,
             left: AtomicBool::new(false),
             stamps,
@@ -291,6 +292,11 @@ impl Engine {
                 next_consume: 0,
                 ring_head: 0,
                 ring_tail: 0,
+                stream,
+                stream_base: 0,
+                epoch_starts,
+                detached: Vec::new(),
+                detached_tail: None,
             }),
             produced: Condvar::new(),
             freed: Condvar::new(),
@@ -418,22 +424,112 @@ impl Engine {
         Ok((node, placement.fill_order))
     }
 
-    /// Samples of `epoch` for this rank, in order.
-    pub fn epoch_samples(&self, epoch: u32) -> &[u32] {
-        let (a, b) = (
-            self.inner.epoch_starts[epoch as usize],
-            self.inner.epoch_starts[epoch as usize + 1],
-        );
-        &self.inner.stream[a as usize..b as usize]
+    /// Samples of `epoch` for this rank, in order. The samples of a pass are dropped once it
+    /// is consumed (or skipped): asking for them then is an error.
+    pub fn epoch_samples(&self, epoch: u32) -> Result<Vec<u32>> {
+        let epochs = self.epochs();
+        if epoch >= epochs {
+            return Err(Error::EpochPastEnd {
+                epoch,
+                last: epochs.saturating_sub(1),
+            });
+        }
+        let st = self.inner.lock();
+        let (a, b) = (st.epoch_starts[epoch as usize], st.epoch_starts[epoch as usize + 1]);
+        if a == b {
+            return Ok(Vec::new());
+        }
+        if a < st.stream_base {
+            return Err(Error::EpochDropped {
+                epoch,
+                next: st.epoch_of(st.next_consume),
+            });
+        }
+        let base = st.stream_base;
+        Ok(st
+            .stream
+            .range((a - base) as usize..(b - base) as usize)
+            .copied()
+            .collect())
     }
 
+    /// Epochs of the job: those of the schedule, then the appended passes.
     pub fn epochs(&self) -> u32 {
-        self.inner.batch_ends.len() as u32
+        self.inner.batch_ends.read().unwrap_or_else(|p| p.into_inner()).len() as u32
     }
 
     /// End position (within the epoch) of each batch of `epoch`.
-    pub fn batch_ends(&self, epoch: u32) -> &[u32] {
-        &self.inner.batch_ends[epoch as usize]
+    pub fn batch_ends(&self, epoch: u32) -> Arc<[u32]> {
+        self.inner.batch_ends.read().unwrap_or_else(|p| p.into_inner())[epoch as usize].clone()
+    }
+
+    /// Samples of the stream this engine still holds (passes not yet consumed).
+    pub fn held_samples(&self) -> usize {
+        self.inner.lock().stream.len()
+    }
+
+    /// Append a pass over `samples` (batches ending at `batch_ends`, within the pass) as the
+    /// job's next epoch, returned. Staging goes on into it as soon as it is appended; the
+    /// placement of the node cache stays the one computed at start.
+    pub fn append_epoch(&self, samples: Vec<u32>, batch_ends: Vec<u32>) -> Result<u32> {
+        self.inner.check_pid()?;
+        let n = self.inner.source.len() as u64;
+        if samples.is_empty() {
+            return Err(Error::config("samples", "an epoch needs at least one sample"));
+        }
+        if let Some((i, k)) = samples.iter().enumerate().find(|(_, &k)| k as u64 >= n) {
+            return Err(Error::config(
+                "samples",
+                format!("position {i}: sample {k} is outside the dataset of {n} samples"),
+            ));
+        }
+        let mut prev = 0u32;
+        for (i, &end) in batch_ends.iter().enumerate() {
+            if end <= prev {
+                return Err(Error::config(
+                    "batch_ends",
+                    format!("batch {i} is empty or out of order (ends at {end}, after {prev})"),
+                ));
+            }
+            prev = end;
+        }
+        if prev as usize != samples.len() {
+            return Err(Error::config(
+                "batch_ends",
+                format!("the batches end at {prev} but the epoch has {} samples", samples.len()),
+            ));
+        }
+        let _appending = self.inner.appending.lock().unwrap_or_else(|p| p.into_inner());
+        if self.inner.shutdown.load(Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
+        let epoch = self.epochs();
+        if epoch == u32::MAX {
+            return Err(Error::config("samples", "the job has as many epochs as it can hold"));
+        }
+        // Stats first: the consumer records into an epoch's figures as soon as it can reach it.
+        self.inner
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(EpochStats {
+                epoch,
+                ..Default::default()
+            });
+        {
+            let mut st = self.inner.lock();
+            let end = st.total() + samples.len() as u64;
+            st.stream.extend(samples);
+            st.epoch_starts.push(end);
+            // Producers that reached the old end sleep until now.
+            self.inner.freed.notify_all();
+        }
+        self.inner
+            .batch_ends
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::from(batch_ends));
+        Ok(epoch)
     }
 
     /// The shared files holding staged samples: (staging ring, memory arena if any). A worker
@@ -457,11 +553,12 @@ impl Engine {
 
     /// Start position of `epoch` in the whole run.
     pub fn epoch_start(&self, epoch: u32) -> u64 {
-        self.inner.epoch_starts[epoch as usize]
+        self.inner.lock().epoch_starts[epoch as usize]
     }
 
     /// Make `epoch` the current one: it must not be behind the consumer; the rest of an
-    /// unfinished earlier epoch is skipped (its samples released unseen).
+    /// unfinished earlier epoch (and any epoch in between) is skipped: what was not fetched yet
+    /// is never fetched, what was staged is released unseen.
     pub fn begin_epoch(&self, epoch: u32) -> Result<()> {
         self.inner.check_pid()?;
         let epochs = self.epochs();
@@ -477,27 +574,22 @@ impl Engine {
                 first: self.first_epoch,
             });
         }
-        let start = self.inner.epoch_starts[epoch as usize];
-        let pos = self.position();
+        let mut st = self.inner.lock();
+        let start = st.epoch_starts[epoch as usize];
+        let pos = st.next_consume;
         if pos > start {
-            let cur = self.inner.epoch_of(pos);
+            let cur = st.epoch_of(pos);
             return Err(Error::EpochConsumed {
                 epoch,
-                next: if self.inner.epoch_starts[cur as usize] == pos {
+                next: if st.epoch_starts[cur as usize] == pos {
                     cur
                 } else {
                     cur + 1
                 },
             });
         }
-        while self.position() < start {
-            match self.next(Duration::from_secs(1)) {
-                Ok(Some(l)) => self.release(l.pos),
-                Ok(None) => {}
-                Err(e @ (Error::Cancelled | Error::Exhausted { .. })) => return Err(e),
-                // A sample that cannot be read is skipped along with the rest.
-                Err(_) => {}
-            }
+        if pos < start {
+            self.inner.skip_to(&mut st, start);
         }
         Ok(())
     }
@@ -542,11 +634,13 @@ impl Engine {
     }
 
     pub fn stats(&self) -> Vec<EpochStats> {
+        let (pos, total, e) = {
+            let st = self.inner.lock();
+            (st.next_consume, st.total(), st.epoch_of(st.next_consume) as usize)
+        };
         let mut s = self.inner.stats.lock().unwrap().clone();
         // The current epoch's PFS figures so far.
-        let pos = self.position();
-        if pos < *self.inner.epoch_starts.last().unwrap() {
-            let e = self.inner.epoch_of(pos) as usize;
+        if pos < total {
             let base = *self.inner.pfs_at_epoch_start.lock().unwrap();
             s[e].pfs_bytes_read = self.inner.pfs_bytes.load(Ordering::Relaxed) - base.0;
             s[e].pfs_files_read = self.inner.pfs_files.load(Ordering::Relaxed) - base.1;
@@ -626,14 +720,6 @@ impl Inner {
             ));
         }
         Ok(())
-    }
-
-    fn epoch_of(&self, pos: u64) -> u32 {
-        (self.epoch_starts.partition_point(|&s| s <= pos) - 1) as u32
-    }
-
-    fn total(&self) -> u64 {
-        self.stream.len() as u64
     }
 
     fn ring_ptr(&self, start: u64) -> *mut u8 {

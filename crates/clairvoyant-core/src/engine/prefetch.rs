@@ -139,7 +139,7 @@ impl Inner {
                 // staged before is marked lost).
                 self.ring_intact(pos);
                 let st = self.lock();
-                let e = &st.entries[(pos - st.base()) as usize];
+                let e = st.entry(pos).expect("a pending entry is kept until fetched");
                 let ptr = match &e.slot {
                     Slot::Ring { start, .. } => self.ring_ptr(*start),
                     Slot::Heap(h) => h.as_ptr() as *mut u8,

@@ -55,17 +55,87 @@ pub(super) struct Group {
 }
 
 pub(super) struct StagingState {
+    /// Entries of the positions `base()..next_alloc`.
     pub(super) entries: VecDeque<Entry>,
     pub(super) next_alloc: u64,
     pub(super) next_consume: u64,
     pub(super) ring_head: u64,
+    /// Where the ring's live bytes begin as far as `entries` go (see [`StagingState::tail`]).
     pub(super) ring_tail: u64,
+    /// The access stream from position `stream_base` on: the passes not yet consumed. Passes
+    /// are appended at its end and dropped from its front once consumed or skipped.
+    pub(super) stream: VecDeque<u32>,
+    pub(super) stream_base: u64,
+    /// Start position of each epoch, then the stream's end.
+    pub(super) epoch_starts: Vec<u64>,
+    /// Entries taken out of `entries` by a skip that still hold their space, in position order:
+    /// samples the consumer still holds, and skipped samples whose fetch was in flight (their
+    /// producer frees them when it is done).
+    pub(super) detached: Vec<(u64, Entry)>,
+    /// Ring start of the oldest detached entry in the ring.
+    pub(super) detached_tail: Option<u64>,
 }
 
 impl StagingState {
     /// Position of `entries[0]`.
     pub(super) fn base(&self) -> u64 {
         self.next_alloc - self.entries.len() as u64
+    }
+
+    /// End of the stream (appending a pass moves it).
+    pub(super) fn total(&self) -> u64 {
+        self.stream_base + self.stream.len() as u64
+    }
+
+    /// The epoch holding `pos` (the last epoch for the stream's end).
+    pub(super) fn epoch_of(&self, pos: u64) -> u32 {
+        (self.epoch_starts.partition_point(|&s| s <= pos).max(1) - 1) as u32
+    }
+
+    /// Where the ring's live bytes begin.
+    pub(super) fn tail(&self) -> u64 {
+        self.detached_tail.unwrap_or(self.ring_tail)
+    }
+
+    pub(super) fn entry(&self, pos: u64) -> Option<&Entry> {
+        match pos.checked_sub(self.base()) {
+            Some(i) => self.entries.get(i as usize),
+            None => self.detached.iter().find(|(p, _)| *p == pos).map(|(_, e)| e),
+        }
+    }
+
+    pub(super) fn entry_mut(&mut self, pos: u64) -> Option<&mut Entry> {
+        match pos.checked_sub(self.base()) {
+            Some(i) => self.entries.get_mut(i as usize),
+            None => self.detached.iter_mut().find(|(p, _)| *p == pos).map(|(_, e)| e),
+        }
+    }
+
+    /// Free the detached entries that are released and no longer being fetched; whether any
+    /// space was freed.
+    fn free_detached(&mut self) -> bool {
+        let before = self.detached.len();
+        self.detached
+            .retain(|(_, e)| !e.released || matches!(e.status, Status::Pending));
+        self.detached_tail = self.detached.iter().find_map(|(_, e)| match e.slot {
+            Slot::Ring { start, .. } => Some(start),
+            _ => None,
+        });
+        self.detached.len() != before
+    }
+
+    /// Forget the stream before `pos` (the start of a pass no producer is behind). The memory
+    /// goes back once most of what is held was dropped.
+    pub(super) fn drop_stream_before(&mut self, pos: u64) {
+        let n = (pos.saturating_sub(self.stream_base) as usize).min(self.stream.len());
+        if n == 0 {
+            return;
+        }
+        self.stream.drain(..n);
+        self.stream_base += n as u64;
+        if self.stream.capacity() > 2 * self.stream.len() + 4096 {
+            self.stream.shrink_to_fit();
+        }
     }
 }
 
@@ -158,8 +228,16 @@ impl Inner {
                 // A sample made ready at the consumer's position: wake it before letting go.
                 let mut wake = false;
                 let next = loop {
-                    if self.shutdown.load(Ordering::Relaxed) || st.next_alloc >= self.total() {
+                    if self.shutdown.load(Ordering::Relaxed) {
                         break None;
+                    }
+                    if st.next_alloc >= st.total() {
+                        // The end of the stream so far: wait for a pass to be appended.
+                        if std::mem::take(&mut wake) {
+                            self.produced.notify_all();
+                        }
+                        st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+                        continue;
                     }
                     // The consumer waiting for the very next sample while it still holds every
                     // staged one must not wait for space it will never give back.
@@ -174,7 +252,7 @@ impl Inner {
                     if run >= RUN {
                         break Some(None);
                     }
-                    let sample = self.stream[st.next_alloc as usize];
+                    let sample = st.stream[(st.next_alloc - st.stream_base) as usize];
                     let len = self.source.size(sample);
                     let mut status = Status::Pending;
                     let slot = match self.store_of(sample) {
@@ -198,7 +276,7 @@ impl Inner {
                             } else {
                                 st.ring_head
                             };
-                            if start + len - st.ring_tail <= self.ring_cap {
+                            if start + len - st.tail() <= self.ring_cap {
                                 st.ring_head = start + len;
                                 Slot::Ring { start, len }
                             } else if consumer_starved {
@@ -250,8 +328,8 @@ impl Inner {
             let outcome = self.fetch(pos, sample, slot_kind);
             permit.finish(self.source.size(sample));
             let mut st = self.lock();
-            let idx = (pos - st.base()) as usize;
-            let entry = &mut st.entries[idx];
+            let detached = pos < st.base();
+            let entry = st.entry_mut(pos).expect("a pending entry is kept until fetched");
             match outcome {
                 Ok(f) => {
                     if let Some(h) = f.heap {
@@ -262,7 +340,12 @@ impl Inner {
                 }
                 Err(e) => entry.status = Status::Failed(e),
             }
-            if pos == st.next_consume {
+            if detached {
+                // Skipped while it was fetched: its space can go now.
+                if st.free_detached() {
+                    self.freed.notify_all();
+                }
+            } else if pos == st.next_consume {
                 self.produced.notify_all();
             }
         }
@@ -273,13 +356,15 @@ impl Inner {
     pub(super) fn next(&self, timeout: Duration, group: &mut Group) -> Result<Option<Lease>> {
         let mut t0: Option<Instant> = None;
         let mut st = self.lock();
-        let pos = st.next_consume;
-        if pos >= self.total() {
-            return Err(Error::Exhausted {
-                epochs: self.batch_ends.len() as u32,
-            });
-        }
+        let mut pos;
         loop {
+            // Re-read each time: another thread may have skipped ahead meanwhile.
+            pos = st.next_consume;
+            if pos >= st.total() {
+                return Err(Error::Exhausted {
+                    epochs: st.epoch_starts.len() as u32 - 1,
+                });
+            }
             if self.shutdown.load(Ordering::Relaxed) {
                 return Err(Error::Cancelled);
             }
@@ -296,7 +381,7 @@ impl Inner {
             let start = *t0.get_or_insert_with(Instant::now);
             let left = timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
-                self.add_stall(pos, start.elapsed());
+                self.add_stall(st.epoch_of(pos), start.elapsed());
                 return Ok(None);
             }
             st = self
@@ -308,6 +393,12 @@ impl Inner {
         let stalled = t0.map_or(Duration::ZERO, |t| t.elapsed());
         let idx = (pos - st.base()) as usize;
         st.next_consume += 1;
+        let epoch = st.epoch_of(pos);
+        let closes = pos + 1 == st.epoch_starts[epoch as usize + 1];
+        if closes {
+            // The pass is consumed: no producer needs its samples any more.
+            st.drop_stream_before(pos + 1);
+        }
         let losses = self.ring_losses.load(Ordering::Relaxed);
         let entry = &mut st.entries[idx];
         let (sample, label, lost) = (entry.sample, entry.label, entry.lost);
@@ -361,16 +452,18 @@ impl Inner {
                     let mut heap = vec![0u8; len].into_boxed_slice();
                     let read = self.read_source(sample, &mut heap);
                     let mut st = self.lock();
-                    let idx = (pos - st.base()) as usize;
                     ptr = heap.as_ptr();
                     (region, offset) = (Region::Private, 0);
-                    st.entries[idx].slot = Slot::Heap(heap);
+                    // Handed out and not yet released, so still held (in place or detached).
+                    if let Some(e) = st.entry_mut(pos) {
+                        e.slot = Slot::Heap(heap);
+                    }
                     drop(st);
                     if let Err(e) = read {
                         self.release(&[pos]);
                         self.record(
-                            self.epoch_of(pos),
-                            pos,
+                            epoch,
+                            closes,
                             stalled,
                             Served {
                                 bytes: 0,
@@ -384,12 +477,11 @@ impl Inner {
                 }
             }
         }
-        let epoch = self.epoch_of(pos);
         match status {
             Status::Ready(source) => {
                 self.record(
                     epoch,
-                    pos,
+                    closes,
                     stalled,
                     Served {
                         bytes: len as u64,
@@ -413,7 +505,7 @@ impl Inner {
                 self.release(&[pos]);
                 self.record(
                     epoch,
-                    pos,
+                    closes,
                     stalled,
                     Served {
                         bytes: 0,
@@ -435,8 +527,17 @@ impl Inner {
             return;
         }
         let mut st = self.lock();
+        let mut freed = false;
         for &pos in positions {
+            // Only what was handed out comes back.
+            if pos >= st.next_consume {
+                continue;
+            }
             if pos < st.base() {
+                if let Some(e) = st.entry_mut(pos) {
+                    e.released = true;
+                    freed = true;
+                }
                 continue;
             }
             let idx = (pos - st.base()) as usize;
@@ -444,7 +545,9 @@ impl Inner {
                 e.released = true;
             }
         }
-        let mut freed = false;
+        if freed {
+            st.free_detached();
+        }
         while st.entries.front().is_some_and(|e| e.released) {
             let e = st.entries.pop_front().unwrap();
             if let Slot::Ring { start, len } = e.slot {
@@ -458,6 +561,55 @@ impl Inner {
         self.unmap_if_idle(&st);
     }
 
+    /// Move the consumer to `target` (an epoch's start, ahead of it) without fetching what lies
+    /// between: positions not allocated yet are never fetched, staged ones are freed unseen, and
+    /// one whose fetch is in flight is freed by its producer when the fetch ends. Samples the
+    /// consumer still holds stay valid until released.
+    pub(super) fn skip_to(&self, st: &mut StagingState, target: u64) {
+        let from = st.next_consume;
+        debug_assert!(from < target && target <= st.total());
+        // The epoch being left closes its PFS figures here (its last sample is never recorded).
+        {
+            let e = st.epoch_of(from) as usize;
+            // Lock order as in `record`: stats, then the epoch's PFS base.
+            let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+            let mut base = self.pfs_at_epoch_start.lock().unwrap_or_else(|p| p.into_inner());
+            let (b, f) = (
+                self.pfs_bytes.load(Ordering::Relaxed),
+                self.pfs_files.load(Ordering::Relaxed),
+            );
+            if let Some(s) = stats.get_mut(e) {
+                s.pfs_bytes_read = b - base.0;
+                s.pfs_files_read = f - base.1;
+            }
+            *base = (b, f);
+        }
+        let base = st.base();
+        let n = target.min(st.next_alloc).saturating_sub(base) as usize;
+        for i in 0..n {
+            let pos = base + i as u64;
+            let mut e = st.entries.pop_front().expect("entry of an allocated position");
+            if let Slot::Ring { start, len } = e.slot {
+                st.ring_tail = start + len;
+            }
+            let keep = if pos < from {
+                // Handed out: the consumer may still read it.
+                !e.released
+            } else {
+                e.released = true;
+                matches!(e.status, Status::Pending)
+            };
+            if keep {
+                st.detached.push((pos, e));
+            }
+        }
+        st.next_alloc = st.next_alloc.max(target);
+        st.next_consume = target;
+        st.free_detached();
+        st.drop_stream_before(target);
+        self.freed.notify_all();
+    }
+
     /// Whether the ring still holds what was staged at `pos`: if the ring's file was truncated,
     /// every sample staged in it is marked lost (and refetched when the consumer gets to it).
     pub(super) fn ring_intact(&self, pos: u64) -> bool {
@@ -465,7 +617,7 @@ impl Inner {
             self.mark_ring_lost();
         }
         let st = self.lock();
-        pos < st.base() || !st.entries[(pos - st.base()) as usize].lost
+        st.entry(pos).is_none_or(|e| !e.lost)
     }
 
     /// Whether the ring's file still has its size, read once per hand-out call (`group`); if it
@@ -483,7 +635,8 @@ impl Inner {
 
     fn mark_ring_lost(&self) {
         let mut st = self.lock();
-        for e in st.entries.iter_mut() {
+        let StagingState { entries, detached, .. } = &mut *st;
+        for e in entries.iter_mut().chain(detached.iter_mut().map(|(_, e)| e)) {
             if matches!(e.slot, Slot::Ring { .. }) {
                 e.lost = true;
             }
@@ -502,7 +655,8 @@ impl Inner {
             .entries
             .iter()
             .enumerate()
-            .any(|(i, e)| base + (i as u64) < st.next_consume && !e.released);
+            .any(|(i, e)| base + (i as u64) < st.next_consume && !e.released)
+            || st.detached.iter().any(|(_, e)| !e.released);
         if !outstanding {
             self.ring.unmap();
         }

@@ -35,12 +35,12 @@ pub(super) struct Served {
 }
 
 impl Inner {
-    pub(super) fn add_stall(&self, pos: u64, d: Duration) {
-        let e = self.epoch_of(pos) as usize;
-        self.stats.lock().unwrap()[e].stall_seconds += d.as_secs_f64();
+    pub(super) fn add_stall(&self, epoch: u32, d: Duration) {
+        self.stats.lock().unwrap()[epoch as usize].stall_seconds += d.as_secs_f64();
     }
 
-    pub(super) fn record(&self, epoch: u32, pos: u64, stalled: Duration, served: Served) {
+    /// Count a consumed sample of `epoch`; `closes`: it was the epoch's last.
+    pub(super) fn record(&self, epoch: u32, closes: bool, stalled: Duration, served: Served) {
         let Served {
             bytes,
             src,
@@ -60,8 +60,7 @@ impl Inner {
         if corrupt {
             s.corrupt += 1;
         }
-        let end = self.epoch_starts[epoch as usize + 1];
-        if pos + 1 == end {
+        if closes {
             // Close the epoch's PFS figures.
             let mut base = self.pfs_at_epoch_start.lock().unwrap();
             let (b, f) = (
