@@ -438,7 +438,7 @@ class _Feed:
     def _predict_after(self, key, p: int) -> None:
         """Append the next epoch's predicted pass when none follows ``p`` yet."""
         job = self.job
-        if job.epochs > p + 1 or not isinstance(key, int) or not hasattr(job, "append_epoch"):
+        if job.epochs > p + 1 or not isinstance(key, int):
             return
         got = self.predictor.batches(key + 1, self._rank_for_prediction(), draw_base_seed=self._draws_base_seed())
         if not got:
