@@ -28,6 +28,7 @@ import datetime as _dt
 import json
 import os
 import sys
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -49,6 +50,7 @@ TARGETS = {
     "epoch0_fuse_vs_threadpool": 1.0,  # epoch 0 on the FUSE emulation / plain thread pool, same run (at most)
     "epoch0_fuse_small_memory_vs_bound": 1.05,  # the same with a memory class of a third of the dataset
     "epoch0_fuse_small_memory_vs_threadpool": 1.0,
+    "resume_first_batch_vs_epoch_start": 2.0,  # first batch after load_state_dict / after iter() (at most)
 }
 
 
@@ -452,6 +454,64 @@ def bench_simulator(log) -> dict:
     }
 
 
+# -- (f) exact resume -------------------------------------------------------------------------
+RESUME_SAMPLES = 2000
+RESUME_REPEATS = 5
+
+
+def bench_resume(out: Path, log) -> dict:
+    """How long the first batch takes after ``load_state_dict`` mid-epoch, against the first
+    batch of a normal epoch start (both start their worker processes and decode one batch;
+    the cache is warm: another loader over the dataset keeps the node cache alive), with
+    torchvision's ImageFolder, a DistributedSampler and 2 workers."""
+    import torch
+    import torchvision
+
+    from . import torch as ctorch
+    from ._emulation import make_imagefolder
+
+    data = out / "bench" / "resume-data"
+    make_imagefolder(data, 10, RESUME_SAMPLES // 10, seed=3)
+    transform = demo._transform()
+
+    def loader():
+        ds = torchvision.datasets.ImageFolder(str(data), transform)
+        sampler = torch.utils.data.DistributedSampler(ds, num_replicas=1, rank=0, seed=0)
+        return sampler, ctorch.DataLoader(ds, batch_size=32, sampler=sampler, num_workers=2)
+
+    def first_batch(load, sampler, epoch, state=None) -> float:
+        sampler.set_epoch(epoch)
+        if state is not None:
+            load.load_state_dict(state)
+        t = time.perf_counter()
+        next(iter(load))
+        return time.perf_counter() - t
+
+    warm_sampler, warm = loader()  # fills the node cache and keeps it while we measure
+    for e in range(2):
+        warm_sampler.set_epoch(e)
+        for _ in warm:
+            pass
+    normal, resumed = [], []
+    for r in range(RESUME_REPEATS):
+        sampler, a = loader()
+        normal.append(first_batch(a, sampler, 2 + r))
+        sampler.set_epoch(2 + r)
+        it = iter(a)
+        for _ in range(len(a) // 2):
+            next(it)
+        state = a.state_dict()
+        del it
+        a.close()
+        sampler, b = loader()
+        resumed.append(first_batch(b, sampler, 2 + r, state))
+        b.close()
+    warm.close()
+    n, m = statistics.median(normal), statistics.median(resumed)
+    log(f"resume: first batch at an epoch start {n * 1e3:.0f} ms, after load_state_dict mid-epoch {m * 1e3:.0f} ms (medians of {RESUME_REPEATS})")
+    return {"epoch_start_s": normal, "resumed_s": resumed, "ratio": m / n}
+
+
 def _target(name: str, value: Optional[float], at_least: bool) -> dict:
     goal = TARGETS[name]
     if value is None:
@@ -467,8 +527,11 @@ def evaluate(
     memory: Optional[dict] = None,
     simulator: Optional[dict] = None,
     fuse: Optional[dict] = None,
+    resume: Optional[dict] = None,
 ) -> list:
     out = []
+    if resume:
+        out.append(_target("resume_first_batch_vs_epoch_start", resume["ratio"], False))
     if training:
         util = training["utilization"]["clairvoyant"][1:]
         out.append(_target("utilization_epochs_ge1", min(util) if util else None, True))
@@ -498,6 +561,7 @@ _LABELS = {
     "overhead_ratio": "job.batches / PyTorch DataLoader samples/s (1 KB files, epochs >= 1)",
     "memory_overhead_mb": "resident memory above configured capacities, MB",
     "simulator_seconds": "simulator, all policies, ImageNet-1k, 16 workers, 90 epochs, s",
+    "resume_first_batch_vs_epoch_start": "first batch after load_state_dict / after an epoch start (warm cache)",
     "simulator_memory_gib": "simulator peak resident memory, GiB",
     "epoch0_fuse_vs_bound": "epoch 0 on FUSE, 4 ranks / max(compute, dataset / t(γ))",
     "epoch0_fuse_vs_threadpool": "epoch 0 on FUSE, 4 ranks / plain pool of 4 threads per rank (same run)",
@@ -627,7 +691,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--small-files", type=int, default=50_000, help="1 KB files for the overhead benchmark")
     ap.add_argument("--compute-ratio", type=float, default=BENCH_COMPUTE_RATIO, help="accelerator / file system speed")
     ap.add_argument("--fuse-files", type=int, default=8000, help="~100 KB files for the epoch-0 benchmark on FUSE")
-    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator", "fuse"], help="run one benchmark only")
+    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator", "fuse", "resume"], help="run one benchmark only")
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -642,6 +706,7 @@ def main(argv: Optional[list] = None) -> int:
     memory = bench_memory(log) if args.only in (None, "memory") else None
     simulator = bench_simulator(log) if args.only in (None, "simulator") else None
     fuse = bench_epoch0_fuse(out, args.fuse_files, log) if args.only in (None, "fuse") else None
+    resume = bench_resume(out, log) if args.only in (None, "resume") else None
     validation = None
     if training is not None:
         try:
@@ -650,7 +715,7 @@ def main(argv: Optional[list] = None) -> int:
             validation = _validate.predict(training, out / "bench" / "data", out / "bench", log)
         except ImportError as e:  # tomllib needs Python 3.11
             log(f"validation skipped: {e}")
-    targets = evaluate(training, overhead, memory, simulator, fuse)
+    targets = evaluate(training, overhead, memory, simulator, fuse, resume)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -660,6 +725,7 @@ def main(argv: Optional[list] = None) -> int:
         "memory": memory,
         "simulator": simulator,
         "epoch0_fuse": fuse,
+        "resume": resume,
         "simulator_validation": validation,
         "targets": targets,
     }

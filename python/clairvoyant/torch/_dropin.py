@@ -185,7 +185,7 @@ class DataLoader(_TorchDataLoader):
             it = _SingleProcessDataLoaderIter(view)
         else:
             self.check_worker_number_rationality()
-            it = _MultiProcessingDataLoaderIter(view)
+            it = _Iter(view)
         feed.serving(it)
         return it
 
@@ -263,6 +263,49 @@ class DataLoader(_TorchDataLoader):
                 feed.close()
         except Exception:
             pass
+
+
+class _Iter(_MultiProcessingDataLoaderIter):
+    """torch's multi-process iterator, receiving the workers' results on a thread as torch does
+    when it pins memory: rebuilding a batch's shared tensors costs a round trip to the worker
+    that sent it, and the training loop should find the batch ready instead of paying that per
+    step. What arrives and in which order is unchanged."""
+
+    def __init__(self, loader) -> None:
+        super().__init__(loader)
+        self._cv_thread = None
+        if self._pin_memory:
+            return  # torch's pin-memory thread does this already
+        import queue
+        import threading
+
+        src, dst = self._worker_result_queue, queue.Queue()
+        stop = self._cv_stop = threading.Event()
+
+        def receive() -> None:
+            while not stop.is_set():
+                try:
+                    item = src.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                except (EOFError, OSError, ValueError):  # closed: the workers are gone
+                    return
+                dst.put(item)
+                del item
+
+        self._cv_thread = threading.Thread(target=receive, name="clairvoyant-receive", daemon=True)
+        self._cv_thread.start()
+        self._data_queue = dst
+
+    def _shutdown_workers(self) -> None:
+        try:
+            super()._shutdown_workers()
+        finally:
+            thread = getattr(self, "_cv_thread", None)
+            if thread is not None:
+                self._cv_stop.set()
+                thread.join(timeout=5)
+                self._cv_thread = None
 
 
 class _View:
