@@ -181,11 +181,21 @@ class DataLoader(_TorchDataLoader):
         if feed is None:
             return super()._get_iterator()
         view = _View(self, feed)
-        if self.num_workers == 0:
-            it = _SingleProcessDataLoaderIter(view)
-        else:
-            self.check_worker_number_rationality()
-            it = _Iter(view)
+        # A resumed epoch was begun by the interrupted run, which drew its iterator's base seed
+        # then: creating this iterator must not draw another from the user's generator, or the
+        # epochs after the resumed one would be drawn from a shifted generator.
+        resuming = feed.resumes(self)
+        gen = self.generator
+        saved = (gen.get_state() if gen is not None else torch.get_rng_state()) if resuming else None
+        try:
+            if self.num_workers == 0:
+                it = _SingleProcessDataLoaderIter(view)
+            else:
+                self.check_worker_number_rationality()
+                it = _Iter(view)
+        finally:
+            if saved is not None:
+                gen.set_state(saved) if gen is not None else torch.set_rng_state(saved)
         feed.serving(it)
         return it
 
@@ -381,6 +391,14 @@ class _Feed:
         if loader is None:
             raise ExhaustedError("the DataLoader this iterator belongs to was garbage collected")
         return loader
+
+    def resumes(self, loader: DataLoader) -> bool:
+        """The next epoch continues an interrupted one (a loaded state applies to it)."""
+        r = loader._resume
+        if r is None or r["yielded"] >= r["total"]:
+            return False
+        key = _order.epoch_of(loader.sampler)
+        return r["epoch"] == (self.count if key is None else key)
 
     def serving(self, it) -> None:
         self._iter = weakref.ref(it)
