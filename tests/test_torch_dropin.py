@@ -80,9 +80,10 @@ class Case:
 
 W2 = ("--workers", "2")
 VAL_WORKERS = ("--val", *W2)
+TORCHRUN = ("--sampler", "distributed", "--val", "--workers", "1")
 DIST_ONE_PROCESS = ("--sampler", "distributed", "--batch-size", "7")
 CASES = [
-    Case("torchrun_distributed_sampler", ("--sampler", "distributed", "--val", "--workers", "1"), torchrun=True),
+    Case("torchrun_distributed_sampler", TORCHRUN, torchrun=True),
     Case("mp_spawn_distributed_sampler", ("--launch", "spawn", "--nprocs", "2", "--sampler", "distributed", "--val")),
     Case("one_process_shuffle", ("--shuffle", "--val")),
     Case("one_process_no_shuffle", ("--no-shuffle",)),
@@ -112,12 +113,13 @@ CASES = [
     ),
     Case(
         "resume_mid_epoch_other_workers_augmented",
-        (*W2, "--sampler", "distributed"),
+        DIST_ONE_PROCESS,
         stop_after="1:2",
-        resume_args=("--workers", "1", "--sampler", "distributed"),
+        resume_args=W2,
         fields=ORDER_FIELDS,
     ),
     Case("resume_epoch_boundary", DIST_ONE_PROCESS, stop_after="1:0"),
+    Case("resume_mid_epoch_torchrun", TORCHRUN, torchrun=True, stop_after="1:2"),
 ]
 
 
@@ -251,7 +253,9 @@ def test_same_batches_as_torch(case: Case, run):
 
     stop_args = (*case.args, "--stop-after", case.stop_after)
     resume_args = override(case.args, case.resume_args) if case.resume_args else case.args
-    ref_stop, got_stop = both(run, ("torch", stop_args, case.torchrun), (CANDIDATE, stop_args, case.torchrun))
+    ref_stop, got_stop, whole = both(
+        run, ("torch", stop_args, case.torchrun), (CANDIDATE, stop_args, case.torchrun), ("torch", case.args, case.torchrun)
+    )
     ref_resumed, got_resumed = both(
         run,
         ("torch", resume_args, case.torchrun, ref_stop),
@@ -262,7 +266,6 @@ def test_same_batches_as_torch(case: Case, run):
     assert_same(case.id, records(ref_stop, ref_resumed), records(got_stop, got_resumed), case.fields)
     # The reference is what it claims: stopped and resumed, torch's DataLoader gives the batches of
     # an uninterrupted run.
-    whole = run("torch", case.args, case.torchrun)
     assert_same(
         case.id + " (reference against an uninterrupted run)",
         records(whole),
