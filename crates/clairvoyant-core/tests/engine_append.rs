@@ -275,22 +275,31 @@ fn skipping_past_a_fetch_in_flight_keeps_its_space_until_it_ends() {
 #[test]
 fn consumed_passes_are_dropped() {
     let src = CountingSource::new(1000, None);
-    let engine = start(&src, 1 << 16, vec![(0..1000).collect(), (0..1000).rev().collect()]);
+    let engine = start(&src, 1 << 16, vec![(0..1000).collect()]);
+    let backwards: Vec<u32> = (0..1000).rev().collect();
+    engine.append_epoch(backwards.clone(), vec![1000]).unwrap();
     engine.append_epoch((0..1000).collect(), vec![1000]).unwrap();
-    assert_eq!(engine.held_samples(), 3000);
+    engine.append_epoch((0..1000).collect(), vec![1000]).unwrap();
+    assert_eq!(engine.held_samples(), 4000);
     consume(&engine, &(0..1000).collect::<Vec<_>>());
+    assert_eq!(engine.held_samples(), 3000);
+    // An epoch of the starting schedule is derived again; its batches stay.
+    assert_eq!(engine.epoch_samples(0).unwrap(), (0..1000).collect::<Vec<_>>());
+    assert_eq!(engine.batch_ends(0).last(), Some(&1000));
+    assert_eq!(engine.epoch_samples(1).unwrap(), backwards);
+    consume(&engine, &backwards);
     assert_eq!(engine.held_samples(), 2000);
     assert!(matches!(
-        engine.epoch_samples(0),
-        Err(Error::EpochDropped { epoch: 0, next: 1 })
+        engine.epoch_samples(1),
+        Err(Error::EpochDropped { epoch: 1, next: 2 })
     ));
-    assert_eq!(engine.batch_ends(0).last(), Some(&1000));
-    consume(&engine, &[999, 998]);
-    engine.begin_epoch(2).unwrap();
+    assert_eq!(engine.batch_ends(1).last(), Some(&1000));
+    consume(&engine, &[0, 1]);
+    engine.begin_epoch(3).unwrap();
     assert_eq!(engine.held_samples(), 1000);
-    let err = engine.epoch_samples(1).unwrap_err();
-    assert!(err.to_string().contains("epoch 1 were dropped"), "{err}");
-    assert_eq!(engine.epoch_samples(2).unwrap(), (0..1000).collect::<Vec<_>>());
+    let err = engine.epoch_samples(2).unwrap_err();
+    assert!(err.to_string().contains("epoch 2 were dropped"), "{err}");
+    assert_eq!(engine.epoch_samples(3).unwrap(), (0..1000).collect::<Vec<_>>());
     consume(&engine, &(0..1000).collect::<Vec<_>>());
     assert_eq!(engine.held_samples(), 0);
 }

@@ -157,6 +157,8 @@ struct Inner {
     st: Mutex<StagingState>,
     produced: Condvar,
     freed: Condvar,
+    /// Producers at the end of the stream wait here for a pass to be appended.
+    grown: Condvar,
     shutdown: AtomicBool,
     fill_timeout: Duration,
     stats: Mutex<Vec<EpochStats>>,
@@ -179,6 +181,10 @@ pub struct Engine {
     threads: Mutex<Vec<JoinHandle<()>>>,
     placement_summary: Vec<(String, u64, u64)>,
     first_epoch: u32,
+    /// The schedule the job started with and this rank: its epochs' samples can be derived again
+    /// once dropped from the stream (appended passes cannot).
+    schedule: Schedule,
+    rank: u32,
 }
 
 impl Engine {
@@ -300,6 +306,7 @@ impl Engine {
             }),
             produced: Condvar::new(),
             freed: Condvar::new(),
+            grown: Condvar::new(),
             shutdown: AtomicBool::new(false),
             fill_timeout: Duration::from_secs(30),
             stats: Mutex::new(
@@ -360,6 +367,8 @@ impl Engine {
             threads: Mutex::new(threads),
             placement_summary,
             first_epoch: spec.first_epoch,
+            schedule: spec.schedule,
+            rank: spec.rank,
         })
     }
 
@@ -424,8 +433,9 @@ impl Engine {
         Ok((node, placement.fill_order))
     }
 
-    /// Samples of `epoch` for this rank, in order. The samples of a pass are dropped once it
-    /// is consumed (or skipped): asking for them then is an error.
+    /// Samples of `epoch` for this rank, in order. The stream drops a pass's samples once it is
+    /// consumed (or skipped): an epoch of the schedule the job started with is then derived from
+    /// it again; asking for an appended pass then is an error.
     pub fn epoch_samples(&self, epoch: u32) -> Result<Vec<u32>> {
         let epochs = self.epochs();
         if epoch >= epochs {
@@ -440,6 +450,10 @@ impl Engine {
             return Ok(Vec::new());
         }
         if a < st.stream_base {
+            if epoch < self.schedule.epochs {
+                drop(st);
+                return Ok(self.schedule.rank_epoch(self.rank, epoch)?.samples);
+            }
             return Err(Error::EpochDropped {
                 epoch,
                 next: st.epoch_of(st.next_consume),
@@ -522,7 +536,7 @@ impl Engine {
             st.stream.extend(samples);
             st.epoch_starts.push(end);
             // Producers that reached the old end sleep until now.
-            self.inner.freed.notify_all();
+            self.inner.grown.notify_all();
         }
         self.inner
             .batch_ends
@@ -633,7 +647,13 @@ impl Engine {
         self.inner.source.label(sample)
     }
 
+    /// Per-epoch figures. In a forked child (where a thread of the parent may have held the
+    /// engine's locks at the fork) only what can be read without waiting: the figures as last
+    /// recorded, or none.
     pub fn stats(&self) -> Vec<EpochStats> {
+        if pid::current() != self.inner.owner_pid {
+            return self.inner.stats.try_lock().map(|s| s.clone()).unwrap_or_default();
+        }
         let (pos, total, e) = {
             let st = self.inner.lock();
             (st.next_consume, st.total(), st.epoch_of(st.next_consume) as usize)
@@ -666,6 +686,7 @@ impl Engine {
             let _g = self.inner.lock();
             self.inner.produced.notify_all();
             self.inner.freed.notify_all();
+            self.inner.grown.notify_all();
         }
         let threads: Vec<_> = self
             .threads

@@ -236,7 +236,7 @@ impl Inner {
                         if std::mem::take(&mut wake) {
                             self.produced.notify_all();
                         }
-                        st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
+                        st = self.grown.wait(st).unwrap_or_else(|p| p.into_inner());
                         continue;
                     }
                     // The consumer waiting for the very next sample while it still holds every
