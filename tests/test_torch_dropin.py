@@ -150,6 +150,11 @@ class Runner:
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr)[-4000:]
             pytest.fail(f"--loader {loader} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}", pytrace=False)
+        if loader == "clairvoyant":
+            # ImageFolder is read through clairvoyant's cache; FakeData (no files) falls back.
+            notice = "clairvoyant: not cached" in proc.stderr
+            if notice != ("--fake" in args):
+                pytest.fail(f"{' '.join(cmd)}: expected {'a' if '--fake' in args else 'no'} 'not cached' notice:\n{proc.stderr[-2000:]}", pytrace=False)
         with self.lock:
             self.cache[key] = out
         return out

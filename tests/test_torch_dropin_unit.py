@@ -266,3 +266,25 @@ def test_spawned_torch_workers_over_a_job_dataset(folder, tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "45"
+
+
+def test_a_worker_killed_with_sigkill_is_an_error_and_the_next_epoch_runs(folder):
+    """As with torch: the iterator raises (no hang); the loader's next iter() starts afresh
+    and the bytes of the abandoned batches are released."""
+    import signal
+    import time
+
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    loader = ct.DataLoader(ds, batch_size=3, num_workers=2, timeout=20)
+    it = iter(loader)
+    next(it)
+    os.kill(it._workers[0].pid, signal.SIGKILL)
+    t = time.monotonic()
+    with pytest.raises(RuntimeError, match="exited unexpectedly|killed"):
+        for _ in it:
+            pass
+    assert time.monotonic() - t < 30
+    del it
+    assert sum(len(y) for _, y in loader) == len(ds)
+    assert len(loader._cv.leases) <= 2 * 2 * 2  # only the new epoch's batches in flight
+    loader.close()
