@@ -706,7 +706,9 @@ impl Engine {
         // last job of this process using it leaves it.
         if !self.inner.left.swap(true, Ordering::AcqRel) && self.inner.node.engines.fetch_sub(1, Ordering::AcqRel) == 1
         {
-            self.inner.node.cache.detach();
+            // The attachment served every local rank of this process that joined the share.
+            let ranks = self.inner.node.ranks.lock().unwrap_or_else(|p| p.into_inner()).len() as u32;
+            self.inner.node.cache.detach_ranks(ranks);
         }
     }
 }
