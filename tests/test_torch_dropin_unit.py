@@ -288,3 +288,50 @@ def test_a_worker_killed_with_sigkill_is_an_error_and_the_next_epoch_runs(folder
     assert sum(len(y) for _, y in loader) == len(ds)
     assert len(loader._cv.leases) <= 2 * 2 * 2  # only the new epoch's batches in flight
     loader.close()
+
+
+class _Reversing(torch.utils.data.Sampler):
+    """A deterministic sampler that tells its future through the protocol."""
+
+    def __init__(self, n):
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __clairvoyant_order__(self, epoch):
+        order = list(range(self.n))
+        return order[epoch % self.n :] + order[: epoch % self.n]
+
+    def __iter__(self):
+        return iter(self.__clairvoyant_order__(self.epoch))
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("kind", ["distributed", "protocol", "generator"])
+def test_predicted_epochs_are_served_from_the_prefetched_passes(folder, kind):
+    """Clairvoyance: every epoch after the first was appended to the engine's stream before it
+    began (the pass served is the predicted one, not one appended on demand)."""
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    kw = {}
+    if kind == "distributed":
+        s = kw["sampler"] = DistributedSampler(ds, num_replicas=1, rank=0)
+    elif kind == "protocol":
+        s = kw["sampler"] = _Reversing(len(ds))
+    else:
+        s = None
+        kw.update(shuffle=True, generator=torch.Generator().manual_seed(2))
+    ref = torch.utils.data.DataLoader(ds, batch_size=4, **{**kw, "generator": torch.Generator().manual_seed(2)} if s is None else kw)
+    loader = ct.DataLoader(ds, batch_size=4, **kw)
+    got, want = [], []
+    for e in range(4):
+        if s is not None:
+            s.set_epoch(e)
+        got += [y.tolist() for _, y in loader]
+        want += [y.tolist() for _, y in ref]
+    served = loader._cv.served
+    loader.close()
+    assert got == want
+    assert served == [(e, e) for e in range(4)]

@@ -396,7 +396,7 @@ class JobLoader:
             pass
 
     def __repr__(self) -> str:
-        return f"clairvoyant.torch.DataLoader(batch_size={self.batch_size}, num_workers={self.num_workers}, steps={len(self)})"
+        return f"clairvoyant.torch.JobLoader(batch_size={self.batch_size}, num_workers={self.num_workers}, steps={len(self)})"
 
 
 def _exhausted(epoch: int, began: int) -> BaseException:
