@@ -335,3 +335,19 @@ def test_predicted_epochs_are_served_from_the_prefetched_passes(folder, kind):
     loader.close()
     assert got == want
     assert served == [(e, e) for e in range(4)]
+
+
+def test_the_users_dataset_is_left_as_it_was(folder):
+    """A single-process loader runs the dataset in the training process: its loader attribute
+    must be the user's again after every item (another loader over it, a Subset, sees it)."""
+    import torchvision.datasets.folder as tvf
+
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    loader = ct.DataLoader(ds, batch_size=4)
+    for _ in loader:
+        assert ds.loader is tvf.default_loader
+    aux = ct.DataLoader(torch.utils.data.Subset(ds, range(5)), batch_size=4)
+    assert [len(y) for _, y in aux] == [4, 1]
+    assert aux._cv.adapter is not None  # cached too
+    loader.close()
+    aux.close()

@@ -198,18 +198,17 @@ def set_rng_state(state: tuple) -> None:
 
 
 class _CachedLoader:
-    """Stands in for a DatasetFolder's ``loader`` in a worker: the path being loaded gets the
-    cached bytes, any other path the original loader."""
+    """Stands in for a DatasetFolder's ``loader`` during one ``dataset[i]``: the path being
+    loaded gets the cached bytes, any other path the original loader."""
 
-    def __init__(self, original: Callable):
-        self.original = original
-        self.decode = _byte_decoder(original)
-        self.pending: Optional[tuple] = None
+    def __init__(self, original: Callable, decode: Callable, path, data):
+        self.original, self.decode = original, decode
+        self.path, self.data = path, data
 
     def __call__(self, path):
-        pending, self.pending = self.pending, None
-        if pending is not None and pending[0] == path and self.decode is not None:
-            return self.decode(pending[1])
+        data, self.data = self.data, None
+        if data is not None and path == self.path:
+            return self.decode(data)
         return self.original(path)
 
 
@@ -232,6 +231,7 @@ class CachedDataset(torch.utils.data.Dataset):
         state = dict(self.__dict__)
         state["_maps"] = {}
         state["_folder"] = None
+        state.pop("_decode", None)
         return state
 
     def __len__(self) -> int:
@@ -257,16 +257,16 @@ class CachedDataset(torch.utils.data.Dataset):
             return self.dataset.__clairvoyant_getitem__(index, data)
         folder = self._folder
         if folder is None:
-            folder, _ = _folder_root(self.dataset)
-            if not isinstance(folder.loader, _CachedLoader):
-                folder.loader = _CachedLoader(folder.loader)
-            self._folder = folder
-        path = self._path_of(index)
-        folder.loader.pending = (path, data)
+            folder = self._folder = _folder_root(self.dataset)[0]
+            self._decode = _byte_decoder(folder.loader)
+        # The dataset's own __getitem__ runs; only its loader is given the bytes, for this call
+        # (the dataset object is the user's in a single-process loader: it is left as it was).
+        original = folder.loader
+        folder.loader = _CachedLoader(original, self._decode, self._path_of(index), data)
         try:
             return self.dataset[index]
         finally:
-            folder.loader.pending = None
+            folder.loader = original
 
     def _path_of(self, index: int):
         d = self.dataset
