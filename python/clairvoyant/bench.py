@@ -55,10 +55,13 @@ TARGETS = {
 
 
 # -- (a) the demo comparison, larger ---------------------------------------------------------
-# At 4x the demo's size PyTorch's per-epoch fixed costs (first batches) weigh less, so the
-# accelerator is made faster than in the demo (1.5x, as before the demo's ranks forked their
-# workers) to keep PyTorch's DataLoader well below full utilization.
-BENCH_COMPUTE_RATIO = 2.4
+# The accelerator's speed relative to the file system decides what the run shows: PyTorch's
+# DataLoader must be well below full utilization (it reads the dataset every epoch), while every
+# per-step cost both loaders pay (the ranks' step synchronisation, the training loop itself)
+# weighs more on clairvoyant's utilization the faster the accelerator is. Measured on 2 cores
+# with both loaders keeping their workers (docs/benchmarks.md): at 2.4 PyTorch 0.32, clairvoyant
+# 0.942-0.951; at 1.8 see the recorded run.
+BENCH_COMPUTE_RATIO = 1.8
 
 
 def bench_training(

@@ -568,9 +568,14 @@ class _Feed:
             self.served.append((key, p))
             src = job.shared_batches(p)
             self.next_pass = p + 1
-            self._predict_after(key, p)
         batched = loader._auto_collation
+        # The next epoch's prediction is appended once the first batches are on their way
+        # (torch dispatches prefetch_factor x num_workers of them when the epoch starts), not
+        # before: the epoch's first batch should not wait for it.
+        predict_at = min(len(tail) - 1, (loader.prefetch_factor or 1) * max(1, loader.num_workers))
         for k, b in enumerate(tail):
+            if k == predict_at and src is not None:
+                self._predict_after(key, p)
             token = self.token
             self.token += 1
             where, private, lease = None, {}, None
