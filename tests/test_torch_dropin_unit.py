@@ -115,6 +115,17 @@ def test_is_a_torch_dataloader_with_torchs_attributes(folder):
         ct.DataLoader(ds, shuffle=True, sampler=torch.utils.data.SequentialSampler(ds))
 
 
+def test_an_unpredictable_sampler_is_said_once(folder, capfd):
+    ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]))
+    loader = ct.DataLoader(ds, batch_size=8, shuffle=True)  # torch's global generator
+    for _ in range(2):
+        assert sum(len(y) for _, y in loader) == len(ds)
+    loader.close()
+    err = capfd.readouterr().err
+    assert err.count("RandomSampler's future order cannot be known") == 1
+    assert "generator=" in err
+
+
 def test_fakedata_falls_back_with_a_notice(capfd):
     ds = torchvision.datasets.FakeData(size=12, image_size=(3, 6, 6), transform=T.ToTensor())
     torch.manual_seed(1)

@@ -420,6 +420,16 @@ class _Feed:
         if len(flat) == 0:
             return
         sampler = loader.sampler
+        if self.predictor.kind == "unknown":
+            hint = (
+                " (pass a seeded generator= to read epochs ahead)"
+                if isinstance(sampler, torch.utils.data.RandomSampler)
+                else " (a sampler can tell it with __clairvoyant_order__(epoch))"
+            )
+            self._notice(
+                f"{type(sampler).__name__}'s future order cannot be known: each epoch is read ahead "
+                f"from its start, not across epochs{hint}"
+            )
         distributed = self.predictor.all_ranks and isinstance(sampler, DistributedSampler)
         where = _rank.resolve((sampler.rank, sampler.num_replicas) if distributed else None)
         b, dl = _batch_shape(loader)
