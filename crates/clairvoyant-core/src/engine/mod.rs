@@ -160,6 +160,8 @@ struct Inner {
     /// Producers at the end of the stream wait here for a pass to be appended.
     grown: Condvar,
     shutdown: AtomicBool,
+    /// Every prefetch thread has exited (after shutdown): nothing writes into the ring any more.
+    producers_gone: AtomicBool,
     fill_timeout: Duration,
     stats: Mutex<Vec<EpochStats>>,
     pfs_bytes: AtomicU64,
@@ -308,6 +310,7 @@ impl Engine {
             freed: Condvar::new(),
             grown: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            producers_gone: AtomicBool::new(false),
             fill_timeout: Duration::from_secs(30),
             stats: Mutex::new(
                 (0..epochs)
@@ -694,13 +697,20 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .drain(..)
             .collect();
+        let joined = threads.iter().all(|t| t.thread().id() != std::thread::current().id());
         for t in threads {
             let _ = t.join();
         }
         // Release the shared memory now: the ring's file goes at once, its mapping when the last
         // lease is released or the engine is dropped (a consumer thread may still be reading a
-        // sample it was handed while another thread shuts down).
+        // sample it was handed while another thread shuts down), never while a producer may still
+        // be writing into it (a sample skipped while its fetch was in flight, say).
         self.inner.ring.unlink();
+        if joined {
+            self.inner.producers_gone.store(true, Ordering::Release);
+            let st = self.inner.lock();
+            self.inner.unmap_if_idle(&st);
+        }
         // Leave the node cache now rather than when the last lease is garbage collected, so a
         // job started next attaches to a fresh cache; mappings stay valid for live leases. The
         // last job of this process using it leaves it.

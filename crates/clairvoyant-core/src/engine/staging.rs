@@ -644,10 +644,10 @@ impl Inner {
         self.ring_losses.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// After shutdown, drop the ring's mapping once every handed-out sample is released
-    /// (samples never handed out are not coming back for).
+    /// After shutdown, once the prefetch threads have exited, drop the ring's mapping once
+    /// every handed-out sample is released (samples never handed out are not coming back for).
     pub(super) fn unmap_if_idle(&self, st: &StagingState) {
-        if !self.shutdown.load(Ordering::Relaxed) || !self.ring.is_mapped() {
+        if !self.producers_gone.load(Ordering::Acquire) || !self.ring.is_mapped() {
             return;
         }
         let base = st.base();
