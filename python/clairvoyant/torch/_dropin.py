@@ -26,14 +26,14 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
-from ..errors import ArgumentTypeError, CancelledError, ConfigError, ExhaustedError
+from ..errors import ArgumentTypeError, CancelledError, ConfigError, EpochConsumedError, ExhaustedError
 from . import _datasets, _legacy, _order, _rank
 
 __all__ = ["DataLoader"]
@@ -502,7 +502,7 @@ class _Feed:
             try:
                 if list(job.batch_sizes(p)) == sizes and np.array_equal(job.samples_of(p), samples):
                     return p
-            except Exception:
+            except EpochConsumedError:  # dropped from the stream: not a candidate
                 continue
         return job.append_epoch(samples, sizes)
 
@@ -516,7 +516,7 @@ class _Feed:
             return
         flat = _flatten(got)
         if len(flat):
-            job.append_epoch(flat, [len(b) if isinstance(b, list) else 1 for b in got])
+            job.append_epoch(flat, _sizes(got))
 
     def _rank_for_prediction(self):
         s = self.loader.sampler
@@ -572,7 +572,7 @@ class _Feed:
         job = self.job
         src = None
         if job is not None and tail:
-            sizes = [len(b) if isinstance(b, list) else 1 for b in tail]
+            sizes = _sizes(tail)
             flat = _flatten(tail)
             p = self._pass_for(flat, sizes)
             self.served.append((key, p))
@@ -666,6 +666,11 @@ def _flatten(batches: list) -> np.ndarray:
     return np.asarray(batches, dtype=np.int64)
 
 
+def _sizes(batches: list) -> list:
+    """The size of each batch (1 for each index without automatic batching)."""
+    return [len(b) if isinstance(b, list) else 1 for b in batches]
+
+
 def _batch_shape(loader) -> tuple:
     """(batch size, drop_last) of the loader's batching, (None, False) for a custom batch
     sampler; (1, False) without automatic batching."""
@@ -686,7 +691,7 @@ def _interleave(streams: dict, world: int, b: int, drop_last: bool) -> Optional[
     flat = {}
     for r, batches in streams.items():
         f = _flatten(batches)
-        sizes = [len(x) if isinstance(x, list) else 1 for x in batches]
+        sizes = _sizes(batches)
         n = len(f)
         full, rem = divmod(n, b)
         want = [b] * full + ([rem] if rem and not drop_last else [])
@@ -708,6 +713,3 @@ def _interleave(streams: dict, world: int, b: int, drop_last: bool) -> Optional[
         head = np.concatenate([head, rows[:, full * b :].reshape(-1)])
     return head.tolist()
 
-
-def _unused(*_: Any) -> None:  # pragma: no cover
-    pass
