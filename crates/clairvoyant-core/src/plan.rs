@@ -68,6 +68,11 @@ impl AccessCounts {
     /// cluster), shuffling each epoch once for all groups: `out[i]` belongs to `groups[i]`.
     /// Epochs are generated a few at a time in parallel, then every group counts them in parallel.
     pub fn compute_groups(schedule: &Schedule, groups: &[Vec<u32>]) -> Result<Vec<Self>> {
+        Self::compute_groups_from(schedule, groups, 0)
+    }
+
+    /// [`AccessCounts::compute_groups`] over epochs `first..` only (a resumed run).
+    pub fn compute_groups_from(schedule: &Schedule, groups: &[Vec<u32>], first: u32) -> Result<Vec<Self>> {
         let f = schedule.num_samples() as usize;
         for e in 0..schedule.epochs {
             schedule.layout(e)?;
@@ -80,7 +85,7 @@ impl AccessCounts {
             })
             .collect();
         let chunk = rayon::current_num_threads().max(1) as u32;
-        let mut first = 0;
+        let mut first = first.min(schedule.epochs);
         while first < schedule.epochs {
             let epochs: Vec<u32> = (first..(first + chunk).min(schedule.epochs)).collect();
             let orders: Vec<Vec<u32>> = epochs.par_iter().map(|&e| schedule.global_order(e)).collect();
@@ -225,6 +230,215 @@ impl Placement {
     }
 }
 
+/// Sentinel for "no node holds it" in [`ClusterPlacement::primary`].
+pub const NO_NODE: u16 = u16::MAX;
+
+/// Placement across the nodes of a cluster (NoPFS Sec. 4; Lemma 1 makes the nodes' most
+/// frequently used samples largely complementary). Two passes:
+///
+/// 1. **Coverage.** Every sample some rank reads goes to one node: the node that reads it most
+///    (ties: the one that needs it first, then the lowest node), or, when that node is full, the
+///    node with the most room left; samples in order of that highest count (descending), then
+///    first need, then index, each into the fastest class with room. So the cluster caches the
+///    whole dataset whenever the sum of the nodes' capacities allows, and the samples several
+///    nodes want are spread over their users.
+/// 2. **Replication.** Room left on a node takes its own most frequently read samples it does not
+///    hold yet.
+///
+/// The node a sample went to in the first pass is its `primary`: the one node that reads it
+/// from the dataset's storage; every other node (a replica or a rank that needs it) gets it
+/// from the primary, so with enough aggregate capacity the dataset is read once per run.
+#[derive(Clone, Debug)]
+pub struct ClusterPlacement {
+    /// Per node, its classes' contents and layout (fill orders: by first need across the nodes
+    /// it serves, see [`ClusterPlacement::compute`]).
+    pub nodes: Vec<Placement>,
+    /// Per sample, the node that reads it from the dataset and serves it ([`NO_NODE`]: none
+    /// caches it; every rank reads it from the dataset).
+    pub primary: Vec<u16>,
+}
+
+impl ClusterPlacement {
+    /// `access[i]` are node i's access counts; `capacities[i]` its classes' capacities (fastest
+    /// first). Deterministic for equal inputs: every node computes the same result.
+    pub fn compute(
+        access: &[AccessCounts],
+        size: impl Fn(u32) -> u64 + Sync,
+        capacities: &[Vec<u64>],
+    ) -> ClusterPlacement {
+        let m = access.len();
+        assert_eq!(m, capacities.len());
+        assert!(m < NO_NODE as usize);
+        let f = access.first().map_or(0, |a| a.counts.len());
+        // Per sample: the best node (highest count, then earliest need, then lowest index), its
+        // count, and the earliest need over all nodes.
+        let best: Vec<(u32, u64, u16, u64)> = (0..f)
+            .into_par_iter()
+            .map(|k| {
+                let mut top = (0u32, u64::MAX, NO_NODE);
+                let mut first = u64::MAX;
+                for (i, a) in access.iter().enumerate() {
+                    let (c, t) = (a.counts[k], a.first_need[k]);
+                    first = first.min(t);
+                    if c > 0 && (c > top.0 || (c == top.0 && t < top.1)) {
+                        top = (c, t, i as u16);
+                    }
+                }
+                (top.0, top.1, top.2, first)
+            })
+            .collect();
+        let mut keyed: Vec<(std::cmp::Reverse<u32>, u64, u32)> = (0..f as u32)
+            .filter(|&k| best[k as usize].0 > 0)
+            .map(|k| (std::cmp::Reverse(best[k as usize].0), best[k as usize].3, k))
+            .collect();
+        keyed.par_sort_unstable();
+
+        let classes: Vec<usize> = capacities.iter().map(|c| c.len()).collect();
+        let mut class_of: Vec<Vec<u8>> = (0..m).map(|_| vec![UNCACHED; f]).collect();
+        let mut offset: Vec<Vec<u64>> = (0..m).map(|_| vec![0u64; f]).collect();
+        let mut used: Vec<Vec<u64>> = classes.iter().map(|&n| vec![0u64; n]).collect();
+        let mut samples: Vec<Vec<u64>> = classes.iter().map(|&n| vec![0u64; n]).collect();
+        let mut primary = vec![NO_NODE; f];
+        let room = |used: &[u64], caps: &[u64]| -> u64 { caps.iter().zip(used).map(|(c, u)| c - u).sum() };
+        // Nodes by room left (max first), updated lazily.
+        let mut by_room: std::collections::BinaryHeap<(u64, std::cmp::Reverse<u16>)> = (0..m)
+            .map(|i| (room(&used[i], &capacities[i]), std::cmp::Reverse(i as u16)))
+            .collect();
+        let fits = |i: usize, s: u64, used: &[Vec<u64>]| capacities[i].iter().zip(&used[i]).any(|(c, u)| u + s <= *c);
+        let place = |i: usize,
+                     k: u32,
+                     s: u64,
+                     used: &mut [Vec<u64>],
+                     samples: &mut [Vec<u64>],
+                     class_of: &mut [Vec<u8>],
+                     offset: &mut [Vec<u64>]|
+         -> bool {
+            for (j, &cap) in capacities[i].iter().enumerate() {
+                if used[i][j] + s <= cap {
+                    class_of[i][k as usize] = j as u8;
+                    offset[i][k as usize] = used[i][j];
+                    used[i][j] += s;
+                    samples[i][j] += 1;
+                    return true;
+                }
+            }
+            false
+        };
+        for &(_, _, k) in &keyed {
+            let s = size(k);
+            let home = best[k as usize].2 as usize;
+            if place(home, k, s, &mut used, &mut samples, &mut class_of, &mut offset) {
+                primary[k as usize] = home as u16;
+                continue;
+            }
+            // Another node that reads it, the one reading it most with room for it (ties: the
+            // lowest node)...
+            let mut other: Option<(u32, usize)> = None;
+            for (i, a) in access.iter().enumerate() {
+                let c = a.counts[k as usize];
+                if i != home && c > 0 && other.is_none_or(|(oc, _)| c > oc) && fits(i, s, &used) {
+                    other = Some((c, i));
+                }
+            }
+            if let Some((_, i)) = other {
+                if place(i, k, s, &mut used, &mut samples, &mut class_of, &mut offset) {
+                    primary[k as usize] = i as u16;
+                    continue;
+                }
+            }
+            // ... else the node with the most room left (entries are refreshed when stale).
+            while let Some((r, std::cmp::Reverse(i))) = by_room.pop() {
+                let now = room(&used[i as usize], &capacities[i as usize]);
+                if now != r {
+                    by_room.push((now, std::cmp::Reverse(i)));
+                    continue;
+                }
+                let ok = now >= s && place(i as usize, k, s, &mut used, &mut samples, &mut class_of, &mut offset);
+                let after = room(&used[i as usize], &capacities[i as usize]);
+                by_room.push((after, std::cmp::Reverse(i)));
+                if ok {
+                    primary[k as usize] = i;
+                }
+                break;
+            }
+        }
+        // Replication: each node's own most used samples it does not hold yet.
+        for i in 0..m {
+            let a = &access[i];
+            let mut own: Vec<(std::cmp::Reverse<u32>, u64, u32)> = (0..f as u32)
+                .filter(|&k| a.counts[k as usize] > 0 && class_of[i][k as usize] == UNCACHED)
+                .map(|k| (std::cmp::Reverse(a.counts[k as usize]), a.first_need[k as usize], k))
+                .collect();
+            own.par_sort_unstable();
+            for (_, _, k) in own {
+                if room(&used[i], &capacities[i]) < 64 {
+                    break;
+                }
+                if place(i, k, size(k), &mut used, &mut samples, &mut class_of, &mut offset)
+                    && primary[k as usize] == NO_NODE
+                {
+                    primary[k as usize] = i as u16;
+                }
+            }
+        }
+        // Fill orders: a node fills what it serves by the earliest need of any node, its
+        // replicas by its own first need.
+        let nodes = (0..m)
+            .map(|i| {
+                let mut fill_order: Vec<Vec<(u64, u32)>> = vec![Vec::new(); classes[i]];
+                for k in 0..f {
+                    let j = class_of[i][k];
+                    if j != UNCACHED {
+                        let t = if primary[k] as usize == i {
+                            best[k].3
+                        } else {
+                            access[i].first_need[k]
+                        };
+                        fill_order[j as usize].push((t, k as u32));
+                    }
+                }
+                let fill_order = fill_order
+                    .into_iter()
+                    .map(|mut v| {
+                        v.par_sort_unstable();
+                        v.into_iter().map(|(_, k)| k).collect()
+                    })
+                    .collect();
+                Placement {
+                    class_of: std::mem::take(&mut class_of[i]),
+                    offset: std::mem::take(&mut offset[i]),
+                    used: std::mem::take(&mut used[i]),
+                    samples: std::mem::take(&mut samples[i]),
+                    fill_order,
+                }
+            })
+            .collect();
+        ClusterPlacement { nodes, primary }
+    }
+
+    /// Bytes of distinct samples the cluster caches (each counted once).
+    pub fn covered_bytes(&self, size: impl Fn(u32) -> u64) -> u64 {
+        (0..self.primary.len() as u32)
+            .filter(|&k| self.primary[k as usize] != NO_NODE)
+            .map(size)
+            .sum()
+    }
+
+    /// Bytes the dataset's storage is expected to deliver over the run: a cached sample once (by
+    /// its primary), an uncached one at every access (`access[i]` as given to `compute`).
+    pub fn expected_storage_bytes(&self, access: &[AccessCounts], size: impl Fn(u32) -> u64) -> u64 {
+        (0..self.primary.len())
+            .map(|k| {
+                if self.primary[k] != NO_NODE {
+                    size(k as u32)
+                } else {
+                    access.iter().map(|a| a.counts[k] as u64).sum::<u64>() * size(k as u32)
+                }
+            })
+            .sum()
+    }
+}
+
 /// The `plan` report: measured and expected access-count histograms of `ranks` and the
 /// placement of their samples into `classes` (name, capacity in bytes; fastest first).
 pub fn report(
@@ -334,6 +548,86 @@ mod tests {
         assert_eq!(p.fill_order[0], vec![4, 1]);
         assert_eq!(p.offset[4], 0);
         assert_eq!(p.offset[1], 100);
+    }
+
+    fn cluster(
+        n: u64,
+        nodes: u32,
+        per_node: u32,
+        epochs: u32,
+        seed: u64,
+        cap: u64,
+    ) -> (Vec<AccessCounts>, ClusterPlacement) {
+        let world = nodes * per_node;
+        let s = Schedule::shuffle(n, world, 4, epochs, seed, false).unwrap();
+        let groups: Vec<Vec<u32>> = (0..nodes)
+            .map(|i| (i * per_node..(i + 1) * per_node).collect())
+            .collect();
+        let access = AccessCounts::compute_groups(&s, &groups).unwrap();
+        let caps = vec![vec![cap]; nodes as usize];
+        let p = ClusterPlacement::compute(&access, |_| 100, &caps);
+        (access, p)
+    }
+
+    #[test]
+    fn cluster_covers_the_dataset_when_capacity_allows() {
+        // 4 nodes at 30 % of 2,000 samples each: 120 % in all.
+        let (access, p) = cluster(2000, 4, 2, 4, 7, 600 * 100);
+        assert!(p.primary.iter().all(|&n| n != NO_NODE), "every sample has a primary");
+        for (i, node) in p.nodes.iter().enumerate() {
+            assert!(node.used[0] <= 600 * 100);
+            for k in 0..2000 {
+                if p.primary[k] == i as u16 {
+                    assert_ne!(node.class_of[k], UNCACHED, "a primary holds its sample");
+                }
+            }
+        }
+        // The room beyond coverage holds replicas of each node's own frequent samples.
+        let held: u64 = p.nodes.iter().map(|n| n.samples[0]).sum();
+        assert!(held > 2000 && held <= 2400, "{held}");
+        assert_eq!(p.expected_storage_bytes(&access, |_| 100), 2000 * 100);
+        assert_eq!(p.covered_bytes(|_| 100), 2000 * 100);
+    }
+
+    #[test]
+    fn cluster_below_dataset_reaches_the_minimum_storage_reads() {
+        // 4 nodes at 12.5 %: half the dataset cached; S + (E-1)(S-C) is the least the storage
+        // can deliver over E epochs.
+        let (access, p) = cluster(2000, 4, 2, 4, 3, 250 * 100);
+        assert_eq!(p.covered_bytes(|_| 100), 1000 * 100);
+        let (s, c, e) = (2000u64 * 100, 1000u64 * 100, 4u64);
+        assert_eq!(p.expected_storage_bytes(&access, |_| 100), s + (e - 1) * (s - c));
+        // The primary of a cached sample is a node that reads it, mostly one that reads it most.
+        let (mut cached, mut top_count) = (0, 0);
+        for k in 0..2000usize {
+            let n = p.primary[k];
+            if n != NO_NODE {
+                let top = access.iter().map(|a| a.counts[k]).max().unwrap();
+                assert!(access[n as usize].counts[k] > 0, "sample {k}");
+                cached += 1;
+                top_count += (access[n as usize].counts[k] == top) as u32;
+            }
+        }
+        assert!(top_count as f64 >= 0.9 * cached as f64, "{top_count} of {cached}");
+    }
+
+    #[test]
+    fn cluster_placement_is_deterministic_and_one_node_matches_placement() {
+        let (_, a) = cluster(1500, 3, 2, 3, 11, 400 * 100);
+        let (_, b) = cluster(1500, 3, 2, 3, 11, 400 * 100);
+        assert_eq!(a.primary, b.primary);
+        for (x, y) in a.nodes.iter().zip(&b.nodes) {
+            assert_eq!(x.class_of, y.class_of);
+            assert_eq!(x.offset, y.offset);
+            assert_eq!(x.fill_order, y.fill_order);
+        }
+        // One node: the same samples as the one-node placement.
+        let s = Schedule::shuffle(1500, 2, 4, 3, 5, false).unwrap();
+        let acc = AccessCounts::compute(&s, &[0, 1]).unwrap();
+        let one = Placement::compute(&acc, |_| 100, &[300 * 100]);
+        let c = ClusterPlacement::compute(std::slice::from_ref(&acc), |_| 100, &[vec![300 * 100]]);
+        let set = |cl: &[u8]| -> Vec<usize> { (0..cl.len()).filter(|&k| cl[k] != UNCACHED).collect() };
+        assert_eq!(set(&one.class_of), set(&c.nodes[0].class_of));
     }
 
     proptest! {

@@ -110,6 +110,7 @@ fn start(source: &Arc<CountingSource>, staging: u64, orders: Vec<Vec<u32>>) -> E
         local_ranks: vec![0],
         run_id: format!("append-{:x}", source.fingerprint),
         first_epoch: 0,
+        cluster: None,
     };
     Engine::start(source.clone(), &model(staging), spec).unwrap()
 }

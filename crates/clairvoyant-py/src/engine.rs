@@ -151,6 +151,7 @@ impl PyEngine {
             local_ranks,
             run_id,
             first_epoch: start_epoch,
+            cluster: None,
         };
         let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
         Ok(PyEngine {

@@ -51,6 +51,16 @@ pub(super) fn node_key(spec: &JobSpec, fingerprint: u64, classes: &[&ClassSpec])
     for r in &spec.local_ranks {
         h = fnv1a(&r.to_le_bytes(), h);
     }
+    // A node of a multi-node job: its placement depends on every node's ranks and capacities.
+    if let Some(c) = &spec.cluster {
+        h = fnv1a(b"cluster", h);
+        for (ranks, caps) in c.nodes.iter().zip(&c.capacities) {
+            for v in ranks.iter().map(|&r| r as u64).chain(caps.iter().copied()) {
+                h = fnv1a(&v.to_le_bytes(), h);
+            }
+            h = fnv1a(&[0xfe], h);
+        }
+    }
     h
 }
 

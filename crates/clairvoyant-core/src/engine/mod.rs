@@ -15,19 +15,22 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::model::{ClassKind, SystemModel};
-use crate::plan::{AccessCounts, Placement, UNCACHED};
+use crate::plan::{AccessCounts, ClusterPlacement, Placement, UNCACHED};
 use crate::readahead::Gate;
 use crate::schedule::Schedule;
 use crate::source::Source;
 use crate::tier::{ClassRequest, NodeCache};
 
 mod key;
+mod peer;
 mod pid;
 mod prefetch;
 mod staging;
 mod stats;
 
 use key::node_key;
+use peer::ClusterShare;
+pub use peer::{ClusterSpec, PeerFetch, PeerReply, PeerService, Serve};
 use staging::{Group, RingBuf, StagingState};
 pub use stats::EpochStats;
 
@@ -43,9 +46,11 @@ pub enum Src {
     Ssd = 2,
     /// The dataset's storage (the shared file system).
     Pfs = 3,
+    /// Another node's cache.
+    Peer = 4,
 }
 
-pub const SOURCE_NAMES: [&str; 4] = ["staging", "memory", "ssd", "pfs"];
+pub const SOURCE_NAMES: [&str; 5] = ["staging", "memory", "ssd", "pfs", "peer"];
 
 /// The memory region a lease's bytes live in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +75,8 @@ pub struct JobSpec {
     pub run_id: String,
     /// First epoch to serve (a resumed run); earlier epochs are neither fetched nor cached for.
     pub first_epoch: u32,
+    /// The other nodes of a multi-node job (None: this node alone).
+    pub cluster: Option<ClusterSpec>,
 }
 
 /// A consumed sample: valid until released.
@@ -116,6 +123,8 @@ struct NodeShare {
     ranks: Mutex<Vec<u32>>,
     /// Engines using it; the last to shut down leaves the node cache.
     engines: AtomicUsize,
+    /// The cluster-wide placement's view from this node (multi-node jobs).
+    cluster: Option<ClusterShare>,
 }
 
 static NODE_SHARES: Mutex<Vec<std::sync::Weak<NodeShare>>> = Mutex::new(Vec::new());
@@ -170,6 +179,18 @@ struct Inner {
     owner_pid: u32,
     /// How many staging fetches run at once.
     readahead: Gate,
+    /// The model says a peer's cache is faster than the dataset's storage.
+    peer_faster: bool,
+    /// Bytes fetched from peers; fetches a peer could not answer (not yet filled, not held,
+    /// corrupt); fetches not sent because the peer was down; corrupt replies.
+    peer_bytes: AtomicU64,
+    peer_misses: AtomicU64,
+    peer_fallbacks: AtomicU64,
+    peer_corrupt: AtomicU64,
+    peer_at_epoch_start: Mutex<(u64, u64)>,
+    /// Served to peers (by this process).
+    served_samples: AtomicU64,
+    served_bytes: AtomicU64,
 }
 
 // SAFETY: the ring is written only in byte ranges allocated to one producer under the staging
@@ -323,6 +344,14 @@ impl Engine {
             pfs_bytes: AtomicU64::new(0),
             pfs_files: AtomicU64::new(0),
             pfs_at_epoch_start: Mutex::new((0, 0)),
+            peer_faster: peer_faster(model, typical, spec.local_ranks.len() as u32),
+            peer_bytes: AtomicU64::new(0),
+            peer_misses: AtomicU64::new(0),
+            peer_fallbacks: AtomicU64::new(0),
+            peer_corrupt: AtomicU64::new(0),
+            peer_at_epoch_start: Mutex::new((0, 0)),
+            served_samples: AtomicU64::new(0),
+            served_bytes: AtomicU64::new(0),
             owner_pid: pid::current(),
             readahead: crate::readahead::staging_gate(
                 model,
@@ -375,6 +404,13 @@ impl Engine {
         })
     }
 
+    /// Answers other nodes' requests for this node's cached samples.
+    pub fn peer_service(&self) -> PeerService {
+        PeerService {
+            inner: self.inner.clone(),
+        }
+    }
+
     /// Attach to this run's node cache, agree on capacities and compute the placement.
     fn node_share(
         source: &Arc<dyn Source>,
@@ -387,29 +423,50 @@ impl Engine {
         // The node cache: every local rank derives the same key, agrees on the capacities the
         // first rank decided, and so computes the very same placement.
         let f = source.len();
-        let requests: Vec<ClassRequest> = useful
-            .iter()
-            .map(|&j| {
-                let c = &model.classes[j];
-                let mut capacity = c.capacity.min(total_bytes);
-                if let ClassKind::Directory { path } = &c.kind {
-                    capacity = crate::model::clamp_to_free(&format!("class.{}.capacity", c.name), capacity, path);
-                }
-                ClassRequest {
-                    name: c.name.clone(),
-                    kind: c.kind.clone(),
-                    capacity,
-                }
-            })
-            .collect();
+        let mut requests = class_requests(model, useful, total_bytes);
+        if let Some(c) = &spec.cluster {
+            // The capacities this node announced to the others (they place samples by them).
+            for (r, &cap) in requests.iter_mut().zip(&c.capacities[c.node]) {
+                r.capacity = cap;
+            }
+        }
         let specs: Vec<&crate::model::ClassSpec> = useful.iter().map(|&j| &model.classes[j]).collect();
         let key = node_key(spec, source.fingerprint(), &specs);
         let rank_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
         let mut cache = NodeCache::attach(&format!("{key:016x}"), f, rank_index, spec.local_ranks.len() as u32)?;
         let ring_reserve = model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64);
         let capacities = cache.setup(&requests, ring_reserve)?;
-        let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
-        let placement = Placement::compute(&access, |k| source.size(k), &capacities);
+        let (placement, cluster) = match &spec.cluster {
+            None => {
+                let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
+                (Placement::compute(&access, |k| source.size(k), &capacities), None)
+            }
+            Some(c) => {
+                for (r, &got) in requests.iter().zip(&capacities) {
+                    if got < r.capacity {
+                        crate::tier::warn_once(
+                            &format!("cluster-capacity:{}", r.name),
+                            &format!(
+                                "storage class '{}' got {} of the {} this node announced; samples that do not fit are read from their origin",
+                                r.name,
+                                crate::model::format_bytes(got),
+                                crate::model::format_bytes(r.capacity)
+                            ),
+                        );
+                    }
+                }
+                let access = AccessCounts::compute_groups_from(sched, &c.nodes, spec.first_epoch)?;
+                let mut all = ClusterPlacement::compute(&access, |k| source.size(k), &c.capacities);
+                let placement = all.nodes.swap_remove(c.node);
+                let share = ClusterShare {
+                    node: c.node,
+                    primary: all.primary,
+                    peers: c.peers.clone(),
+                    peer_wait: c.peer_wait,
+                };
+                (placement, Some(share))
+            }
+        };
 
         let mut stores = Vec::new();
         let mut placement_summary = Vec::new();
@@ -432,6 +489,7 @@ impl Engine {
             local_ranks: spec.local_ranks.clone(),
             ranks: Mutex::new(vec![spec.rank]),
             engines: AtomicUsize::new(1),
+            cluster,
         };
         Ok((node, placement.fill_order))
     }
@@ -805,5 +863,86 @@ fn validate_ranks(spec: &JobSpec) -> Result<()> {
             ),
         ));
     }
+    if let Some(c) = &spec.cluster {
+        let Some(mine) = c.nodes.get(c.node) else {
+            return Err(Error::config(
+                "cluster.node",
+                format!("node {} of {} nodes", c.node, c.nodes.len()),
+            ));
+        };
+        if *mine != spec.local_ranks {
+            return Err(Error::config(
+                "cluster.nodes",
+                format!(
+                    "node {} has ranks {mine:?} but this node's local ranks are {:?}",
+                    c.node, spec.local_ranks
+                ),
+            ));
+        }
+        let mut all: Vec<u32> = c.nodes.iter().flatten().copied().collect();
+        all.sort_unstable();
+        if all != (0..world).collect::<Vec<u32>>() {
+            return Err(Error::config(
+                "cluster.nodes",
+                format!(
+                    "the nodes' ranks {:?} are not each rank of world size {world} once",
+                    c.nodes
+                ),
+            ));
+        }
+        if c.capacities.len() != c.nodes.len() || c.nodes.len() >= crate::plan::NO_NODE as usize {
+            return Err(Error::config(
+                "cluster.capacities",
+                format!("{} capacity lists for {} nodes", c.capacities.len(), c.nodes.len()),
+            ));
+        }
+    }
     Ok(())
+}
+
+/// The classes a job on this node caches in, with the capacities it proposes: configured (or
+/// detected) capacities, at most the dataset's size, directory classes at most their free space.
+fn class_requests(model: &SystemModel, useful: &[usize], total_bytes: u64) -> Vec<ClassRequest> {
+    useful
+        .iter()
+        .map(|&j| {
+            let c = &model.classes[j];
+            let mut capacity = c.capacity.min(total_bytes);
+            if let ClassKind::Directory { path } = &c.kind {
+                capacity = crate::model::clamp_to_free(&format!("class.{}.capacity", c.name), capacity, path);
+            }
+            ClassRequest {
+                name: c.name.clone(),
+                kind: c.kind.clone(),
+                capacity,
+            }
+        })
+        .collect()
+}
+
+/// The capacities this node would cache `source` in for `local_ranks` ranks (fastest class
+/// first), as announced to the other nodes of a multi-node job before it starts.
+pub fn node_capacities(source: &dyn Source, model: &SystemModel, local_ranks: u32) -> Vec<(String, u64)> {
+    let f = source.len();
+    let total_bytes = source.total_bytes();
+    let typical = if f == 0 { 0 } else { total_bytes / f as u64 };
+    let useful = model.useful_classes(typical.max(1), local_ranks);
+    class_requests(model, &useful, total_bytes)
+        .into_iter()
+        .map(|r| (r.name, r.capacity))
+        .collect()
+}
+
+/// Whether fetching a typical sample from a peer's memory beats the dataset's storage by the
+/// model (fetch_{i,1,j} against the storage's per-reader rate and latency). Without a configured
+/// interconnect, peers are assumed faster: reading the dataset once is the point.
+fn peer_faster(model: &SystemModel, typical: u64, readers: u32) -> bool {
+    let local = model.memory_class().unwrap_or(0);
+    if model.classes.is_empty() {
+        return true;
+    }
+    match model.remote_fetch_seconds(local, typical.max(1)) {
+        Some(peer) => peer <= model.fetch_seconds(crate::model::Location::Pfs, typical.max(1), readers.max(1)),
+        None => true,
+    }
 }

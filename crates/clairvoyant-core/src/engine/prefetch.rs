@@ -58,7 +58,7 @@ impl Inner {
     /// Whether the cached copy of `sample` is of the dataset file as it is now: the file was
     /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked once per
     /// sample per job with a stat, and only for samples this job did not fill itself.
-    fn current(&self, sample: u32) -> bool {
+    pub(super) fn current(&self, sample: u32) -> bool {
         if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) {
             return true;
         }
@@ -80,9 +80,10 @@ impl Inner {
         ok
     }
 
-    /// Read claimed `sample` from the dataset into class `class` and publish it (or give the
-    /// claim back). `buf` is scratch space for classes that are not mapped.
-    fn fill_claimed(&self, class: usize, sample: u32, buf: &mut Vec<u8>) -> Result<()> {
+    /// Read claimed `sample` from where it originates (the dataset, or the node that serves it)
+    /// into class `class` and publish it (or give the claim back). `buf` is scratch space for
+    /// classes that are not mapped.
+    pub(super) fn fill_claimed(&self, class: usize, sample: u32, buf: &mut Vec<u8>) -> Result<Src> {
         let len = self.source.size(sample);
         let place = self.node.offset[sample as usize];
         let stamp = self.stamp();
@@ -96,10 +97,13 @@ impl Inner {
                 &mut buf[..]
             }
         };
-        if let Err(e) = self.read_source(sample, bytes) {
-            self.node.cache.state().abandon(sample);
-            return Err(e);
-        }
+        let src = match self.read_origin(sample, bytes) {
+            Ok(src) => src,
+            Err(e) => {
+                self.node.cache.state().abandon(sample);
+                return Err(e);
+            }
+        };
         if let Filled::Ready = self
             .node
             .cache
@@ -107,7 +111,7 @@ impl Inner {
         {
             self.checked[sample as usize].store(true, Ordering::Relaxed);
         }
-        Ok(())
+        Ok(src)
     }
 
     /// Fill this rank's share of class `class`, in order of first need.
@@ -164,7 +168,7 @@ impl Inner {
                     corrupt = !good;
                     // Replace the copy with the dataset's bytes, unless someone else already is.
                     let stamp = self.stamp();
-                    self.read_source(sample, dst)?;
+                    let src = self.read_origin(sample, dst)?;
                     if state.reclaim(sample) {
                         if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
                             self.checked[sample as usize].store(true, Ordering::Relaxed);
@@ -172,27 +176,30 @@ impl Inner {
                     }
                     return Ok(Fetched {
                         corrupt,
-                        ..Fetched::from(Src::Pfs)
+                        ..Fetched::from(src)
                     });
                 }
                 Acquire::Claimed => {
                     let stamp = self.stamp();
-                    if let Err(e) = self.read_source(sample, dst) {
-                        state.abandon(sample);
-                        return Err(e);
-                    }
+                    let src = match self.read_origin(sample, dst) {
+                        Ok(src) => src,
+                        Err(e) => {
+                            state.abandon(sample);
+                            return Err(e);
+                        }
+                    };
                     if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
                         self.checked[sample as usize].store(true, Ordering::Relaxed);
                     }
-                    return Ok(Fetched::from(Src::Pfs));
+                    return Ok(Fetched::from(src));
                 }
                 Acquire::NoSpace | Acquire::Busy => {}
             }
         }
-        self.read_source(sample, dst)?;
+        let src = self.read_origin(sample, dst)?;
         Ok(Fetched {
             corrupt,
-            ..Fetched::from(Src::Pfs)
+            ..Fetched::from(src)
         })
     }
 
@@ -206,19 +213,19 @@ impl Inner {
             Acquire::Ready if self.current(sample) => return Ok(Fetched::from(Src::Memory)),
             Acquire::Claimed => {
                 let mut scratch = Vec::new();
-                self.fill_claimed(class, sample, &mut scratch)?;
+                let src = self.fill_claimed(class, sample, &mut scratch)?;
                 if self.node.cache.state().state(sample) == crate::tier::READY {
-                    return Ok(Fetched::from(Src::Pfs));
+                    return Ok(Fetched::from(src));
                 }
             }
             _ => {}
         }
         // Other processes may hold views of the shared copy: read into private memory.
         let mut heap = vec![0u8; len as usize].into_boxed_slice();
-        self.read_source(sample, &mut heap)?;
+        let src = self.read_origin(sample, &mut heap)?;
         Ok(Fetched {
             heap: Some(heap),
-            ..Fetched::from(Src::Pfs)
+            ..Fetched::from(src)
         })
     }
 

@@ -12,7 +12,8 @@ pub struct EpochStats {
     pub samples: u64,
     pub bytes: u64,
     pub stall_seconds: f64,
-    pub by_source: [(u64, u64); 4],
+    /// (samples, bytes) per [`Src`], in the order of [`super::SOURCE_NAMES`].
+    pub by_source: [(u64, u64); 5],
     /// Bytes this rank read from the dataset's storage while the epoch was consumed
     /// (staging and class prefetchers together).
     pub pfs_bytes_read: u64,
@@ -22,6 +23,11 @@ pub struct EpochStats {
     /// Samples whose cached copy was wrong (checksum mismatch or short) and that were read
     /// again from the dataset.
     pub corrupt: u64,
+    /// Fetches from a peer that it could not answer (not filled yet, not held, corrupt): read
+    /// from the dataset instead. Counted while the epoch was consumed, like `pfs_bytes_read`.
+    pub peer_misses: u64,
+    /// Fetches not sent to a peer because it was down: read from the dataset instead.
+    pub peer_fallbacks: u64,
 }
 
 /// How one consumed sample was served.
@@ -70,6 +76,14 @@ impl Inner {
             s.pfs_bytes_read = b - base.0;
             s.pfs_files_read = f - base.1;
             *base = (b, f);
+            let mut base = self.peer_at_epoch_start.lock().unwrap();
+            let (m, d) = (
+                self.peer_misses.load(Ordering::Relaxed),
+                self.peer_fallbacks.load(Ordering::Relaxed),
+            );
+            s.peer_misses = m - base.0;
+            s.peer_fallbacks = d - base.1;
+            *base = (m, d);
         }
     }
 }

@@ -1,0 +1,239 @@
+//! Other nodes as one more source (NoPFS Sec. 4 and 5.2): the cluster-wide placement names,
+//! for every cached sample, the one node (its primary) that reads it from the dataset's storage
+//! and serves it; every other node's ranks and fill threads fetch it from that node instead.
+//! The transport is not this crate's business: the engine asks a [`PeerFetch`] (the peer
+//! client of `clairvoyant-net`, or an in-process fake in tests) and answers peers through
+//! [`PeerService`].
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{ClassStore, Inner, Src};
+use crate::error::Result;
+use crate::plan::{NO_NODE, UNCACHED};
+use crate::tier::{Acquire, Verified, READY};
+
+/// What a peer answered to a fetch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerReply {
+    /// The destination holds the sample's bytes, checked against the checksum the peer sent.
+    Got,
+    /// The peer holds the sample but has not filled it yet.
+    NotYet,
+    /// The peer does not cache the sample.
+    NotHeld,
+    /// The peer is not reachable (dead, stalled, refused us): not asked again for a while.
+    Down,
+    /// The bytes did not match their checksum.
+    Corrupt,
+}
+
+/// Fetches samples from other nodes' servers by node index and sample id.
+pub trait PeerFetch: Send + Sync {
+    /// Fetch `sample` (exactly `dst.len()` bytes) from node `node`, letting it wait at most
+    /// `wait` for a fill in progress.
+    fn fetch(&self, node: usize, sample: u32, wait: Duration, dst: &mut [u8]) -> PeerReply;
+    /// Whether `node` is known to be down (so it is not asked).
+    fn is_down(&self, node: usize) -> bool;
+}
+
+/// This node's part of a cluster-wide job.
+#[derive(Clone)]
+pub struct ClusterSpec {
+    /// Every node's ranks, by node index; `nodes[node]` are the job's local ranks.
+    pub nodes: Vec<Vec<u32>>,
+    /// This node's index.
+    pub node: usize,
+    /// Every node's class capacities in bytes (the classes this job caches in, fastest first), as
+    /// agreed when the nodes met: every node computes the same placement from them.
+    pub capacities: Vec<Vec<u64>>,
+    /// How to reach the other nodes (None: peers are never asked; every node still caches only
+    /// its part).
+    pub peers: Option<Arc<dyn PeerFetch>>,
+    /// How long a peer may wait for a fill in progress before it answers "not yet".
+    pub peer_wait: Duration,
+}
+
+impl std::fmt::Debug for ClusterSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSpec")
+            .field("nodes", &self.nodes)
+            .field("node", &self.node)
+            .field("capacities", &self.capacities)
+            .field("peers", &self.peers.is_some())
+            .field("peer_wait", &self.peer_wait)
+            .finish()
+    }
+}
+
+/// The node's view of the cluster, kept with its node cache.
+pub(super) struct ClusterShare {
+    pub(super) node: usize,
+    pub(super) primary: Vec<u16>,
+    pub(super) peers: Option<Arc<dyn PeerFetch>>,
+    pub(super) peer_wait: Duration,
+}
+
+/// A sample's bytes as served to a peer.
+pub enum Serve {
+    /// The bytes (borrowed from the node cache where it is a shared mapping) and the checksum
+    /// recorded when they were read from the dataset.
+    Ready {
+        bytes: Box<dyn AsRef<[u8]> + Send>,
+        checksum: u64,
+    },
+    NotYet,
+    NotHeld,
+    /// Reading it failed (the message names the sample's file).
+    Failed(String),
+}
+
+/// Answers other nodes' requests from this node's cache. Holds the engine's shared state: the
+/// node cache stays mapped while a service or a served view lives.
+#[derive(Clone)]
+pub struct PeerService {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// Bytes of the mapped memory class, kept valid by the engine state it holds.
+struct Mapped {
+    _keep: Arc<Inner>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is into the shared arena, mapped while `_keep` lives; bytes are only read.
+unsafe impl Send for Mapped {}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see the Send impl; READY samples are not rewritten except to repair a copy
+        // whose checksum failed, which the receiver's check would catch.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl PeerService {
+    /// Serve `sample` to a peer: from this node's cache if it holds it; a sample this node is
+    /// the primary of and has not filled yet is read from the dataset now (the peer would
+    /// otherwise read it itself: the dataset would be read twice); one being filled is waited
+    /// for at most `wait`.
+    pub fn serve(&self, sample: u32, wait: Duration) -> Serve {
+        self.inner.serve(sample, wait)
+    }
+
+    /// Samples and bytes served to peers so far.
+    pub fn served(&self) -> (u64, u64) {
+        (
+            self.inner.served_samples.load(Ordering::Relaxed),
+            self.inner.served_bytes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Inner {
+    fn cluster(&self) -> Option<&ClusterShare> {
+        self.node.cluster.as_ref()
+    }
+
+    /// The node to fetch `sample` from instead of the dataset: its primary, when that is another
+    /// node, reachable, and not slower than the dataset's storage by the model.
+    pub(super) fn peer_of(&self, sample: u32) -> Option<(usize, &Arc<dyn PeerFetch>)> {
+        let c = self.cluster()?;
+        let p = *c.primary.get(sample as usize)?;
+        if p == NO_NODE || p as usize == c.node || !self.peer_faster {
+            return None;
+        }
+        let peers = c.peers.as_ref()?;
+        if peers.is_down(p as usize) {
+            self.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some((p as usize, peers))
+    }
+
+    /// Read `sample` from where it originates for this node: its primary node if that is
+    /// another one and it answers, else the dataset's storage.
+    pub(super) fn read_origin(&self, sample: u32, buf: &mut [u8]) -> Result<Src> {
+        if let Some((p, peers)) = self.peer_of(sample) {
+            let wait = self.cluster().map_or(Duration::ZERO, |c| c.peer_wait);
+            match peers.fetch(p, sample, wait, buf) {
+                PeerReply::Got => {
+                    self.peer_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                    return Ok(Src::Peer);
+                }
+                PeerReply::Corrupt => {
+                    self.peer_misses.fetch_add(1, Ordering::Relaxed);
+                    self.peer_corrupt.fetch_add(1, Ordering::Relaxed);
+                }
+                PeerReply::Down => {
+                    self.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
+                PeerReply::NotYet | PeerReply::NotHeld => {
+                    self.peer_misses.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.read_source(sample, buf)?;
+        Ok(Src::Pfs)
+    }
+
+    fn serve(self: &Arc<Self>, sample: u32, wait: Duration) -> Serve {
+        if sample as usize >= self.node.class_of.len() {
+            return Serve::NotHeld;
+        }
+        let class = self.node.class_of[sample as usize];
+        if class == UNCACHED {
+            return Serve::NotHeld;
+        }
+        let class = class as usize;
+        let primary = self
+            .cluster()
+            .is_some_and(|c| c.primary[sample as usize] as usize == c.node);
+        let state = self.node.cache.state();
+        let ready = match state.acquire(sample, wait) {
+            Acquire::Ready => true,
+            Acquire::Claimed if primary => {
+                // Nobody has read it yet and the asking node would read it itself: read it now.
+                let mut buf = Vec::new();
+                match self.fill_claimed(class, sample, &mut buf) {
+                    Ok(_) => state.state(sample) == READY,
+                    Err(e) => return Serve::Failed(e.to_string()),
+                }
+            }
+            Acquire::Claimed => {
+                state.abandon(sample);
+                false
+            }
+            Acquire::Busy => return Serve::NotYet,
+            Acquire::NoSpace => return Serve::NotHeld,
+        };
+        if !ready || !self.current(sample) {
+            return Serve::NotHeld;
+        }
+        let place = self.node.offset[sample as usize];
+        let len = self.source.size(sample);
+        let (checksum, _) = state.record(sample);
+        let bytes: Box<dyn AsRef<[u8]> + Send> = match self.node.stores[class] {
+            ClassStore::Mapped => match self.node.cache.view_verified(class, sample, place, len) {
+                Ok(Some(ptr)) => Box::new(Mapped {
+                    _keep: self.clone(),
+                    ptr,
+                    len: len as usize,
+                }),
+                _ => return Serve::NotHeld,
+            },
+            ClassStore::Copy => {
+                let mut buf = vec![0u8; len as usize];
+                if self.node.cache.read_verified(class, sample, place, &mut buf) != Verified::Good {
+                    return Serve::NotHeld;
+                }
+                Box::new(buf)
+            }
+        };
+        self.served_samples.fetch_add(1, Ordering::Relaxed);
+        self.served_bytes.fetch_add(len, Ordering::Relaxed);
+        Serve::Ready { bytes, checksum }
+    }
+}
