@@ -10,7 +10,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import _env, _native
+from . import _env, _native, _peers
 from .sources import FileList, ImageFolder, as_source
 
 _U32 = 2**32 - 1
@@ -87,6 +87,10 @@ class Job:
     when given, must equal ``len(order)``. ``start_epoch`` resumes a run: epochs before it are
     neither served nor fetched, and later epochs are exactly those of an uninterrupted run.
     ``run_id`` tells concurrent runs on one machine apart (default: the launcher's run id).
+    ``peers``: whether this job's nodes cooperate (one cache across nodes, samples fetched from
+    other nodes; see ``docs/cluster.md``). The default turns it on when the launcher describes
+    several nodes (``WORLD_SIZE`` above ``LOCAL_WORLD_SIZE``, Slurm or MPI alike) or
+    ``CLAIRVOYANT_PEERS`` is set; the nodes then meet through the launcher's own machinery.
 
     Arguments are checked before anything starts: a value of the wrong type raises TypeError, one
     out of range :class:`ConfigError`, each naming the argument (``seed`` is 0..2**64-1; counts,
@@ -112,9 +116,11 @@ class Job:
         local_ranks: Sequence[int] | None = None,
         start_epoch: int = 0,
         run_id: str | None = None,
+        peers: bool | None = None,
     ):
         self._closed = True  # until the engine exists (close() and __del__ must not fail)
         self._engine = None
+        self._peers = None
         batch_size = _int_arg("batch_size", batch_size, 1, _U32)
         if epochs is not None:
             epochs = _int_arg("epochs", epochs, 1, _U32)
@@ -156,7 +162,49 @@ class Job:
         from . import config as _config
 
         self.config_path, model_toml = _config.resolve(config)
-        self._engine = _native.Engine(
+        if peers is not None and not isinstance(peers, (bool, np.bool_)):
+            raise _TypeError(f"'peers' must be a bool or None, not {type(peers).__name__}")
+        run = where.run_id if run_id is None else run_id
+        self._peers = None
+        cluster = None
+        if _peers.wanted(peers, where.world_size, where.local_ranks):
+            self._peers = _peers.setup(
+                source=self.source,
+                model_toml=model_toml,
+                rank=where.rank,
+                world_size=where.world_size,
+                local_ranks=where.local_ranks,
+                run_id=run,
+                facts={
+                    "batch_size": batch_size,
+                    "epochs": epochs,
+                    "seed": seed,
+                    "drop_last": drop_last,
+                    "start_epoch": start_epoch,
+                    "orders": None if orders is None else _peers.job_id(orders=[list(map(int, o)) for o in orders]),
+                },
+            )
+            cluster = self._peers.cluster
+        try:
+            self._engine = self._start_engine(
+                batch_size, epochs, orders, seed, drop_last, run, model_toml, start_epoch, cluster
+            )
+        except BaseException:
+            if self._peers is not None and self._peers.server is not None:
+                self._peers.server.close()
+            raise
+        if self._peers is not None and self._peers.server is not None:
+            self._peers.server.attach(self._engine)
+        self.epochs = self._engine.epochs
+        self.start_epoch = start_epoch
+        self._steps = len(self._engine.batch_ends(start_epoch))
+        self._live = None  # weak reference to the iterator of the current epoch
+        self._loaders: list = []  # weak references to DataLoaders built on this job
+        self._final_stats = None
+        self._closed = False
+
+    def _start_engine(self, batch_size, epochs, orders, seed, drop_last, run, model_toml, start_epoch, cluster):
+        return _native.Engine(
             self.source._native,
             batch_size,
             len(orders) if orders is not None else epochs,
@@ -165,18 +213,12 @@ class Job:
             self.rank,
             self.world_size,
             self.local_ranks,
-            where.run_id if run_id is None else run_id,
+            run,
             model_toml,
             orders,
             start_epoch,
+            cluster,
         )
-        self.epochs = self._engine.epochs
-        self.start_epoch = start_epoch
-        self._steps = len(self._engine.batch_ends(start_epoch))
-        self._live = None  # weak reference to the iterator of the current epoch
-        self._loaders: list = []  # weak references to DataLoaders built on this job
-        self._final_stats = None
-        self._closed = False
 
     # -- dataset facts -------------------------------------------------------------------
     @property
@@ -297,10 +339,32 @@ class Job:
         self._loaders = [r for r in self._loaders if r() is not None] + [weakref.ref(loader)]
 
     def stats(self) -> list:
-        """Per-epoch figures: samples, bytes, stall_seconds, and samples/bytes per source."""
+        """Per-epoch figures: samples, bytes, stall_seconds, samples/bytes per source (``peer``:
+        from other nodes' caches), file-system bytes and files read, ``peer_misses`` (a peer
+        could not answer: not filled yet, not held, wrong bytes) and ``peer_fallbacks`` (a peer
+        was down) for multi-node jobs."""
         if self._closed and self._final_stats is not None:
             return self._final_stats
         return self._open_engine().stats()
+
+    def peer_stats(self) -> dict | None:
+        """For a multi-node job: this node's index and the nodes' ranks, the peer client's
+        counters (``fetched``, ``bytes``, ``not_yet``, ``not_held``, ``peer_down``, ``corrupt``,
+        ``down_events`` per node) and, on the node's first local rank, its server's (``served``,
+        ``bytes``, ``rejected_connections``, ``cpu_seconds``, ...). None for a one-node job."""
+        if self._peers is None:
+            return None
+        if self._closed:
+            return getattr(self, "_final_peer_stats", None)
+        return self._peer_stats(self._open_engine())
+
+    def _peer_stats(self, engine) -> dict | None:
+        if self._peers is None:
+            return None
+        out = {"node": self._peers.node, "nodes": self._peers.nodes, "client": engine.peer_stats()}
+        if self._peers.server is not None:
+            out["server"] = self._peers.server.stats()
+        return out
 
     def close(self) -> None:
         """Stop the job and release its shared memory now (see the class documentation)."""
@@ -319,8 +383,11 @@ class Job:
         engine, self._engine = self._engine, None
         try:
             self._final_stats = engine.stats()
+            self._final_peer_stats = self._peer_stats(engine)
         finally:
             engine.close()
+            if self._peers is not None and self._peers.server is not None:
+                self._peers.server.close()
 
     def __enter__(self):
         return self

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clairvoyant_core::engine::{Engine, JobSpec, Lease, Region, SOURCE_NAMES};
+use clairvoyant_core::engine::{ClusterSpec, Engine, JobSpec, Lease, Region, SOURCE_NAMES};
 use clairvoyant_core::schedule::Schedule;
 use numpy::ndarray::ArrayView1;
 use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
@@ -34,6 +34,8 @@ impl Drop for LeaseHolder {
 #[pyclass(name = "Engine", frozen, module = "clairvoyant._native")]
 pub struct PyEngine {
     engine: Arc<Engine>,
+    /// The client this engine fetches other nodes' samples with (multi-node jobs).
+    peers: Option<Arc<crate::peer::Peers>>,
 }
 
 fn view<'py>(lease: &Lease, holder: &Bound<'py, PyAny>) -> Bound<'py, PyArray1<u8>> {
@@ -120,7 +122,7 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None, start_epoch=0))]
+    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None, start_epoch=0, cluster=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -136,6 +138,7 @@ impl PyEngine {
         model_toml: Option<String>,
         orders: Option<Vec<Vec<u32>>>,
         start_epoch: u32,
+        cluster: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let src = source.inner.clone();
         let n = src.len() as u64;
@@ -153,9 +156,17 @@ impl PyEngine {
             first_epoch: start_epoch,
             cluster: None,
         };
+        let mut spec = spec;
+        let mut peers = None;
+        if let Some(c) = cluster {
+            let (cluster, client) = cluster_spec(c)?;
+            spec.cluster = Some(cluster);
+            peers = client;
+        }
         let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
         Ok(PyEngine {
             engine: Arc::new(engine),
+            peers,
         })
     }
 
@@ -302,6 +313,8 @@ impl PyEngine {
             d.set_item("pfs_files_read", s.pfs_files_read)?;
             d.set_item("overflow_bytes", s.overflow_bytes)?;
             d.set_item("corrupt", s.corrupt)?;
+            d.set_item("peer_misses", s.peer_misses)?;
+            d.set_item("peer_fallbacks", s.peer_fallbacks)?;
             out.push(d);
         }
         Ok(out)
@@ -310,6 +323,87 @@ impl PyEngine {
     fn close(&self, py: Python<'_>) {
         py.detach(|| self.engine.shutdown());
     }
+
+    /// The peer client's counters (None for a one-node job).
+    fn peer_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(p) = &self.peers else { return Ok(None) };
+        let s = p.stats();
+        let d = PyDict::new(py);
+        d.set_item("fetched", s.fetched)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("not_yet", s.not_yet)?;
+        d.set_item("not_held", s.not_held)?;
+        d.set_item("failed", s.failed)?;
+        d.set_item("peer_down", s.peer_down)?;
+        d.set_item("corrupt", s.corrupt)?;
+        d.set_item("down_events", s.down_events)?;
+        Ok(Some(d))
+    }
+
+    /// Samples and bytes this engine's node cache served to peers through this process.
+    fn served(&self) -> (u64, u64) {
+        self.engine.peer_service().served()
+    }
+}
+
+impl PyEngine {
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+/// A multi-node job's part from its Python description: `nodes` (every node's ranks), `node`
+/// (this one's index), `capacities` (every node's class capacities), and, to reach the other
+/// nodes, `peers` (one host:port per node), `secret` (bytes), `job` (id bound into the
+/// handshake), optional `connections` per peer and `peer_wait` seconds.
+fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crate::peer::Peers>>)> {
+    fn get<'py, T: pyo3::FromPyObject<'py>>(c: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
+        match c.get_item(key)? {
+            Some(v) if !v.is_none() => v
+                .extract::<T>()
+                .map(Some)
+                .map_err(|e| pyo3::exceptions::PyTypeError::new_err(format!("cluster['{key}']: {e}"))),
+            _ => Ok(None),
+        }
+    }
+    let need = |key: &str| pyo3::exceptions::PyKeyError::new_err(format!("cluster['{key}'] is required"));
+    let nodes: Vec<Vec<u32>> = get(c, "nodes")?.ok_or_else(|| need("nodes"))?;
+    let node: usize = get(c, "node")?.ok_or_else(|| need("node"))?;
+    let capacities: Vec<Vec<u64>> = get(c, "capacities")?.ok_or_else(|| need("capacities"))?;
+    let wait: f64 = get(c, "peer_wait")?.unwrap_or(2.0);
+    let client = match get::<Vec<String>>(c, "peers")? {
+        Some(addrs) => {
+            if addrs.len() != nodes.len() {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "cluster: {} peer addresses for {} nodes",
+                    addrs.len(),
+                    nodes.len()
+                )));
+            }
+            let secret: Vec<u8> = get(c, "secret")?.ok_or_else(|| need("secret"))?;
+            let job: u64 = get(c, "job")?.ok_or_else(|| need("job"))?;
+            let connections: usize = get(c, "connections")?.unwrap_or(4);
+            Some(crate::peer::client(&addrs, &secret, job, connections)?)
+        }
+        None => None,
+    };
+    let spec = ClusterSpec {
+        nodes,
+        node,
+        capacities,
+        peers: client.clone().map(|p| p as Arc<dyn clairvoyant_core::engine::PeerFetch>),
+        peer_wait: Duration::from_secs_f64(wait.max(0.0)),
+    };
+    Ok((spec, client))
+}
+
+/// The capacities this node would cache `source` in for `local_ranks` ranks: [(class, bytes)],
+/// fastest first (announced to the other nodes of a multi-node job).
+#[pyfunction]
+#[pyo3(signature = (source, local_ranks, model_toml=None))]
+pub fn node_capacities(source: &PySource, local_ranks: u32, model_toml: Option<String>) -> PyResult<Vec<(String, u64)>> {
+    let model = crate::model::model_from(model_toml)?;
+    Ok(clairvoyant_core::engine::node_capacities(source.inner.as_ref(), &model, local_ranks))
 }
 
 impl PyEngine {
@@ -357,5 +451,6 @@ fn int64_array<'py>(py: Python<'py>, values: &[u32]) -> Bound<'py, PyArray1<i64>
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<LeaseHolder>()?;
+    m.add_function(wrap_pyfunction!(node_capacities, m)?)?;
     Ok(())
 }

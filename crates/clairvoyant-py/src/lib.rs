@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod engine;
 mod errors;
 mod model;
+mod peer;
 mod schedule;
 mod sim;
 mod source;
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     source::register(m)?;
     model::register(m)?;
     engine::register(m)?;
+    peer::register(m)?;
     sim::register(m)?;
     Ok(())
 }

@@ -1,0 +1,176 @@
+//! Bindings of the peer transport: a node's server (started before the nodes meet, so its
+//! address can be announced; it answers from the node's cache once a job's engine is attached)
+//! and the client an engine fetches other nodes' samples with.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use clairvoyant_core::engine::{PeerFetch, PeerReply, PeerService, Serve};
+use clairvoyant_net::{Client, ClientConfig, Fetch, Provider, Secret, Served, Server, ServerConfig};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::engine::PyEngine;
+
+/// How long a request may wait for the node's engine to be attached to its server (the nodes
+/// start at different speeds).
+const ATTACH_WAIT: Duration = Duration::from_secs(30);
+
+/// The server's provider: the attached engine's service, or a short wait for one.
+#[derive(Default)]
+struct Late {
+    service: Mutex<Option<PeerService>>,
+    attached: Condvar,
+}
+
+impl Provider for Late {
+    fn serve(&self, sample: u32, wait: Duration) -> Served {
+        let guard = self.service.lock().unwrap_or_else(|p| p.into_inner());
+        let (guard, _) = self
+            .attached
+            .wait_timeout_while(guard, ATTACH_WAIT.min(wait.max(Duration::from_secs(5))), |s| s.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(service) = guard.clone() else {
+            return Served::NotYet;
+        };
+        drop(guard);
+        match service.serve(sample, wait) {
+            Serve::Ready { bytes, checksum } => Served::Ready { bytes, checksum },
+            Serve::NotYet => Served::NotYet,
+            Serve::NotHeld => Served::NotHeld,
+            Serve::Failed(m) => Served::Failed(m),
+        }
+    }
+}
+
+pub(crate) fn secret(bytes: &[u8]) -> PyResult<Secret> {
+    Secret::from_bytes(bytes).map_err(|e| PyValueError::new_err(format!("invalid job secret: {e}")))
+}
+
+fn addr(s: &str, what: &str) -> PyResult<SocketAddr> {
+    s.parse()
+        .map_err(|e| PyValueError::new_err(format!("invalid {what} address {s:?}: {e} (expected host:port with an IP)")))
+}
+
+/// One node's peer server.
+#[pyclass(name = "PeerServer", frozen, module = "clairvoyant._native")]
+pub struct PyPeerServer {
+    server: Mutex<Option<Server>>,
+    late: Arc<Late>,
+    address: String,
+}
+
+#[pymethods]
+impl PyPeerServer {
+    #[new]
+    #[pyo3(signature = (bind, secret, job, max_connections=256, io_timeout=5.0))]
+    fn new(bind: &str, secret: &[u8], job: u64, max_connections: usize, io_timeout: f64) -> PyResult<Self> {
+        let cfg = ServerConfig {
+            bind: addr(bind, "listen")?,
+            secret: self::secret(secret)?,
+            job,
+            max_connections,
+            io_timeout: Duration::from_secs_f64(io_timeout.max(0.01)),
+        };
+        let late = Arc::new(Late::default());
+        let server = Server::start(cfg, late.clone()).map_err(|e| {
+            pyo3::exceptions::PyOSError::new_err(format!("cannot start the peer server on {bind}: {e}"))
+        })?;
+        let address = server.local_addr().to_string();
+        Ok(PyPeerServer {
+            server: Mutex::new(Some(server)),
+            late,
+            address,
+        })
+    }
+
+    /// host:port the server listens on.
+    #[getter]
+    fn address(&self) -> String {
+        self.address.clone()
+    }
+
+    /// Serve from `engine`'s node cache from now on.
+    fn attach(&self, engine: &PyEngine) {
+        *self.late.service.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine.engine().peer_service());
+        self.late.attached.notify_all();
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        if let Some(s) = self.server.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let s = s.stats();
+            d.set_item("served", s.served)?;
+            d.set_item("bytes", s.bytes)?;
+            d.set_item("not_yet", s.not_yet)?;
+            d.set_item("not_held", s.not_held)?;
+            d.set_item("failed", s.failed)?;
+            d.set_item("connections", s.connections)?;
+            d.set_item("rejected_connections", s.rejected_connections)?;
+            d.set_item("rejected_frames", s.rejected_frames)?;
+            d.set_item("cpu_seconds", s.cpu_seconds)?;
+        }
+        Ok(d)
+    }
+
+    /// Stop serving (bounded time); idempotent.
+    fn close(&self, py: Python<'_>) {
+        let server = self.server.lock().unwrap_or_else(|p| p.into_inner()).take();
+        *self.late.service.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(s) = server {
+            py.detach(|| s.shutdown());
+        }
+    }
+}
+
+/// The engine's view of the client.
+pub(crate) struct Peers {
+    client: Client,
+}
+
+impl PeerFetch for Peers {
+    fn fetch(&self, node: usize, sample: u32, wait: Duration, dst: &mut [u8]) -> PeerReply {
+        match self.client.fetch(node, sample, wait, dst) {
+            Ok(Fetch::Got) => PeerReply::Got,
+            Ok(Fetch::NotYet) => PeerReply::NotYet,
+            Ok(Fetch::NotHeld) => PeerReply::NotHeld,
+            Ok(Fetch::Corrupt) => PeerReply::Corrupt,
+            Ok(Fetch::PeerDown) | Err(_) => PeerReply::Down,
+        }
+    }
+    fn is_down(&self, node: usize) -> bool {
+        self.client.is_down(node)
+    }
+}
+
+impl Peers {
+    pub(crate) fn stats(&self) -> clairvoyant_net::ClientStats {
+        self.client.stats()
+    }
+}
+
+/// A client for `peers` (one address per node; this node's own may be anything).
+pub(crate) fn client(peers: &[String], secret: &[u8], job: u64, connections: usize) -> PyResult<Arc<Peers>> {
+    let addrs = peers
+        .iter()
+        .map(|p| addr(p, "peer"))
+        .collect::<PyResult<Vec<SocketAddr>>>()?;
+    let cfg = ClientConfig {
+        secret: self::secret(secret)?,
+        job,
+        connections_per_peer: connections.max(1),
+        connect_timeout: Duration::from_secs(3),
+        io_timeout: Duration::from_secs(5),
+        dead_for: Duration::from_secs(30),
+    };
+    Ok(Arc::new(Peers {
+        client: Client::new(cfg, addrs),
+    }))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPeerServer>()?;
+    Ok(())
+}
