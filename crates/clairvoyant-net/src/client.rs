@@ -1,0 +1,433 @@
+//! The client a rank's staging and fill threads share: a bounded pool of authenticated
+//! connections per peer, replies read straight into the caller's buffer, and per-peer failure
+//! detection (a peer that failed once is not asked again for `dead_for`).
+
+use crate::error::NetError;
+use crate::frame::{self, Header, Kind, HEADER_LEN, MAC_LEN, MAX_MESSAGE, MAX_WAIT_MICROS, NONCE_LEN};
+use crate::secret::{nonce, Secret};
+use crate::wire::{is_timeout, read_full, write_two, Wire};
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub secret: Secret,
+    pub job: u64,
+    /// Connections kept per peer: how many fetches to one peer run at once.
+    pub connections_per_peer: usize,
+    pub connect_timeout: Duration,
+    /// Longest silence tolerated inside a reply (on top of the request's `wait`).
+    pub io_timeout: Duration,
+    /// How long a failed peer is not asked; after that one probe is let through.
+    pub dead_for: Duration,
+}
+
+/// The outcome of one fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fetch {
+    /// `dst` holds the sample and its checksum was verified.
+    Got,
+    /// The peer holds the sample but has not filled it yet.
+    NotYet,
+    /// The peer does not cache the sample (or failed to read it: counted as `failed`).
+    NotHeld,
+    /// The peer is unreachable, stalled, broken or refused us: use another source.
+    PeerDown,
+    /// The bytes did not match their checksum or expected length: use another source.
+    Corrupt,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    pub fetched: u64,
+    pub bytes: u64,
+    pub not_yet: u64,
+    pub not_held: u64,
+    /// Replies saying the peer failed to read the sample (answered as `NotHeld`).
+    pub failed: u64,
+    pub peer_down: u64,
+    pub corrupt: u64,
+    /// Per peer: how many times it was marked down.
+    pub down_events: Vec<u64>,
+}
+
+struct Conn {
+    stream: TcpStream,
+    read_limit: Duration,
+}
+
+impl Conn {
+    fn limit(&mut self, d: Duration) -> io::Result<()> {
+        if d != self.read_limit {
+            self.stream.set_read_limit(d)?;
+            self.read_limit = d;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct PeerInner {
+    idle: Vec<Conn>,
+    open: usize,
+    down_until: Option<Instant>,
+    probing: bool,
+}
+
+struct Peer {
+    addr: SocketAddr,
+    inner: Mutex<PeerInner>,
+    cv: Condvar,
+    down_events: AtomicU64,
+}
+
+#[derive(Default)]
+struct Counters {
+    fetched: AtomicU64,
+    bytes: AtomicU64,
+    not_yet: AtomicU64,
+    not_held: AtomicU64,
+    failed: AtomicU64,
+    peer_down: AtomicU64,
+    corrupt: AtomicU64,
+}
+
+/// Shared by all of a rank's threads (`Send + Sync`); connects lazily.
+pub struct Client {
+    cfg: ClientConfig,
+    peers: Vec<Peer>,
+    counters: Counters,
+}
+
+/// Remote trouble: the peer is marked down.
+#[derive(Debug)]
+enum Fault {
+    /// The connection broke before any byte of the reply: perhaps only this pooled connection
+    /// was stale (closed by the server while idle), so one retry on a fresh one is allowed.
+    Stale,
+    Broken,
+}
+
+enum Admit {
+    Normal,
+    Probe,
+    Down,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Client {
+    /// `peers[i]` is node `i`'s server. Nothing connects until the first fetch.
+    pub fn new(cfg: ClientConfig, peers: Vec<SocketAddr>) -> Client {
+        let peers = peers
+            .into_iter()
+            .map(|addr| Peer {
+                addr,
+                inner: Mutex::new(PeerInner::default()),
+                cv: Condvar::new(),
+                down_events: AtomicU64::new(0),
+            })
+            .collect();
+        Client {
+            cfg,
+            peers,
+            counters: Counters::default(),
+        }
+    }
+
+    /// Fetch `sample` of expected length `dst.len()` from node `peer`, waiting at most `wait` at the server.
+    pub fn fetch(&self, peer: usize, sample: u32, wait: Duration, dst: &mut [u8]) -> Result<Fetch, NetError> {
+        let p = self.peers.get(peer).ok_or(NetError::BadPeer {
+            peer,
+            peers: self.peers.len(),
+        })?;
+        let probe = match self.admit(p) {
+            Admit::Down => return Ok(self.count(Fetch::PeerDown, 0)),
+            Admit::Normal => false,
+            Admit::Probe => true,
+        };
+        let wait = wait.min(Duration::from_micros(MAX_WAIT_MICROS));
+        let mut outcome = self.attempt(p, sample, wait, dst);
+        if let Err(Fault::Stale) = outcome {
+            // The other pooled connections are likely as stale (the server closed idle ones or
+            // restarted): drop them and retry once on a fresh connection.
+            self.drop_idle(p);
+            outcome = self.attempt(p, sample, wait, dst);
+        }
+        let f = match outcome {
+            Ok(Some(f)) => {
+                if probe {
+                    self.mark_up(p);
+                }
+                f
+            }
+            // No connection came free in time while others held them: they will judge the peer.
+            Ok(None) => {
+                if probe {
+                    self.mark_down(p);
+                }
+                Fetch::PeerDown
+            }
+            Err(_) => {
+                self.mark_down(p);
+                Fetch::PeerDown
+            }
+        };
+        Ok(self.count(f, dst.len()))
+    }
+
+    /// Is `peer` currently marked down (out of range counts as down)?
+    pub fn is_down(&self, peer: usize) -> bool {
+        let Some(p) = self.peers.get(peer) else { return true };
+        let g = lock(&p.inner);
+        g.down_until.is_some_and(|t| Instant::now() < t)
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        let c = &self.counters;
+        ClientStats {
+            fetched: c.fetched.load(Relaxed),
+            bytes: c.bytes.load(Relaxed),
+            not_yet: c.not_yet.load(Relaxed),
+            not_held: c.not_held.load(Relaxed),
+            failed: c.failed.load(Relaxed),
+            peer_down: c.peer_down.load(Relaxed),
+            corrupt: c.corrupt.load(Relaxed),
+            down_events: self.peers.iter().map(|p| p.down_events.load(Relaxed)).collect(),
+        }
+    }
+
+    fn count(&self, f: Fetch, len: usize) -> Fetch {
+        let c = &self.counters;
+        match f {
+            Fetch::Got => {
+                c.fetched.fetch_add(1, Relaxed);
+                c.bytes.fetch_add(len as u64, Relaxed);
+            }
+            Fetch::NotYet => {
+                c.not_yet.fetch_add(1, Relaxed);
+            }
+            Fetch::NotHeld => {
+                c.not_held.fetch_add(1, Relaxed);
+            }
+            Fetch::PeerDown => {
+                c.peer_down.fetch_add(1, Relaxed);
+            }
+            Fetch::Corrupt => {
+                c.corrupt.fetch_add(1, Relaxed);
+            }
+        }
+        f
+    }
+
+    fn admit(&self, p: &Peer) -> Admit {
+        let mut g = lock(&p.inner);
+        match g.down_until {
+            None => Admit::Normal,
+            Some(t) if Instant::now() < t || g.probing => Admit::Down,
+            Some(_) => {
+                g.probing = true;
+                Admit::Probe
+            }
+        }
+    }
+
+    fn mark_down(&self, p: &Peer) {
+        let mut g = lock(&p.inner);
+        if g.down_until.is_none() {
+            p.down_events.fetch_add(1, Relaxed);
+        }
+        g.down_until = Some(Instant::now() + self.cfg.dead_for);
+        g.probing = false;
+        // Pooled connections to a failed peer are not trusted again.
+        let n = g.idle.len();
+        g.idle.clear();
+        g.open -= n;
+        drop(g);
+        p.cv.notify_all();
+    }
+
+    fn drop_idle(&self, p: &Peer) {
+        let mut g = lock(&p.inner);
+        let n = g.idle.len();
+        g.idle.clear();
+        g.open -= n;
+        drop(g);
+        p.cv.notify_all();
+    }
+
+    fn mark_up(&self, p: &Peer) {
+        let mut g = lock(&p.inner);
+        g.down_until = None;
+        g.probing = false;
+        drop(g);
+        p.cv.notify_all();
+    }
+
+    /// Take a pooled connection, open one, or wait for one. `Ok(None)`: none came free in time
+    /// or the peer was marked down meanwhile.
+    fn acquire(&self, p: &Peer, wait: Duration) -> Result<Option<(Conn, bool)>, Fault> {
+        let deadline = Instant::now() + self.cfg.connect_timeout + self.cfg.io_timeout * 2 + wait;
+        let mut g = lock(&p.inner);
+        loop {
+            let down_now = g.down_until.is_some_and(|t| Instant::now() < t) && !g.probing;
+            if down_now {
+                return Ok(None);
+            }
+            if let Some(c) = g.idle.pop() {
+                return Ok(Some((c, true)));
+            }
+            if g.open < self.cfg.connections_per_peer.max(1) {
+                g.open += 1;
+                drop(g);
+                return match self.connect(p.addr) {
+                    Ok(c) => Ok(Some((c, false))),
+                    Err(f) => {
+                        lock(&p.inner).open -= 1;
+                        p.cv.notify_one();
+                        Err(f)
+                    }
+                };
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            g =
+                p.cv.wait_timeout(g, deadline - now)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+        }
+    }
+
+    fn release(&self, p: &Peer, c: Option<Conn>) {
+        let mut g = lock(&p.inner);
+        match c {
+            Some(c) if g.down_until.is_none() || g.probing => g.idle.push(c),
+            _ => g.open -= 1,
+        }
+        drop(g);
+        p.cv.notify_one();
+    }
+
+    fn attempt(&self, p: &Peer, sample: u32, wait: Duration, dst: &mut [u8]) -> Result<Option<Fetch>, Fault> {
+        let Some((mut c, reused)) = self.acquire(p, wait)? else {
+            return Ok(None);
+        };
+        match self.request(&mut c, sample, wait, dst) {
+            Ok((f, keep)) => {
+                self.release(p, keep.then_some(c));
+                Ok(Some(f))
+            }
+            Err(f) => {
+                self.release(p, None);
+                Err(if reused { f } else { Fault::Broken })
+            }
+        }
+    }
+
+    fn connect(&self, addr: SocketAddr) -> Result<Conn, Fault> {
+        let stream = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout).map_err(|_| Fault::Broken)?;
+        let _ = stream.set_nodelay(true);
+        stream
+            .set_write_timeout(Some(self.cfg.io_timeout.max(Duration::from_millis(1))))
+            .map_err(|_| Fault::Broken)?;
+        let mut c = Conn {
+            stream,
+            read_limit: Duration::ZERO,
+        };
+        c.limit(self.cfg.io_timeout).map_err(|_| Fault::Broken)?;
+        handshake(&mut c.stream, &self.cfg.secret, self.cfg.job).map_err(|_| Fault::Broken)?;
+        Ok(c)
+    }
+
+    /// One request on one connection. `Ok((outcome, keep))`: `keep` is false when the
+    /// connection is out of step (a reply of the wrong length) and must be closed.
+    fn request(&self, c: &mut Conn, sample: u32, wait: Duration, dst: &mut [u8]) -> Result<(Fetch, bool), Fault> {
+        let get = Header::new(Kind::Get, sample, 0, wait.as_micros() as u64);
+        write_two(&mut c.stream, &get.encode(), &[]).map_err(|_| Fault::Stale)?;
+        c.limit(self.cfg.io_timeout + wait).map_err(|_| Fault::Broken)?;
+        let mut hb = [0u8; HEADER_LEN];
+        if let Err((e, got)) = read_full(&mut c.stream, &mut hb) {
+            return Err(if got == 0 && !is_timeout(&e) {
+                Fault::Stale
+            } else {
+                Fault::Broken
+            });
+        }
+        let h = frame::decode(&hb).map_err(|_| Fault::Broken)?;
+        if h.sample != sample {
+            return Err(Fault::Broken);
+        }
+        c.limit(self.cfg.io_timeout).map_err(|_| Fault::Broken)?;
+        match h.kind {
+            Kind::Data => {
+                if h.len as usize != dst.len() {
+                    // Another length than the dataset's: wrong bytes; the stream is out of step.
+                    return Ok((Fetch::Corrupt, false));
+                }
+                read_full(&mut c.stream, dst).map_err(|_| Fault::Broken)?;
+                let ok = xxhash_rust::xxh3::xxh3_64(dst) == h.arg;
+                Ok((if ok { Fetch::Got } else { Fetch::Corrupt }, true))
+            }
+            Kind::NotYet => Ok((Fetch::NotYet, true)),
+            Kind::NotHeld => Ok((Fetch::NotHeld, true)),
+            Kind::Failed => {
+                let mut msg = [0u8; MAX_MESSAGE as usize];
+                read_full(&mut c.stream, &mut msg[..h.len as usize]).map_err(|_| Fault::Broken)?;
+                self.counters.failed.fetch_add(1, Relaxed);
+                Ok((Fetch::NotHeld, true))
+            }
+            _ => Err(Fault::Broken),
+        }
+    }
+}
+
+/// Why a handshake failed (tests and fuzzing look at it; the client maps all to `PeerDown`).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum HandshakeError {
+    Io,
+    Frame,
+    /// The server's MAC did not verify: wrong secret or job.
+    ServerAuth,
+}
+
+/// The client side of the handshake: Hello -> Challenge (verify the server) -> Auth -> AuthOk.
+pub(crate) fn handshake<W: Wire>(s: &mut W, secret: &Secret, job: u64) -> Result<(), HandshakeError> {
+    let cn = nonce();
+    write_two(s, &Header::new(Kind::Hello, 0, NONCE_LEN as u32, job).encode(), &cn).map_err(|_| HandshakeError::Io)?;
+    let mut hb = [0u8; HEADER_LEN];
+    read_full(s, &mut hb).map_err(|_| HandshakeError::Io)?;
+    let h = frame::decode(&hb).map_err(|_| HandshakeError::Frame)?;
+    if h.kind != Kind::Challenge {
+        return Err(HandshakeError::Frame);
+    }
+    let mut body = [0u8; NONCE_LEN + MAC_LEN];
+    read_full(s, &mut body).map_err(|_| HandshakeError::Io)?;
+    let (sn, mac) = parse_challenge(&body).ok_or(HandshakeError::Frame)?;
+    if !secret.verify_server(job, &cn, &sn, mac) {
+        return Err(HandshakeError::ServerAuth);
+    }
+    let my = secret.client_mac(job, &sn, &cn);
+    write_two(s, &Header::new(Kind::Auth, 0, MAC_LEN as u32, 0).encode(), &my).map_err(|_| HandshakeError::Io)?;
+    read_full(s, &mut hb).map_err(|_| HandshakeError::Io)?;
+    match frame::decode(&hb) {
+        Ok(h) if h.kind == Kind::AuthOk => Ok(()),
+        _ => Err(HandshakeError::Frame),
+    }
+}
+
+/// Split a Challenge payload into the server nonce and MAC.
+pub fn parse_challenge(body: &[u8]) -> Option<([u8; NONCE_LEN], &[u8])> {
+    if body.len() != NONCE_LEN + MAC_LEN {
+        return None;
+    }
+    let mut sn = [0u8; NONCE_LEN];
+    sn.copy_from_slice(&body[..NONCE_LEN]);
+    Some((sn, &body[NONCE_LEN..]))
+}

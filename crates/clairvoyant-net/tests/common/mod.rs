@@ -1,0 +1,102 @@
+//! Test helpers: an in-memory provider and configs.
+#![allow(dead_code)]
+
+use clairvoyant_net::{ClientConfig, Provider, Secret, Served, Server, ServerConfig};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Deterministic bytes of sample `id` with `len` bytes.
+pub fn sample_bytes(id: u32, len: usize) -> Vec<u8> {
+    let mut x = (id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn xxh(b: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(b)
+}
+
+struct Slice(Arc<Vec<u8>>);
+impl AsRef<[u8]> for Slice {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// What the provider answers for a sample.
+#[derive(Clone)]
+pub enum Entry {
+    Bytes(Arc<Vec<u8>>),
+    BadChecksum(Arc<Vec<u8>>),
+    NotYet,
+    Failed(String),
+}
+
+#[derive(Default)]
+pub struct MemProvider {
+    pub entries: HashMap<u32, Entry>,
+}
+
+impl MemProvider {
+    pub fn with_sizes(sizes: &[(u32, usize)]) -> MemProvider {
+        let mut entries = HashMap::new();
+        for &(id, len) in sizes {
+            entries.insert(id, Entry::Bytes(Arc::new(sample_bytes(id, len))));
+        }
+        MemProvider { entries }
+    }
+}
+
+impl Provider for MemProvider {
+    fn serve(&self, sample: u32, _wait: Duration) -> Served {
+        match self.entries.get(&sample) {
+            None => Served::NotHeld,
+            Some(Entry::Bytes(b)) => Served::Ready {
+                checksum: xxh(b),
+                bytes: Box::new(Slice(b.clone())),
+            },
+            Some(Entry::BadChecksum(b)) => Served::Ready {
+                checksum: xxh(b) ^ 1,
+                bytes: Box::new(Slice(b.clone())),
+            },
+            Some(Entry::NotYet) => Served::NotYet,
+            Some(Entry::Failed(m)) => Served::Failed(m.clone()),
+        }
+    }
+}
+
+pub fn secret() -> Secret {
+    Secret::from_bytes(b"the job secret used in tests").unwrap()
+}
+
+pub fn server_cfg(job: u64) -> ServerConfig {
+    ServerConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        secret: secret(),
+        job,
+        max_connections: 64,
+        io_timeout: Duration::from_millis(500),
+    }
+}
+
+pub fn client_cfg(job: u64) -> ClientConfig {
+    ClientConfig {
+        secret: secret(),
+        job,
+        connections_per_peer: 2,
+        connect_timeout: Duration::from_millis(500),
+        io_timeout: Duration::from_millis(500),
+        dead_for: Duration::from_secs(30),
+    }
+}
+
+pub fn start(p: MemProvider) -> Server {
+    Server::start(server_cfg(7), Arc::new(p)).unwrap()
+}

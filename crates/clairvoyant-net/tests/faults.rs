@@ -1,0 +1,204 @@
+//! Peers that die or stall: detected once per peer, then answered `PeerDown` at once.
+mod common;
+
+use clairvoyant_net::{Client, Fetch, Server};
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "CLAIRVOYANT_NET_CHILD_SERVER";
+
+/// Not a test of its own: run by the tests below in a child process (this same test binary)
+/// to get a server that can be killed with SIGKILL or stopped with SIGSTOP.
+#[test]
+fn child_server() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let server = start(MemProvider::with_sizes(
+        &(0..100u32).map(|i| (i, 100_000)).collect::<Vec<_>>(),
+    ));
+    println!("LISTENING {}", server.local_addr());
+    // Killed by the parent; never outlives it by more than this.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+struct ChildServer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ChildServer {
+    fn spawn() -> ChildServer {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "child_server", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, "1")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().expect("the child server printed its address").unwrap();
+            // libtest may print "test child_server ... " before it on the same line.
+            if let Some(at) = line.find("LISTENING ") {
+                break line[at + 10..].trim().parse().unwrap();
+            }
+        };
+        ChildServer { child, addr }
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} failed");
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fast_client(addrs: Vec<SocketAddr>) -> Client {
+    let mut cfg = client_cfg(7);
+    cfg.io_timeout = Duration::from_millis(300);
+    cfg.dead_for = Duration::from_secs(30);
+    Client::new(cfg, addrs)
+}
+
+#[test]
+fn sigkill_is_detected_at_the_first_failing_request() {
+    let child = ChildServer::spawn();
+    let client = fast_client(vec![child.addr]);
+    let mut dst = vec![0u8; 100_000];
+    for i in 0..20 {
+        assert_eq!(client.fetch(0, i, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    }
+    child.signal("-KILL");
+    let mut child = child;
+    let _ = child.child.wait();
+    let t0 = Instant::now();
+    assert_eq!(client.fetch(0, 21, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    let first = t0.elapsed();
+    assert!(
+        first < Duration::from_millis(250),
+        "detected by RST/EOF, not a timeout: {first:?}"
+    );
+    let t1 = Instant::now();
+    for i in 0..1000 {
+        assert_eq!(client.fetch(0, i, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    }
+    let rest = t1.elapsed();
+    assert!(
+        rest < Duration::from_millis(50),
+        "later fetches do not touch the network: 1000 took {rest:?}"
+    );
+    assert!(client.is_down(0));
+    assert_eq!(client.stats().down_events, vec![1]);
+    eprintln!("sigkill: first failing fetch {first:?}, then 1000 fetches in {rest:?}");
+}
+
+#[test]
+fn sigstop_is_detected_within_io_timeout() {
+    let child = ChildServer::spawn();
+    let client = Arc::new(fast_client(vec![child.addr]));
+    let mut dst = vec![0u8; 100_000];
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    child.signal("-STOP");
+    // Several threads at once: one detects it, the others stop asking.
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let client = client.clone();
+            std::thread::spawn(move || {
+                let mut dst = vec![0u8; 100_000];
+                let t0 = Instant::now();
+                let f = client.fetch(0, t, Duration::from_millis(50), &mut dst).unwrap();
+                (f, t0.elapsed())
+            })
+        })
+        .collect();
+    for t in threads {
+        let (f, took) = t.join().unwrap();
+        assert_eq!(f, Fetch::PeerDown);
+        // io_timeout 300 ms + wait 50 ms, plus a connect+handshake for threads beyond the pool.
+        assert!(took < Duration::from_millis(1500), "stalled peer detected in {took:?}");
+    }
+    eprintln!("sigstop: all 4 fetches answered PeerDown after {:?}", t0.elapsed());
+    assert_eq!(client.stats().down_events, vec![1]);
+    child.signal("-CONT");
+}
+
+#[test]
+fn shutdown_mid_stream_then_probe_after_dead_for() {
+    let sizes: Vec<(u32, usize)> = (0..50u32).map(|i| (i, 50_000)).collect();
+    let server = start(MemProvider::with_sizes(&sizes));
+    let addr = server.local_addr();
+    let mut cfg = client_cfg(7);
+    cfg.dead_for = Duration::from_millis(300);
+    let client = Arc::new(Client::new(cfg, vec![addr]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let got = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (client, stop, got) = (client.clone(), stop.clone(), got.clone());
+            std::thread::spawn(move || {
+                let mut dst = vec![0u8; 50_000];
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    match client.fetch(0, i % 50, Duration::ZERO, &mut dst).unwrap() {
+                        Fetch::Got => {
+                            assert_eq!(dst, sample_bytes(i % 50, 50_000));
+                            got.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Fetch::PeerDown => {}
+                        other => panic!("unexpected {other:?}"),
+                    }
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    while got.load(Ordering::Relaxed) < 200 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t0 = Instant::now();
+    server.shutdown();
+    let shut = t0.elapsed();
+    assert!(
+        shut < Duration::from_secs(2),
+        "shutdown joins its threads quickly: {shut:?}"
+    );
+    while !client.is_down(0) {
+        assert!(t0.elapsed() < Duration::from_secs(2), "the client noticed the shutdown");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(client.stats().down_events, vec![1]);
+    // A new server on the same address: after dead_for, one probe finds it and the peer is up.
+    let mut scfg = server_cfg(7);
+    scfg.bind = addr;
+    let server = Server::start(scfg, Arc::new(MemProvider::with_sizes(&sizes))).unwrap();
+    let mut dst = vec![0u8; 50_000];
+    assert_eq!(
+        client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(),
+        Fetch::PeerDown,
+        "still within dead_for"
+    );
+    std::thread::sleep(Duration::from_millis(350));
+    assert_eq!(client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    assert!(!client.is_down(0));
+    drop(server);
+}

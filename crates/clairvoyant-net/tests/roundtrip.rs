@@ -1,0 +1,116 @@
+//! Happy paths: many samples of many sizes, every reply kind, concurrency.
+mod common;
+
+use clairvoyant_net::{Client, Fetch};
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[test]
+fn round_trip_sizes_and_reply_kinds() {
+    let mut sizes: Vec<(u32, usize)> = (0..200u32).map(|i| (i, (i as usize * 7919) % 300_000)).collect();
+    sizes.push((1000, 0));
+    sizes.push((1001, 5 << 20));
+    sizes.push((1002, 1));
+    let mut p = MemProvider::with_sizes(&sizes);
+    p.entries.insert(2000, Entry::NotYet);
+    p.entries.insert(
+        2001,
+        Entry::Failed("sample 2001: /data/x.jpg: permission denied".into()),
+    );
+    let server = start(p);
+    let client = Client::new(client_cfg(7), vec![server.local_addr()]);
+    for &(id, len) in &sizes {
+        let mut dst = vec![0xAAu8; len];
+        assert_eq!(
+            client.fetch(0, id, Duration::ZERO, &mut dst).unwrap(),
+            Fetch::Got,
+            "sample {id} ({len} bytes)"
+        );
+        assert!(dst == sample_bytes(id, len), "sample {id}: bytes differ");
+    }
+    let mut dst = vec![0u8; 10];
+    assert_eq!(
+        client.fetch(0, 2000, Duration::from_millis(5), &mut dst).unwrap(),
+        Fetch::NotYet
+    );
+    assert_eq!(client.fetch(0, 2001, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
+    assert_eq!(client.fetch(0, 3000, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
+    assert!(
+        client.fetch(1, 0, Duration::ZERO, &mut dst).is_err(),
+        "peer 1 does not exist"
+    );
+    let total: u64 = sizes.iter().map(|s| s.1 as u64).sum();
+    let cs = client.stats();
+    assert_eq!(
+        (cs.fetched, cs.bytes, cs.not_yet, cs.not_held, cs.failed),
+        (sizes.len() as u64, total, 1, 2, 1)
+    );
+    assert_eq!(cs.down_events, vec![0]);
+    let ss = server.stats();
+    assert_eq!(
+        (ss.served, ss.bytes, ss.not_yet, ss.not_held, ss.failed),
+        (sizes.len() as u64, total, 1, 1, 1)
+    );
+    assert_eq!(
+        (ss.rejected_connections, ss.rejected_frames, ss.auth_failures),
+        (0, 0, 0)
+    );
+    assert!(
+        ss.connections <= 2,
+        "one thread reuses pooled connections: {}",
+        ss.connections
+    );
+    server.shutdown();
+}
+
+#[test]
+fn corrupt_checksum_and_wrong_length_are_corrupt_not_down() {
+    let mut p = MemProvider::with_sizes(&[(1, 1000), (3, 500)]);
+    p.entries.insert(2, Entry::BadChecksum(Arc::new(sample_bytes(2, 1000))));
+    let server = start(p);
+    let client = Client::new(client_cfg(7), vec![server.local_addr()]);
+    let mut dst = vec![0u8; 1000];
+    assert_eq!(client.fetch(0, 2, Duration::ZERO, &mut dst).unwrap(), Fetch::Corrupt);
+    // Sample 3 is 500 bytes at the peer, the caller expects 1000.
+    assert_eq!(client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(), Fetch::Corrupt);
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    assert_eq!(dst, sample_bytes(1, 1000));
+    assert!(!client.is_down(0));
+    assert_eq!(client.stats().corrupt, 2);
+}
+
+#[test]
+fn concurrent_fetches_from_many_threads_and_peers() {
+    let sizes: Vec<(u32, usize)> = (0..64u32).map(|i| (i, 1000 + i as usize * 1500)).collect();
+    let servers: Vec<_> = (0..3).map(|_| start(MemProvider::with_sizes(&sizes))).collect();
+    let client = Arc::new(Client::new(
+        client_cfg(7),
+        servers.iter().map(|s| s.local_addr()).collect(),
+    ));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let client = client.clone();
+            let sizes = sizes.clone();
+            std::thread::spawn(move || {
+                for i in 0..300usize {
+                    let (id, len) = sizes[(i * 7 + t) % sizes.len()];
+                    let mut dst = vec![0u8; len];
+                    assert_eq!(
+                        client.fetch((i + t) % 3, id, Duration::ZERO, &mut dst).unwrap(),
+                        Fetch::Got
+                    );
+                    assert!(dst == sample_bytes(id, len), "thread {t}: sample {id} differs");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(client.stats().fetched, 8 * 300);
+    for s in &servers {
+        // connections_per_peer = 2 bounds what each server sees from this client.
+        assert!(s.stats().connections <= 2, "{:?}", s.stats());
+    }
+}
