@@ -47,6 +47,11 @@ for step in a["steps"]:
     out = {"rank": rank, "calls": []}
     t0 = time.monotonic()
     try:
+        if step.get("listen"):
+            me = _cluster.listen_address() + "|" + _cluster.node_id()
+            got = _cluster.allgather(me.encode(), rank=rank, world_size=world, run_id=step.get("run", "r1"),
+                                     timeout=step.get("timeout", 10.0), backend=step.get("backend"))
+            out["listen"] = [g.decode() for g in got]
         for call in range(step.get("calls", 1)):
             sizes = step.get("sizes", [64])
             payload = bytes([(rank * 7 + call) % 251]) * sizes[call % len(sizes)]
@@ -88,14 +93,18 @@ def clean_env(**extra):
     return env
 
 
-def run_steps(ranks, world, env, steps, wall=60, **kw):
-    """Per step, the outputs of the ranks that took part, as (output, stderr) in rank order."""
+def run_steps(ranks, world, env, steps, wall=60, spawn=subprocess.Popen, **kw):
+    """Per step, the outputs of the ranks that took part, as (output, stderr) in rank order.
+    ``spawn(rank, argv, env=, **popen_kw)`` starts a rank (default: a plain process)."""
+    if spawn is subprocess.Popen:
+        spawn = lambda _rank, argv, **k: subprocess.Popen(argv, **k)  # noqa: E731
     procs = []
     try:
         for r in ranks:
             args = {"rank": r, "world": world, "steps": steps, **kw}
             procs.append(
-                subprocess.Popen(
+                spawn(
+                    r,
                     [sys.executable, "-c", WORKER, json.dumps(args)],
                     env=env,
                     stdin=subprocess.PIPE,
@@ -125,7 +134,7 @@ def run_steps(ranks, world, env, steps, wall=60, **kw):
 
 def run_ranks(ranks, world, env, **step):
     """One step on `ranks`."""
-    kw = {k: step.pop(k) for k in ("torch", "pg", "wall") if k in step}
+    kw = {k: step.pop(k) for k in ("torch", "pg", "wall", "spawn") if k in step}
     return run_steps(ranks, world, env, [step], **kw)[0]
 
 
@@ -451,3 +460,32 @@ def test_node_id(monkeypatch):
     monkeypatch.delenv("CLAIRVOYANT_NODE_ID")
     a = _cluster.node_id()
     assert a.startswith(socket.gethostname() + "/") and a == _cluster.node_id()
+
+
+# -- across emulated nodes (tests/netns.py) -----------------------------------------------------
+
+sys.path.insert(0, os.path.dirname(__file__))
+import netns  # noqa: E402
+
+_NO_NETNS = netns.netns_unavailable()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param("loopback"), pytest.param("netns", marks=pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS)))],
+)
+def test_rendezvous_across_emulated_nodes(kind, shared):
+    """Each rank on its own node learns every node's listen address and id; under namespaces
+    the store is hosted by rank 0 on node 0's address and reached from the other nodes."""
+    n = 3
+    with netns.Nodes(n) if kind == "netns" else netns.LoopbackNodes(n) as nodes:
+        env = clean_env(CLAIRVOYANT_SHARED_DIR=shared, MASTER_ADDR=nodes.addresses[0], MASTER_PORT=free_port())
+        steps = [{"listen": True, "backend": "file", "calls": 2, "sizes": [1 << 20]}]
+        if kind == "netns":
+            steps.append({"run": "store", "listen": True, "calls": 2, "env": {"CLAIRVOYANT_STORE_MASTER": "1"}})
+        results = run_steps(range(n), n, env, steps, spawn=nodes.popen, torch=kind == "netns")
+    want = [f"{nodes.addresses[i]}|node{i}" for i in range(n)]
+    for outs in results:
+        check_all(outs, n, 2, [1 << 20] if outs is results[0] else [64])
+        for out, _ in outs:
+            assert out["listen"] == want
