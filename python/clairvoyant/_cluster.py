@@ -1,0 +1,754 @@
+"""Rendezvous on the launcher's own machinery, the job secret, and where this node listens.
+
+Nothing here starts a service: every function reuses what the launcher already runs.
+
+- :func:`allgather` hands every rank's payload to every rank. Backends, the first that applies
+  (or ``backend=``, or ``CLAIRVOYANT_RENDEZVOUS=store|mpi|file``):
+
+  ``store``  the store of an initialized ``torch.distributed`` process group; else a TCPStore
+             client on ``MASTER_ADDR:MASTER_PORT`` when torchrun's agent hosts one there
+             (``TORCHELASTIC_USE_AGENT_STORE=True``). This process hosts the store itself only
+             when ``CLAIRVOYANT_STORE_MASTER=1``, it is rank 0 and nothing listens on that port
+             yet (a later ``init_process_group`` on the same port would then fail, hence opt-in).
+             Keys live under ``clairvoyant/<run>/<generation>/``; the last rank to read deletes them.
+  ``mpi``    ``mpi4py`` is importable, an MPI launcher started this process (or ``mpi4py.MPI`` is
+             already imported) and ``COMM_WORLD`` has this rank and world size.
+  ``file``   a shared directory: ``CLAIRVOYANT_SHARED_DIR``, else ``~/.cache/clairvoyant/rendezvous``
+             under Slurm (``SLURM_JOB_ID`` set). It must be a 0700 directory owned by this user;
+             payloads are written to a temporary file and renamed (mode 0600).
+
+  ``generation`` counts the calls of one run in this process (every rank calls in the same order,
+  so the counts agree); a torchrun restart (``TORCHELASTIC_RESTART_COUNT``) is part of the run.
+- :func:`job_secret` is the per-job secret that authenticates peers. It never travels through
+  the store (which anyone who can reach the port can read).
+- :func:`listen_address` is the local address of the interface that reaches the other nodes.
+- :func:`node_id` tells which node a process is on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import hashlib
+import ipaddress
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+from .errors import ClairvoyantError, ConfigError
+
+BACKENDS = ("store", "mpi", "file")
+SECRET_BYTES = 32
+# After this long a waiting rank says once, on stderr, which ranks it still waits for.
+PROGRESS_AFTER_S = 5.0
+# Polling a shared directory backs off from 1 ms to this (no busy loop; NFS has no inotify).
+_MAX_SLEEP_S = 0.05
+_MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+_MAGIC = b"CVRDV1\0\0"
+_HEADER = struct.Struct("<8sQQQ")  # magic, rank, world size, payload length
+_SECRET_DOMAIN = b"clairvoyant job secret v1\0"
+
+_generations: dict = {}
+_stores: dict = {}
+
+
+class RendezvousError(ClairvoyantError, RuntimeError):
+    """Ranks could not meet: some did not show up in time, or the meeting place is unusable.
+
+    ``missing`` lists the ranks that did not show up (empty when unknown), ``backend`` names the
+    backend and ``where`` the store address, key prefix or directory."""
+
+    def __init__(self, message: str, *, missing=(), backend: str = "", where: str = "", timeout: float | None = None):
+        super().__init__(message)
+        self.missing = list(missing)
+        self.backend = backend
+        self.where = where
+        self.timeout = timeout
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _env():
+    return os.environ
+
+
+def _ranks_text(ranks: list, world_size: int) -> str:
+    word = "rank" if len(ranks) == 1 else "ranks"
+    return f"{word} {', '.join(str(r) for r in ranks)} of {world_size}"
+
+
+def _run_segment(run_id: str) -> str:
+    """The run's part of key and file names: the run id (``default`` when empty) and torchrun's
+    restart count, restricted to characters safe in a file name."""
+    run = run_id or "default"
+    restart = _env().get("TORCHELASTIC_RESTART_COUNT", "")
+    if restart not in ("", "0"):
+        run = f"{run}.restart{restart}"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", run)
+
+
+def _next_generation(run: str) -> int:
+    key = (os.getpid(), run)
+    g = _generations.get(key, 0)
+    _generations[key] = g + 1
+    return g
+
+
+def _check_args(rank: int, world_size: int, timeout: float) -> None:
+    if world_size < 1:
+        raise ConfigError(f"invalid value for 'world_size': {world_size} (at least 1)")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"invalid value for 'rank': {rank} is outside world size {world_size}")
+    if not timeout > 0:
+        raise ConfigError(f"invalid value for 'timeout': {timeout} s (must be positive)")
+
+
+class _Progress:
+    """Says once, after PROGRESS_AFTER_S, who is still missing."""
+
+    def __init__(self, rank: int, world_size: int, backend: str, where: str):
+        self.start = time.monotonic()
+        self.said = False
+        self.rank, self.world_size, self.backend, self.where = rank, world_size, backend, where
+
+    def tick(self, missing) -> None:
+        if self.said or time.monotonic() - self.start < PROGRESS_AFTER_S:
+            return
+        self.said = True
+        print(
+            f"clairvoyant: rank {self.rank}: waiting for {_ranks_text(list(missing), self.world_size)} "
+            f"(backend {self.backend} at {self.where})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _timeout_error(missing, world_size, timeout, backend, where) -> RendezvousError:
+    missing = sorted(missing)
+    who = _ranks_text(missing, world_size) if missing else "some ranks"
+    return RendezvousError(
+        f"{who} did not join within {timeout:g} s (backend {backend} at {where})",
+        missing=missing,
+        backend=backend,
+        where=where,
+        timeout=timeout,
+    )
+
+
+# -- backend choice ------------------------------------------------------------------------------
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _process_group_store():
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    try:
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # a torch without this private accessor
+        return None
+
+
+def _store_applies(rank: int) -> bool:
+    if _process_group_store() is not None:
+        return True
+    env = _env()
+    if not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
+        return False
+    return _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")) or _truthy(env.get("CLAIRVOYANT_STORE_MASTER"))
+
+
+def _mpi_comm(rank: int, world_size: int):
+    """MPI's COMM_WORLD when MPI started this process with this rank and world size, else None."""
+    env = _env()
+    if "mpi4py.MPI" not in sys.modules and not any(env.get(v) for v in _MPI_LAUNCH_VARS):
+        return None
+    try:
+        from mpi4py import MPI  # optional; imported only under an MPI launcher
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != world_size or comm.Get_rank() != rank:
+        return None
+    return comm
+
+
+def shared_dir() -> str | None:
+    """The shared directory for the file backend and the job secret: ``CLAIRVOYANT_SHARED_DIR``,
+    else ``~/.cache/clairvoyant/rendezvous`` under Slurm, else None."""
+    env = _env()
+    if env.get("CLAIRVOYANT_SHARED_DIR"):
+        return env["CLAIRVOYANT_SHARED_DIR"]
+    if env.get("SLURM_JOB_ID"):
+        return os.path.join(os.path.expanduser("~"), ".cache", "clairvoyant", "rendezvous")
+    return None
+
+
+def choose_backend(rank: int, world_size: int, backend: str | None = None) -> str:
+    """The backend :func:`allgather` uses: ``backend``, else ``CLAIRVOYANT_RENDEZVOUS``, else
+    the first of store, mpi, file that applies; ``"local"`` for one rank."""
+    chosen = backend or _env().get("CLAIRVOYANT_RENDEZVOUS") or None
+    if chosen is not None:
+        if chosen not in BACKENDS:
+            raise ConfigError(
+                f"invalid value for 'backend' (or CLAIRVOYANT_RENDEZVOUS): {chosen!r}; expected one of {', '.join(BACKENDS)}"
+            )
+        return chosen
+    if world_size == 1:
+        return "local"
+    if _store_applies(rank):
+        return "store"
+    if _mpi_comm(rank, world_size) is not None:
+        return "mpi"
+    if shared_dir() is not None:
+        return "file"
+    raise ConfigError(
+        f"rank {rank} of {world_size}: no way for the ranks to meet: no initialized torch.distributed "
+        "process group, no torchrun agent store (MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE), "
+        "no MPI launch with mpi4py, and no shared directory (CLAIRVOYANT_SHARED_DIR, or Slurm's SLURM_JOB_ID); "
+        "set one, or CLAIRVOYANT_RENDEZVOUS=store|mpi|file"
+    )
+
+
+# -- allgather ---------------------------------------------------------------------------------
+
+
+def allgather(
+    payload: bytes, *, rank: int, world_size: int, run_id: str, timeout: float = 120.0, backend: str | None = None
+) -> list:
+    """Every rank's ``payload``, indexed by rank. Every rank of the run must call it, in the same
+    order as its other calls. Raises :class:`RendezvousError` naming the ranks that did not
+    show up within ``timeout`` seconds."""
+    _check_args(rank, world_size, timeout)
+    payload = bytes(payload)
+    chosen = choose_backend(rank, world_size, backend)
+    if chosen == "local":
+        return [payload]
+    run = _run_segment(run_id)
+    generation = _next_generation(run)
+    if chosen == "store":
+        return _allgather_store(payload, rank, world_size, run, generation, timeout)
+    if chosen == "mpi":
+        return _allgather_mpi(payload, rank, world_size, timeout)
+    return _allgather_file(payload, rank, world_size, run, generation, timeout)
+
+
+# store ----------------------------------------------------------------------------------------
+
+
+def _store(rank: int, timeout: float):
+    """(store, description) for the store backend."""
+    pg = _process_group_store()
+    if pg is not None:
+        return pg, "the torch.distributed process group's store"
+    env = _env()
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if not (addr and port):
+        raise ConfigError(
+            "the store rendezvous needs an initialized torch.distributed process group or MASTER_ADDR and MASTER_PORT"
+        )
+    try:
+        port_n = int(port)
+    except ValueError as exc:
+        raise ConfigError(f"environment variable MASTER_PORT={port!r} is not a port number") from exc
+    where = f"{addr}:{port_n}"
+    key = (os.getpid(), addr, port_n)
+    if key in _stores:
+        return _stores[key], where
+    from torch.distributed import TCPStore
+
+    store = None
+    if rank == 0 and _truthy(env.get("CLAIRVOYANT_STORE_MASTER")) and not _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")):
+        try:
+            store = TCPStore(addr, port_n, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout))
+        except Exception:  # the port is taken: a store exists already; join it as a client
+            store = None
+    if store is None:
+        try:
+            store = TCPStore(addr, port_n, is_master=False, timeout=datetime.timedelta(seconds=timeout))
+        except Exception as exc:
+            raise RendezvousError(
+                f"rank {rank}: could not reach the store at {where} within {timeout:g} s ({exc}); "
+                "is torchrun's agent store there (TORCHELASTIC_USE_AGENT_STORE), or set CLAIRVOYANT_STORE_MASTER=1 "
+                "so that rank 0 hosts one",
+                backend="store",
+                where=where,
+                timeout=timeout,
+            ) from exc
+    _stores[key] = store
+    return store, where
+
+
+def _allgather_store(payload, rank, world_size, run, generation, timeout):
+    deadline = time.monotonic() + timeout
+    store, place = _store(rank, timeout)
+    prefix = f"clairvoyant/{run}/{generation}/"
+    where = f"{place}, key {prefix}"
+    keys = [f"{prefix}{r}" for r in range(world_size)]
+    try:
+        store.set(keys[rank], payload)
+    except Exception as exc:
+        raise RendezvousError(f"rank {rank}: could not write {keys[rank]} to {place}: {exc}", backend="store", where=where) from exc
+    progress = _Progress(rank, world_size, "store", where)
+    missing = [r for r in range(world_size) if r != rank]
+    while missing:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _timeout_error(missing, world_size, timeout, "store", where)
+        step = min(left, PROGRESS_AFTER_S)
+        try:
+            store.wait([keys[r] for r in missing], datetime.timedelta(seconds=step))
+            missing = []
+        except Exception:  # timed out (or the store went away: check says which)
+            try:
+                missing = [r for r in missing if not store.check([keys[r]])]
+            except Exception as exc:
+                raise RendezvousError(
+                    f"rank {rank}: lost the store at {place} while waiting for {_ranks_text(missing, world_size)}: {exc}",
+                    missing=missing,
+                    backend="store",
+                    where=where,
+                ) from exc
+            progress.tick(missing)
+    others = [keys[r] for r in range(world_size)]
+    try:
+        values = list(store.multi_get(others)) if hasattr(store, "multi_get") else [store.get(k) for k in others]
+    except Exception as exc:
+        raise RendezvousError(f"rank {rank}: could not read {prefix}* from {place}: {exc}", backend="store", where=where) from exc
+    values[rank] = payload
+    # The last rank to have read removes the keys, so a long run does not fill the store.
+    try:
+        if store.add(f"{prefix}done", 1) == world_size:
+            for k in keys + [f"{prefix}done"]:
+                store.delete_key(k)
+    except Exception:  # a store without delete_key keeps them; harmless
+        pass
+    return [bytes(v) for v in values]
+
+
+# mpi ------------------------------------------------------------------------------------------
+
+
+def _mpi_wait(request, deadline, timeout, what):
+    sleep = 0.001
+    while not request.Test():
+        if time.monotonic() >= deadline:
+            raise RendezvousError(
+                f"{what} did not complete within {timeout:g} s (backend mpi, COMM_WORLD; MPI does not tell which ranks are missing)",
+                backend="mpi",
+                where="COMM_WORLD",
+                timeout=timeout,
+            )
+        time.sleep(sleep)
+        sleep = min(sleep * 2, _MAX_SLEEP_S)
+
+
+def _allgather_mpi(payload, rank, world_size, timeout):
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = _mpi_comm(rank, world_size)
+    if comm is None:
+        raise ConfigError(
+            f"the mpi rendezvous needs mpi4py and an MPI launch whose COMM_WORLD is rank {rank} of {world_size}"
+        )
+    deadline = time.monotonic() + timeout
+    sizes = np.zeros(world_size, dtype=np.int64)
+    _mpi_wait(comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes), deadline, timeout, "MPI allgather of sizes")
+    displs = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    recv = np.empty(int(sizes.sum()), dtype=np.uint8)
+    send = np.frombuffer(payload, dtype=np.uint8)
+    _mpi_wait(comm.Iallgatherv(send, [recv, sizes, displs, MPI.BYTE]), deadline, timeout, "MPI allgather")
+    out = [recv[displs[r] : displs[r] + sizes[r]].tobytes() for r in range(world_size)]
+    out[rank] = payload
+    return out
+
+
+# file -----------------------------------------------------------------------------------------
+
+
+def _private_dir(path: str, create: bool = True) -> str:
+    """``path`` as a directory owned by this user with no group or other permissions (created so,
+    parents included, when missing); anything else is refused with the path named."""
+    path = os.path.abspath(path)
+    if create:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the private directory {path}: {exc.strerror}") from exc
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot use the directory {path}: {exc.strerror}") from exc
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"refusing {path}: not a directory (a symbolic link or a file); clairvoyant needs a private directory there")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"refusing {path}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    if st.st_mode & 0o077:
+        raise ConfigError(
+            f"refusing {path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users in; it must be 0700 (chmod 700 {path})"
+        )
+    return path
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """``data`` into ``path`` in one step: a temporary file in the same directory, 0600, renamed."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _read_private(path: str) -> bytes:
+    """A file's bytes, refused unless it is a regular file owned by this user with mode 0600
+    (never followed through a symbolic link)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigError(f"refusing {path}: a symbolic link") from exc
+        raise
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"refusing {path}: not a regular file")
+        if st.st_uid != os.geteuid():
+            raise ConfigError(f"refusing {path}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            raise ConfigError(f"refusing {path}: mode {stat.S_IMODE(st.st_mode):04o}, expected 0600 (readable only by this user)")
+        return f.read()
+
+
+def _allgather_file(payload, rank, world_size, run, generation, timeout):
+    base = shared_dir()
+    if base is None:
+        raise ConfigError("the file rendezvous needs a shared directory: set CLAIRVOYANT_SHARED_DIR (or run under Slurm)")
+    deadline = time.monotonic() + timeout
+    base = _private_dir(base)
+    run_dir = _private_dir(os.path.join(base, f"rdv-{run}"))
+    gen_dir = _private_dir(os.path.join(run_dir, str(generation)))
+    where = gen_dir
+    mine = os.path.join(gen_dir, f"rank-{rank}")
+    if os.path.lexists(mine):
+        raise RendezvousError(
+            f"rank {rank}: {mine} exists already, left by an earlier run with the same run id '{run}'; "
+            f"give each run its own id (CLAIRVOYANT_RUN_ID) or remove {run_dir}",
+            backend="file",
+            where=where,
+        )
+    _write_atomic(mine, _HEADER.pack(_MAGIC, rank, world_size, len(payload)) + payload)
+    # Every rank that reached this generation finished reading generation - 2: drop ours of it.
+    if generation >= 2:
+        old = os.path.join(run_dir, str(generation - 2))
+        try:
+            os.unlink(os.path.join(old, f"rank-{rank}"))
+            os.rmdir(old)  # succeeds for the last rank only
+        except OSError:
+            pass
+    progress = _Progress(rank, world_size, "file", where)
+    names = {r: f"rank-{r}" for r in range(world_size) if r != rank}
+    sleep = 0.001
+    while True:
+        present = set(os.listdir(gen_dir))
+        missing = [r for r, n in names.items() if n not in present]
+        if not missing:
+            break
+        if time.monotonic() >= deadline:
+            raise _timeout_error(missing, world_size, timeout, "file", where)
+        progress.tick(missing)
+        time.sleep(min(sleep, max(0.0, deadline - time.monotonic())))
+        sleep = min(sleep * 2, _MAX_SLEEP_S)
+    out = []
+    for r in range(world_size):
+        if r == rank:
+            out.append(payload)
+            continue
+        path = os.path.join(gen_dir, f"rank-{r}")
+        data = _read_private(path)
+        if len(data) < _HEADER.size:
+            raise RendezvousError(f"rank {rank}: {path} is truncated", backend="file", where=where)
+        magic, their_rank, their_world, length = _HEADER.unpack_from(data)
+        if magic != _MAGIC or their_rank != r or length != len(data) - _HEADER.size:
+            raise RendezvousError(f"rank {rank}: {path} is not a rendezvous file of rank {r} (damaged?)", backend="file", where=where)
+        if their_world != world_size:
+            raise RendezvousError(
+                f"rank {rank}: rank {r} runs with world size {their_world} but this rank with {world_size} ({path})",
+                backend="file",
+                where=where,
+            )
+        out.append(data[_HEADER.size :])
+    return out
+
+
+# -- the job secret ----------------------------------------------------------------------------
+
+
+def _secret_from_text(text: str) -> bytes:
+    """32 bytes from ``CLAIRVOYANT_SECRET``: SHA-256 of a fixed prefix and the UTF-8 text, so any
+    string (hex or not) of 16 characters or more gives a key of full length."""
+    return hashlib.sha256(_SECRET_DOMAIN + text.encode("utf-8")).digest()
+
+
+def _user_runtime_dir() -> str:
+    """A per-user private directory on this machine: ``clairvoyant-<uid>`` under
+    ``CLAIRVOYANT_SHM_DIR``, else /dev/shm, else the temporary directory."""
+    env = _env()
+    root = env.get("CLAIRVOYANT_SHM_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    path = os.path.join(root, f"clairvoyant-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    return _private_dir(path, create=False)
+
+
+def _secret_file(directory: str, rank: int, world_size: int, run: str, timeout: float) -> bytes:
+    path = os.path.join(directory, f"secret-{run}")
+    if rank == 0:
+        fd, tmp = None, os.path.join(directory, f".secret-{run}.{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+            os.fchmod(fd, 0o600)  # whatever the umask
+            os.write(fd, secrets.token_bytes(SECRET_BYTES))
+            os.fsync(fd)
+            os.close(fd)
+            fd = None
+            try:
+                os.link(tmp, path)  # exclusive: an existing file (a restart of this run) is kept
+            except FileExistsError:
+                pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    deadline = time.monotonic() + timeout
+    progress = _Progress(rank, world_size, "file", path)
+    sleep = 0.001
+    while not os.path.lexists(path):
+        if time.monotonic() >= deadline:
+            raise RendezvousError(
+                f"rank {rank}: rank 0 of {world_size} did not create the job secret {path} within {timeout:g} s",
+                missing=[0],
+                backend="file",
+                where=path,
+                timeout=timeout,
+            )
+        progress.tick([0])
+        time.sleep(sleep)
+        sleep = min(sleep * 2, _MAX_SLEEP_S)
+    data = _read_private(path)
+    if len(data) < SECRET_BYTES:
+        raise ConfigError(f"refusing {path}: {len(data)} bytes, a job secret has {SECRET_BYTES}")
+    return data
+
+
+def job_secret(*, rank: int, world_size: int, run_id: str, timeout: float = 120.0, single_host: bool = False) -> bytes:
+    """The secret every member of the job shares (32 bytes), for authenticating peers.
+
+    In order: ``CLAIRVOYANT_SECRET`` from the launcher's environment (16 characters or more);
+    else, under MPI, rank 0 draws one and broadcasts it; else rank 0 creates it in the shared
+    directory (``CLAIRVOYANT_SHARED_DIR``, or ``~/.cache/clairvoyant/rendezvous`` under Slurm) as
+    ``secret-<run>`` (0600, created exclusively, never through a symbolic link) and the others
+    read it; with ``single_host=True`` or one rank, that directory is a per-user one in
+    /dev/shm (or ``CLAIRVOYANT_SHM_DIR``). Otherwise a ConfigError says how to provide one."""
+    _check_args(rank, world_size, timeout)
+    env = _env()
+    text = env.get("CLAIRVOYANT_SECRET")
+    if text is not None:
+        if len(text) < 16:
+            raise ConfigError(f"invalid value for CLAIRVOYANT_SECRET: {len(text)} characters, at least 16 are needed")
+        return _secret_from_text(text)
+    run = _run_segment(run_id)
+    if world_size > 1 and not single_host:
+        comm = _mpi_comm(rank, world_size)
+        if comm is not None:
+            buf = bytearray(secrets.token_bytes(SECRET_BYTES) if rank == 0 else SECRET_BYTES)
+            _mpi_wait(comm.Ibcast(buf, root=0), time.monotonic() + timeout, timeout, "MPI broadcast of the job secret")
+            return bytes(buf)
+        base = shared_dir()
+        if base is None:
+            raise ConfigError(
+                f"rank {rank} of {world_size}: no job secret: set CLAIRVOYANT_SECRET (16 characters or more, the same on "
+                "every rank, e.g. CLAIRVOYANT_SECRET=$(openssl rand -hex 32) in the launch script) or CLAIRVOYANT_SHARED_DIR "
+                "(a directory every node sees, private to this user) so that rank 0 can create one; under MPI, install mpi4py"
+            )
+        return _secret_file(_private_dir(base), rank, world_size, run, timeout)
+    return _secret_file(_user_runtime_dir(), rank, world_size, run, timeout)
+
+
+# -- where this node listens, and which node this is ---------------------------------------------
+
+
+def _is_wildcard(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_unspecified
+    except ValueError:
+        return False
+
+
+def _interface_address(name: str) -> str:
+    """The IPv4 address of interface ``name`` (ioctl SIOCGIFADDR), else its first global IPv6
+    address from ``ip -j addr``."""
+    names = [n for _, n in socket.if_nameindex()]
+    if name not in names:
+        raise ConfigError(f"invalid value for CLAIRVOYANT_LISTEN: {name!r} is neither an IP address nor an interface ({', '.join(names)})")
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("256s", name.encode()[:15])
+            res = fcntl.ioctl(s.fileno(), 0x8915, req)  # SIOCGIFADDR
+            return socket.inet_ntoa(res[20:24])
+    except OSError:
+        pass
+    ip = shutil.which("ip")
+    if ip:
+        try:
+            import json
+
+            out = subprocess.run([ip, "-j", "addr", "show", "dev", name], capture_output=True, text=True, timeout=5).stdout
+            for link in json.loads(out or "[]"):
+                for a in link.get("addr_info", []):
+                    if a.get("scope") == "global" and a.get("local"):
+                        return a["local"]
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    raise ConfigError(f"invalid value for CLAIRVOYANT_LISTEN: interface {name!r} has no address")
+
+
+def _route_source(host: str) -> str | None:
+    """The source address the kernel picks to reach ``host`` (a UDP connect sends nothing)."""
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)
+                addr = s.getsockname()[0]
+        except OSError:
+            continue
+        if not _is_wildcard(addr):
+            return addr
+    return None
+
+
+def _slurm_first_node() -> str | None:
+    env = _env()
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    scontrol = shutil.which("scontrol")
+    if not (nodelist and scontrol):
+        return None
+    try:
+        out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    first = out.split()
+    return first[0] if first else None
+
+
+def _strip_port(entry: str) -> str:
+    entry = entry.strip()
+    if entry.startswith("["):  # [v6]:port
+        return entry[1:].split("]")[0]
+    if entry.count(":") == 1:
+        return entry.split(":")[0]
+    return entry
+
+
+def listen_address(*, peers_hint: list | None = None) -> str:
+    """The local IP address on which this node's server should listen: the one that reaches the
+    other nodes. ``CLAIRVOYANT_LISTEN`` (an IP address or an interface name), else the source
+    address the kernel picks to reach ``MASTER_ADDR`` (or the first of ``peers_hint``, of
+    ``CLAIRVOYANT_PEERS``, or Slurm's first node), else 127.0.0.1. Never a wildcard address."""
+    env = _env()
+    chosen = (env.get("CLAIRVOYANT_LISTEN") or "").strip()
+    if chosen:
+        try:
+            ip = ipaddress.ip_address(chosen)
+        except ValueError:
+            return _interface_address(chosen)
+        if ip.is_unspecified:
+            raise ConfigError(
+                f"invalid value for CLAIRVOYANT_LISTEN: {chosen} listens on every interface; name one address or interface"
+            )
+        return str(ip)
+    targets = []
+    if env.get("MASTER_ADDR"):
+        targets.append(env["MASTER_ADDR"])
+    targets += [_strip_port(p) for p in (peers_hint or [])[:1]]
+    peers = [p for p in re.split(r"[,\s]+", env.get("CLAIRVOYANT_PEERS", "")) if p]
+    targets += [_strip_port(p) for p in peers[:1]]
+    loopback = None
+    for target in targets:
+        addr = _route_source(target)
+        if addr is None:
+            continue
+        if not ipaddress.ip_address(addr.split("%")[0]).is_loopback:
+            return addr
+        loopback = loopback or addr
+    if not targets:
+        first = _slurm_first_node()
+        if first:
+            addr = _route_source(first)
+            if addr:
+                return addr
+    return loopback or "127.0.0.1"
+
+
+def node_id() -> str:
+    """Which node this process runs on: ``CLAIRVOYANT_NODE_ID``, else the host name, the boot id
+    and the device of the shared-memory directory (so two containers with one host name on
+    different machines, or with separate /dev/shm on one machine, differ)."""
+    env = _env()
+    if env.get("CLAIRVOYANT_NODE_ID"):
+        return env["CLAIRVOYANT_NODE_ID"]
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        pass
+    shm = env.get("CLAIRVOYANT_SHM_DIR") or "/dev/shm"
+    try:
+        parts.append(f"{os.stat(shm).st_dev:x}")
+    except OSError:
+        pass
+    return "/".join(parts)
+
+
+__all__ = [
+    "RendezvousError",
+    "allgather",
+    "job_secret",
+    "listen_address",
+    "node_id",
+    "choose_backend",
+    "shared_dir",
+]

@@ -1,0 +1,491 @@
+"""Rendezvous (allgather), the job secret, listen_address and node_id (clairvoyant._cluster).
+
+Every multi-rank case runs its ranks as separate processes, as a launcher would.
+"""
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clairvoyant import _cluster
+from clairvoyant.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One rank: a list of steps, each `calls` allgathers of payloads (rank, call, size) and
+# optionally the secret; a step may name the ranks that take part, a world size and
+# environment overrides. The rank says "ready" once imported and starts when told "go", so that
+# time-outs do not count the others' start-up. Prints one JSON line: per step, the sha256 of every
+# gathered payload per call, or the error.
+WORKER = r"""
+import hashlib, json, os, sys, time
+from clairvoyant import _cluster
+a = json.loads(sys.argv[1])
+rank = a["rank"]
+if a.get("torch"):
+    import datetime, torch.distributed as dist
+print("ready", flush=True)
+sys.stdin.readline()
+if a.get("pg"):
+    dist.init_process_group("gloo", rank=rank, world_size=a["world"], timeout=datetime.timedelta(seconds=30))
+results = []
+for step in a["steps"]:
+    if rank not in step.get("ranks", range(a["world"])):
+        results.append(None)
+        continue
+    os.environ.update(step.get("env", {}))
+    world = step.get("world", a["world"])
+    out = {"rank": rank, "calls": []}
+    t0 = time.monotonic()
+    try:
+        if step.get("listen"):
+            me = _cluster.listen_address() + "|" + _cluster.node_id()
+            got = _cluster.allgather(me.encode(), rank=rank, world_size=world, run_id=step.get("run", "r1"),
+                                     timeout=step.get("timeout", 10.0), backend=step.get("backend"))
+            out["listen"] = [g.decode() for g in got]
+        for call in range(step.get("calls", 1)):
+            sizes = step.get("sizes", [64])
+            payload = bytes([(rank * 7 + call) % 251]) * sizes[call % len(sizes)]
+            got = _cluster.allgather(payload, rank=rank, world_size=world, run_id=step.get("run", "r1"),
+                                     timeout=step.get("timeout", 10.0), backend=step.get("backend"))
+            out["calls"].append([hashlib.sha256(g).hexdigest() for g in got])
+        if step.get("secret"):
+            out["secret"] = _cluster.job_secret(rank=rank, world_size=world, run_id=step.get("run", "r1"),
+                                                timeout=step.get("timeout", 10.0), single_host=step.get("single_host", False)).hex()
+    except Exception as e:
+        out["error"] = type(e).__name__
+        out["message"] = str(e)
+        out["missing"] = getattr(e, "missing", None)
+    out["elapsed"] = time.monotonic() - t0
+    results.append(out)
+if a.get("pg"):
+    dist.destroy_process_group()
+print(json.dumps(results), flush=True)
+"""
+
+
+def expected(rank, call, size):
+    return hashlib.sha256(bytes([(rank * 7 + call) % 251]) * size).hexdigest()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAIRVOYANT_", "SLURM_", "MASTER_", "TORCHELASTIC_"))}
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
+    env["CLAIRVOYANT_CACHE_DIR"] = os.environ.get("CLAIRVOYANT_CACHE_DIR", "")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_steps(ranks, world, env, steps, wall=60, spawn=subprocess.Popen, **kw):
+    """Per step, the outputs of the ranks that took part, as (output, stderr) in rank order.
+    ``spawn(rank, argv, env=, **popen_kw)`` starts a rank (default: a plain process)."""
+    if spawn is subprocess.Popen:
+        spawn = lambda _rank, argv, **k: subprocess.Popen(argv, **k)  # noqa: E731
+    procs = []
+    try:
+        for r in ranks:
+            args = {"rank": r, "world": world, "steps": steps, **kw}
+            procs.append(
+                spawn(
+                    r,
+                    [sys.executable, "-c", WORKER, json.dumps(args)],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.strip() == "ready", p.stderr.read()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=wall)
+            assert p.returncode == 0, stderr
+            outs.append((json.loads(stdout.strip().splitlines()[-1]), stderr))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [[(o[i], err) for o, err in outs if o[i] is not None] for i in range(len(steps))]
+
+
+def run_ranks(ranks, world, env, **step):
+    """One step on `ranks`."""
+    kw = {k: step.pop(k) for k in ("torch", "pg", "wall", "spawn") if k in step}
+    return run_steps(ranks, world, env, [step], **kw)[0]
+
+
+def check_all(outs, world, calls, sizes):
+    for out, _ in outs:
+        assert "error" not in out, out
+        assert len(out["calls"]) == calls
+        for call, got in enumerate(out["calls"]):
+            size = sizes[call % len(sizes)]
+            assert got == [expected(r, call, size) for r in range(world)], f"rank {out['rank']} call {call}"
+
+
+@pytest.fixture
+def shared(tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir(mode=0o700)
+    return d
+
+
+# -- store ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tcp_store():
+    torch_dist = pytest.importorskip("torch.distributed")
+    port = free_port()
+    store = torch_dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+    yield store, port
+
+
+def test_store_backend(tcp_store, shared):
+    """One launch of 4 ranks (torch takes seconds to import): repeated allgathers with payloads
+    up to 1 MB on torchrun's agent store, missing ranks, the secret kept out of the store, an
+    unreachable store, and rank 0 hosting the store when told to."""
+    store, port = tcp_store
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="True", CLAIRVOYANT_SHARED_DIR=shared)
+    sizes = [16, 1 << 20, 0]
+    own = free_port()
+    steps = [
+        {"calls": 3, "sizes": sizes},
+        {"run": "miss", "ranks": [0, 2], "timeout": 2.0},
+        {"run": "sec", "secret": True, "calls": 1},
+        {"run": "dead", "ranks": [1], "timeout": 1.0, "env": {"MASTER_PORT": str(free_port())}},
+        {
+            "run": "own",
+            "ranks": [0, 1],
+            "world": 2,
+            "calls": 2,
+            "env": {"MASTER_PORT": str(own), "CLAIRVOYANT_STORE_MASTER": "1", "TORCHELASTIC_USE_AGENT_STORE": "0"},
+        },
+    ]
+    t0 = time.monotonic()
+    repeated, missing, secret, dead, hosted = run_steps(range(4), 4, env, steps, torch=True)
+    print(f"4 store ranks, 5 steps: {time.monotonic() - t0:.1f} s")
+
+    check_all(repeated, 4, 3, sizes)
+    for g in range(3):  # the last reader of each call deleted its keys
+        assert not store.check([f"clairvoyant/r1/{g}/0"])
+
+    assert len(missing) == 2
+    for out, _ in missing:
+        assert out["error"] == "RendezvousError"
+        assert out["missing"] == [1, 3]
+        assert "ranks 1, 3 of 4 did not join within 2 s" in out["message"]
+        assert f"127.0.0.1:{port}" in out["message"] and "key clairvoyant/miss/0/" in out["message"]
+        assert 1.9 <= out["elapsed"] < 6.0
+
+    check_all(secret, 4, 1, [64])
+    assert len({out["secret"] for out, _ in secret}) == 1
+    assert (shared / "secret-sec").read_bytes().hex() == secret[0][0]["secret"]
+    left = [k for k in ("clairvoyant/sec/0/0", "clairvoyant/sec/0/done") if store.check([k])]
+    assert left == []
+
+    ((out, _),) = dead
+    assert out["error"] == "RendezvousError" and "could not reach the store" in out["message"]
+
+    check_all(hosted, 2, 2, [64])
+
+
+def test_store_backend_through_an_initialized_gloo_process_group():
+    pytest.importorskip("torch.distributed")
+    env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    outs = run_ranks(range(2), 2, env, calls=2, sizes=[1000], torch=True, pg=True)
+    check_all(outs, 2, 2, [1000])
+
+
+# -- file ----------------------------------------------------------------------------------------
+
+
+def test_file_backend_repeated_and_1mb(shared):
+    env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
+    sizes = (10, 1 << 20, 3, 0, 5)
+    outs = run_ranks(range(4), 4, env, calls=5, sizes=list(sizes))
+    check_all(outs, 4, 5, sizes)
+    run_dir = shared / "rdv-r1"
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    # Generations older than the last two were removed.
+    assert sorted(p.name for p in run_dir.iterdir()) == ["3", "4"]
+    for f in (run_dir / "4").iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_file_backend_missing_ranks_are_named(shared):
+    env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
+    outs = run_ranks([1, 2], 4, env, timeout=1.5, run="miss")
+    for out, _ in outs:
+        assert out["error"] == "RendezvousError", out
+        assert out["missing"] == [0, 3]
+        assert "ranks 0, 3 of 4 did not join within 1.5 s" in out["message"]
+        assert str(shared / "rdv-miss" / "0") in out["message"]
+        assert 1.4 <= out["elapsed"] < 5.0
+
+
+def test_file_backend_says_who_is_missing_after_5_s(shared, monkeypatch):
+    env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
+    (out, stderr), = run_ranks([0], 2, env, timeout=5.6, run="slow")
+    assert out["missing"] == [1]
+    assert "rank 0: waiting for rank 1 of 2 (backend file" in stderr
+    assert stderr.count("waiting for") == 1
+
+
+def test_file_backend_refuses_a_directory_others_can_enter(tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    env = clean_env(CLAIRVOYANT_SHARED_DIR=d)
+    (out, _), = run_ranks([0], 2, env)
+    assert out["error"] == "ConfigError"
+    assert str(d) in out["message"] and "0755" in out["message"]
+
+
+def test_file_backend_refuses_a_stale_file_of_the_same_run(shared):
+    env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
+    check_all(run_ranks(range(2), 2, env, run="again"), 2, 1, (64,))
+    (out, _), = run_ranks([0], 2, env, run="again", timeout=1.0)
+    assert out["error"] == "RendezvousError" and "earlier run with the same run id" in out["message"]
+
+
+def test_one_rank_needs_no_backend():
+    assert _cluster.allgather(b"abc", rank=0, world_size=1, run_id="x") == [b"abc"]
+
+
+def test_no_backend_is_a_config_error(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("CLAIRVOYANT_", "SLURM_", "MASTER_", "TORCHELASTIC_", "OMPI_", "PMI")):
+            monkeypatch.delenv(k)
+    with pytest.raises(ConfigError, match="CLAIRVOYANT_SHARED_DIR"):
+        _cluster.allgather(b"x", rank=0, world_size=2, run_id="x")
+    with pytest.raises(ConfigError, match="'backend'"):
+        _cluster.allgather(b"x", rank=0, world_size=2, run_id="x", backend="carrier-pigeon")
+
+
+def test_mpi_backend():
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed; the mpi backend is untested here")
+    if not shutil_which("mpirun"):
+        pytest.skip("no mpirun on PATH")
+    env = clean_env(CLAIRVOYANT_RENDEZVOUS="mpi")
+    code = (
+        "from mpi4py import MPI; from clairvoyant import _cluster; c = MPI.COMM_WORLD; "
+        "o = _cluster.allgather(bytes([c.rank]) * (c.rank + 1), rank=c.rank, world_size=c.size, run_id='m'); "
+        "assert o == [bytes([r]) * (r + 1) for r in range(c.size)], o; "
+        "s = _cluster.job_secret(rank=c.rank, world_size=c.size, run_id='m'); "
+        "assert c.allgather(s) == [s] * c.size; print('ok')"
+    )
+    r = subprocess.run(["mpirun", "--allow-run-as-root", "-n", "2", sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.stdout.count("ok") == 2, r.stderr
+
+
+def shutil_which(name):
+    import shutil
+
+    return shutil.which(name)
+
+
+# -- the job secret ------------------------------------------------------------------------------
+
+
+def no_sources(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("CLAIRVOYANT_SECRET", "CLAIRVOYANT_SHARED_DIR", "SLURM_", "OMPI_", "PMI")):
+            monkeypatch.delenv(k)
+
+
+def test_secret_from_the_environment(monkeypatch):
+    no_sources(monkeypatch)
+    monkeypatch.setenv("CLAIRVOYANT_SECRET", "0123456789abcdef0123")
+    a = _cluster.job_secret(rank=3, world_size=8, run_id="x")
+    assert len(a) == 32 and a == _cluster.job_secret(rank=0, world_size=8, run_id="y")
+    monkeypatch.setenv("CLAIRVOYANT_SECRET", "0123456789abcdef0124")
+    assert _cluster.job_secret(rank=3, world_size=8, run_id="x") != a
+    monkeypatch.setenv("CLAIRVOYANT_SECRET", "short")
+    with pytest.raises(ConfigError, match="at least 16"):
+        _cluster.job_secret(rank=0, world_size=2, run_id="x")
+
+
+def test_secret_through_the_shared_directory(shared):
+    env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
+    outs = run_ranks(range(3), 3, env, calls=0, secret=True, run="sec")
+    secrets_ = {out["secret"] for out, _ in outs}
+    assert len(secrets_) == 1 and len(bytes.fromhex(secrets_.pop())) == 32
+    f = shared / "secret-sec"
+    st = f.lstat()
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+    assert [p.name for p in shared.iterdir() if p.name.startswith(".secret")] == []  # no temporary left
+
+
+def test_secret_single_host_uses_a_private_shm_dir(tmp_path):
+    env = clean_env(CLAIRVOYANT_SHM_DIR=tmp_path)
+    outs = run_ranks(range(2), 2, env, calls=0, secret=True, single_host=True, run="one")
+    assert len({out["secret"] for out, _ in outs}) == 1
+    d = tmp_path / f"clairvoyant-{os.geteuid()}"
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert stat.S_IMODE((d / "secret-one").stat().st_mode) == 0o600
+
+
+def _secret_as_rank1(monkeypatch, shared):
+    no_sources(monkeypatch)
+    monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+    return _cluster.job_secret(rank=1, world_size=2, run_id="bad", timeout=2.0)
+
+
+def test_secret_group_readable_file_is_refused(monkeypatch, shared):
+    f = shared / "secret-bad"
+    f.write_bytes(os.urandom(32))
+    os.chmod(f, 0o640)
+    with pytest.raises(ConfigError, match=f"refusing {f}: mode 0640"):
+        _secret_as_rank1(monkeypatch, shared)
+
+
+def test_secret_symlink_is_refused(monkeypatch, shared, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(os.urandom(32))
+    os.chmod(target, 0o600)
+    os.symlink(target, shared / "secret-bad")
+    with pytest.raises(ConfigError, match=f"refusing {shared / 'secret-bad'}: a symbolic link"):
+        _secret_as_rank1(monkeypatch, shared)
+
+
+def test_secret_foreign_owned_file_is_refused(monkeypatch, shared):
+    if os.geteuid() != 0:
+        pytest.skip("making a file owned by another user needs root")
+    f = shared / "secret-bad"
+    f.write_bytes(os.urandom(32))
+    os.chmod(f, 0o600)
+    os.chown(f, 65534, 65534)
+    with pytest.raises(ConfigError, match=f"refusing {f}: owned by uid 65534"):
+        _secret_as_rank1(monkeypatch, shared)
+
+
+def test_secret_rank0_never_showing_up_times_out(monkeypatch, shared):
+    t0 = time.monotonic()
+    with pytest.raises(_cluster.RendezvousError, match="rank 0 of 2 did not create the job secret"):
+        no_sources(monkeypatch)
+        monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+        _cluster.job_secret(rank=1, world_size=2, run_id="late", timeout=0.5)
+    assert time.monotonic() - t0 < 3
+
+
+def test_secret_without_any_source_is_a_config_error(monkeypatch):
+    no_sources(monkeypatch)
+    with pytest.raises(ConfigError) as e:
+        _cluster.job_secret(rank=0, world_size=4, run_id="x")
+    assert "CLAIRVOYANT_SECRET" in str(e.value) and "CLAIRVOYANT_SHARED_DIR" in str(e.value)
+
+
+# -- listen_address and node_id ------------------------------------------------------------------
+
+
+def _is_ip(s):
+    import ipaddress
+
+    return ipaddress.ip_address(s)
+
+
+def test_listen_address_never_a_wildcard(monkeypatch):
+    for k in ("CLAIRVOYANT_LISTEN", "MASTER_ADDR", "CLAIRVOYANT_PEERS", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(k, raising=False)
+    assert _cluster.listen_address() == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert _cluster.listen_address() == "127.0.0.1"
+    addr = _cluster.listen_address(peers_hint=["localhost:1234"])
+    assert not _is_ip(addr).is_unspecified
+    monkeypatch.setenv("MASTER_ADDR", "0.0.0.0")
+    assert not _is_ip(_cluster.listen_address()).is_unspecified
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    assert _cluster.listen_address() == "127.0.0.1"
+
+
+def test_listen_address_reaches_a_non_loopback_master(monkeypatch):
+    # The address of a real interface, if this machine has one: the route to it starts there.
+    names = [n for _, n in socket.if_nameindex() if n != "lo"]
+    addrs = []
+    for n in names:
+        try:
+            monkeypatch.setenv("CLAIRVOYANT_LISTEN", n)
+            addrs.append(_cluster.listen_address())
+        except ConfigError:
+            pass
+    monkeypatch.delenv("CLAIRVOYANT_LISTEN")
+    if not addrs:
+        pytest.skip("no interface with an address besides lo")
+    monkeypatch.setenv("MASTER_ADDR", addrs[0])
+    assert _cluster.listen_address() == addrs[0]
+
+
+def test_listen_address_honours_clairvoyant_listen(monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_LISTEN", "127.0.0.5")
+    assert _cluster.listen_address() == "127.0.0.5"
+    monkeypatch.setenv("CLAIRVOYANT_LISTEN", "lo")
+    assert _cluster.listen_address() == "127.0.0.1"
+    for bad in ("0.0.0.0", "::"):
+        monkeypatch.setenv("CLAIRVOYANT_LISTEN", bad)
+        with pytest.raises(ConfigError, match="every interface"):
+            _cluster.listen_address()
+    monkeypatch.setenv("CLAIRVOYANT_LISTEN", "nosuchif0")
+    with pytest.raises(ConfigError, match="'nosuchif0' is neither an IP address nor an interface"):
+        _cluster.listen_address()
+
+
+def test_node_id(monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_NODE_ID", "node7")
+    assert _cluster.node_id() == "node7"
+    monkeypatch.delenv("CLAIRVOYANT_NODE_ID")
+    a = _cluster.node_id()
+    assert a.startswith(socket.gethostname() + "/") and a == _cluster.node_id()
+
+
+# -- across emulated nodes (tests/netns.py) -----------------------------------------------------
+
+sys.path.insert(0, os.path.dirname(__file__))
+import netns  # noqa: E402
+
+_NO_NETNS = netns.netns_unavailable()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param("loopback"), pytest.param("netns", marks=pytest.mark.skipif(_NO_NETNS is not None, reason=str(_NO_NETNS)))],
+)
+def test_rendezvous_across_emulated_nodes(kind, shared):
+    """Each rank on its own node learns every node's listen address and id; under namespaces
+    the store is hosted by rank 0 on node 0's address and reached from the other nodes."""
+    n = 3
+    with netns.Nodes(n) if kind == "netns" else netns.LoopbackNodes(n) as nodes:
+        env = clean_env(CLAIRVOYANT_SHARED_DIR=shared, MASTER_ADDR=nodes.addresses[0], MASTER_PORT=free_port())
+        steps = [{"listen": True, "backend": "file", "calls": 2, "sizes": [1 << 20]}]
+        if kind == "netns":
+            steps.append({"run": "store", "listen": True, "calls": 2, "env": {"CLAIRVOYANT_STORE_MASTER": "1"}})
+        results = run_steps(range(n), n, env, steps, spawn=nodes.popen, torch=kind == "netns")
+    want = [f"{nodes.addresses[i]}|node{i}" for i in range(n)]
+    for outs in results:
+        check_all(outs, n, 2, [1 << 20] if outs is results[0] else [64])
+        for out, _ in outs:
+            assert out["listen"] == want
