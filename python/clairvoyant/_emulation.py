@@ -173,27 +173,54 @@ def run_ranks(
     args: Sequence[Any] = (),
     env: dict[str, str] | None = None,
     timeout: float | None = None,
+    nodes: int = 1,
+    node_env: Callable[[int], dict] | None = None,
 ) -> list[Any]:
     """Run ``fn(RankContext, *args)`` in ``world_size`` spawned processes on this host and return
     their results in rank order. ``fn`` must be importable (a module-level function).
 
-    Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (one machine) plus ``env``.
-    If any rank fails, the barrier is broken so the others stop too, and a RuntimeError carrying
-    the failing rank's traceback is raised.
+    Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE plus ``env``. With
+    ``nodes`` > 1 the ranks are split into that many emulated nodes (contiguous blocks): each
+    node has its own node id and its own shared-memory directory (so nodes share no cache),
+    the nodes meet through a private shared directory, and servers listen on loopback;
+    ``node_env(i)`` adds variables for node i. If any rank fails, the barrier is broken so the
+    others stop too, and a RuntimeError carrying the failing rank's traceback is raised.
     """
+    import tempfile
+
+    if nodes < 1 or world_size % nodes:
+        raise ValueError(f"{world_size} ranks cannot be split into {nodes} equal nodes")
+    per_node = world_size // nodes
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(world_size)
     results = ctx.Queue()
     procs = []
+    scratch = tempfile.mkdtemp(prefix="clairvoyant-nodes-") if nodes > 1 else None
     for rank in range(world_size):
+        node = rank // per_node
         penv = {
             "RANK": str(rank),
             "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node),
             "MASTER_ADDR": "127.0.0.1",
-            **(env or {}),
         }
+        if scratch is not None:
+            shm = os.path.join(scratch, f"node{node}")
+            os.makedirs(shm, mode=0o700, exist_ok=True)
+            os.makedirs(os.path.join(scratch, "shared"), mode=0o700, exist_ok=True)
+            penv.update(
+                {
+                    "CLAIRVOYANT_NODE_ID": f"node{node}",
+                    "CLAIRVOYANT_SHM_DIR": shm,
+                    "CLAIRVOYANT_SHARED_DIR": os.path.join(scratch, "shared"),
+                    "CLAIRVOYANT_RENDEZVOUS": "file",
+                    "CLAIRVOYANT_LISTEN": "127.0.0.1",
+                    "CLAIRVOYANT_RUN_ID": f"emulated-{os.getpid()}-{os.path.basename(scratch)}",
+                    **(node_env(node) if node_env else {}),
+                }
+            )
+        penv.update(env or {})
         p = ctx.Process(target=_rank_main, args=(fn, rank, world_size, barrier, results, penv, tuple(args)), daemon=False)
         p.start()
         procs.append(p)
@@ -222,6 +249,8 @@ def run_ranks(
             if p.is_alive():
                 p.terminate()
                 p.join()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     if errors:
         raise RuntimeError("\n".join(errors))
     return [outs[r] for r in range(world_size)]

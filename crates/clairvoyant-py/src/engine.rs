@@ -357,22 +357,23 @@ impl PyEngine {
 /// nodes, `peers` (one host:port per node), `secret` (bytes), `job` (id bound into the
 /// handshake), optional `connections` per peer and `peer_wait` seconds.
 fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crate::peer::Peers>>)> {
-    fn get<'py, T: pyo3::FromPyObject<'py>>(c: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
-        match c.get_item(key)? {
-            Some(v) if !v.is_none() => v
-                .extract::<T>()
-                .map(Some)
-                .map_err(|e| pyo3::exceptions::PyTypeError::new_err(format!("cluster['{key}']: {e}"))),
-            _ => Ok(None),
-        }
-    }
+    // The value at `key`, None when absent or None.
+    let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(c.get_item(key)?.filter(|v| !v.is_none())) };
+    let bad = |key: &str, e: PyErr| pyo3::exceptions::PyTypeError::new_err(format!("cluster['{key}']: {e}"));
     let need = |key: &str| pyo3::exceptions::PyKeyError::new_err(format!("cluster['{key}'] is required"));
-    let nodes: Vec<Vec<u32>> = get(c, "nodes")?.ok_or_else(|| need("nodes"))?;
-    let node: usize = get(c, "node")?.ok_or_else(|| need("node"))?;
-    let capacities: Vec<Vec<u64>> = get(c, "capacities")?.ok_or_else(|| need("capacities"))?;
-    let wait: f64 = get(c, "peer_wait")?.unwrap_or(2.0);
-    let client = match get::<Vec<String>>(c, "peers")? {
-        Some(addrs) => {
+    let nodes: Vec<Vec<u32>> = item("nodes")?.ok_or_else(|| need("nodes"))?.extract().map_err(|e| bad("nodes", e))?;
+    let node: usize = item("node")?.ok_or_else(|| need("node"))?.extract().map_err(|e| bad("node", e))?;
+    let capacities: Vec<Vec<u64>> = item("capacities")?
+        .ok_or_else(|| need("capacities"))?
+        .extract()
+        .map_err(|e| bad("capacities", e))?;
+    let wait: f64 = match item("peer_wait")? {
+        Some(v) => v.extract().map_err(|e| bad("peer_wait", e))?,
+        None => 2.0,
+    };
+    let client = match item("peers")? {
+        Some(v) => {
+            let addrs: Vec<String> = v.extract().map_err(|e| bad("peers", e))?;
             if addrs.len() != nodes.len() {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
                     "cluster: {} peer addresses for {} nodes",
@@ -380,9 +381,12 @@ fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crat
                     nodes.len()
                 )));
             }
-            let secret: Vec<u8> = get(c, "secret")?.ok_or_else(|| need("secret"))?;
-            let job: u64 = get(c, "job")?.ok_or_else(|| need("job"))?;
-            let connections: usize = get(c, "connections")?.unwrap_or(4);
+            let secret: Vec<u8> = item("secret")?.ok_or_else(|| need("secret"))?.extract().map_err(|e| bad("secret", e))?;
+            let job: u64 = item("job")?.ok_or_else(|| need("job"))?.extract().map_err(|e| bad("job", e))?;
+            let connections: usize = match item("connections")? {
+                Some(v) => v.extract().map_err(|e| bad("connections", e))?,
+                None => 4,
+            };
             Some(crate::peer::client(&addrs, &secret, job, connections)?)
         }
         None => None,
