@@ -9,7 +9,6 @@ import os
 import zlib
 
 import numpy as np
-import pytest
 
 import clairvoyant
 from clairvoyant._emulation import run_ranks
@@ -31,12 +30,12 @@ def _write_dataset(root) -> tuple[list, int]:
     return paths, total
 
 
-def _config(path, memory: int) -> str:
+def _config(path, memory: int, staging: str = "4 MiB") -> str:
     with open(path, "w") as f:
         f.write(
             f"""
 [staging]
-capacity = "4 MiB"
+capacity = "{staging}"
 threads = 2
 [pfs]
 read_mbps = 200.0
@@ -124,3 +123,108 @@ def test_two_nodes_below_the_dataset_read_the_minimum(tmp_path):
     minimum = total + (EPOCHS - 1) * (total - 0.5 * total)
     print(f"file-system bytes {fs}, minimum {minimum:.0f} ({fs / minimum:.3f}x)")
     assert fs <= minimum * 1.05
+
+
+def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float, staging: str = "4 MiB"):
+    """One rank per node, each its own process (as a launcher would start them)."""
+    import subprocess
+    import sys
+
+    paths, total = _write_dataset(tmp_path)
+    list_file = tmp_path / "list.txt"
+    list_file.write_text("".join(f"{p}\t{k % 5}\n" for k, p in enumerate(paths)))
+    config = _config(tmp_path / "system.toml", int(total * fraction), staging)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    procs, outs = [], []
+    for i in range(nodes):
+        shm = tmp_path / f"node{i}"
+        shm.mkdir(mode=0o700)
+        out = tmp_path / f"rank{i}.jsonl"
+        env = {
+            **os.environ,
+            "RANK": str(i),
+            "WORLD_SIZE": str(nodes),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "CLAIRVOYANT_NODE_ID": f"node{i}",
+            "CLAIRVOYANT_SHM_DIR": str(shm),
+            "CLAIRVOYANT_SHARED_DIR": str(shared),
+            "CLAIRVOYANT_RENDEZVOUS": "file",
+            "CLAIRVOYANT_LISTEN": "127.0.0.1",
+            "CLAIRVOYANT_RUN_ID": f"kill-{os.getpid()}-{tmp_path.name}",
+            "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "index-cache"),
+        }
+        script = os.path.join(os.path.dirname(__file__), "cluster_rank.py")
+        procs.append(
+            subprocess.Popen([sys.executable, script, str(list_file), config, str(out), str(epochs), str(step)], env=env)
+        )
+        outs.append(out)
+    return procs, outs, total
+
+
+def _lines(path) -> list:
+    import json
+
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_node_killed_mid_run_leaves_the_others_training(tmp_path):
+    import signal
+    import time
+
+    # A small staging buffer: a rank cannot have fetched its later epochs before the kill.
+    procs, outs, _ = _spawn_nodes(tmp_path, nodes=3, epochs=4, step=0.02, fraction=0.4, staging="48 KiB")
+    try:
+        # Kill node 1 with SIGKILL once it finished its first epoch (so, during its second).
+        deadline = time.monotonic() + 120
+        while not _lines(outs[1]) and time.monotonic() < deadline:
+            assert procs[1].poll() is None, "node 1 exited early"
+            time.sleep(0.02)
+        assert _lines(outs[1]), "node 1 made no progress"
+        procs[1].send_signal(signal.SIGKILL)
+        for i in (0, 2):
+            assert procs[i].wait(timeout=180) == 0, f"node {i} failed"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for i in (0, 2):
+        epochs = _lines(outs[i])
+        assert [x["epoch"] for x in epochs] == [0, 1, 2, 3]
+        assert all(x["ok"] for x in epochs), f"node {i}: every sample once per epoch, right bytes"
+        fell_back = sum(x["fallbacks"] + x["misses"] for x in epochs)
+        print(f"node {i}: " + ", ".join(f"epoch {x['epoch']} {x['seconds']:.2f} s stall {x['stall']:.2f} s" for x in epochs) + f"; fell back {fell_back}")
+        assert fell_back > 0, "samples node 1 served are read around it"
+
+
+def test_a_stalled_node_is_detected_and_read_around(tmp_path):
+    import signal
+    import time
+
+    procs, outs, _ = _spawn_nodes(tmp_path, nodes=3, epochs=3, step=0.02, fraction=0.4, staging="48 KiB")
+    try:
+        deadline = time.monotonic() + 120
+        while not _lines(outs[1]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        procs[1].send_signal(signal.SIGSTOP)  # alive, connected, silent
+        for i in (0, 2):
+            assert procs[i].wait(timeout=180) == 0, f"node {i} failed"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+    for i in (0, 2):
+        epochs = _lines(outs[i])
+        assert [x["epoch"] for x in epochs] == [0, 1, 2]
+        assert all(x["ok"] for x in epochs)
+        stall = sum(x["stall"] for x in epochs[1:])
+        print(f"node {i}: stall after the stop {stall:.2f} s; fell back {sum(x['fallbacks'] for x in epochs)}")
+        # Detected once per peer (the client's I/O time-out), not once per sample.
+        assert stall < 30, f"node {i} stalled {stall:.1f} s"
