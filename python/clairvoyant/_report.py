@@ -100,8 +100,8 @@ def plot_epochs(result: dict, path: str | os.PathLike, title: str = "") -> Path 
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    loaders = [k for k in ("pytorch", "clairvoyant") if k in result]
-    colours = {"pytorch": "#d62728", "clairvoyant": "#1f77b4"}
+    loaders = [k for k in ("pytorch", "one-node", "clairvoyant") if k in result]
+    colours = {"pytorch": "#d62728", "one-node": "#ff7f0e", "clairvoyant": "#1f77b4"}
     fig, (ax_t, ax_u) = plt.subplots(1, 2, figsize=(10, 4))
     n = max(len(result[k]) for k in loaders)
     width = 0.8 / max(1, len(loaders))

@@ -45,6 +45,8 @@ DEFAULT_LATENCY_MS = 2.0
 # I/O: at this ratio PyTorch's DataLoader, which reads the whole dataset every epoch, keeps the
 # accelerator about half busy (0.43-0.47 on 2 cores; at 0.8 it is I/O-bound no longer, 0.8-0.9).
 DEFAULT_COMPUTE_RATIO = 1.6
+# With --nodes: each node's memory as a fraction of the dataset (their sum is above it).
+DEFAULT_NODE_MEMORY = 0.3
 IMAGE_SIZE = 64
 
 
@@ -228,12 +230,21 @@ def run_comparison(
     latency_ms: float = DEFAULT_LATENCY_MS,
     compute_ratio: float = DEFAULT_COMPUTE_RATIO,
     seed: int = 0,
-    loaders: tuple = ("pytorch", "clairvoyant"),
+    loaders: Optional[tuple] = None,
     log=print,
     progress: Optional[str] = "stdout",
+    nodes: int = 1,
+    node_memory: float = DEFAULT_NODE_MEMORY,
 ) -> dict:
     """Generate (or reuse) the dataset and train with each loader; returns the result dict that
-    ``out/demo.json`` holds."""
+    ``out/demo.json`` holds.
+
+    With ``nodes`` > 1 the ranks are split into that many emulated nodes (each its own node id
+    and shared memory, all reading one emulated file system), each node's memory class holds
+    ``node_memory`` of the dataset, and three loaders run: PyTorch's, clairvoyant with every
+    node on its own (``one-node``), and clairvoyant with the nodes cooperating."""
+    if loaders is None:
+        loaders = ("pytorch", "one-node", "clairvoyant") if nodes > 1 else ("pytorch", "clairvoyant")
     import clairvoyant
 
     out_dir, data_dir = Path(out_dir), Path(data_dir)
@@ -273,8 +284,23 @@ def run_comparison(
             "compute_bytes_per_second_per_rank": compute_per_rank,
             "compute_ratio": compute_ratio,
             "seed": seed,
+            "nodes": nodes,
         },
     }
+    node_env: dict = {}
+    if nodes > 1:
+        memory = int(dataset_bytes * node_memory)
+        result["config"]["node_memory_bytes"] = memory
+        config = out_dir / "node-system.toml"
+        config.write_text(
+            "# every emulated node's storage: a memory class of a fraction of the dataset\n"
+            f'[[class]]\nname = "memory"\nkind = "memory"\ncapacity = {memory}\nthreads = 2\n'
+        )
+        node_env = {"CLAIRVOYANT_CONFIG": str(config), "CLAIRVOYANT_EPOCHS": str(epochs)}
+        log(
+            f"{nodes} emulated nodes x {ranks // nodes} ranks, memory {_report.mb(memory):.1f} MB per node "
+            f"({node_memory:.0%} of the dataset; {nodes * node_memory:.0%} in all)"
+        )
     for loader in loaders:
         cfg = {
             "loader": loader,
@@ -297,8 +323,10 @@ def run_comparison(
         before = fs.bytes_read
         log(f"training with {loader} ({ranks} ranks, {epochs} epochs) ...")
         t = time.perf_counter()
-        env = {"CLAIRVOYANT_RUN_ID": f"demo-{loader}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1"}
-        per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env)
+        env = {"CLAIRVOYANT_RUN_ID": f"demo-{loader}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1", **node_env}
+        if loader == "one-node":
+            env["CLAIRVOYANT_PEERS"] = "off"
+        per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env, nodes=nodes)
         rows = _merge(per_rank, loader, len(paths), before)
         result[loader] = rows
         log(epoch_table(loader, rows))
@@ -326,7 +354,7 @@ def epoch_table(loader: str, rows: list) -> str:
 
 def summary(result: dict) -> str:
     lines = []
-    p, c = result.get("pytorch"), result.get("clairvoyant")
+    p, c, one = result.get("pytorch"), result.get("clairvoyant"), result.get("one-node")
     if p and c:
         for r_p, r_c in zip(p, c):
             lines.append(
@@ -335,17 +363,18 @@ def summary(result: dict) -> str:
             )
         total_c = sum(r["fs_bytes_read"] for r in c)
         total_p = sum(r["fs_bytes_read"] for r in p)
-        lines.append(
-            f"bytes read from the emulated file system: clairvoyant {total_c / result['dataset_bytes']:.2f}x the dataset, "
-            f"pytorch {total_p / result['dataset_bytes']:.2f}x"
-        )
+        text = f"bytes read from the emulated file system: clairvoyant {total_c / result['dataset_bytes']:.2f}x the dataset, "
+        if one:
+            total_1 = sum(r["fs_bytes_read"] for r in one)
+            text += f"one-node {total_1 / result['dataset_bytes']:.2f}x, "
+        lines.append(text + f"pytorch {total_p / result['dataset_bytes']:.2f}x")
     return "\n".join(lines)
 
 
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m clairvoyant.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ranks", type=int, default=None, help="ranks in all (default 2, or 2 per node)")
     ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="number of images (default %(default)s)")
     ap.add_argument("--classes", type=int, default=DEFAULT_CLASSES)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -356,9 +385,23 @@ def main(argv: Optional[list] = None) -> int:
         "--compute-ratio", type=float, default=DEFAULT_COMPUTE_RATIO, help="accelerator speed / file system bandwidth"
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--nodes", type=int, default=1, help="emulated nodes (default %(default)s); ranks default to 2 per node"
+    )
+    ap.add_argument(
+        "--node-memory",
+        type=float,
+        default=DEFAULT_NODE_MEMORY,
+        help="each node's memory as a fraction of the dataset, with --nodes (default %(default)s)",
+    )
     ap.add_argument("--out", default="out", help="output directory (default %(default)s)")
     ap.add_argument("--data", default=None, help="dataset directory (default OUT/demo/data)")
     args = ap.parse_args(argv)
+    if args.nodes < 1:
+        ap.error("--nodes must be at least 1")
+    ranks = args.ranks if args.ranks is not None else 2 * args.nodes
+    if ranks % args.nodes:
+        ap.error(f"--ranks {ranks} is not a multiple of --nodes {args.nodes}")
     out = Path(args.out)
     data = Path(args.data) if args.data else out / "demo" / "data"
     t = time.perf_counter()
@@ -368,17 +411,23 @@ def main(argv: Optional[list] = None) -> int:
         samples=args.samples,
         classes=args.classes,
         epochs=args.epochs,
-        ranks=args.ranks,
+        ranks=ranks,
         batch_size=args.batch_size,
         num_workers=args.workers,
         bandwidth_mbps=args.bandwidth_mbps,
         latency_ms=args.latency_ms,
         compute_ratio=args.compute_ratio,
         seed=args.seed,
+        nodes=args.nodes,
+        node_memory=args.node_memory,
     )
     print(summary(result))
-    json_path = _report.write_json(out / "demo.json", result)
-    png = _report.plot_epochs(result, out / "demo.png", title="PyTorch DataLoader vs clairvoyant (emulated file system)")
+    name = "demo" if args.nodes == 1 else f"demo-{args.nodes}-nodes"
+    json_path = _report.write_json(out / f"{name}.json", result)
+    title = "PyTorch DataLoader vs clairvoyant (emulated file system)"
+    if args.nodes > 1:
+        title = f"{args.nodes} emulated nodes, memory {args.node_memory:.0%} of the dataset each"
+    png = _report.plot_epochs(result, out / f"{name}.png", title=title)
     print(f"wrote {json_path}" + (f" and {png}" if png else " (matplotlib missing: no chart)"))
     print(f"demo took {time.perf_counter() - t:.1f} s")
     return 0

@@ -440,11 +440,17 @@ class _Feed:
 
         source = self.adapter.source or clairvoyant.FileList(self.adapter.files, self.adapter.labels)
         if distributed and b is not None:
+            from clairvoyant import _peers
+
+            # A node of several computes every rank's stream (the nodes plan one cache across
+            # them and must agree on it); a node alone needs its own ranks' only.
+            multi = _peers.wanted(None, where.world_size, where.local_ranks)
+            ranks = range(where.world_size) if multi else where.local_ranks
             orders = []
             for h in range(horizon):
                 e = key + h
                 streams = {}
-                for r in where.local_ranks:
+                for r in ranks:
                     got = batches if (h == 0 and r == where.rank) else self.predictor.batches(e, r)
                     if got is None:
                         break
