@@ -89,7 +89,8 @@ def _ranks_text(ranks: list, world_size: int) -> str:
 def _run_segment(run_id: str) -> str:
     """The run's part of key and file names: the run id (``default`` when empty) and torchrun's
     restart count, restricted to characters safe in a file name."""
-    run = run_id or "default"
+    # Without a run id, PMIx's namespace (Open MPI 5, Slurm with PMIx) still tells runs apart.
+    run = run_id or _env().get("PMIX_NAMESPACE") or "default"
     restart = _env().get("TORCHELASTIC_RESTART_COUNT", "")
     if restart not in ("", "0"):
         run = f"{run}.restart{restart}"
@@ -97,9 +98,8 @@ def _run_segment(run_id: str) -> str:
 
 
 def _next_generation(run: str) -> int:
-    key = (os.getpid(), run)
-    g = _generations.get(key, 0)
-    _generations[key] = g + 1
+    g = _generations.get(run, 0)
+    _generations[run] = g + 1
     return g
 
 
@@ -254,7 +254,7 @@ def _store(rank: int, timeout: float):
     """(store, description) for the store backend."""
     pg = _process_group_store()
     if pg is not None:
-        return pg, "the torch.distributed process group's store"
+        return pg, "the torch.distributed process group"
     env = _env()
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     if not (addr and port):
