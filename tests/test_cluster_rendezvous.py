@@ -489,3 +489,27 @@ def test_rendezvous_across_emulated_nodes(kind, shared):
         check_all(outs, n, 2, [1 << 20] if outs is results[0] else [64])
         for out, _ in outs:
             assert out["listen"] == want
+
+
+def test_listen_address_when_the_master_name_resolves_to_loopback(monkeypatch, capsys):
+    """On the master, its own host name often resolves to 127.0.1.1 (Debian's /etc/hosts): the
+    other nodes cannot reach that, so the default route's interface is taken instead."""
+    import ipaddress
+
+    host = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(host)
+    except OSError:
+        pytest.skip(f"this host's name {host} does not resolve")
+    if not ipaddress.ip_address(resolved).is_loopback:
+        pytest.skip(f"this host's name resolves to {resolved}, not to loopback")
+    for k in ("CLAIRVOYANT_LISTEN", "CLAIRVOYANT_PEERS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", host)
+    default = _cluster._route_source("192.0.2.1")
+    addr = _cluster.listen_address()
+    if default is None:
+        assert addr == resolved
+    else:
+        assert addr == default and not ipaddress.ip_address(addr).is_loopback
+        assert "set CLAIRVOYANT_LISTEN" in capsys.readouterr().err

@@ -705,7 +705,7 @@ def listen_address(*, peers_hint: list | None = None) -> str:
     targets += [_strip_port(p) for p in (peers_hint or [])[:1]]
     peers = [p for p in re.split(r"[,\s]+", env.get("CLAIRVOYANT_PEERS", "")) if p]
     targets += [_strip_port(p) for p in peers[:1]]
-    loopback = None
+    loopback, named = None, None
     for target in targets:
         addr = _route_source(target)
         if addr is None:
@@ -713,13 +713,36 @@ def listen_address(*, peers_hint: list | None = None) -> str:
         if not ipaddress.ip_address(addr.split("%")[0]).is_loopback:
             return addr
         loopback = loopback or addr
+        if named is None and not _names_loopback(target):
+            named = target
     if not targets:
         first = _slurm_first_node()
         if first:
             addr = _route_source(first)
             if addr:
                 return addr
+    if named is not None:
+        # This host's own name resolving to loopback (Debian's 127.0.1.1): this is the master,
+        # and the others cannot reach it there. Take the interface of the default route (a UDP
+        # connect to a documentation address sends nothing).
+        addr = _route_source("192.0.2.1")
+        if addr is not None and not ipaddress.ip_address(addr.split("%")[0]).is_loopback:
+            print(
+                f"clairvoyant: {named} resolves to {loopback} on this host; listening on {addr} "
+                "(the default route's interface); set CLAIRVOYANT_LISTEN to choose another",
+                file=sys.stderr,
+            )
+            return addr
     return loopback or "127.0.0.1"
+
+
+def _names_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def node_id() -> str:
