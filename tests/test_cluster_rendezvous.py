@@ -303,6 +303,76 @@ def test_mpi_backend():
     assert r.stdout.count("ok") == 2, r.stderr
 
 
+class _FakeRequest:
+    def __init__(self, done):
+        self.done = done
+
+    def Test(self):  # noqa: N802 (mpi4py's name)
+        return self.done
+
+
+class _FakeComm:
+    """COMM_WORLD of rank 0 of 2 whose peer sent `peer`; `hang` never completes a request."""
+
+    def __init__(self, peer=b"", hang=False):
+        self.peer, self.hang = peer, hang
+
+    def Get_size(self):  # noqa: N802
+        return 2
+
+    def Get_rank(self):  # noqa: N802
+        return 0
+
+    def Iallgather(self, send, recv):  # noqa: N802
+        recv[0], recv[1] = send[0], len(self.peer)
+        return _FakeRequest(not self.hang)
+
+    def Iallgatherv(self, send, spec):  # noqa: N802
+        import numpy as np
+
+        recv, sizes, displs, _ = spec
+        recv[displs[0] : displs[0] + sizes[0]] = send
+        recv[displs[1] : displs[1] + sizes[1]] = np.frombuffer(self.peer, dtype=np.uint8)
+        return _FakeRequest(True)
+
+    def Ibcast(self, buf, root):  # noqa: N802
+        return _FakeRequest(not self.hang)
+
+
+def _fake_mpi(monkeypatch, comm):
+    import types
+
+    mpi = types.ModuleType("mpi4py.MPI")
+    mpi.COMM_WORLD, mpi.BYTE = comm, object()
+    pkg = types.ModuleType("mpi4py")
+    pkg.MPI = mpi
+    monkeypatch.setitem(sys.modules, "mpi4py", pkg)
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
+    for k in ("CLAIRVOYANT_SECRET", "CLAIRVOYANT_RENDEZVOUS", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+
+
+def test_mpi_backend_buffers_with_a_fake_mpi4py(monkeypatch):
+    """The size exchange and displacements of the MPI path (mpi4py itself is not installed here)."""
+    _fake_mpi(monkeypatch, _FakeComm(peer=b"x" * 1000))
+    assert _cluster.choose_backend(0, 2) == "mpi"
+    assert _cluster._mpi_comm(1, 2) is None  # COMM_WORLD says rank 0: not this launch
+    assert _cluster.allgather(b"abc", rank=0, world_size=2, run_id="m") == [b"abc", b"x" * 1000]
+    secret = _cluster.job_secret(rank=0, world_size=2, run_id="m")
+    assert len(secret) == 32 and secret != bytes(32)
+
+
+def test_mpi_backend_times_out(monkeypatch):
+    _fake_mpi(monkeypatch, _FakeComm(hang=True))
+    t0 = time.monotonic()
+    with pytest.raises(_cluster.RendezvousError, match="did not complete within 0.3 s .backend mpi"):
+        _cluster.allgather(b"abc", rank=0, world_size=2, run_id="m", timeout=0.3)
+    with pytest.raises(_cluster.RendezvousError, match="MPI broadcast of the job secret"):
+        _cluster.job_secret(rank=0, world_size=2, run_id="m", timeout=0.3)
+    assert time.monotonic() - t0 < 2
+
+
 def shutil_which(name):
     import shutil
 
