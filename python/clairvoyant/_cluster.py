@@ -5,9 +5,9 @@ Nothing here starts a service: every function reuses what the launcher already r
 - :func:`allgather` hands every rank's payload to every rank. Backends, the first that applies
   (or ``backend=``, or ``CLAIRVOYANT_RENDEZVOUS=store|mpi|file``):
 
-  ``store``  the store of an initialized ``torch.distributed`` process group; else a TCPStore
-             client on ``MASTER_ADDR:MASTER_PORT`` when torchrun's agent hosts one there
-             (``TORCHELASTIC_USE_AGENT_STORE=True``). This process hosts the store itself only
+  ``store``  a TCPStore client on ``MASTER_ADDR:MASTER_PORT`` when torchrun's agent hosts one
+             there (``TORCHELASTIC_USE_AGENT_STORE=True``), else the store of an initialized
+             ``torch.distributed`` process group. This process hosts the store itself only
              when ``CLAIRVOYANT_STORE_MASTER=1``, it is rank 0 and nothing listens on that port
              yet (a later ``init_process_group`` on the same port would then fail, hence opt-in).
              Keys live under ``clairvoyant/<run>/<generation>/``; the last rank to read deletes them.
@@ -251,12 +251,15 @@ def allgather(
 
 
 def _store(rank: int, timeout: float):
-    """(store, description) for the store backend."""
-    pg = _process_group_store()
-    if pg is not None:
-        return pg, "the torch.distributed process group"
+    """(store, description) for the store backend. torchrun's agent store comes first, also when
+    a process group is initialized: the group's store is that store behind a prefix, and ranks
+    that call before and after initializing must meet under the same keys."""
     env = _env()
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    agent = _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")) and addr and port
+    pg = None if agent else _process_group_store()
+    if pg is not None:
+        return pg, "the torch.distributed process group"
     if not (addr and port):
         raise ConfigError(
             "the store rendezvous needs an initialized torch.distributed process group or MASTER_ADDR and MASTER_PORT"
