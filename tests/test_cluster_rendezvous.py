@@ -217,7 +217,8 @@ def test_store_backend(tcp_store, shared):
 
 
 def test_store_backend_under_torchrun(tmp_path):
-    """The agent store of a real torchrun (TORCHELASTIC_USE_AGENT_STORE), found on its own."""
+    """The agent store of a real torchrun (TORCHELASTIC_USE_AGENT_STORE), found on its own, before
+    and after the ranks initialize a process group."""
     pytest.importorskip("torch.distributed")
     script = tmp_path / "rank.py"
     script.write_text(
@@ -225,8 +226,13 @@ def test_store_backend_under_torchrun(tmp_path):
         "from clairvoyant import _cluster, _env\n"
         "p = _env.detect()\n"
         "b = _cluster.choose_backend(p.rank, p.world_size)\n"
-        "outs = [_cluster.allgather(f'{p.rank}:{i}'.encode() * 1000, rank=p.rank, world_size=p.world_size, run_id=p.run_id, timeout=30)"
-        " for i in range(2)]\n"
+        "def ag(i):\n"
+        "    return _cluster.allgather(f'{p.rank}:{i}'.encode() * 1000, rank=p.rank, world_size=p.world_size, run_id=p.run_id, timeout=30)\n"
+        "outs = [ag(0)]\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "outs.append(ag(1))\n"
+        "dist.destroy_process_group()\n"
         "print('RESULT', json.dumps([p.rank, b, [[o.decode()[:3] for o in out] for out in outs]]), flush=True)\n"
     )
     env = clean_env()
