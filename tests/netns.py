@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,20 @@ def netns_unavailable() -> str | None:
         return f"`ip netns add` fails here: {r.stderr.strip()}"
     _run(["ip", "netns", "del", name], check=False)
     return None
+
+
+def reap_stale() -> list:
+    """Remove namespaces a killed test run left behind (names of this harness whose process is
+    gone); returns their names."""
+    r = _run(["ip", "netns", "list"], check=False)
+    gone = []
+    for line in r.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(r"cv(\d+)x\d+(?:hub|n\d+)", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            _run(["ip", "netns", "del", name], check=False)
+            gone.append(name)
+    return gone
 
 
 class _Base:
@@ -178,6 +193,7 @@ class Nodes(_Base):
             raise RuntimeError(why)
         if n > 250:
             raise ValueError(f"at most 250 nodes on one /24, got {n}")
+        reap_stale()
         super().__init__(n)
         tag = f"cv{os.getpid()}x{next(_counter)}"
         self.hub = f"{tag}hub"

@@ -156,3 +156,18 @@ def test_loopback_close_removes_its_directories():
     nodes.close()
     nodes.close()
     assert not os.path.exists(nodes.tmp)
+
+
+def test_namespaces_of_a_killed_run_are_reaped():
+    if WHY_NOT:
+        pytest.skip(WHY_NOT)
+    # A process that is gone: a child that has exited and been waited for.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"cv{dead.pid}x0n0"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in netns.reap_stale()
+        assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)

@@ -5,9 +5,9 @@ Nothing here starts a service: every function reuses what the launcher already r
 - :func:`allgather` hands every rank's payload to every rank. Backends, the first that applies
   (or ``backend=``, or ``CLAIRVOYANT_RENDEZVOUS=store|mpi|file``):
 
-  ``store``  the store of an initialized ``torch.distributed`` process group; else a TCPStore
-             client on ``MASTER_ADDR:MASTER_PORT`` when torchrun's agent hosts one there
-             (``TORCHELASTIC_USE_AGENT_STORE=True``). This process hosts the store itself only
+  ``store``  a TCPStore client on ``MASTER_ADDR:MASTER_PORT`` when torchrun's agent hosts one
+             there (``TORCHELASTIC_USE_AGENT_STORE=True``), else the store of an initialized
+             ``torch.distributed`` process group. This process hosts the store itself only
              when ``CLAIRVOYANT_STORE_MASTER=1``, it is rank 0 and nothing listens on that port
              yet (a later ``init_process_group`` on the same port would then fail, hence opt-in).
              Keys live under ``clairvoyant/<run>/<generation>/``; the last rank to read deletes them.
@@ -89,7 +89,8 @@ def _ranks_text(ranks: list, world_size: int) -> str:
 def _run_segment(run_id: str) -> str:
     """The run's part of key and file names: the run id (``default`` when empty) and torchrun's
     restart count, restricted to characters safe in a file name."""
-    run = run_id or "default"
+    # Without a run id, PMIx's namespace (Open MPI 5, Slurm with PMIx) still tells runs apart.
+    run = run_id or _env().get("PMIX_NAMESPACE") or "default"
     restart = _env().get("TORCHELASTIC_RESTART_COUNT", "")
     if restart not in ("", "0"):
         run = f"{run}.restart{restart}"
@@ -97,9 +98,8 @@ def _run_segment(run_id: str) -> str:
 
 
 def _next_generation(run: str) -> int:
-    key = (os.getpid(), run)
-    g = _generations.get(key, 0)
-    _generations[key] = g + 1
+    g = _generations.get(run, 0)
+    _generations[run] = g + 1
     return g
 
 
@@ -251,12 +251,15 @@ def allgather(
 
 
 def _store(rank: int, timeout: float):
-    """(store, description) for the store backend."""
-    pg = _process_group_store()
-    if pg is not None:
-        return pg, "the torch.distributed process group's store"
+    """(store, description) for the store backend. torchrun's agent store comes first, also when
+    a process group is initialized: the group's store is that store behind a prefix, and ranks
+    that call before and after initializing must meet under the same keys."""
     env = _env()
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    agent = _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")) and addr and port
+    pg = None if agent else _process_group_store()
+    if pg is not None:
+        return pg, "the torch.distributed process group"
     if not (addr and port):
         raise ConfigError(
             "the store rendezvous needs an initialized torch.distributed process group or MASTER_ADDR and MASTER_PORT"
@@ -705,7 +708,7 @@ def listen_address(*, peers_hint: list | None = None) -> str:
     targets += [_strip_port(p) for p in (peers_hint or [])[:1]]
     peers = [p for p in re.split(r"[,\s]+", env.get("CLAIRVOYANT_PEERS", "")) if p]
     targets += [_strip_port(p) for p in peers[:1]]
-    loopback = None
+    loopback, named = None, None
     for target in targets:
         addr = _route_source(target)
         if addr is None:
@@ -713,13 +716,36 @@ def listen_address(*, peers_hint: list | None = None) -> str:
         if not ipaddress.ip_address(addr.split("%")[0]).is_loopback:
             return addr
         loopback = loopback or addr
+        if named is None and not _names_loopback(target):
+            named = target
     if not targets:
         first = _slurm_first_node()
         if first:
             addr = _route_source(first)
             if addr:
                 return addr
+    if named is not None:
+        # This host's own name resolving to loopback (Debian's 127.0.1.1): this is the master,
+        # and the others cannot reach it there. Take the interface of the default route (a UDP
+        # connect to a documentation address sends nothing).
+        addr = _route_source("192.0.2.1")
+        if addr is not None and not ipaddress.ip_address(addr.split("%")[0]).is_loopback:
+            print(
+                f"clairvoyant: {named} resolves to {loopback} on this host; listening on {addr} "
+                "(the default route's interface); set CLAIRVOYANT_LISTEN to choose another",
+                file=sys.stderr,
+            )
+            return addr
     return loopback or "127.0.0.1"
+
+
+def _names_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def node_id() -> str:

@@ -14,6 +14,16 @@ all local ranks of one run agree on. Every launcher variable clairvoyant reads i
 | PMI_RANK, PMI_SIZE                        | MPICH / Hydra   | global rank / number of ranks   |
 | MPI_LOCALRANKID, MPI_LOCALNRANKS          | MPICH / Hydra   | rank on node / ranks on node    |
 | CLAIRVOYANT_RUN_ID                        | any             | overrides the run id            |
+| TORCHELASTIC_RESTART_COUNT                | torchrun        | restart; part of rendezvous keys|
+| PMIX_NAMESPACE                            | PMIx (MPI/Slurm)| rendezvous run name, no run id  |
+| MASTER_ADDR, MASTER_PORT                  | torchrun        | the store (rendezvous)          |
+| TORCHELASTIC_USE_AGENT_STORE              | torchrun        | the agent hosts the store       |
+| SLURM_JOB_NODELIST                        | Slurm           | first node: route to the others |
+
+Variables of the cluster rendezvous (``clairvoyant._cluster``, docs/cluster.md), read there:
+CLAIRVOYANT_RENDEZVOUS (store|mpi|file), CLAIRVOYANT_SHARED_DIR, CLAIRVOYANT_STORE_MASTER,
+CLAIRVOYANT_SECRET, CLAIRVOYANT_LISTEN, CLAIRVOYANT_PEERS (first entry: a route hint),
+CLAIRVOYANT_NODE_ID, CLAIRVOYANT_SHM_DIR (the per-user directory of a single-host secret).
 
 The run id only tells concurrent runs apart; it is not needed for the local ranks of one run to
 find their node cache (that is named after the dataset, the schedule, the local ranks and the
