@@ -44,6 +44,7 @@ def main(list_file: str, config: str, out: str, epochs: int, step_seconds: float
                         "peer": stats["sources"]["peer"]["samples"],
                         "fallbacks": stats["peer_fallbacks"],
                         "misses": stats["peer_misses"],
+                        "fs_bytes": stats["pfs_bytes_read"],
                     }
                 )
                 + "\n"

@@ -1,17 +1,22 @@
-"""Several emulated nodes on loopback (separate caches, one dataset): the nodes meet through a
-shared directory, every rank gets every one of its samples with the right bytes, the cluster
-reads the dataset once when the sum of the nodes' memory holds it, and a rank takes most of its
-samples from other nodes. Runs everywhere (no root)."""
+"""Several emulated nodes (separate caches, one dataset): the nodes meet through a shared
+directory, every rank gets every one of its samples with the right bytes, the cluster reads the
+dataset once when the sum of the nodes' memory holds it, a rank takes most of its samples from
+other nodes, and a node killed or stopped mid-run leaves the others training. On loopback
+everywhere; in network namespaces (private /dev/shm, a rate-limited link per node) as root."""
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 import zlib
 
 import numpy as np
 
 import clairvoyant
 from clairvoyant._emulation import run_ranks
+
+sys.path.insert(0, os.path.dirname(__file__))  # the emulated-node harness (tests/netns.py)
 
 N_FILES = 480
 EPOCHS = 3
@@ -125,8 +130,9 @@ def test_two_nodes_below_the_dataset_read_the_minimum(tmp_path):
     assert fs <= minimum * 1.05
 
 
-def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float, staging: str = "4 MiB"):
-    """One rank per node, each its own process (as a launcher would start them)."""
+def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float, staging: str = "4 MiB", harness=None):
+    """One rank per node, each its own process (as a launcher would start them): on loopback
+    with a shared-memory directory per node, or in ``harness``'s network namespaces."""
     import subprocess
     import sys
 
@@ -137,9 +143,8 @@ def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
     procs, outs = [], []
+    script = os.path.join(os.path.dirname(__file__), "cluster_rank.py")
     for i in range(nodes):
-        shm = tmp_path / f"node{i}"
-        shm.mkdir(mode=0o700)
         out = tmp_path / f"rank{i}.jsonl"
         env = {
             **os.environ,
@@ -147,18 +152,20 @@ def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float
             "WORLD_SIZE": str(nodes),
             "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "1",
-            "CLAIRVOYANT_NODE_ID": f"node{i}",
-            "CLAIRVOYANT_SHM_DIR": str(shm),
             "CLAIRVOYANT_SHARED_DIR": str(shared),
             "CLAIRVOYANT_RENDEZVOUS": "file",
-            "CLAIRVOYANT_LISTEN": "127.0.0.1",
-            "CLAIRVOYANT_RUN_ID": f"kill-{os.getpid()}-{tmp_path.name}",
+            "CLAIRVOYANT_RUN_ID": f"nodes-{os.getpid()}-{tmp_path.name}",
             "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "index-cache"),
         }
-        script = os.path.join(os.path.dirname(__file__), "cluster_rank.py")
-        procs.append(
-            subprocess.Popen([sys.executable, script, str(list_file), config, str(out), str(epochs), str(step)], env=env)
-        )
+        argv = [sys.executable, script, str(list_file), config, str(out), str(epochs), str(step)]
+        if harness is None:
+            shm = tmp_path / f"node{i}"
+            shm.mkdir(mode=0o700)
+            env.update({"CLAIRVOYANT_NODE_ID": f"node{i}", "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_LISTEN": "127.0.0.1"})
+            procs.append(subprocess.Popen(argv, env=env))
+        else:
+            env["CLAIRVOYANT_LISTEN"] = harness.addresses[i]
+            procs.append(harness.popen(i, argv, env=env))
         outs.append(out)
     return procs, outs, total
 
@@ -228,3 +235,47 @@ def test_a_stalled_node_is_detected_and_read_around(tmp_path):
         print(f"node {i}: stall after the stop {stall:.2f} s; fell back {sum(x['fallbacks'] for x in epochs)}")
         # Detected once per peer (the client's I/O time-out), not once per sample.
         assert stall < 30, f"node {i} stalled {stall:.1f} s"
+
+
+def _netns_or_skip():
+    from netns import netns_unavailable
+
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+
+
+def test_nodes_in_network_namespaces(tmp_path):
+    """Three nodes, each its own network namespace (1 Gbit/s links) and /dev/shm: they share
+    nothing but the dataset's directory; the cluster reads it once and every sample arrives."""
+    _netns_or_skip()
+    from netns import Nodes
+
+    with Nodes(3, rate="1gbit", delay="0.5ms") as harness:
+        procs, outs, total = _spawn_nodes(tmp_path, nodes=3, epochs=3, step=0.0, fraction=0.4, harness=harness)
+        for i, p in enumerate(procs):
+            assert p.wait(timeout=180) == 0, f"node {i} failed"
+    for i in range(3):
+        epochs = _lines(outs[i])
+        assert [x["epoch"] for x in epochs] == [0, 1, 2] and all(x["ok"] for x in epochs), f"node {i}"
+        assert sum(x["peer"] for x in epochs) > 0, f"node {i} took samples from other nodes"
+    fs = sum(x["fs_bytes"] for i in range(3) for x in _lines(outs[i]))
+    print(f"file-system bytes {fs} of {total} ({fs / total:.3f}x)")
+    assert fs <= total * 1.02
+
+
+def test_a_node_killed_in_its_namespace(tmp_path):
+    _netns_or_skip()
+    from netns import Nodes
+
+    with Nodes(3, rate="1gbit") as harness:
+        procs, outs, _ = _spawn_nodes(tmp_path, nodes=3, epochs=4, step=0.02, fraction=0.4, staging="48 KiB", harness=harness)
+        deadline = time.monotonic() + 120
+        while not _lines(outs[1]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        harness.kill(1)
+        for i in (0, 2):
+            assert procs[i].wait(timeout=180) == 0, f"node {i} failed"
+    for i in (0, 2):
+        epochs = _lines(outs[i])
+        assert [x["epoch"] for x in epochs] == [0, 1, 2, 3] and all(x["ok"] for x in epochs), f"node {i}"
