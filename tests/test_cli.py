@@ -156,3 +156,29 @@ def test_probe_warnings_only_when_the_figures_are_suspect():
     cached = "[pfs]\nread_mbps = [[1, 9000.0], [8, 30000.0]]\nopen_latency_ms = 0.8\n"
     assert any("page cache" in w for w in cli.probe_warnings(cached, 110_000))
     assert any("tiny" in w for w in cli.probe_warnings(slow, 4000))
+
+
+def test_plan_across_nodes_reports_coverage_and_file_system_reads():
+    # 4 nodes at 30 % of the dataset each (120 % in all): covered once, the rest replicated.
+    r = run("plan", "--samples", "20000", "--world-size", "8", "--epochs", "4", "--batch-size", "16",
+            "--nodes", "4", "--memory", "660000000", "--sample-bytes", "110000", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["nodes"] == 4 and rep["coverage"] == 1.0
+    assert rep["expected_fs_bytes"] == rep["dataset_bytes"] == 20000 * 110000
+    assert 1.15 < rep["replication"] <= 1.2
+    assert rep["expected_fs_bytes_nodes_alone"] > 2 * rep["dataset_bytes"]
+    assert sum(n["primary_samples"] for n in rep["per_node"]) == 20000
+    # 12.5 % each: half the dataset cached; reads reach the minimum S + (E-1)(S-C).
+    r = run("plan", "--samples", "20000", "--world-size", "8", "--epochs", "4", "--batch-size", "16",
+            "--nodes", "4", "--memory", "275000000", "--sample-bytes", "110000", "--json")
+    rep = json.loads(r.stdout)
+    assert rep["coverage"] == 0.5
+    assert rep["expected_fs_bytes"] == rep["minimum_fs_bytes"]
+    text = run("plan", "--samples", "2000", "--world-size", "4", "--epochs", "2", "--batch-size", "8", "--nodes", "2", "--memory", "1MB")
+    assert "coverage" in text.stdout and "node 1" in text.stdout
+
+
+def test_plan_nodes_must_divide_the_world_size():
+    r = run("plan", "--samples", "100", "--world-size", "6", "--epochs", "1", "--batch-size", "4", "--nodes", "4")
+    assert r.returncode == 2 and "--nodes 4" in r.stderr

@@ -12,6 +12,7 @@ import time
 import zlib
 
 import numpy as np
+import pytest
 
 import clairvoyant
 from clairvoyant._emulation import run_ranks

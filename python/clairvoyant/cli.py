@@ -26,6 +26,7 @@ FLAGS = {
         "rank": "--rank",
         "drop_last": "--drop-last",
         "sample_bytes": "--sample-bytes",
+        "nodes": "--nodes",
     },
     "probe": {
         "budget_s": "--budget",
@@ -101,7 +102,45 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _cluster_plan(args) -> int:
+    per_node = args.world_size // args.nodes
+    nodes = [list(range(i * per_node, (i + 1) * per_node)) for i in range(args.nodes)]
+    classes = [("memory", args.memory), ("ssd", args.ssd)]
+    report = json.loads(
+        _native.cluster_plan_report(
+            args.samples, args.world_size, args.epochs, args.batch_size, args.seed, nodes, [args.sample_bytes], classes, args.drop_last
+        )
+    )
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+        return 0
+    gb = 1e9
+    total = report["dataset_bytes"]
+    print(
+        f"plan for {args.nodes} nodes x {per_node} ranks: {args.samples:,} samples ({total / gb:.2f} GB), {args.epochs} epochs, "
+        f"batch {args.batch_size}, seed {args.seed}; computed in {report['seconds']:.2f} s"
+    )
+    print(
+        f"aggregate capacity {report['aggregate_capacity'] / gb:.2f} GB: coverage {report['coverage']:.1%} of the dataset, "
+        f"replication {report['replication']:.2f}x"
+    )
+    print(
+        f"expected file-system reads over the run: {report['expected_fs_bytes'] / gb:.2f} GB "
+        f"({report['expected_fs_bytes'] / max(total, 1):.2f}x the dataset; minimum {report['minimum_fs_bytes'] / gb:.2f} GB; "
+        f"every node caching alone {report['expected_fs_bytes_nodes_alone'] / gb:.2f} GB)"
+    )
+    for n in report["per_node"]:
+        print(
+            f"node {n['node']:<3} ranks {n['ranks'][0]}-{n['ranks'][-1]}: {n['samples']:>10,} samples {n['bytes'] / gb:>8.2f} GB, "
+            f"primary for {n['primary_samples']:,}"
+        )
+    return 0
+
+
 def _plan(args) -> int:
+    if args.nodes is not None:
+        return _cluster_plan(args)
     ranks = list(range(args.rank - args.rank % args.local_ranks, args.rank - args.rank % args.local_ranks + args.local_ranks))
     ranks = [r for r in ranks if r < args.world_size]
     classes = [("memory", args.memory), ("ssd", args.ssd)]
@@ -309,6 +348,9 @@ def main(argv=None) -> int:
     pl.add_argument("--seed", type=_count(0), default=0)
     pl.add_argument("--rank", type=_count(0), default=0, help="rank to plan for, 0..world size - 1 (default 0)")
     pl.add_argument("--local-ranks", type=_count(1), default=1, help="ranks per node sharing the cache (default 1)")
+    pl.add_argument(
+        "--nodes", type=_count(1), default=None, help="plan across this many nodes (world size split evenly; capacities per node)"
+    )
     pl.add_argument("--drop-last", action="store_true")
     pl.add_argument("--sample-bytes", type=_size, default=110_000, help="size of every sample (default 110kB)")
     pl.add_argument("--memory", type=_size, default=0, help="memory class capacity (e.g. 64GiB)")
@@ -355,6 +397,8 @@ def main(argv=None) -> int:
     si.set_defaults(fn=_simulate)
 
     args = p.parse_args(argv)
+    if args.cmd == "plan" and args.nodes is not None and args.world_size % args.nodes:
+        p.error(f"--world-size {args.world_size} is not a multiple of --nodes {args.nodes}")
     if args.cmd == "plan" and args.rank >= args.world_size:
         pl.error(f"argument --rank: {args.rank} is outside the world size (--world-size {args.world_size}: ranks 0 to {args.world_size - 1})")
     if args.cmd == "simulate" and args.plot and not args.show:

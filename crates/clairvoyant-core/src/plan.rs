@@ -497,6 +497,78 @@ pub fn report(
     }))
 }
 
+/// The cluster `plan` report: `nodes` (each node's ranks) caching in `classes` (name and
+/// capacity per node, fastest first): coverage, replication and the file-system reads expected
+/// over the run with the cluster-wide placement, against each node caching alone.
+pub fn cluster_report(
+    schedule: &Schedule,
+    nodes: &[Vec<u32>],
+    size: impl Fn(u32) -> u64 + Sync,
+    classes: &[(String, u64)],
+) -> Result<serde_json::Value> {
+    let t0 = std::time::Instant::now();
+    let access = AccessCounts::compute_groups(schedule, nodes)?;
+    let capacities: Vec<Vec<u64>> = nodes.iter().map(|_| classes.iter().map(|c| c.1).collect()).collect();
+    let cluster = ClusterPlacement::compute(&access, &size, &capacities);
+    let seconds = t0.elapsed().as_secs_f64();
+    let f = schedule.num_samples() as usize;
+    let total: u64 = (0..f as u32).map(&size).sum();
+    let covered = cluster.covered_bytes(&size);
+    let held: u64 = cluster.nodes.iter().flat_map(|p| p.used.iter()).sum();
+    let fs_cluster = cluster.expected_storage_bytes(&access, &size);
+    // Each node alone: a sample it caches is read once by it, the others at every access.
+    let fs_alone: u64 = access
+        .iter()
+        .map(|a| {
+            let p = Placement::compute(a, &size, &capacities[0]);
+            (0..f)
+                .map(|k| {
+                    let n = a.counts[k] as u64;
+                    if n == 0 {
+                        0
+                    } else if p.class_of[k] != UNCACHED {
+                        size(k as u32)
+                    } else {
+                        n * size(k as u32)
+                    }
+                })
+                .sum::<u64>()
+        })
+        .sum();
+    let per_node: Vec<serde_json::Value> = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let primary = cluster.primary.iter().filter(|&&n| n as usize == i).count();
+            serde_json::json!({
+                "node": i,
+                "ranks": nodes[i],
+                "samples": p.samples.iter().sum::<u64>(),
+                "bytes": p.used.iter().sum::<u64>(),
+                "primary_samples": primary,
+                "classes": classes.iter().enumerate().map(|(j, (name, cap))| serde_json::json!({"class": name, "capacity": cap, "samples": p.samples[j], "bytes": p.used[j]})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "samples": f,
+        "world_size": schedule.world_size,
+        "epochs": schedule.epochs,
+        "nodes": nodes.len(),
+        "dataset_bytes": total,
+        "aggregate_capacity": capacities.iter().flatten().sum::<u64>(),
+        "coverage": if total == 0 { 1.0 } else { covered as f64 / total as f64 },
+        "covered_bytes": covered,
+        "replication": if covered == 0 { 0.0 } else { held as f64 / covered as f64 },
+        "expected_fs_bytes": fs_cluster,
+        "expected_fs_bytes_nodes_alone": fs_alone,
+        "minimum_fs_bytes": total + (schedule.epochs as u64).saturating_sub(1) * (total - covered.min(total)),
+        "per_node": per_node,
+        "seconds": seconds,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

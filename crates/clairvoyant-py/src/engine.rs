@@ -361,8 +361,14 @@ fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crat
     let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(c.get_item(key)?.filter(|v| !v.is_none())) };
     let bad = |key: &str, e: PyErr| pyo3::exceptions::PyTypeError::new_err(format!("cluster['{key}']: {e}"));
     let need = |key: &str| pyo3::exceptions::PyKeyError::new_err(format!("cluster['{key}'] is required"));
-    let nodes: Vec<Vec<u32>> = item("nodes")?.ok_or_else(|| need("nodes"))?.extract().map_err(|e| bad("nodes", e))?;
-    let node: usize = item("node")?.ok_or_else(|| need("node"))?.extract().map_err(|e| bad("node", e))?;
+    let nodes: Vec<Vec<u32>> = item("nodes")?
+        .ok_or_else(|| need("nodes"))?
+        .extract()
+        .map_err(|e| bad("nodes", e))?;
+    let node: usize = item("node")?
+        .ok_or_else(|| need("node"))?
+        .extract()
+        .map_err(|e| bad("node", e))?;
     let capacities: Vec<Vec<u64>> = item("capacities")?
         .ok_or_else(|| need("capacities"))?
         .extract()
@@ -381,8 +387,14 @@ fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crat
                     nodes.len()
                 )));
             }
-            let secret: Vec<u8> = item("secret")?.ok_or_else(|| need("secret"))?.extract().map_err(|e| bad("secret", e))?;
-            let job: u64 = item("job")?.ok_or_else(|| need("job"))?.extract().map_err(|e| bad("job", e))?;
+            let secret: Vec<u8> = item("secret")?
+                .ok_or_else(|| need("secret"))?
+                .extract()
+                .map_err(|e| bad("secret", e))?;
+            let job: u64 = item("job")?
+                .ok_or_else(|| need("job"))?
+                .extract()
+                .map_err(|e| bad("job", e))?;
             let connections: usize = match item("connections")? {
                 Some(v) => v.extract().map_err(|e| bad("connections", e))?,
                 None => 4,
@@ -395,7 +407,9 @@ fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crat
         nodes,
         node,
         capacities,
-        peers: client.clone().map(|p| p as Arc<dyn clairvoyant_core::engine::PeerFetch>),
+        peers: client
+            .clone()
+            .map(|p| p as Arc<dyn clairvoyant_core::engine::PeerFetch>),
         peer_wait: Duration::from_secs_f64(wait.max(0.0)),
     };
     Ok((spec, client))
@@ -405,9 +419,17 @@ fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crat
 /// fastest first (announced to the other nodes of a multi-node job).
 #[pyfunction]
 #[pyo3(signature = (source, local_ranks, model_toml=None))]
-pub fn node_capacities(source: &PySource, local_ranks: u32, model_toml: Option<String>) -> PyResult<Vec<(String, u64)>> {
+pub fn node_capacities(
+    source: &PySource,
+    local_ranks: u32,
+    model_toml: Option<String>,
+) -> PyResult<Vec<(String, u64)>> {
     let model = crate::model::model_from(model_toml)?;
-    Ok(clairvoyant_core::engine::node_capacities(source.inner.as_ref(), &model, local_ranks))
+    Ok(clairvoyant_core::engine::node_capacities(
+        source.inner.as_ref(),
+        &model,
+        local_ranks,
+    ))
 }
 
 impl PyEngine {

@@ -17,6 +17,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(schedule::access_stream, m)?)?;
     m.add_function(wrap_pyfunction!(schedule::access_stream_from_order, m)?)?;
     m.add_function(wrap_pyfunction!(schedule::plan_report, m)?)?;
+    m.add_function(wrap_pyfunction!(schedule::cluster_plan_report, m)?)?;
     source::register(m)?;
     model::register(m)?;
     engine::register(m)?;

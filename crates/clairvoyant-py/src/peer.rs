@@ -30,7 +30,9 @@ impl Provider for Late {
         let guard = self.service.lock().unwrap_or_else(|p| p.into_inner());
         let (guard, _) = self
             .attached
-            .wait_timeout_while(guard, ATTACH_WAIT.min(wait.max(Duration::from_secs(5))), |s| s.is_none())
+            .wait_timeout_while(guard, ATTACH_WAIT.min(wait.max(Duration::from_secs(5))), |s| {
+                s.is_none()
+            })
             .unwrap_or_else(|p| p.into_inner());
         let Some(service) = guard.clone() else {
             return Served::NotYet;
@@ -50,8 +52,11 @@ pub(crate) fn secret(bytes: &[u8]) -> PyResult<Secret> {
 }
 
 fn addr(s: &str, what: &str) -> PyResult<SocketAddr> {
-    s.parse()
-        .map_err(|e| PyValueError::new_err(format!("invalid {what} address {s:?}: {e} (expected host:port with an IP)")))
+    s.parse().map_err(|e| {
+        PyValueError::new_err(format!(
+            "invalid {what} address {s:?}: {e} (expected host:port with an IP)"
+        ))
+    })
 }
 
 /// One node's peer server.

@@ -207,3 +207,58 @@ pub fn plan_report(
         .py_err()?;
     Ok(report.to_string())
 }
+
+/// JSON report of the cluster-wide placement for `nodes` (each node's ranks), every node with
+/// the capacities `classes`: coverage, replication, expected file-system reads.
+#[pyfunction]
+#[pyo3(signature = (num_samples, world_size, epochs, batch_size, seed, nodes, sample_bytes, classes, drop_last=false))]
+#[allow(clippy::too_many_arguments)]
+pub fn cluster_plan_report(
+    py: Python<'_>,
+    num_samples: &Bound<'_, PyAny>,
+    world_size: &Bound<'_, PyAny>,
+    epochs: &Bound<'_, PyAny>,
+    batch_size: &Bound<'_, PyAny>,
+    seed: &Bound<'_, PyAny>,
+    nodes: Vec<Vec<u32>>,
+    sample_bytes: &Bound<'_, PyAny>,
+    classes: Vec<(String, Bound<'_, PyAny>)>,
+    drop_last: bool,
+) -> PyResult<String> {
+    let num_samples = int_arg::<u64>("num_samples", num_samples)?;
+    let world_size = int_arg::<u32>("world_size", world_size)?;
+    let epochs = int_arg::<u32>("epochs", epochs)?;
+    let batch_size = int_arg::<u32>("batch_size", batch_size)?;
+    let seed = int_arg::<u64>("seed", seed)?;
+    let sample_bytes = uint_list::<u64>("sample_bytes", sample_bytes)?;
+    let classes = classes
+        .iter()
+        .enumerate()
+        .map(|(j, (name, cap))| Ok((name.clone(), int_arg::<u64>(&format!("classes[{j}] capacity"), cap)?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut all: Vec<u32> = nodes.iter().flatten().copied().collect();
+    all.sort_unstable();
+    if all != (0..world_size).collect::<Vec<u32>>() {
+        return Err(ConfigError::new_err(format!(
+            "invalid value for 'nodes': {nodes:?} must hold each rank of world size {world_size} once"
+        )));
+    }
+    if sample_bytes.len() != 1 && sample_bytes.len() as u64 != num_samples {
+        return Err(ConfigError::new_err(format!(
+            "invalid value for 'sample_bytes': {} sizes for {num_samples} samples (give one size or one per sample)",
+            sample_bytes.len()
+        )));
+    }
+    let s = Schedule::shuffle(num_samples, world_size, batch_size, epochs, seed, drop_last).py_err()?;
+    let size = |k: u32| {
+        if sample_bytes.len() == 1 {
+            sample_bytes[0]
+        } else {
+            sample_bytes[k as usize]
+        }
+    };
+    let v = py
+        .detach(|| clairvoyant_core::plan::cluster_report(&s, &nodes, size, &classes))
+        .py_err()?;
+    Ok(v.to_string())
+}
