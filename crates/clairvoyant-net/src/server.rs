@@ -310,23 +310,17 @@ pub(crate) struct Session<'a> {
 }
 
 impl Session<'_> {
-    fn read_frame_header<W: Wire>(&self, s: &mut W, first_wait: Duration) -> Result<Header, End> {
+    fn read_frame_header<W: Wire>(&self, s: &mut W) -> Result<Header, End> {
         let mut hb = [0u8; HEADER_LEN];
-        s.set_read_limit(first_wait).map_err(|_| End::Io)?;
-        // The first byte may be long in coming (an idle connection); the rest may not.
-        read_full(s, &mut hb[..1]).map_err(|_| End::Io)?;
-        if first_wait != self.io_timeout {
-            s.set_read_limit(self.io_timeout).map_err(|_| End::Io)?;
-        }
-        read_full(s, &mut hb[1..]).map_err(|_| End::Io)?;
+        read_full(s, &mut hb).map_err(|_| End::Io)?;
         frame::decode(&hb).map_err(|_| {
             self.counters.rejected_frames.fetch_add(1, Relaxed);
             End::Frame
         })
     }
 
-    fn expect<W: Wire>(&self, s: &mut W, kind: Kind, first_wait: Duration) -> Result<Header, End> {
-        let h = self.read_frame_header(s, first_wait)?;
+    fn expect<W: Wire>(&self, s: &mut W, kind: Kind) -> Result<Header, End> {
+        let h = self.read_frame_header(s)?;
         if h.kind != kind {
             self.counters.rejected_frames.fetch_add(1, Relaxed);
             return Err(End::Frame);
@@ -334,8 +328,12 @@ impl Session<'_> {
         Ok(h)
     }
 
+    /// Hello -> Challenge -> Auth -> AuthOk, every read limited by `io_timeout`; afterwards
+    /// reads wait up to `idle` (a pooled connection may be quiet between requests; one
+    /// timeout for a whole request keeps the per-request path at one read and one writev).
     pub(crate) fn handshake<W: Wire>(&mut self, s: &mut W) -> Result<(), End> {
-        let hello = self.expect(s, Kind::Hello, self.io_timeout)?;
+        s.set_read_limit(self.io_timeout).map_err(|_| End::Io)?;
+        let hello = self.expect(s, Kind::Hello)?;
         let mut cn = [0u8; NONCE_LEN];
         read_full(s, &mut cn).map_err(|_| End::Io)?;
         if hello.arg != self.job {
@@ -348,20 +346,21 @@ impl Session<'_> {
         body[NONCE_LEN..].copy_from_slice(&self.secret.server_mac(self.job, &cn, &sn));
         let h = Header::new(Kind::Challenge, 0, body.len() as u32, 0);
         write_two(s, &h.encode(), &body).map_err(|_| End::Io)?;
-        self.expect(s, Kind::Auth, self.io_timeout)?;
+        self.expect(s, Kind::Auth)?;
         let mut mac = [0u8; MAC_LEN];
         read_full(s, &mut mac).map_err(|_| End::Io)?;
         if !self.secret.verify_client(self.job, &sn, &cn, &mac) {
             self.counters.auth_failures.fetch_add(1, Relaxed);
             return Err(End::Auth);
         }
-        write_two(s, &Header::new(Kind::AuthOk, 0, 0, 0).encode(), &[]).map_err(|_| End::Io)
+        write_two(s, &Header::new(Kind::AuthOk, 0, 0, 0).encode(), &[]).map_err(|_| End::Io)?;
+        s.set_read_limit(self.idle).map_err(|_| End::Io)
     }
 
     /// Read one `Get` and write its reply: header and payload in one `writev`, the payload
     /// straight from the provider's bytes.
     pub(crate) fn one_request<W: Wire>(&mut self, s: &mut W, provider: &dyn Provider) -> Result<(), End> {
-        let get = self.expect(s, Kind::Get, self.idle)?;
+        let get = self.expect(s, Kind::Get)?;
         let wait = Duration::from_micros(get.arg.min(MAX_WAIT_MICROS));
         let sample = get.sample;
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| provider.serve(sample, wait)))
