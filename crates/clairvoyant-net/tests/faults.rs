@@ -61,6 +61,26 @@ impl ChildServer {
     }
 }
 
+impl ChildServer {
+    /// SIGSTOP takes effect asynchronously: wait (bounded) until every thread is stopped.
+    fn wait_stopped(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let dir = format!("/proc/{}/task", self.child.id());
+        loop {
+            let all = std::fs::read_dir(&dir).unwrap().all(|t| {
+                let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                // The state follows the parenthesised command name.
+                stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T'))
+            });
+            if all {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the child server did not stop");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 impl Drop for ChildServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -114,6 +134,7 @@ fn sigstop_is_detected_within_io_timeout() {
     let mut dst = vec![0u8; 100_000];
     assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
     child.signal("-STOP");
+    child.wait_stopped();
     // Several threads at once: one detects it, the others stop asking.
     let t0 = Instant::now();
     let threads: Vec<_> = (0..4)
