@@ -107,6 +107,9 @@ pub struct Server {
     shared: Arc<Shared>,
     addr: SocketAddr,
     accept: Option<JoinHandle<()>>,
+    /// A duplicate of the listening socket, to wake the accept thread at shutdown.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    listener: TcpListener,
 }
 
 impl Server {
@@ -138,6 +141,7 @@ impl Server {
             live: Mutex::new(0),
             live_cv: Condvar::new(),
         });
+        let dup = listener.try_clone().map_err(|source| NetError::Bind { addr, source })?;
         let sh = shared.clone();
         let accept = std::thread::Builder::new()
             .name("cv-net-accept".into())
@@ -147,6 +151,7 @@ impl Server {
             shared,
             addr,
             accept: Some(accept),
+            listener: dup,
         })
     }
 
@@ -180,15 +185,26 @@ impl Server {
     fn stop_now(&mut self) {
         let Some(accept) = self.accept.take() else { return };
         self.shared.stop.store(true, Relaxed);
-        // Wake the blocking accept with a connection of our own.
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
+        // Wake the blocking accept: on Linux shutting the listening socket down makes accept
+        // fail at once; elsewhere, connect to it.
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: `self.listener` is our own duplicate of the listening socket, open until
+            // `self` drops, so the descriptor cannot have been closed or reused.
+            unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         }
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        #[cfg(not(target_os = "linux"))]
+        {
+            let mut wake = self.addr;
+            if wake.ip().is_unspecified() {
+                wake.set_ip(match wake {
+                    SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                    SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                });
+            }
+            let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        }
         let _ = accept.join();
         for s in lock(&self.shared.conns).values() {
             let _ = s.shutdown(Shutdown::Both);
@@ -230,7 +246,11 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
         if sh.stop.load(Relaxed) {
             break;
         }
-        let Ok(stream) = stream else { continue };
+        let Ok(stream) = stream else {
+            // Out of descriptors or memory: wait a little rather than spin on the error.
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
         let c = &sh.counters;
         c.connections.fetch_add(1, Relaxed);
         lock(&sh.threads).retain(|t| !t.is_finished());

@@ -114,3 +114,29 @@ fn concurrent_fetches_from_many_threads_and_peers() {
         assert!(s.stats().connections <= 2, "{:?}", s.stats());
     }
 }
+
+#[test]
+fn server_and_client_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Client>();
+    send_sync::<clairvoyant_net::Server>();
+    fn send<T: Send>() {}
+    send::<clairvoyant_net::Served>();
+}
+
+#[test]
+fn shutdown_is_quick_with_idle_and_half_open_connections() {
+    let server = start(MemProvider::with_sizes(&[(1, 10)]));
+    let client = Client::new(client_cfg(7), vec![server.local_addr()]);
+    let mut dst = vec![0u8; 10];
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    let _half_open = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    let t0 = std::time::Instant::now();
+    server.shutdown();
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+}
