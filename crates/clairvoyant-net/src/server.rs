@@ -230,11 +230,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Counts a connection thread as live until dropped (also on a panic).
-struct LiveGuard<'a>(&'a Shared);
+/// Unregisters a connection and counts its thread as ended when dropped (also on a panic).
+struct LiveGuard<'a>(&'a Shared, u64);
 
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
+        lock(&self.0.conns).remove(&self.1);
+        self.0.counters.open.fetch_sub(1, Relaxed);
         *lock(&self.0.live) -= 1;
         self.0.live_cv.notify_all();
     }
@@ -269,10 +271,8 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
         *lock(&sh.live) += 1;
         let sh2 = sh.clone();
         let spawned = std::thread::Builder::new().name("cv-net-conn".into()).spawn(move || {
-            let _live = LiveGuard(&sh2);
+            let _live = LiveGuard(&sh2, id);
             connection(stream, &sh2);
-            lock(&sh2.conns).remove(&id);
-            sh2.counters.open.fetch_sub(1, Relaxed);
         });
         match spawned {
             Ok(t) => lock(&sh.threads).push(t),

@@ -140,3 +140,24 @@ fn shutdown_is_quick_with_idle_and_half_open_connections() {
     );
     assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
 }
+
+struct Panicky;
+impl clairvoyant_net::Provider for Panicky {
+    fn serve(&self, sample: u32, _wait: Duration) -> clairvoyant_net::Served {
+        if sample == 13 {
+            panic!("provider bug on sample 13");
+        }
+        clairvoyant_net::Served::NotHeld
+    }
+}
+
+#[test]
+fn a_panicking_provider_answers_failed_and_the_server_goes_on() {
+    let server = clairvoyant_net::Server::start(server_cfg(7), Arc::new(Panicky)).unwrap();
+    let client = Client::new(client_cfg(7), vec![server.local_addr()]);
+    let mut dst = vec![0u8; 10];
+    assert_eq!(client.fetch(0, 13, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
+    assert_eq!(client.fetch(0, 14, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
+    assert_eq!((client.stats().failed, server.stats().failed), (1, 1));
+    assert!(!client.is_down(0));
+}
