@@ -98,7 +98,8 @@ fn fast_client(addrs: Vec<SocketAddr>) -> Client {
 #[test]
 fn sigkill_is_detected_at_the_first_failing_request() {
     let child = ChildServer::spawn();
-    let client = fast_client(vec![child.addr]);
+    // A long io_timeout: detection must come from the closed sockets, not from a timeout.
+    let client = Client::new(client_cfg(7), vec![child.addr]);
     let mut dst = vec![0u8; 100_000];
     for i in 0..20 {
         assert_eq!(client.fetch(0, i, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);

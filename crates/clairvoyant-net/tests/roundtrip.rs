@@ -154,7 +154,10 @@ impl clairvoyant_net::Provider for Panicky {
 #[test]
 fn a_panicking_provider_answers_failed_and_the_server_goes_on() {
     let server = clairvoyant_net::Server::start(server_cfg(7), Arc::new(Panicky)).unwrap();
-    let client = Client::new(client_cfg(7), vec![server.local_addr()]);
+    // The panic hook prints a backtrace (RUST_BACKTRACE=1), which can outlast a short timeout.
+    let mut cfg = client_cfg(7);
+    cfg.io_timeout = Duration::from_secs(20);
+    let client = Client::new(cfg, vec![server.local_addr()]);
     let mut dst = vec![0u8; 10];
     assert_eq!(client.fetch(0, 13, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
     assert_eq!(client.fetch(0, 14, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
