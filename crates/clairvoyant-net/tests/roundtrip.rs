@@ -83,7 +83,14 @@ fn corrupt_checksum_and_wrong_length_are_corrupt_not_down() {
 #[test]
 fn concurrent_fetches_from_many_threads_and_peers() {
     let sizes: Vec<(u32, usize)> = (0..64u32).map(|i| (i, 1000 + i as usize * 1500)).collect();
-    let servers: Vec<_> = (0..3).map(|_| start(MemProvider::with_sizes(&sizes))).collect();
+    // Three "nodes" on three loopback addresses, as the multi-node tests lay them out.
+    let servers: Vec<_> = (1..=3)
+        .map(|i| {
+            let mut cfg = server_cfg(7);
+            cfg.bind = format!("127.0.0.{i}:0").parse().unwrap();
+            clairvoyant_net::Server::start(cfg, Arc::new(MemProvider::with_sizes(&sizes))).unwrap()
+        })
+        .collect();
     let client = Arc::new(Client::new(
         client_cfg(7),
         servers.iter().map(|s| s.local_addr()).collect(),
