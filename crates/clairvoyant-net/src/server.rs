@@ -107,6 +107,9 @@ pub struct Server {
     shared: Arc<Shared>,
     addr: SocketAddr,
     accept: Option<JoinHandle<()>>,
+    /// A duplicate of the listening socket, to wake the accept thread at shutdown.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    listener: TcpListener,
 }
 
 impl Server {
@@ -138,6 +141,7 @@ impl Server {
             live: Mutex::new(0),
             live_cv: Condvar::new(),
         });
+        let dup = listener.try_clone().map_err(|source| NetError::Bind { addr, source })?;
         let sh = shared.clone();
         let accept = std::thread::Builder::new()
             .name("cv-net-accept".into())
@@ -147,6 +151,7 @@ impl Server {
             shared,
             addr,
             accept: Some(accept),
+            listener: dup,
         })
     }
 
@@ -180,15 +185,26 @@ impl Server {
     fn stop_now(&mut self) {
         let Some(accept) = self.accept.take() else { return };
         self.shared.stop.store(true, Relaxed);
-        // Wake the blocking accept with a connection of our own.
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
+        // Wake the blocking accept: on Linux shutting the listening socket down makes accept
+        // fail at once; elsewhere, connect to it.
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: `self.listener` is our own duplicate of the listening socket, open until
+            // `self` drops, so the descriptor cannot have been closed or reused.
+            unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         }
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        #[cfg(not(target_os = "linux"))]
+        {
+            let mut wake = self.addr;
+            if wake.ip().is_unspecified() {
+                wake.set_ip(match wake {
+                    SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                    SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                });
+            }
+            let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        }
         let _ = accept.join();
         for s in lock(&self.shared.conns).values() {
             let _ = s.shutdown(Shutdown::Both);
@@ -214,11 +230,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Counts a connection thread as live until dropped (also on a panic).
-struct LiveGuard<'a>(&'a Shared);
+/// Unregisters a connection and counts its thread as ended when dropped (also on a panic).
+struct LiveGuard<'a>(&'a Shared, u64);
 
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
+        lock(&self.0.conns).remove(&self.1);
+        self.0.counters.open.fetch_sub(1, Relaxed);
         *lock(&self.0.live) -= 1;
         self.0.live_cv.notify_all();
     }
@@ -230,7 +248,11 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
         if sh.stop.load(Relaxed) {
             break;
         }
-        let Ok(stream) = stream else { continue };
+        let Ok(stream) = stream else {
+            // Out of descriptors or memory: wait a little rather than spin on the error.
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
         let c = &sh.counters;
         c.connections.fetch_add(1, Relaxed);
         lock(&sh.threads).retain(|t| !t.is_finished());
@@ -249,10 +271,8 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
         *lock(&sh.live) += 1;
         let sh2 = sh.clone();
         let spawned = std::thread::Builder::new().name("cv-net-conn".into()).spawn(move || {
-            let _live = LiveGuard(&sh2);
+            let _live = LiveGuard(&sh2, id);
             connection(stream, &sh2);
-            lock(&sh2.conns).remove(&id);
-            sh2.counters.open.fetch_sub(1, Relaxed);
         });
         match spawned {
             Ok(t) => lock(&sh.threads).push(t),
@@ -310,23 +330,17 @@ pub(crate) struct Session<'a> {
 }
 
 impl Session<'_> {
-    fn read_frame_header<W: Wire>(&self, s: &mut W, first_wait: Duration) -> Result<Header, End> {
+    fn read_frame_header<W: Wire>(&self, s: &mut W) -> Result<Header, End> {
         let mut hb = [0u8; HEADER_LEN];
-        s.set_read_limit(first_wait).map_err(|_| End::Io)?;
-        // The first byte may be long in coming (an idle connection); the rest may not.
-        read_full(s, &mut hb[..1]).map_err(|_| End::Io)?;
-        if first_wait != self.io_timeout {
-            s.set_read_limit(self.io_timeout).map_err(|_| End::Io)?;
-        }
-        read_full(s, &mut hb[1..]).map_err(|_| End::Io)?;
+        read_full(s, &mut hb).map_err(|_| End::Io)?;
         frame::decode(&hb).map_err(|_| {
             self.counters.rejected_frames.fetch_add(1, Relaxed);
             End::Frame
         })
     }
 
-    fn expect<W: Wire>(&self, s: &mut W, kind: Kind, first_wait: Duration) -> Result<Header, End> {
-        let h = self.read_frame_header(s, first_wait)?;
+    fn expect<W: Wire>(&self, s: &mut W, kind: Kind) -> Result<Header, End> {
+        let h = self.read_frame_header(s)?;
         if h.kind != kind {
             self.counters.rejected_frames.fetch_add(1, Relaxed);
             return Err(End::Frame);
@@ -334,8 +348,12 @@ impl Session<'_> {
         Ok(h)
     }
 
+    /// Hello -> Challenge -> Auth -> AuthOk, every read limited by `io_timeout`; afterwards
+    /// reads wait up to `idle` (a pooled connection may be quiet between requests; one
+    /// timeout for a whole request keeps the per-request path at one read and one writev).
     pub(crate) fn handshake<W: Wire>(&mut self, s: &mut W) -> Result<(), End> {
-        let hello = self.expect(s, Kind::Hello, self.io_timeout)?;
+        s.set_read_limit(self.io_timeout).map_err(|_| End::Io)?;
+        let hello = self.expect(s, Kind::Hello)?;
         let mut cn = [0u8; NONCE_LEN];
         read_full(s, &mut cn).map_err(|_| End::Io)?;
         if hello.arg != self.job {
@@ -348,20 +366,21 @@ impl Session<'_> {
         body[NONCE_LEN..].copy_from_slice(&self.secret.server_mac(self.job, &cn, &sn));
         let h = Header::new(Kind::Challenge, 0, body.len() as u32, 0);
         write_two(s, &h.encode(), &body).map_err(|_| End::Io)?;
-        self.expect(s, Kind::Auth, self.io_timeout)?;
+        self.expect(s, Kind::Auth)?;
         let mut mac = [0u8; MAC_LEN];
         read_full(s, &mut mac).map_err(|_| End::Io)?;
         if !self.secret.verify_client(self.job, &sn, &cn, &mac) {
             self.counters.auth_failures.fetch_add(1, Relaxed);
             return Err(End::Auth);
         }
-        write_two(s, &Header::new(Kind::AuthOk, 0, 0, 0).encode(), &[]).map_err(|_| End::Io)
+        write_two(s, &Header::new(Kind::AuthOk, 0, 0, 0).encode(), &[]).map_err(|_| End::Io)?;
+        s.set_read_limit(self.idle).map_err(|_| End::Io)
     }
 
     /// Read one `Get` and write its reply: header and payload in one `writev`, the payload
     /// straight from the provider's bytes.
     pub(crate) fn one_request<W: Wire>(&mut self, s: &mut W, provider: &dyn Provider) -> Result<(), End> {
-        let get = self.expect(s, Kind::Get, self.idle)?;
+        let get = self.expect(s, Kind::Get)?;
         let wait = Duration::from_micros(get.arg.min(MAX_WAIT_MICROS));
         let sample = get.sample;
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| provider.serve(sample, wait)))

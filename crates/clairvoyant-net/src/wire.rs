@@ -52,7 +52,7 @@ pub(crate) fn is_timeout(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
-/// CPU seconds used by the calling thread so far (Linux `RUSAGE_THREAD`; 0 elsewhere).
+/// CPU time used by the calling thread so far, in nanoseconds (Linux `RUSAGE_THREAD`; 0 elsewhere).
 pub(crate) fn thread_cpu_nanos() -> u64 {
     #[cfg(target_os = "linux")]
     {

@@ -61,6 +61,26 @@ impl ChildServer {
     }
 }
 
+impl ChildServer {
+    /// SIGSTOP takes effect asynchronously: wait (bounded) until every thread is stopped.
+    fn wait_stopped(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let dir = format!("/proc/{}/task", self.child.id());
+        loop {
+            let all = std::fs::read_dir(&dir).unwrap().all(|t| {
+                let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                // The state follows the parenthesised command name.
+                stat.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('T'))
+            });
+            if all {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the child server did not stop");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
 impl Drop for ChildServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -78,7 +98,8 @@ fn fast_client(addrs: Vec<SocketAddr>) -> Client {
 #[test]
 fn sigkill_is_detected_at_the_first_failing_request() {
     let child = ChildServer::spawn();
-    let client = fast_client(vec![child.addr]);
+    // A long io_timeout: detection must come from the closed sockets, not from a timeout.
+    let client = Client::new(client_cfg(7), vec![child.addr]);
     let mut dst = vec![0u8; 100_000];
     for i in 0..20 {
         assert_eq!(client.fetch(0, i, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
@@ -114,6 +135,7 @@ fn sigstop_is_detected_within_io_timeout() {
     let mut dst = vec![0u8; 100_000];
     assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
     child.signal("-STOP");
+    child.wait_stopped();
     // Several threads at once: one detects it, the others stop asking.
     let t0 = Instant::now();
     let threads: Vec<_> = (0..4)

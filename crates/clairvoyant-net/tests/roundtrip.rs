@@ -83,7 +83,14 @@ fn corrupt_checksum_and_wrong_length_are_corrupt_not_down() {
 #[test]
 fn concurrent_fetches_from_many_threads_and_peers() {
     let sizes: Vec<(u32, usize)> = (0..64u32).map(|i| (i, 1000 + i as usize * 1500)).collect();
-    let servers: Vec<_> = (0..3).map(|_| start(MemProvider::with_sizes(&sizes))).collect();
+    // Three "nodes" on three loopback addresses, as the multi-node tests lay them out.
+    let servers: Vec<_> = (1..=3)
+        .map(|i| {
+            let mut cfg = server_cfg(7);
+            cfg.bind = format!("127.0.0.{i}:0").parse().unwrap();
+            clairvoyant_net::Server::start(cfg, Arc::new(MemProvider::with_sizes(&sizes))).unwrap()
+        })
+        .collect();
     let client = Arc::new(Client::new(
         client_cfg(7),
         servers.iter().map(|s| s.local_addr()).collect(),
@@ -113,4 +120,54 @@ fn concurrent_fetches_from_many_threads_and_peers() {
         // connections_per_peer = 2 bounds what each server sees from this client.
         assert!(s.stats().connections <= 2, "{:?}", s.stats());
     }
+}
+
+#[test]
+fn server_and_client_can_be_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Client>();
+    send_sync::<clairvoyant_net::Server>();
+    fn send<T: Send>() {}
+    send::<clairvoyant_net::Served>();
+}
+
+#[test]
+fn shutdown_is_quick_with_idle_and_half_open_connections() {
+    let server = start(MemProvider::with_sizes(&[(1, 10)]));
+    let client = Client::new(client_cfg(7), vec![server.local_addr()]);
+    let mut dst = vec![0u8; 10];
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    let _half_open = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    let t0 = std::time::Instant::now();
+    server.shutdown();
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "shutdown took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+}
+
+struct Panicky;
+impl clairvoyant_net::Provider for Panicky {
+    fn serve(&self, sample: u32, _wait: Duration) -> clairvoyant_net::Served {
+        if sample == 13 {
+            panic!("provider bug on sample 13");
+        }
+        clairvoyant_net::Served::NotHeld
+    }
+}
+
+#[test]
+fn a_panicking_provider_answers_failed_and_the_server_goes_on() {
+    let server = clairvoyant_net::Server::start(server_cfg(7), Arc::new(Panicky)).unwrap();
+    // The panic hook prints a backtrace (RUST_BACKTRACE=1), which can outlast a short timeout.
+    let mut cfg = client_cfg(7);
+    cfg.io_timeout = Duration::from_secs(20);
+    let client = Client::new(cfg, vec![server.local_addr()]);
+    let mut dst = vec![0u8; 10];
+    assert_eq!(client.fetch(0, 13, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
+    assert_eq!(client.fetch(0, 14, Duration::ZERO, &mut dst).unwrap(), Fetch::NotHeld);
+    assert_eq!((client.stats().failed, server.stats().failed), (1, 1));
+    assert!(!client.is_down(0));
 }
