@@ -186,7 +186,7 @@ def bench_kill(out: Path, log, files: int = 3000, nodes: int = 4, epochs: int = 
     """(d): the same run with and without a SIGKILL of node 1 early in epoch 2."""
     import numpy as np
 
-    work = out / "bench" / "cluster-kill"
+    work = (out / "bench" / "cluster-kill").resolve()
     work.mkdir(parents=True, exist_ok=True)
     data = work / "data"
     list_file = work / "list.txt"
@@ -241,7 +241,7 @@ def bench_setup(out: Path, log, files: int = 100_000) -> dict:
     """(e): Job() on 8 ranks of 4 nodes over ``files`` files (each node indexes them)."""
     from ._emulation import run_ranks
 
-    work = out / "bench" / "cluster-setup"
+    work = (out / "bench" / "cluster-setup").resolve()
     list_file = work / "list.txt"
     data = work / "data"
     if not list_file.exists() or len(list_file.read_text().splitlines()) != files:
