@@ -33,7 +33,7 @@ def test_samples_in_scheduled_order_with_labels_and_bytes():
         stats = job.stats()
     assert [s["samples"] for s in stats] == [n, n]
     assert stats[1]["sources"]["memory"]["samples"] == n
-    assert set(stats[0]["sources"]) == {"staging", "memory", "ssd", "pfs"}
+    assert set(stats[0]["sources"]) == {"staging", "memory", "ssd", "pfs", "peer"}
     assert stats[0]["pfs_bytes_read"] == sum(sizes(n))
 
 

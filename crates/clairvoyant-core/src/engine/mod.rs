@@ -25,6 +25,7 @@ mod key;
 mod peer;
 mod pid;
 mod prefetch;
+mod reuse;
 mod staging;
 mod stats;
 
@@ -477,6 +478,11 @@ impl Engine {
             } else {
                 ClassStore::Copy
             });
+        }
+        if rank_index == 0 {
+            if let Some(mem) = stores.iter().position(|s| *s == ClassStore::Mapped) {
+                reuse::record_and_reuse(&cache, source.as_ref(), mem, &placement.class_of, &placement.offset);
+            }
         }
 
         let node = NodeShare {

@@ -20,6 +20,7 @@ pub mod directory;
 pub mod faulty;
 pub mod futex;
 pub mod memory;
+pub mod salvage;
 pub mod secure;
 pub mod state;
 
@@ -467,6 +468,7 @@ impl NodeCache {
             .unregister_rank(self.rank_index, self.nonce, self.users, ranks)
         {
             let _ = std::fs::remove_file(self.state.path());
+            let _ = std::fs::remove_file(self.dir.join(format!("{}.layout", self.stem)));
             for t in &self.tiers {
                 t.remove();
             }
@@ -509,6 +511,7 @@ fn pid_alive(pid: u32) -> bool {
 /// next to it and in the disk directory), staging rings of dead processes and temporary files
 /// older than a minute.
 fn remove_dead_caches(dir: &Path) {
+    salvage::expire(dir);
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let disk = secure::private_dir(&secure::disk_base()).ok();
     for entry in entries.flatten() {
@@ -519,7 +522,12 @@ fn remove_dead_caches(dir: &Path) {
         }
         if let Some(stem) = name.strip_suffix(".state") {
             if state::all_dead(&path) {
+                // Kept for the next run over the same dataset when it has a layout.
+                if salvage::keep(dir, stem) {
+                    continue;
+                }
                 let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(dir.join(format!("{stem}.layout")));
                 let _ = std::fs::remove_file(dir.join(format!("{stem}.mem")));
                 if let Some(d) = &disk {
                     let _ = std::fs::remove_file(d.join(format!("{stem}.mem")));

@@ -1,0 +1,115 @@
+"""A run killed with SIGKILL leaves its node cache; the next run over the same dataset on this
+machine (a restart, here with another world size and batch size) copies what it can use instead
+of reading the dataset again, and every byte is still checked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import zlib
+
+import numpy as np
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, zlib
+    import clairvoyant
+    list_file, config, world, batch, die = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "die"
+    crcs = set(json.loads(open(list_file + ".crc").read()))
+    job = clairvoyant.Job(clairvoyant.FileList(list_file), batch_size=batch, epochs=2, seed=3, rank=0,
+                          world_size=world, local_ranks=[0], config=config)
+    bad = 0
+    for views, _ in job.batches(0):
+        bad += sum(zlib.crc32(bytes(v)) not in crcs for v in views)
+    s = job.stats()[0]
+    print(json.dumps({"bad": bad, "fs": s["pfs_bytes_read"], "memory": s["sources"]["memory"]["samples"]}), flush=True)
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    job.close()
+    """
+)
+
+
+def _run(tmp_path, env, world, batch, die):
+    script = tmp_path / "rank.py"
+    script.write_text(SCRIPT)
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "list.txt"), str(tmp_path / "system.toml"), str(world), str(batch), "die" if die else "live"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    import json
+
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    assert lines, r.stderr
+    return json.loads(lines[-1]), r
+
+
+def test_a_restart_reuses_what_the_killed_run_cached(tmp_path):
+    import json
+
+    rng = np.random.default_rng(5)
+    paths, crcs, total = [], [], 0
+    for k in range(300):
+        data = rng.integers(0, 256, size=int(rng.integers(1000, 5000)), dtype=np.uint8).tobytes()
+        p = tmp_path / f"{k:04d}.bin"
+        p.write_bytes(data)
+        paths.append(p)
+        crcs.append(zlib.crc32(data))
+        total += len(data)
+    (tmp_path / "list.txt").write_text("".join(f"{p}\t0\n" for p in paths))
+    (tmp_path / "list.txt.crc").write_text(json.dumps(crcs))
+    (tmp_path / "system.toml").write_text(
+        f'[staging]\ncapacity = "1 MiB"\nthreads = 2\n[[class]]\nname = "memory"\nkind = "memory"\ncapacity = {2 * total}\nthreads = 1\n'
+    )
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o700)
+    env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "idx"), "CLAIRVOYANT_RUN_ID": "first"}
+    first, r1 = _run(tmp_path, env, world=2, batch=8, die=True)
+    assert r1.returncode == -9 and first["bad"] == 0
+    assert any(n.endswith(".layout") for n in os.listdir(shm / f"clairvoyant-{os.getuid()}")), "the killed run left its layout"
+    # The restart: one rank where there were two, another batch size, another run id.
+    env["CLAIRVOYANT_RUN_ID"] = "second"
+    second, r2 = _run(tmp_path, env, world=1, batch=4, die=False)
+    assert r2.returncode == 0, r2.stderr
+    assert second["bad"] == 0
+    assert "reused" in r2.stderr, r2.stderr
+    # The killed rank read its half of the dataset; the restart reads only the other half.
+    print(f"first run read {first['fs']} bytes, the restart {second['fs']} of {total}")
+    assert second["fs"] <= total - first["fs"] + total * 0.02
+    assert second["memory"] > 0
+    # Nothing salvaged is left behind once reused.
+    assert not [n for n in os.listdir(shm / f"clairvoyant-{os.getuid()}") if n.startswith("salvage-")]
+
+
+def test_a_changed_file_is_not_reused(tmp_path):
+    import json
+
+    paths, crcs = [], []
+    for k in range(40):
+        p = tmp_path / f"{k:04d}.bin"
+        data = bytes([k]) * (1000 + k)
+        p.write_bytes(data)
+        paths.append(p)
+        crcs.append(zlib.crc32(data))
+    (tmp_path / "list.txt").write_text("".join(f"{p}\t0\n" for p in paths))
+    (tmp_path / "system.toml").write_text(
+        '[staging]\ncapacity = "1 MiB"\nthreads = 2\n[[class]]\nname = "memory"\nkind = "memory"\ncapacity = 1000000\nthreads = 1\n'
+    )
+    # The restart must see sample 0's new bytes (same size, so the index stays valid).
+    new0 = bytes([200]) * 1000
+    (tmp_path / "list.txt.crc").write_text(json.dumps(crcs))
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o700)
+    env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "idx"), "CLAIRVOYANT_RUN_ID": "a"}
+    _run(tmp_path, env, world=1, batch=4, die=True)
+    paths[0].write_bytes(new0)
+    (tmp_path / "list.txt.crc").write_text(json.dumps(crcs[1:] + [zlib.crc32(new0)]))
+    second, r2 = _run(tmp_path, env, world=1, batch=4, die=False)
+    assert r2.returncode == 0, r2.stderr
+    assert second["bad"] == 0, "the old bytes of the changed file were served"
+    assert second["fs"] == 1000, "only the changed file is read again"
