@@ -69,3 +69,26 @@ def test_clairvoyant_reads_the_file_system_about_once(result):
     assert total <= 1.05 * result["dataset_bytes"]
     # PyTorch's loader reads everything every epoch.
     assert sum(r["fs_bytes_read"] for r in result["pytorch"]) >= EPOCHS * result["dataset_bytes"]
+
+
+def test_demo_on_emulated_nodes(tmp_path):
+    """``--nodes 2``: the drop-in DataLoader with DistributedSampler on two emulated nodes, each
+    caching 60 % of the dataset: the nodes read it once between them (each alone reads more),
+    and ranks take samples from the other node."""
+    rc = demo.main(
+        [
+            "--samples", str(SAMPLES), "--classes", "3", "--epochs", "3", "--nodes", "2", "--ranks", "2",
+            "--node-memory", "0.6", "--batch-size", "4", "--bandwidth-mbps", "500", "--latency-ms", "0.1",
+            "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    result = json.loads((tmp_path / "demo-2-nodes.json").read_text())
+    assert (tmp_path / "demo-2-nodes.png").exists()
+    s = result["dataset_bytes"]
+    for loader in ("pytorch", "one-node", "clairvoyant"):
+        assert all(r["every_sample_once"] for r in result[loader]), loader
+    fs = {k: sum(r["fs_bytes_read"] for r in result[k]) for k in ("pytorch", "one-node", "clairvoyant")}
+    assert fs["clairvoyant"] <= 1.05 * s, fs
+    assert fs["one-node"] > 1.1 * s, fs
+    assert sum(r["samples_by_source"].get("peer", 0) for r in result["clairvoyant"]) > 0
