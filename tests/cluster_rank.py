@@ -45,6 +45,7 @@ def main(list_file: str, config: str, out: str, epochs: int, step_seconds: float
                         "fallbacks": stats["peer_fallbacks"],
                         "misses": stats["peer_misses"],
                         "fs_bytes": stats["pfs_bytes_read"],
+                        "down_events": (job.peer_stats() or {}).get("client", {}).get("down_events"),
                     }
                 )
                 + "\n"

@@ -261,7 +261,8 @@ def test_nodes_in_network_namespaces(tmp_path):
         assert [x["epoch"] for x in epochs] == [0, 1, 2] and all(x["ok"] for x in epochs), f"node {i}"
         assert sum(x["peer"] for x in epochs) > 0, f"node {i} took samples from other nodes"
     fs = sum(x["fs_bytes"] for i in range(3) for x in _lines(outs[i]))
-    print(f"file-system bytes {fs} of {total} ({fs / total:.3f}x)")
+    misses = [(x["misses"], x["fallbacks"], x["down_events"]) for i in range(3) for x in _lines(outs[i])]
+    print(f"file-system bytes {fs} of {total} ({fs / total:.3f}x); peer misses and fall-backs per rank and epoch {misses}")
     assert fs <= total * 1.02
 
 

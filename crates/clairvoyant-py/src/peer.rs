@@ -167,8 +167,11 @@ pub(crate) fn client(peers: &[String], secret: &[u8], job: u64, connections: usi
         job,
         connections_per_peer: connections.max(1),
         connect_timeout: Duration::from_secs(3),
-        io_timeout: Duration::from_secs(5),
-        dead_for: Duration::from_secs(30),
+        // A peer silent this long inside a reply (beyond the wait it was granted) is taken for
+        // stalled; a loaded machine must not trip it.
+        io_timeout: Duration::from_secs(10),
+        // A peer found down is not asked for this long; then one request probes it again.
+        dead_for: Duration::from_secs(5),
     };
     Ok(Arc::new(Peers {
         client: Client::new(cfg, addrs),
