@@ -72,7 +72,7 @@ struct Layout {
 fn read_layout(path: &Path) -> Option<Layout> {
     let f = secure::open_existing(path, false).ok()?;
     let len = f.metadata().ok()?.len();
-    if len < 32 || len > (1 << 36) {
+    if !(32..=(1 << 36)).contains(&len) {
         return None;
     }
     let mut buf = vec![0u8; len as usize];
