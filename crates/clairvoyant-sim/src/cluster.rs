@@ -70,17 +70,15 @@ pub fn cluster_placement(counts: &[AccessCounts], size: impl Fn(u32) -> u64 + Sy
     assert!(capacities.len() < UNCACHED as usize);
     let nodes = counts.len();
     let f = counts.first().map_or(0, |c| c.counts.len());
-    // Each sample's preferred node: most accesses, then earliest first need, then lowest node.
-    // Key: (count descending, first need, sample).
-    let mut keyed: Vec<(std::cmp::Reverse<u32>, u64, u32)> = (0..f as u32)
+    // Each sample's preferred node: most accesses, then earliest first need, then lowest node,
+    // found in one sequential pass. Key: (its count descending, its first need, sample, node).
+    let rank = |ku: usize, n: usize| (std::cmp::Reverse(counts[n].counts[ku]), counts[n].first_need[ku], n);
+    let mut keyed: Vec<(std::cmp::Reverse<u32>, u64, u32, u32)> = (0..f as u32)
         .into_par_iter()
         .filter_map(|k| {
             let ku = k as usize;
-            let (c, need) = counts
-                .iter()
-                .map(|a| (a.counts[ku], a.first_need[ku]))
-                .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))?;
-            (c > 0).then_some((std::cmp::Reverse(c), need, k))
+            let (c, need, n) = (0..nodes).map(|n| rank(ku, n)).min()?;
+            (c.0 > 0).then_some((c, need, k, n as u32))
         })
         .collect();
     keyed.par_sort_unstable();
@@ -93,25 +91,33 @@ pub fn cluster_placement(counts: &[AccessCounts], size: impl Fn(u32) -> u64 + Sy
     let mut class_of = vec![vec![UNCACHED; f]; nodes];
     let mut home = vec![u32::MAX; f];
     let mut order: Vec<usize> = Vec::with_capacity(nodes);
-    for &(_, _, k) in &keyed {
-        if room.iter().all(Room::is_full) {
+    let mut full_nodes = 0;
+    for &(_, _, k, best) in &keyed {
+        if full_nodes == nodes {
             break;
         }
         let ku = k as usize;
         let s = size(k);
-        order.clear();
-        order.extend((0..nodes).filter(|&n| counts[n].counts[ku] > 0));
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&counts[a], &counts[b]);
-            y.counts[ku]
-                .cmp(&x.counts[ku])
-                .then(x.first_need[ku].cmp(&y.first_need[ku]))
-                .then(a.cmp(&b))
-        });
-        for &n in &order {
-            if let Some(j) = room[n].take(s, capacities) {
+        let mut try_node = |n: usize, room: &mut Vec<Room>| {
+            let was_full = room[n].is_full();
+            let got = room[n].take(s, capacities);
+            if !was_full && room[n].is_full() {
+                full_nodes += 1;
+            }
+            got.map(|j| {
                 class_of[n][ku] = j as u8;
                 home[ku] = n as u32;
+            })
+        };
+        if try_node(best as usize, &mut room).is_some() {
+            continue;
+        }
+        // The preferred node is full: the next in the same order (rare; looked up only now).
+        order.clear();
+        order.extend((0..nodes).filter(|&n| n != best as usize && counts[n].counts[ku] > 0));
+        order.sort_by_key(|&n| rank(ku, n));
+        for &n in &order {
+            if try_node(n, &mut room).is_some() {
                 break;
             }
         }
