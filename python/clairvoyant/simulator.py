@@ -26,7 +26,8 @@ PathLike = Union[str, Path]
 
 
 def presets() -> list:
-    """Names of the preset scenarios (the NoPFS paper's Section 6.1)."""
+    """Names of the preset scenarios (the NoPFS paper's Section 6.1, then the emulated cluster of the
+    distributed benchmark)."""
     return list(_native.sim_presets())
 
 
