@@ -1802,3 +1802,60 @@ fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<Ra
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BinaryHeap;
+
+    #[test]
+    fn min_heap_pops_like_the_standard_heap() {
+        // Random pushes, pops and top replacements on both; the same keys come out in the
+        // same order (duplicates included).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x = splitmix64(x);
+            x
+        };
+        let mut ours: MinHeap<u64> = MinHeap::default();
+        let mut std_heap: BinaryHeap<std::cmp::Reverse<u64>> = BinaryHeap::new();
+        for _ in 0..200_000 {
+            let key = next() % 1000; // many ties
+            match next() % 3 {
+                0 => {
+                    ours.push(key);
+                    std_heap.push(std::cmp::Reverse(key));
+                }
+                1 => assert_eq!(ours.pop(), std_heap.pop().map(|r| r.0)),
+                _ if ours.len() > 0 => {
+                    ours.replace_top(key);
+                    *std_heap.peek_mut().unwrap() = std::cmp::Reverse(key);
+                }
+                _ => {}
+            }
+            assert_eq!(ours.peek(), std_heap.peek().map(|r| r.0));
+            assert_eq!(ours.len(), std_heap.len());
+        }
+        while let Some(k) = std_heap.pop() {
+            assert_eq!(ours.pop(), Some(k.0));
+        }
+        assert_eq!(ours.pop(), None);
+    }
+
+    #[test]
+    fn event_keys_order_by_time_then_id() {
+        let e = |t: f64, id: u32| Ev { t, id }.key();
+        assert!(e(0.0, 5) < e(0.0, 6));
+        assert!(e(1.0, 9) < e(1.5, 0));
+        assert!(e(1e300, u32::MAX) < e(f64::INFINITY, 0));
+        let back = Ev::from_key(e(2.5, 7));
+        assert_eq!((back.t, back.id), (2.5, 7));
+    }
+
+    #[test]
+    fn argmin_takes_the_first_minimum() {
+        assert_eq!(argmin(&[3.0, 1.0, 1.0, 2.0]), (1, 1.0));
+        assert_eq!(argmin(&[0.5]), (0, 0.5));
+        assert_eq!(argmin(&[f64::INFINITY, 4.0, f64::INFINITY]), (1, 4.0));
+    }
+}
