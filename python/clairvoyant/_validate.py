@@ -17,6 +17,9 @@ The mapping (nothing is fitted to the measured times):
   ``workers_per_node`` 2 and the engine's configuration (staging buffer, threads, memory
   class); its decode runs in one worker process per rank beside the staging threads, so β is
   spread over the staging threads (β / threads each);
+- the emulated file system serves transfers on one timeline, latencies overlapping other
+  readers' transfers: ``pfs_sharing = "fifo"`` (each transfer at the full bandwidth, queued
+  behind the bytes admitted before it), as its implementation does;
 - CPU contention: the benchmark's ranks and their processes share this machine's cores
   (``os.cpu_count()``): each rank runs its training process and ``num_workers`` decode processes,
   so ``[cpu]`` says ``processes_per_worker = 1 + num_workers`` on ``cores`` cores, all ranks on one
@@ -95,6 +98,7 @@ workers_per_node = {workers_per_node}
 epochs = {cfg['epochs']}
 batch_size = {cfg['batch_size']}
 seed = {cfg['seed']}
+pfs_sharing = "fifo"
 [cpu]
 cores = {os.cpu_count() or 1}
 nodes_per_machine = {nodes}

@@ -295,6 +295,7 @@ def cluster_scenario_toml(
         f"epochs = {epochs}",
         f"batch_size = {batch_size}",
         f"seed = {seed}",
+        'pfs_sharing = "fifo"',
         "[dataset]",
         f"samples = {len(sizes)}",
         "mean = 1",

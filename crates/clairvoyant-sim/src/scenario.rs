@@ -172,6 +172,7 @@ workers = 8
 workers_per_node = 2
 epochs = 4
 batch_size = 32
+pfs_sharing = "fifo"
 [dataset]
 samples = 8000
 mean = "23.3kB"
@@ -231,6 +232,21 @@ pub struct Scenario {
     pub cpu: Option<Cpu>,
     /// Latency of one fetch from a peer, seconds (`[network] latency_ms`); 0 by default.
     pub peer_latency_s: f64,
+    /// How concurrent readers share the file system (`pfs_sharing`).
+    pub pfs_sharing: PfsSharing,
+}
+
+/// How concurrent PFS readers share t(γ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PfsSharing {
+    /// NoPFS's model (default): each of γ concurrent transfers runs at t(γ)/γ, fixed when it
+    /// starts; the aggregate is also capped at t(γ).
+    #[default]
+    Share,
+    /// One timeline: each transfer runs at t(1) (a reader alone) and queues behind the bytes
+    /// already admitted at the aggregate rate; open latencies overlap other transfers. This is
+    /// how the emulated file system (`clairvoyant-core` `EmulatedFs`) works.
+    Fifo,
 }
 
 /// The `[cpu]` table: who shares which cores. Preprocessing (s/β) is CPU work; when more
@@ -548,6 +564,7 @@ impl Scenario {
             "system",
             "cpu",
             "network",
+            "pfs_sharing",
         ];
         r.keys(doc, "", TOP)?;
         let name = r.string(doc, "name", "name")?.unwrap_or_else(|| "scenario".into());
@@ -705,6 +722,16 @@ impl Scenario {
             }
             Some(v) => return Err(r.err("network", format!("found {}; expected a table", describe_toml(v)))),
         };
+        let pfs_sharing = match r.string(doc, "pfs_sharing", "pfs_sharing")?.as_deref() {
+            None | Some("share") => PfsSharing::Share,
+            Some("fifo") => PfsSharing::Fifo,
+            Some(other) => {
+                return Err(r.err(
+                    "pfs_sharing",
+                    format!("is '{other}'; expected \"share\" (t(γ)/γ per reader) or \"fifo\" (one timeline)"),
+                ))
+            }
+        };
         Layout::new(samples, workers, batch_size, drop_last).map_err(|e| match e {
             Error::Config { reason, .. } => r.err("batch_size", reason),
             other => other,
@@ -724,6 +751,7 @@ impl Scenario {
             system,
             cpu,
             peer_latency_s,
+            pfs_sharing,
         })
     }
 

@@ -496,6 +496,8 @@ struct Sim<'r, 'a> {
     /// Latency of one peer fetch, seconds.
     peer_latency: f64,
     pfs_latency: f64,
+    /// The file system serves transfers one after another on one timeline (`pfs_sharing = "fifo"`).
+    pfs_fifo: bool,
     /// pfs_spb[γ]: seconds per byte for one of γ concurrent readers.
     pfs_spb: Vec<f64>,
     /// When each thread is free next: worker w's staging threads are slots
@@ -877,6 +879,7 @@ impl<'r, 'a> Sim<'r, 'a> {
             remote_spb,
             peer_latency: sc.peer_latency_s,
             pfs_latency: m.pfs.open_latency_s,
+            pfs_fifo: sc.pfs_sharing == crate::scenario::PfsSharing::Fifo,
             pfs_spb,
             free: vec![0.0; next_slot],
             next_thread: (0..workers).map(|w| w * threads).collect(),
@@ -1304,7 +1307,8 @@ impl Sim<'_, '_> {
         let busy = self.pfs_active.len();
         let g = (busy + 1).min(self.pfs_spb.len() - 1);
         let sf = s as f64;
-        let own = at + sf * self.pfs_spb[g];
+        // Per reader: its share t(γ)/γ, or under a FIFO file system what one reader alone gets.
+        let own = at + sf * self.pfs_spb[if self.pfs_fifo { 1 } else { g }];
         let pipe = self.pfs_pipe.max(at) + sf * self.pfs_spb[g] / g as f64;
         (own.max(pipe), pipe)
     }

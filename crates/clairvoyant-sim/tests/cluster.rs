@@ -180,3 +180,36 @@ fn the_emulated_cluster_preset_reads_the_dataset_about_once() {
     let (p, _) = run(&sc, Policy::StagingBuffer);
     assert_eq!(p.pfs_bytes, 4 * s, "PyTorch's DataLoader reads the dataset every epoch");
 }
+
+#[test]
+fn fifo_sharing_is_the_share_model_for_one_reader_and_faster_with_many() {
+    // No classes, the PFS only: staging-buffer policy, 1 or 8 readers.
+    let text = cluster(2, 1, 1)
+        .replace("interconnect_mbps = 125\n", "")
+        .replace("compute_mbps = 4", "compute_mbps = 1000");
+    let time = |threads: &str, sharing: &str| {
+        let sc = resolve(
+            &format!("pfs_sharing = \"{sharing}\"\n{text}"),
+            &[
+                ("system.staging.threads", threads),
+                ("workers", "1"),
+                ("workers_per_node", "1"),
+            ],
+        );
+        let (r, _) = run(&sc, Policy::StagingBuffer);
+        r.total_seconds.unwrap()
+    };
+    let (share1, fifo1) = (time("1", "share"), time("1", "fifo"));
+    assert!((fifo1 / share1 - 1.0).abs() < 1e-9, "one reader: {fifo1} vs {share1}");
+    let (share8, fifo8) = (time("8", "share"), time("8", "fifo"));
+    assert!(fifo8 < share8, "8 readers: fifo {fifo8} vs share {share8}");
+    // FIFO still cannot beat the aggregate bandwidth: 2,000 x 20 kB at 12 MB/s.
+    let probe = resolve(&text, &[]);
+    let bytes: u64 = probe.sample_sizes().iter().sum();
+    assert!(fifo8 >= bytes as f64 / 12e6, "{fifo8} s for {bytes} bytes at 12 MB/s");
+    let e = scenario::from_toml_str(&format!("pfs_sharing = \"lifo\"\n{text}"), Path::new("bad.toml"))
+        .and_then(|d| Scenario::from_doc(&d))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pfs_sharing") && e.contains("bad.toml"), "{e}");
+}
