@@ -27,7 +27,7 @@ POLICIES = [
 
 
 def test_presets_and_policies_are_the_documented_names():
-    assert presets() == ["mnist", "imagenet-1k", "openimages", "imagenet-22k", "cosmoflow", "cosmoflow-512"]
+    assert presets() == ["mnist", "imagenet-1k", "openimages", "imagenet-22k", "cosmoflow", "cosmoflow-512", "emulated-cluster"]
     assert clairvoyant.simulator.policies() == POLICIES
 
 
@@ -157,3 +157,65 @@ def test_command_line_entry_point():
     )
     assert out.returncode == 0, out.stderr
     assert "naive" in out.stdout
+
+
+def _cluster_sizes(n=2000, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    return [max(1, int(rng.gauss(20_000, 5_000))) for _ in range(n)]
+
+
+def _predict(sizes, nodes, per_node, **kw):
+    from clairvoyant.simulator import predict_cluster
+
+    args = dict(
+        sizes=sizes,
+        nodes=nodes,
+        ranks_per_node=2,
+        memory_per_node=per_node,
+        epochs=4,
+        batch_size=16,
+        seed=0,
+        fs_bandwidth=12e6,
+        fs_latency=0.002,
+        compute_per_batch=0.05,
+        cores=2,
+    )
+    args.update(kw)
+    return predict_cluster(**args)
+
+
+def test_predict_cluster_reads_the_minimum_from_the_file_system():
+    sizes = _cluster_sizes()
+    s = sum(sizes)
+    # 4 nodes x 30 %: the aggregate holds the dataset, the file system is read about once.
+    r = _predict(sizes, 4, int(0.3 * s))
+    assert len(r["epoch_seconds"]) == 4 and all(t > 0 for t in r["epoch_seconds"])
+    assert s <= r["fs_bytes"] <= 1.05 * s, (r["fs_bytes"], s)
+    # 4 nodes x 12.5 %: within 5 % of S + (E-1)(S-C).
+    per = int(0.125 * s)
+    r = _predict(sizes, 4, per)
+    minimum = s + 3 * (s - 4 * per)
+    assert abs(r["fs_bytes"] / minimum - 1) <= 0.05, (r["fs_bytes"], minimum)
+    assert "nodes_per_machine = 4" in r["scenario"]
+
+
+def test_predict_cluster_more_nodes_same_aggregate_read_no_more():
+    sizes = _cluster_sizes()
+    s = sum(sizes)
+    two = _predict(sizes, 2, s // 4)["fs_bytes"]
+    four = _predict(sizes, 4, s // 8)["fs_bytes"]
+    assert four <= two * 1.005, (four, two)
+
+
+def test_predict_cluster_contention_and_errors():
+    sizes = _cluster_sizes(800)
+    s = sum(sizes)
+    fast = _predict(sizes, 2, s, preprocess_mbps=5.0, cores=64, compute_per_batch=0.001)
+    slow = _predict(sizes, 2, s, preprocess_mbps=5.0, cores=1, compute_per_batch=0.001)
+    assert sum(slow["epoch_seconds"]) > 1.5 * sum(fast["epoch_seconds"]), (slow["epoch_seconds"], fast["epoch_seconds"])
+    with pytest.raises(ValueError, match="bytes per second"):
+        _predict(sizes, 2, s, fs_bandwidth=12.0)
+    with pytest.raises(ValueError, match="nodes"):
+        _predict(sizes, 0, s)

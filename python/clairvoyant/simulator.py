@@ -26,7 +26,8 @@ PathLike = Union[str, Path]
 
 
 def presets() -> list:
-    """Names of the preset scenarios (the NoPFS paper's Section 6.1)."""
+    """Names of the preset scenarios (the NoPFS paper's Section 6.1, then the emulated cluster of the
+    distributed benchmark)."""
     return list(_native.sim_presets())
 
 
@@ -236,3 +237,165 @@ def _unit(values: Iterable[Optional[float]]) -> tuple:
     if top >= 2 * 60:
         return "min", 60.0
     return "s", 1.0
+
+
+def _engine_system() -> tuple:
+    """The engine's staging buffer and memory class, as this machine's configuration gives them:
+    (staging dict, memory class dict or None)."""
+    import tomllib
+
+    from . import config
+
+    _, text = config.resolve(None)
+    engine = tomllib.loads(text)
+    memory = next((c for c in engine.get("class", []) if c.get("kind") == "memory"), None)
+    return engine["staging"], memory
+
+
+def cluster_scenario_toml(
+    *,
+    sizes: Sequence[int],
+    nodes: int,
+    ranks_per_node: int,
+    memory_per_node: int,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    fs_bandwidth: float,
+    fs_latency: float,
+    compute_per_batch: float,
+    network_mbps: float = 125.0,
+    network_latency: float = 0.0005,
+    cores: Optional[int] = None,
+    preprocess_mbps: Optional[float] = None,
+    processes_per_rank: int = 2,
+) -> str:
+    """The scenario of an emulated cluster (see :func:`predict_cluster`) as TOML text; the sample
+    sizes are not in it (pass them as ``sizes`` to :func:`simulate`)."""
+    import os
+
+    if fs_bandwidth < 1e5:
+        raise ValueError(f"fs_bandwidth is in bytes per second; got {fs_bandwidth!r} (did you mean {fs_bandwidth!r}e6?)")
+    if not sizes:
+        raise ValueError("sizes is empty: give one size in bytes per sample")
+    for name, v in (("nodes", nodes), ("ranks_per_node", ranks_per_node), ("epochs", epochs), ("batch_size", batch_size)):
+        if int(v) < 1:
+            raise ValueError(f"{name} must be at least 1, got {v!r}")
+    if compute_per_batch <= 0:
+        raise ValueError(f"compute_per_batch must be > 0 seconds, got {compute_per_batch!r}")
+    staging, memory = _engine_system()
+    threads = int(staging["threads"])
+    mean = sum(sizes) / len(sizes)
+    compute_mbps = batch_size * mean / compute_per_batch / 1e6
+    cores = int(cores or os.cpu_count() or 1)
+    lines = [
+        'name = "emulated-cluster"',
+        f"workers = {nodes * ranks_per_node}",
+        f"workers_per_node = {ranks_per_node}",
+        f"epochs = {epochs}",
+        f"batch_size = {batch_size}",
+        f"seed = {seed}",
+        'pfs_sharing = "fifo"',
+        "[dataset]",
+        f"samples = {len(sizes)}",
+        "mean = 1",
+        "[cpu]",
+        f"cores = {cores}",
+        f"nodes_per_machine = {nodes}",
+        f"processes_per_worker = {int(processes_per_rank)}",
+        "[network]",
+        f"latency_ms = {network_latency * 1e3!r}",
+        "[system]",
+        f"compute_mbps = {compute_mbps!r}",
+        f"interconnect_mbps = {float(network_mbps)!r}",
+    ]
+    if preprocess_mbps:
+        # Decode runs in the rank's decode processes beside the staging threads: spread over them.
+        decoders = max(1, int(processes_per_rank) - 1)
+        lines.append(f"preprocess_mbps = {preprocess_mbps * decoders / threads!r}")
+    lines += [
+        "[system.staging]",
+        f"capacity = {staging['capacity']!r}",
+        f"threads = {threads}",
+        f"write_mbps = {staging['write_mbps']!r}",
+        "[system.pfs]",
+        f"read_mbps = {fs_bandwidth / 1e6!r}",
+        f"open_latency_ms = {fs_latency * 1e3!r}",
+        "[[system.class]]",
+        'name = "memory"',
+        'kind = "memory"',
+        f"capacity = {int(memory_per_node)}",
+        f"threads = {int(memory['threads']) if memory else 2}",
+        f"read_mbps = {memory['read_mbps'] if memory else 4000.0!r}",
+        f"write_mbps = {memory['write_mbps'] if memory else 4000.0!r}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def predict_cluster(
+    *,
+    sizes: Sequence[int],
+    nodes: int,
+    ranks_per_node: int,
+    memory_per_node: int,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    fs_bandwidth: float,
+    fs_latency: float,
+    compute_per_batch: float,
+    network_mbps: float = 125.0,
+    network_latency: float = 0.0005,
+    cores: Optional[int] = None,
+    preprocess_mbps: Optional[float] = None,
+    processes_per_rank: int = 2,
+) -> dict:
+    """Predict an emulated cluster run of clairvoyant: ``nodes`` x ``ranks_per_node`` ranks on one
+    machine of ``cores`` cores (default: this machine's), sharing one file system of
+    ``fs_bandwidth`` bytes/s in all with ``fs_latency`` seconds per open, each node a memory class
+    of ``memory_per_node`` bytes, peers at ``network_mbps`` MB/s (125 = 1 Gbit/s) and
+    ``network_latency`` seconds. ``sizes``: the samples' sizes in bytes; ``compute_per_batch``:
+    the accelerator's seconds per batch of ``batch_size`` mean-sized samples; ``seed``: the
+    shuffle's. ``preprocess_mbps``: β of one decode process (MB/s, measured; None = not
+    modelled), shared by the ``processes_per_rank`` processes of every rank on the cores.
+
+    Returns ``{"epoch_seconds": [...], "fs_bytes": int, "fs_reads_vs_dataset": float,
+    "samples_by_location": {...}, "scenario": TOML text}`` (the simulator's clairvoyant policy
+    with cluster-wide placement; see docs/simulator.md)."""
+    import os
+    import tempfile
+
+    text = cluster_scenario_toml(
+        sizes=sizes,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        memory_per_node=memory_per_node,
+        epochs=epochs,
+        batch_size=batch_size,
+        seed=seed,
+        fs_bandwidth=fs_bandwidth,
+        fs_latency=fs_latency,
+        compute_per_batch=compute_per_batch,
+        network_mbps=network_mbps,
+        network_latency=network_latency,
+        cores=cores,
+        preprocess_mbps=preprocess_mbps,
+        processes_per_rank=processes_per_rank,
+    )
+    fd, path = tempfile.mkstemp(prefix="clairvoyant-cluster-", suffix=".toml")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        r = simulate(path, ["clairvoyant"], sizes=[int(s) for s in sizes], progress=False)
+    finally:
+        os.unlink(path)
+    p = r.data["policies"]["clairvoyant"]
+    if p["error"]:
+        raise RuntimeError(f"the simulator cannot run this cluster: {p['error']}")
+    return {
+        "epoch_seconds": list(p["epoch_seconds"]),
+        "fs_bytes": int(p["pfs_bytes"]),
+        "fs_reads_vs_dataset": p["pfs_reads_vs_dataset"],
+        "samples_by_location": p["samples_by_location"],
+        "scenario": text,
+    }

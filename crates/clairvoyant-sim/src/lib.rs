@@ -6,6 +6,7 @@
 //! [`simulate`] compares policies on one scenario; [`sweep`] varies one or two system
 //! parameters for one policy (a what-if heatmap).
 
+pub mod cluster;
 pub mod policy;
 pub mod scenario;
 pub mod sim;

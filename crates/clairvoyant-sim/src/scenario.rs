@@ -54,6 +54,7 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("imagenet-22k", IMAGENET_22K),
     ("cosmoflow", COSMOFLOW),
     ("cosmoflow-512", COSMOFLOW_512),
+    ("emulated-cluster", EMULATED_CLUSTER),
 ];
 
 /// The paper's small Lassen-like cluster (Sec. 6.1): c = 64 MB/s, β = 200 MB/s, b_c = 24 GB/s,
@@ -159,6 +160,49 @@ mean = "1000MB"
 std = 0
 "#;
 
+/// The distributed benchmark's emulated cluster: 4 nodes x 2 ranks on one 2-core machine,
+/// sharing one emulated file system (12 MB/s for the whole machine, 2 ms per open), each node
+/// a memory class of 30 % of the dataset (sum 120 %), peers at 1 Gbit/s (125 MB/s) and 0.5 ms,
+/// the dataset of the training benchmark (8,000 JPEGs, about 186 MB), 4 epochs, accelerators
+/// 1.8x the file system's bandwidth in all. Every value replaces the Lassen cluster's.
+/// `clairvoyant.simulator.predict_cluster` builds the same scenario from a run's parameters.
+const EMULATED_CLUSTER: &str = r#"
+description = "Emulated cluster: 4 nodes x 2 ranks on one 2-core machine, shared 12 MB/s file system, 30 % of the dataset per node"
+workers = 8
+workers_per_node = 2
+epochs = 4
+batch_size = 32
+pfs_sharing = "fifo"
+[dataset]
+samples = 8000
+mean = "23.3kB"
+std = "6kB"
+[cpu]
+cores = 2
+nodes_per_machine = 4
+processes_per_worker = 2
+[network]
+latency_ms = 0.5
+[system]
+compute_mbps = 2.7
+preprocess_mbps = 27
+interconnect_mbps = 125
+[system.staging]
+capacity = "32MiB"
+threads = 8
+write_mbps = [[1, 2000], [8, 16000]]
+[system.pfs]
+read_mbps = 12
+open_latency_ms = 2
+[[system.class]]
+name = "ram"
+kind = "memory"
+capacity = "56MB"
+threads = 2
+read_mbps = [[1, 2000], [2, 4000]]
+write_mbps = [[1, 2000], [2, 4000]]
+"#;
+
 /// Where sample sizes come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Sizes {
@@ -184,6 +228,49 @@ pub struct Scenario {
     /// Where the staging-buffer policy reads from: `None` = the PFS, else a class index.
     pub staging_buffer_source: Option<usize>,
     pub system: SystemModel,
+    /// CPU contention: the cores the workers' processes share (`[cpu]`); None = not modelled.
+    pub cpu: Option<Cpu>,
+    /// Latency of one fetch from a peer, seconds (`[network] latency_ms`); 0 by default.
+    pub peer_latency_s: f64,
+    /// How concurrent readers share the file system (`pfs_sharing`).
+    pub pfs_sharing: PfsSharing,
+}
+
+/// How concurrent PFS readers share t(γ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum PfsSharing {
+    /// NoPFS's model (default): each of γ concurrent transfers runs at t(γ)/γ, fixed when it
+    /// starts; the aggregate is also capped at t(γ).
+    #[default]
+    Share,
+    /// One timeline: each transfer runs at t(1) (a reader alone) and queues behind the bytes
+    /// already admitted at the aggregate rate; open latencies overlap other transfers. This is
+    /// how the emulated file system (`clairvoyant-core` `EmulatedFs`) works.
+    Fifo,
+}
+
+/// The `[cpu]` table: who shares which cores. Preprocessing (s/β) is CPU work; when more
+/// processes compete for a machine's cores than it has, each runs at cores/processes of its
+/// speed (β is measured in one process with a core to itself).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cpu {
+    /// Cores of one machine.
+    pub cores: u32,
+    /// Nodes of the scenario running on one machine (several when nodes are emulated on one
+    /// machine, as the distributed benchmark does); their processes share its cores.
+    pub nodes_per_machine: u32,
+    /// Processes per worker that compete for cores: its training process plus its decode
+    /// processes (PyTorch's DataLoader: 1 + num_workers; clairvoyant: 1 + decode workers).
+    pub processes_per_worker: u32,
+}
+
+impl Cpu {
+    /// The factor by which contention slows preprocessing: busy processes per machine / cores,
+    /// at least 1 (every process counted as busy: a bound, not a fit).
+    pub fn slowdown(&self, workers_per_node: u32) -> f64 {
+        let busy = self.nodes_per_machine as f64 * workers_per_node as f64 * self.processes_per_worker as f64;
+        (busy / self.cores.max(1) as f64).max(1.0)
+    }
 }
 
 fn err(origin: &str, key: &str, reason: impl std::fmt::Display) -> Error {
@@ -475,6 +562,9 @@ impl Scenario {
             "staging_buffer_source",
             "dataset",
             "system",
+            "cpu",
+            "network",
+            "pfs_sharing",
         ];
         r.keys(doc, "", TOP)?;
         let name = r.string(doc, "name", "name")?.unwrap_or_else(|| "scenario".into());
@@ -586,6 +676,62 @@ impl Scenario {
                 )
             })?),
         };
+        let cpu = match doc.get("cpu") {
+            None => None,
+            Some(toml::Value::Table(t)) => {
+                r.keys(t, "cpu", &["cores", "nodes_per_machine", "processes_per_worker"])?;
+                let cores = r
+                    .int(t, "cores", "cpu.cores", 1, 1 << 20)?
+                    .ok_or_else(|| r.err("cpu.cores", "missing; give the cores of one machine"))?;
+                let nodes = workers / workers_per_node;
+                let per_machine = r
+                    .int(t, "nodes_per_machine", "cpu.nodes_per_machine", 1, 1 << 20)?
+                    .unwrap_or(1);
+                if per_machine > nodes as u64 {
+                    return Err(r.err(
+                        "cpu.nodes_per_machine",
+                        format!("is {per_machine}, more than the scenario's {nodes} node(s)"),
+                    ));
+                }
+                let procs = r
+                    .int(t, "processes_per_worker", "cpu.processes_per_worker", 1, 1 << 16)?
+                    .unwrap_or(2);
+                Some(Cpu {
+                    cores: cores as u32,
+                    nodes_per_machine: per_machine as u32,
+                    processes_per_worker: procs as u32,
+                })
+            }
+            Some(v) => return Err(r.err("cpu", format!("found {}; expected a table", describe_toml(v)))),
+        };
+        let peer_latency_s = match doc.get("network") {
+            None => 0.0,
+            Some(toml::Value::Table(t)) => {
+                r.keys(t, "network", &["latency_ms"])?;
+                match t.get("latency_ms") {
+                    None => 0.0,
+                    Some(toml::Value::Integer(n)) if *n >= 0 => *n as f64 / 1e3,
+                    Some(toml::Value::Float(x)) if *x >= 0.0 && x.is_finite() => x / 1e3,
+                    Some(v) => {
+                        return Err(r.err(
+                            "network.latency_ms",
+                            format!("found {}; expected a number of milliseconds >= 0", describe_toml(v)),
+                        ))
+                    }
+                }
+            }
+            Some(v) => return Err(r.err("network", format!("found {}; expected a table", describe_toml(v)))),
+        };
+        let pfs_sharing = match r.string(doc, "pfs_sharing", "pfs_sharing")?.as_deref() {
+            None | Some("share") => PfsSharing::Share,
+            Some("fifo") => PfsSharing::Fifo,
+            Some(other) => {
+                return Err(r.err(
+                    "pfs_sharing",
+                    format!("is '{other}'; expected \"share\" (t(γ)/γ per reader) or \"fifo\" (one timeline)"),
+                ))
+            }
+        };
         Layout::new(samples, workers, batch_size, drop_last).map_err(|e| match e {
             Error::Config { reason, .. } => r.err("batch_size", reason),
             other => other,
@@ -603,6 +749,9 @@ impl Scenario {
             sizes,
             staging_buffer_source,
             system,
+            cpu,
+            peer_latency_s,
+            pfs_sharing,
         })
     }
 
@@ -693,13 +842,17 @@ mod tests {
 
     #[test]
     fn presets_resolve() {
-        for name in preset_names() {
+        for name in preset_names().into_iter().filter(|&n| n != "emulated-cluster") {
             let s = Scenario::preset(name).unwrap();
             assert_eq!(s.name, name);
             assert_eq!(s.system.classes.len(), 2);
             assert_eq!(s.system.compute_mbps, Some(64.0));
         }
         assert_eq!(Scenario::preset("cosmoflow-512").unwrap().workers, 8);
+        let c = Scenario::preset("emulated-cluster").unwrap();
+        assert_eq!((c.nodes(), c.workers_per_node, c.system.classes.len()), (4, 2, 1));
+        assert_eq!(c.cpu.unwrap().slowdown(c.workers_per_node), 8.0);
+        assert_eq!(c.peer_latency_s, 0.0005);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! does not deadlock).
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
 use std::sync::Arc;
 
@@ -323,6 +323,24 @@ struct Ev {
     id: u32,
 }
 
+impl Ev {
+    /// The heap key: times are non-negative (or infinite), so their bit patterns order like
+    /// the numbers; ties go to the lowest id. One integer comparison, no branches on floats.
+    #[inline]
+    fn key(self) -> u128 {
+        debug_assert!(self.t >= 0.0, "event times are never negative");
+        ((self.t.to_bits() as u128) << 32) | self.id as u128
+    }
+
+    #[inline]
+    fn from_key(k: u128) -> Ev {
+        Ev {
+            t: f64::from_bits((k >> 32) as u64),
+            id: k as u32,
+        }
+    }
+}
+
 impl PartialEq for Ev {
     fn eq(&self, o: &Self) -> bool {
         self.cmp(o) == Ordering::Equal
@@ -475,14 +493,21 @@ struct Sim<'r, 'a> {
     class_read_spb: Vec<f64>,
     class_write_spb: Vec<f64>,
     remote_spb: Vec<Option<f64>>,
+    /// Latency of one peer fetch, seconds.
+    peer_latency: f64,
     pfs_latency: f64,
+    /// The file system serves transfers one after another on one timeline (`pfs_sharing = "fifo"`).
+    pfs_fifo: bool,
     /// pfs_spb[γ]: seconds per byte for one of γ concurrent readers.
     pfs_spb: Vec<f64>,
     /// When each thread is free next: worker w's staging threads are slots
     /// `w*threads..(w+1)*threads`, fill list i's threads `fill_slots[i]`.
     free: Vec<f64>,
-    /// End times of the PFS transfers in progress (a min-heap of f64 bit patterns).
-    pfs_active: BinaryHeap<std::cmp::Reverse<u64>>,
+    /// Per worker, its staging thread that is free first (the argmin of its `free` slots,
+    /// kept up to date whenever they change: one scan per sample instead of two).
+    next_thread: Vec<usize>,
+    /// End times of the PFS transfers in progress (f64 bit patterns).
+    pfs_active: MinHeap<u64>,
     /// Until when the bytes admitted so far keep the PFS busy at its aggregate rate.
     pfs_pipe: f64,
     cache: Cache,
@@ -509,7 +534,8 @@ struct Sim<'r, 'a> {
     t0: f64,
     /// Time of the last event processed.
     clock: f64,
-    heap: BinaryHeap<Ev>,
+    /// One entry per actor ([`Ev::key`]): the earliest first, ties by lowest id.
+    heap: MinHeap<u128>,
     /// Threads woken during a step, pushed after it.
     woken: Vec<Ev>,
     loc_seconds: Vec<f64>,
@@ -539,7 +565,9 @@ impl<'r, 'a> Sim<'r, 'a> {
             threads = 1;
             staging_cap = 0;
         }
-        let beta = m.preprocess_mbps.map_or(0.0, |b| 1.0 / (b * 1e6));
+        // Preprocessing is CPU work: with more busy processes than cores it slows down.
+        let contention = sc.cpu.map_or(1.0, |c| c.slowdown(sc.workers_per_node));
+        let beta = m.preprocess_mbps.map_or(0.0, |b| contention / (b * 1e6));
         let write_spb = beta.max(1.0 / per_thread(&m.staging.write_mbps, m.staging.threads));
         let class_read_spb: Vec<f64> = m
             .classes
@@ -722,44 +750,82 @@ impl<'r, 'a> Sim<'r, 'a> {
                     .collect();
                 let counts = AccessCounts::compute_groups(&run.schedule, &groups)?;
                 let mut local = Vec::with_capacity(nodes);
-                for (n, acc) in counts.into_iter().enumerate() {
+                let mut first = huge_vec(
+                    f,
+                    Copy {
+                        avail: f64::INFINITY,
+                        node: NONE,
+                        class: UNCACHED,
+                    },
+                );
+                if nodes > 1 && m.interconnect_mbps.is_some() {
+                    // Peers: one placement for the whole cluster (coverage, then replicas).
+                    let plan = crate::cluster::cluster_placement(&counts, |k| run.sizes[k as usize], &caps);
                     check_cancel(run.progress)?;
-                    let p = Placement::compute(&acc, |k| run.sizes[k as usize], &caps);
-                    for (j, list) in p.fill_order.into_iter().enumerate() {
-                        if !list.is_empty() {
-                            fills.push(FillList {
-                                node: n as u32,
-                                class: j,
-                                need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
-                                order: list,
-                                cursor: 0,
-                            });
+                    for (k, (c, &h)) in first.iter_mut().zip(&plan.home).enumerate() {
+                        if h != NONE {
+                            c.node = h;
+                            c.class = plan.class_of[h as usize][k];
                         }
                     }
-                    drop(acc);
-                    let mut slots = huge_vec(
-                        f,
-                        Slot {
-                            avail: f64::INFINITY,
-                            class: UNCACHED,
-                        },
-                    );
-                    for (slot, class) in slots.iter_mut().zip(p.class_of) {
-                        slot.class = class;
+                    for (n, ((acc, lists), classes)) in
+                        counts.into_iter().zip(plan.fill_order).zip(plan.class_of).enumerate()
+                    {
+                        for (j, list) in lists.into_iter().enumerate() {
+                            if !list.is_empty() {
+                                fills.push(FillList {
+                                    node: n as u32,
+                                    class: j,
+                                    need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
+                                    order: list,
+                                    cursor: 0,
+                                });
+                            }
+                        }
+                        drop(acc);
+                        let mut slots = huge_vec(
+                            f,
+                            Slot {
+                                avail: f64::INFINITY,
+                                class: UNCACHED,
+                            },
+                        );
+                        for (slot, class) in slots.iter_mut().zip(classes) {
+                            slot.class = class;
+                        }
+                        local.push(slots);
                     }
-                    local.push(slots);
+                } else {
+                    // Each node on its own: the engine's one-node placement.
+                    for (n, acc) in counts.into_iter().enumerate() {
+                        check_cancel(run.progress)?;
+                        let p = Placement::compute(&acc, |k| run.sizes[k as usize], &caps);
+                        for (j, list) in p.fill_order.into_iter().enumerate() {
+                            if !list.is_empty() {
+                                fills.push(FillList {
+                                    node: n as u32,
+                                    class: j,
+                                    need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
+                                    order: list,
+                                    cursor: 0,
+                                });
+                            }
+                        }
+                        drop(acc);
+                        let mut slots = huge_vec(
+                            f,
+                            Slot {
+                                avail: f64::INFINITY,
+                                class: UNCACHED,
+                            },
+                        );
+                        for (slot, class) in slots.iter_mut().zip(p.class_of) {
+                            slot.class = class;
+                        }
+                        local.push(slots);
+                    }
                 }
-                Cache::Placed {
-                    local,
-                    first: huge_vec(
-                        f,
-                        Copy {
-                            avail: f64::INFINITY,
-                            node: NONE,
-                            class: UNCACHED,
-                        },
-                    ),
-                }
+                Cache::Placed { local, first }
             }
         };
         let mut fill_slots = Vec::with_capacity(fills.len());
@@ -811,10 +877,13 @@ impl<'r, 'a> Sim<'r, 'a> {
             class_read_spb,
             class_write_spb,
             remote_spb,
+            peer_latency: sc.peer_latency_s,
             pfs_latency: m.pfs.open_latency_s,
+            pfs_fifo: sc.pfs_sharing == crate::scenario::PfsSharing::Fifo,
             pfs_spb,
             free: vec![0.0; next_slot],
-            pfs_active: BinaryHeap::new(),
+            next_thread: (0..workers).map(|w| w * threads).collect(),
+            pfs_active: MinHeap::default(),
             pfs_pipe: 0.0,
             cache,
             order,
@@ -837,7 +906,7 @@ impl<'r, 'a> Sim<'r, 'a> {
             parked: HashMap::new(),
             t0: 0.0,
             clock: 0.0,
-            heap: BinaryHeap::new(),
+            heap: MinHeap::default(),
             woken: Vec::new(),
             loc_seconds: vec![0.0; locs],
             loc_samples: vec![0; locs],
@@ -854,10 +923,13 @@ impl<'r, 'a> Sim<'r, 'a> {
         self.started = true;
         let preload = matches!(self.policy, Policy::ParallelStaging | Policy::LbannPreloading);
         for i in 0..self.fills.len() {
-            self.heap.push(Ev {
-                t: 0.0,
-                id: (self.workers + i) as u32,
-            });
+            self.heap.push(
+                Ev {
+                    t: 0.0,
+                    id: (self.workers + i) as u32,
+                }
+                .key(),
+            );
         }
         if preload {
             self.event_loop()?;
@@ -868,10 +940,14 @@ impl<'r, 'a> Sim<'r, 'a> {
             for slot in w * self.threads..(w + 1) * self.threads {
                 self.free[slot] = self.t0;
             }
-            self.heap.push(Ev {
-                t: self.t0,
-                id: w as u32,
-            });
+            self.next_thread[w] = w * self.threads;
+            self.heap.push(
+                Ev {
+                    t: self.t0,
+                    id: w as u32,
+                }
+                .key(),
+            );
         }
         Ok(())
     }
@@ -944,7 +1020,7 @@ impl Sim<'_, '_> {
         // The heap holds one entry per actor (a worker's staging threads, a fill list's
         // threads); a step moves its actor's entry in place, which costs little when the
         // actor stays near the top.
-        while let Some(&Ev { t, id }) = self.heap.peek() {
+        while let Some(Ev { t, id }) = self.heap.peek().map(Ev::from_key) {
             self.clock = self.clock.max(t);
             let a = id as usize;
             let next = if a < self.workers {
@@ -956,14 +1032,14 @@ impl Sim<'_, '_> {
                 }
             };
             match next {
-                Step::At(next) => self.heap.peek_mut().expect("the stepped actor is on top").t = next,
+                Step::At(next) => self.heap.replace_top(Ev { t: next, id }.key()),
                 Step::Retire => {
                     self.heap.pop();
                 }
                 Step::Pause => return Ok(false),
             }
             while let Some(ev) = self.woken.pop() {
-                self.heap.push(ev);
+                self.heap.push(ev.key());
             }
         }
         Ok(true)
@@ -1105,10 +1181,7 @@ impl Sim<'_, '_> {
     /// the worker has just finished fetching, if it has.
     fn stage_one(&mut self, w: usize, t: f64, mine: &Stream) -> Result<(Step, Option<u32>)> {
         let slots = w * self.threads..(w + 1) * self.threads;
-        let id = slots
-            .clone()
-            .min_by(|&a, &b| self.free[a].total_cmp(&self.free[b]))
-            .unwrap_or(w) as u32;
+        let id = self.next_thread[w];
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
         let (mut k, mut s) = (mine.samples[pos], mine.sizes[pos]);
         if epoch > 0 && matches!(self.order, Order::Opportunistic) {
@@ -1177,8 +1250,10 @@ impl Sim<'_, '_> {
         }
         self.pending_progress += 1;
         self.flush_progress(false)?;
-        self.free[id as usize] = done;
-        Ok((Step::At(min_time(&self.free[slots])), finished_epoch))
+        self.free[id] = done;
+        let (i, next) = argmin(&self.free[slots.clone()]);
+        self.next_thread[w] = slots.start + i;
+        Ok((Step::At(next), finished_epoch))
     }
 
     /// Worker reports iteration `iter` ready at `ready` with compute time `c`; end iterations
@@ -1205,7 +1280,7 @@ impl Sim<'_, '_> {
     fn pfs_read(&mut self, t: f64, s: u64) -> f64 {
         let (end, pipe) = self.pfs_timing(t, s);
         self.pfs_pipe = pipe;
-        self.pfs_active.push(std::cmp::Reverse(end.to_bits()));
+        self.pfs_active.push(end.to_bits());
         self.pfs_bytes += s;
         end
     }
@@ -1225,13 +1300,15 @@ impl Sim<'_, '_> {
     fn pfs_timing(&mut self, t: f64, s: u64) -> (f64, f64) {
         let at = t + self.pfs_latency;
         // Ends are non-negative, so their bit patterns order like the numbers.
-        while self.pfs_active.peek().is_some_and(|e| f64::from_bits(e.0) <= at) {
+        let at_bits = at.to_bits();
+        while self.pfs_active.peek().is_some_and(|e| e <= at_bits) {
             self.pfs_active.pop();
         }
         let busy = self.pfs_active.len();
         let g = (busy + 1).min(self.pfs_spb.len() - 1);
         let sf = s as f64;
-        let own = at + sf * self.pfs_spb[g];
+        // Per reader: its share t(γ)/γ, or under a FIFO file system what one reader alone gets.
+        let own = at + sf * self.pfs_spb[if self.pfs_fifo { 1 } else { g }];
         let pipe = self.pfs_pipe.max(at) + sf * self.pfs_spb[g] / g as f64;
         (own.max(pipe), pipe)
     }
@@ -1270,7 +1347,7 @@ impl Sim<'_, '_> {
                     let j = h.class as usize;
                     Then::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
                 } else if let Some(spb) = remote_spb {
-                    Then::Done(LOC_REMOTE, t + sf * spb)
+                    Then::Done(LOC_REMOTE, t + self.peer_latency + sf * spb)
                 } else {
                     let admit_now = h.owner == NONE
                         && match admit {
@@ -1326,13 +1403,30 @@ impl Sim<'_, '_> {
         let ku = k as usize;
         if let Cache::Placed { first, .. } = &self.cache {
             let c = first[ku];
-            if c.avail <= t && c.node != node as u32 {
+            if c.node != NONE && c.node != node as u32 {
                 if let Some(spb) = self.remote_spb[c.class as usize] {
-                    let remote = s as f64 * spb;
-                    // Faster than the PFS with no other reader: no need to count readers.
-                    let pfs_best = self.pfs_latency + s as f64 * self.pfs_spb[1];
-                    if remote < pfs_best || remote < self.pfs_estimate(t, s) {
-                        return (LOC_REMOTE, t + remote);
+                    let transfer = self.peer_latency + s as f64 * spb;
+                    if c.avail.is_finite() {
+                        // A copy is there, or being written: read it (after the write) when
+                        // that is faster than the PFS.
+                        let remote = t.max(c.avail) + transfer - t;
+                        // Faster than the PFS with no other reader: no need to count readers.
+                        let pfs_best = self.pfs_latency + s as f64 * self.pfs_spb[1];
+                        if remote < pfs_best || remote < self.pfs_estimate(t, s) {
+                            return (LOC_REMOTE, t + remote);
+                        }
+                    } else {
+                        // Nobody holds it yet: this node reads it from the PFS and hands it on
+                        // to its home, which will not read it from the PFS again.
+                        let end = self.pfs_read(t, s);
+                        let j = c.class as usize;
+                        self.publish(
+                            c.node as usize,
+                            k,
+                            j,
+                            end + transfer + s as f64 * self.class_write_spb[j],
+                        );
+                        return (LOC_PFS, end);
                     }
                 }
             }
@@ -1372,7 +1466,7 @@ impl Sim<'_, '_> {
         }
         match &self.cache {
             Cache::Single { remote: true, .. } if h.avail <= t => {
-                self.remote_spb[j].map(|spb| (LOC_REMOTE, t + sf * spb))
+                self.remote_spb[j].map(|spb| (LOC_REMOTE, t + self.peer_latency + sf * spb))
             }
             _ => None,
         }
@@ -1522,6 +1616,115 @@ pub(crate) fn huge_vec<T: Clone>(n: usize, value: T) -> Vec<T> {
     v
 }
 
+/// The index of the earliest of some times (the first on ties, as `Iterator::min_by`) and
+/// that time; written without data-dependent branches (the times are unpredictable).
+#[inline]
+fn argmin(v: &[f64]) -> (usize, f64) {
+    let mut best = (0, v[0]);
+    for (i, &x) in v.iter().enumerate().skip(1) {
+        let better = x < best.1;
+        best.0 = if better { i } else { best.0 };
+        best.1 = if better { x } else { best.1 };
+    }
+    best
+}
+
+/// A binary min-heap of integer keys (bit patterns of non-negative f64, which order like the
+/// numbers, possibly with an id below them). `std::collections::BinaryHeap` chooses between
+/// children with a branch that the CPU cannot predict (the times are random); choosing with a
+/// conditional move cuts the cost of the event and PFS queues by about a third of the whole
+/// simulation's. Keys pop in the same order, so results do not change.
+struct MinHeap<T> {
+    v: Vec<T>,
+}
+
+impl<T> Default for MinHeap<T> {
+    fn default() -> Self {
+        MinHeap { v: Vec::new() }
+    }
+}
+
+impl<T: std::marker::Copy + Ord> MinHeap<T> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.v.len()
+    }
+
+    #[inline]
+    fn peek(&self) -> Option<T> {
+        self.v.first().copied()
+    }
+
+    /// Replace the smallest key by `x` (what `BinaryHeap::peek_mut` does).
+    fn replace_top(&mut self, x: T) {
+        let n = self.v.len();
+        assert!(n > 0, "replace_top on an empty heap");
+        let mut i = 0;
+        let mut child = 1;
+        while child + 1 < n {
+            child += (self.v[child + 1] < self.v[child]) as usize;
+            if x <= self.v[child] {
+                break;
+            }
+            self.v[i] = self.v[child];
+            i = child;
+            child = 2 * i + 1;
+        }
+        if child + 1 == n && self.v[child] < x {
+            self.v[i] = self.v[child];
+            i = child;
+        }
+        self.v[i] = x;
+    }
+
+    fn push(&mut self, x: T) {
+        self.v.push(x);
+        let mut i = self.v.len() - 1;
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.v[parent] <= x {
+                break;
+            }
+            self.v[i] = self.v[parent];
+            i = parent;
+        }
+        self.v[i] = x;
+    }
+
+    /// Remove the smallest: the hole at the root moves down to a leaf along the smaller
+    /// children (branch-free choice), then the last element fills it and moves up.
+    fn pop(&mut self) -> Option<T> {
+        let top = *self.v.first()?;
+        let last = self.v.pop().expect("not empty");
+        let n = self.v.len();
+        if n == 0 {
+            return Some(top);
+        }
+        let mut i = 0;
+        let mut child = 1;
+        while child + 1 < n {
+            child += (self.v[child + 1] < self.v[child]) as usize;
+            self.v[i] = self.v[child];
+            i = child;
+            child = 2 * i + 1;
+        }
+        if child < n {
+            self.v[i] = self.v[child];
+            i = child;
+        }
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.v[parent] <= last {
+                break;
+            }
+            self.v[i] = self.v[parent];
+            i = parent;
+        }
+        self.v[i] = last;
+        Some(top)
+    }
+}
+
 /// The earliest of some times.
 fn min_time(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
@@ -1602,4 +1805,61 @@ fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<Ra
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BinaryHeap;
+
+    #[test]
+    fn min_heap_pops_like_the_standard_heap() {
+        // Random pushes, pops and top replacements on both; the same keys come out in the
+        // same order (duplicates included).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x = splitmix64(x);
+            x
+        };
+        let mut ours: MinHeap<u64> = MinHeap::default();
+        let mut std_heap: BinaryHeap<std::cmp::Reverse<u64>> = BinaryHeap::new();
+        for _ in 0..200_000 {
+            let key = next() % 1000; // many ties
+            match next() % 3 {
+                0 => {
+                    ours.push(key);
+                    std_heap.push(std::cmp::Reverse(key));
+                }
+                1 => assert_eq!(ours.pop(), std_heap.pop().map(|r| r.0)),
+                _ if ours.len() > 0 => {
+                    ours.replace_top(key);
+                    *std_heap.peek_mut().unwrap() = std::cmp::Reverse(key);
+                }
+                _ => {}
+            }
+            assert_eq!(ours.peek(), std_heap.peek().map(|r| r.0));
+            assert_eq!(ours.len(), std_heap.len());
+        }
+        while let Some(k) = std_heap.pop() {
+            assert_eq!(ours.pop(), Some(k.0));
+        }
+        assert_eq!(ours.pop(), None);
+    }
+
+    #[test]
+    fn event_keys_order_by_time_then_id() {
+        let e = |t: f64, id: u32| Ev { t, id }.key();
+        assert!(e(0.0, 5) < e(0.0, 6));
+        assert!(e(1.0, 9) < e(1.5, 0));
+        assert!(e(1e300, u32::MAX) < e(f64::INFINITY, 0));
+        let back = Ev::from_key(e(2.5, 7));
+        assert_eq!((back.t, back.id), (2.5, 7));
+    }
+
+    #[test]
+    fn argmin_takes_the_first_minimum() {
+        assert_eq!(argmin(&[3.0, 1.0, 1.0, 2.0]), (1, 1.0));
+        assert_eq!(argmin(&[0.5]), (0, 0.5));
+        assert_eq!(argmin(&[f64::INFINITY, 4.0, f64::INFINITY]), (1, 4.0));
+    }
 }
