@@ -371,7 +371,7 @@ impl ClusterPlacement {
                 .collect();
             own.par_sort_unstable();
             for (_, _, k) in own {
-                if room(&used[i], &capacities[i]) < 64 {
+                if room(&used[i], &capacities[i]) == 0 {
                     break;
                 }
                 if place(i, k, size(k), &mut used, &mut samples, &mut class_of, &mut offset)
