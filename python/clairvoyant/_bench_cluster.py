@@ -74,12 +74,59 @@ def bench_cluster_training(out: Path, log, progress: str = "stdout", samples: in
             "every_sample_once": all(r["every_sample_once"] for k in loaders for r in result[k]),
             "raw": result,
         }
+        fig["predicted"] = _predict(result, fraction, log)
         figures[name] = fig
         log(
             f"cluster {name} ({fraction:.1%} per node): fs {fig['fs_vs_dataset']}, vs minimum {fig['fs_vs_minimum']:.3f}, "
             f"utilization {fig['utilization']['clairvoyant']}, epoch 0 / bound {fig['epoch0_vs_bound']:.2f}"
         )
     return figures
+
+
+def _predict(result: dict, fraction: float, log) -> dict | None:
+    """The simulator's prediction of this run (clairvoyant), from the run's own parameters and a
+    measured decode rate: predicted against measured epoch times and file-system bytes."""
+    try:
+        from . import _validate, simulator
+        from ._emulation import list_imagefolder
+    except ImportError as e:  # tomllib needs Python 3.11
+        log(f"cluster prediction skipped: {e}")
+        return None
+    cfg = result["config"]
+    paths, _, _ = list_imagefolder(cfg.get("root") or "")
+    sizes = [os.path.getsize(p) for p in paths]
+    beta = _validate.measure_decode_mbps(paths)
+    mean = sum(sizes) / len(sizes)
+    b = cfg["batch_size"]
+    predicted = simulator.predict_cluster(
+        sizes=sizes,
+        nodes=cfg["nodes"],
+        ranks_per_node=cfg["ranks"] // cfg["nodes"],
+        memory_per_node=cfg["node_memory_bytes"],
+        epochs=cfg["epochs"],
+        batch_size=b,
+        seed=cfg["seed"],
+        fs_bandwidth=cfg["bandwidth_mbps"] * 1e6,
+        fs_latency=cfg["open_latency_ms"] / 1000,
+        compute_per_batch=b * mean / cfg["compute_bytes_per_second_per_rank"],
+        cores=os.cpu_count(),
+        preprocess_mbps=beta,
+        processes_per_rank=1 + cfg["num_workers_per_rank"],
+    )
+    measured = [r["epoch_seconds"] for r in result["clairvoyant"]]
+    out = {
+        "beta_mbps": beta,
+        "epoch_seconds": predicted["epoch_seconds"],
+        "measured_epoch_seconds": measured,
+        "error": [p / m - 1 for p, m in zip(predicted["epoch_seconds"], measured)],
+        "fs_bytes": predicted["fs_bytes"],
+        "measured_fs_bytes": sum(r["fs_bytes_read"] for r in result["clairvoyant"]),
+    }
+    log(
+        f"cluster at {fraction:.1%}: predicted epochs {[round(x, 2) for x in out['epoch_seconds']]} s against measured "
+        f"{[round(x, 2) for x in measured]} s; file-system bytes predicted {out['fs_bytes']:,} measured {out['measured_fs_bytes']:,}"
+    )
+    return out
 
 
 def _peerbench_binary() -> Path:

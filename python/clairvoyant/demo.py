@@ -285,6 +285,7 @@ def run_comparison(
             "compute_ratio": compute_ratio,
             "seed": seed,
             "nodes": nodes,
+            "root": str(data_dir),
         },
     }
     node_env: dict = {}
