@@ -34,10 +34,10 @@ pub fn hdf5(
         let mut ix = ContainerIndex::new(identity.clone());
         let l = layout()?;
         for d in &l.dirs {
-            ix.dirs.push(ContainerFile::stat(d)?);
+            ix.dirs.push(ContainerFile::stat(&canonical(d)?)?);
         }
         for f in &l.files {
-            ix.files.push(ContainerFile::stat(f)?);
+            ix.files.push(ContainerFile::stat(&canonical(f)?)?);
         }
         ix.records = l.records;
         Ok(ix)
