@@ -4,8 +4,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clairvoyant_core::source::synthetic::Synthetic;
 use clairvoyant_core::source::hdf5::Hdf5Layout;
+use clairvoyant_core::source::synthetic::Synthetic;
 use clairvoyant_core::source::{
     self, ContainerSource, EmulatedFs, EmulatedSpec, FileSource, LmdbRecords, Record, Source, Throttled,
 };
@@ -131,7 +131,11 @@ impl PySource {
     /// encoded), else an empty list.
     fn shape(&self, sample: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
         let k = self.check(sample)?;
-        Ok(self.container.as_ref().map(|c| c.record(k).shape.clone()).unwrap_or_default())
+        Ok(self
+            .container
+            .as_ref()
+            .map(|c| c.record(k).shape.clone())
+            .unwrap_or_default())
     }
 }
 
@@ -146,7 +150,11 @@ pub fn lmdb(
     emulated: Option<PyRef<'_, PyEmulatedFs>>,
     index_path: Option<PathBuf>,
 ) -> PyResult<PySource> {
-    let records = if caffe { LmdbRecords::CaffeDatum } else { LmdbRecords::Raw };
+    let records = if caffe {
+        LmdbRecords::CaffeDatum
+    } else {
+        LmdbRecords::Raw
+    };
     let c = py
         .detach(|| source::lmdb(&path, records, index_dir.as_deref(), index_path.as_deref()))
         .py_err()?;
@@ -205,8 +213,14 @@ pub fn hdf5(
             })?;
             let (files, dirs, file, offset, len, label, name) = t;
             let n = file.len();
-            if [offset.len(), len.len(), label.len(), name.len()].iter().any(|&m| m != n) {
-                return Err(clairvoyant_core::Error::config("layout", "record columns differ in length"));
+            if [offset.len(), len.len(), label.len(), name.len()]
+                .iter()
+                .any(|&m| m != n)
+            {
+                return Err(clairvoyant_core::Error::config(
+                    "layout",
+                    "record columns differ in length",
+                ));
             }
             let records = (0..n)
                 .map(|k| Record {

@@ -193,7 +193,11 @@ impl ContainerIndex {
     fn save(&self, path: &Path) -> Result<()> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".tmp.{}.{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        tmp.push(format!(
+            ".tmp.{}.{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         let tmp = PathBuf::from(tmp);
         let write = || -> std::io::Result<()> {
             let f = File::create(&tmp)?;

@@ -46,7 +46,14 @@ pub fn hdf5(
 
 /// Records of `rows` samples of `row_bytes` each, stored contiguously from `offset` of file
 /// `file`, named `<dataset>[<row>]`.
-pub fn contiguous_rows(file: u32, dataset: &str, offset: u64, rows: u64, row_bytes: u64, labels: &[i64]) -> Vec<Record> {
+pub fn contiguous_rows(
+    file: u32,
+    dataset: &str,
+    offset: u64,
+    rows: u64,
+    row_bytes: u64,
+    labels: &[i64],
+) -> Vec<Record> {
     (0..rows)
         .map(|k| Record {
             file,

@@ -67,7 +67,9 @@ pub fn lmdb(
         LmdbRecords::Raw => "raw",
     };
     let identity = format!("lmdb-{kind}:{}", canon.display());
-    ContainerSource::open(&identity, index_dir, index_path, || scan(&canon, identity.clone(), records))
+    ContainerSource::open(&identity, index_dir, index_path, || {
+        scan(&canon, identity.clone(), records)
+    })
 }
 
 fn data_file(path: &Path) -> Result<PathBuf> {
@@ -76,7 +78,10 @@ fn data_file(path: &Path) -> Result<PathBuf> {
         if !p.is_file() {
             return Err(Error::config(
                 "path",
-                format!("{} is a directory without data.mdb: not an LMDB environment", path.display()),
+                format!(
+                    "{} is a directory without data.mdb: not an LMDB environment",
+                    path.display()
+                ),
             ));
         }
         Ok(p)
@@ -162,7 +167,9 @@ impl Db<'_> {
             ));
         }
         let mut buf = vec![0u8; len as usize];
-        self.f.read_exact_at(&mut buf, offset).map_err(|e| Error::io(self.path, e))?;
+        self.f
+            .read_exact_at(&mut buf, offset)
+            .map_err(|e| Error::io(self.path, e))?;
         Ok(buf)
     }
 
@@ -175,7 +182,10 @@ impl Db<'_> {
                 return Err(self.corrupt(which, format!("bad magic {magic:#x}: not an LMDB data file")));
             }
             if version != MDB_DATA_VERSION {
-                return Err(self.corrupt(which, format!("LMDB data version {version}, expected {MDB_DATA_VERSION}")));
+                return Err(self.corrupt(
+                    which,
+                    format!("LMDB data version {version}, expected {MDB_DATA_VERSION}"),
+                ));
             }
             // MDB_meta after the page header: magic, version, address, mapsize, dbs[FREE, MAIN]
             // (48 bytes each: pad (= page size for FREE), flags, depth, 3 page counts, entries,
@@ -196,7 +206,10 @@ impl Db<'_> {
         if !(512..=65536).contains(&m0.0) || !m0.0.is_power_of_two() {
             return Err(self.corrupt("meta page 0", format!("page size {} is not plausible", m0.0)));
         }
-        let best = match self.read(m0.0, 160, "meta page 1").and_then(|p| parse(&p, "meta page 1")) {
+        let best = match self
+            .read(m0.0, 160, "meta page 1")
+            .and_then(|p| parse(&p, "meta page 1"))
+        {
             Ok(m1) if m1.3 > m0.3 => m1,
             _ => m0,
         };
@@ -310,7 +323,9 @@ impl Db<'_> {
                     let l = prost::encoding::decode_varint(&mut slice).map_err(|e| bad(e.to_string()))?;
                     let value_at = pos + (before - slice.len()) as u64;
                     if value_at.checked_add(l).is_none_or(|e| e > len) {
-                        return Err(bad(format!("field {tag} of {l} bytes runs past the value of {len} bytes")));
+                        return Err(bad(format!(
+                            "field {tag} of {l} bytes runs past the value of {len} bytes"
+                        )));
                     }
                     if tag == 4 {
                         fields.data = Some((value_at, l));
@@ -329,7 +344,12 @@ impl Db<'_> {
             len: l,
             label: fields.label,
             name,
-            shape: vec![fields.channels as u64, fields.height as u64, fields.width as u64, fields.encoded as u64],
+            shape: vec![
+                fields.channels as u64,
+                fields.height as u64,
+                fields.width as u64,
+                fields.encoded as u64,
+            ],
         })
     }
 }
@@ -383,6 +403,9 @@ mod tests {
         std::fs::write(&p, vec![1u8; 8192]).unwrap();
         let err = lmdb(d.path(), LmdbRecords::Raw, Some(&d.path().join("ix")), None).unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");
-        assert!(err.to_string().contains("data.mdb") && err.to_string().contains("meta page 0"), "{err}");
+        assert!(
+            err.to_string().contains("data.mdb") && err.to_string().contains("meta page 0"),
+            "{err}"
+        );
     }
 }

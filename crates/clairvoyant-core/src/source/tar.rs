@@ -84,6 +84,8 @@ struct Group {
 
 fn scan_shard(shard: &Path, file: u32, data_ext: Option<&str>, out: &mut Vec<Record>) -> Result<()> {
     let f = File::open(shard).map_err(|e| Error::io(shard, e))?;
+    let file_size = f.metadata().map_err(|e| Error::io(shard, e))?.len();
+    let mut end = 0u64;
     let corrupt = |record: &str, reason: String| Error::Corrupt {
         path: shard.to_path_buf(),
         record: record.to_string(),
@@ -122,8 +124,7 @@ fn scan_shard(shard: &Path, file: u32, data_ext: Option<&str>, out: &mut Vec<Rec
         .entries_with_seek()
         .map_err(|e| corrupt(&last_member, format!("unreadable tar: {e}")))?;
     for entry in entries {
-        let mut entry =
-            entry.map_err(|e| corrupt(&format!("after {last_member}"), format!("bad tar header: {e}")))?;
+        let mut entry = entry.map_err(|e| corrupt(&format!("after {last_member}"), format!("bad tar header: {e}")))?;
         let kind = entry.header().entry_type();
         if !(kind.is_file() || kind == tar::EntryType::Continuous) {
             continue;
@@ -141,6 +142,7 @@ fn scan_shard(shard: &Path, file: u32, data_ext: Option<&str>, out: &mut Vec<Rec
         }
         let offset = entry.raw_file_position();
         let size = entry.size();
+        end = offset + size.div_ceil(512) * 512;
         if ext == "cls" || (ext == "json" && group.label.is_none()) {
             let mut text = String::new();
             entry
@@ -169,6 +171,14 @@ fn scan_shard(shard: &Path, file: u32, data_ext: Option<&str>, out: &mut Vec<Rec
         if wanted && group.data.is_none() {
             group.data = Some((offset, size, name));
         }
+    }
+    // A shard cut at a header boundary reads as a shorter archive: only its missing
+    // end-of-archive blocks (two zero blocks of 512 bytes) tell.
+    if end + 1024 > file_size {
+        return Err(corrupt(
+            &last_member,
+            format!("the archive ends ({file_size} bytes) without its end-of-archive blocks: truncated?"),
+        ));
     }
     flush(&mut group, out)
 }
