@@ -718,7 +718,7 @@ fn tar_member_without_data_is_named() {
     b.append_data(&mut h, "lonely.cls", &b"1"[..]).unwrap();
     b.finish().unwrap();
     drop(b);
-    match tar_shards(&[p.clone()], None, Some(&tmp.path().join("ix")), None) {
+    match tar_shards(std::slice::from_ref(&p), None, Some(&tmp.path().join("ix")), None) {
         Err(Error::Corrupt { path, record, .. }) => {
             assert_eq!(path, fs::canonicalize(&p).unwrap());
             assert_eq!(record, "lonely");
