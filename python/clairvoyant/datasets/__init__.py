@@ -108,12 +108,13 @@ def make_lmdb(
     num_classes: int = 10,
     seed: int = 0,
     keep: bool = True,
+    collect: bool = True,
 ) -> list:
     """An LMDB environment at ``path`` of ``count`` Caffe Datums with raw ``shape`` (c, h, w)
     uint8 data, keys ``%08d`` (as Caffe's convert_imageset writes them), labels ``k %
-    num_classes``. Returns [(data bytes, label)] in key order. With ``keep`` and a matching
-    ``.clairvoyant-made`` marker, an existing database is reused (its samples regenerated in
-    memory only when asked)."""
+    num_classes``. Returns [(data bytes, label)] in key order (empty unless ``collect``: a large
+    database need not fit in memory). With ``keep`` and a matching ``.clairvoyant-made`` marker,
+    an existing database is reused."""
     import lmdb
 
     path = Path(path)
@@ -124,6 +125,8 @@ def make_lmdb(
     rng = np.random.default_rng(seed)
     samples = []
     exists = keep and marker.exists() and marker.read_text() == want
+    if exists and not collect:
+        return samples
     env = None
     if not exists:
         path.mkdir(parents=True, exist_ok=True)
@@ -134,7 +137,8 @@ def make_lmdb(
     for k in range(count):
         data = _payload(rng, per)
         label = k % num_classes
-        samples.append((data, label))
+        if collect:
+            samples.append((data, label))
         if txn is not None:
             txn.put(b"%08d" % k, encode_datum(c, h, w, data, label))
             if k % 1000 == 999:
