@@ -397,6 +397,42 @@ mod tests {
     }
 
     #[test]
+    fn datum_record_finds_data_between_other_fields() {
+        // Encoded image, float_data after the label, a negative label: the record is exactly
+        // the data field's bytes, wherever the value sits in the file.
+        let d = Datum {
+            channels: Some(3),
+            height: Some(300),
+            width: Some(200),
+            data: Some((0..500u32).map(|i| (i % 251) as u8).collect()),
+            label: Some(-7),
+            float_data: vec![1.5, 2.5, 3.5],
+            encoded: Some(true),
+        };
+        let value = d.encode_to_vec();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let mut file = vec![0xEEu8; 1000];
+        file.extend_from_slice(&value);
+        std::fs::write(&p, &file).unwrap();
+        let f = File::open(&p).unwrap();
+        let db = Db {
+            f: &f,
+            path: &p,
+            size: file.len() as u64,
+            psize: 4096,
+        };
+        let r = db.datum_record(b"k", 1000, value.len() as u64).unwrap();
+        assert_eq!(r.label, -7);
+        assert_eq!(r.shape, [3, 300, 200, 1]);
+        let start = r.offset as usize;
+        assert_eq!(&file[start..start + r.len as usize], d.data.as_deref().unwrap());
+        // A value that is not a Datum is Corrupt, naming the key.
+        let err = db.datum_record(b"k", 0, 40).unwrap_err().to_string();
+        assert!(err.contains("record k") && err.contains("not a Caffe Datum"), "{err}");
+    }
+
+    #[test]
     fn not_lmdb_is_corrupt_naming_the_file() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("data.mdb");
