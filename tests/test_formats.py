@@ -216,3 +216,13 @@ def test_container_dataset_through_clairvoyant_torch(tmp_path):
         assert torch.equal(a, c) and torch.equal(b, d)
     assert stats and sum(s["samples"] for s in stats) == 48, stats
     assert sorted(bytes(x.numpy()) for b in got for x in b[0]) == sorted(d for d, _ in expected)
+
+
+def test_containers_read_through_the_in_process_emulation(tmp_path):
+    expected = ds.make_tar_shards(tmp_path / "s", 12, shards=3)
+    fs = clairvoyant.EmulatedFs(tmp_path / "state", open_latency_ms=0.0, bandwidth_mbps=1000.0)
+    src = clairvoyant.TarShards(tmp_path / "s", emulated=fs)
+    _check(src, expected)
+    assert fs.files_read == 12 and fs.bytes_read == sum(len(d) for d, _ in expected)
+    back = pickle.loads(pickle.dumps(src))  # the emulation travels with the source
+    assert back.read(0) == expected[0][0] and fs.files_read == 13
