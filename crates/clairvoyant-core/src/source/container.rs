@@ -3,15 +3,15 @@
 //! atomically; and `ContainerSource`, which reads a record with one positioned read (`pread`) of
 //! its range, never through a memory map, so that many readers cost no page-fault storms.
 
+use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-
-use serde::{Deserialize, Serialize};
 
 use super::index::{default_index_dir, now_ns, Fnv1a, Freshness};
 use super::Source;
@@ -19,12 +19,12 @@ use crate::error::{Error, Result};
 
 /// Bumped on any change of the stored layout; other versions are rebuilt.
 const CONTAINER_INDEX_VERSION: u32 = 1;
-const MAGIC: &str = "CVCONTAINER";
+const MAGIC: &[u8; 8] = b"CVCONTNR";
 /// As for file indexes: a file modified this close to the scan may have changed unseen.
 const RACY_WINDOW_NS: i64 = 2_000_000_000;
 
 /// One file of a container, with its size and mtime when indexed (checked at open and per read).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerFile {
     pub path: PathBuf,
     pub size: u64,
@@ -45,20 +45,19 @@ impl ContainerFile {
 
 /// One sample: `len` bytes at `offset` of `files[file]`, with its label and its name in the
 /// container (LMDB key, HDF5 dataset and row, tar member).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub file: u32,
     pub offset: u64,
     pub len: u64,
     pub label: i64,
     pub name: String,
-    /// The sample's shape where the format records one (Caffe Datum c,h,w; HDF5 row shape).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The sample's shape where the format records one (Caffe Datum c,h,w,encoded).
     pub shape: Vec<u64>,
 }
 
 /// The index of one container dataset.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerIndex {
     /// `<kind>:<canonical path>` plus the options that change the records; names the index file.
     pub identity: String,
@@ -138,14 +137,42 @@ impl ContainerIndex {
         format!("container-{:016x}.cvidx", h.finish())
     }
 
-    /// JSON of the index, a newline, then the FNV-1a of the JSON in 16 hex digits.
+    /// Binary layout, integers little-endian: magic, u32 version, identity, files and dirs (u64
+    /// count; path, u64 size, i64 mtime each), records (u64 count; u32 file, u64 offset, u64 len,
+    /// i64 label, name, u8 shape rank and u64 dims each), i64 scan start and end, then a u64
+    /// FNV-1a of everything before it. Strings and paths are u32 length + bytes as the OS gives
+    /// them (a path need not be UTF-8).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let body = serde_json::to_vec(&(MAGIC, CONTAINER_INDEX_VERSION, self)).expect("an index serializes");
+        let mut w = Vec::with_capacity(128 + self.records.len() * 48);
+        w.extend_from_slice(MAGIC);
+        w.extend_from_slice(&CONTAINER_INDEX_VERSION.to_le_bytes());
+        put_bytes(&mut w, self.identity.as_bytes());
+        for list in [&self.files, &self.dirs] {
+            w.extend_from_slice(&(list.len() as u64).to_le_bytes());
+            for f in list {
+                put_bytes(&mut w, f.path.as_os_str().as_bytes());
+                w.extend_from_slice(&f.size.to_le_bytes());
+                w.extend_from_slice(&f.mtime_ns.to_le_bytes());
+            }
+        }
+        w.extend_from_slice(&(self.records.len() as u64).to_le_bytes());
+        for r in &self.records {
+            w.extend_from_slice(&r.file.to_le_bytes());
+            w.extend_from_slice(&r.offset.to_le_bytes());
+            w.extend_from_slice(&r.len.to_le_bytes());
+            w.extend_from_slice(&r.label.to_le_bytes());
+            put_bytes(&mut w, r.name.as_bytes());
+            w.push(r.shape.len().min(255) as u8);
+            for d in r.shape.iter().take(255) {
+                w.extend_from_slice(&d.to_le_bytes());
+            }
+        }
+        w.extend_from_slice(&self.scan_start_ns.to_le_bytes());
+        w.extend_from_slice(&self.built_ns.to_le_bytes());
         let mut h = Fnv1a::default();
-        h.write(&body);
-        let mut out = body;
-        out.extend_from_slice(format!("\n{:016x}", h.finish()).as_bytes());
-        out
+        h.write(&w);
+        w.extend_from_slice(&h.finish().to_le_bytes());
+        w
     }
 
     /// Parses what [`to_bytes`](Self::to_bytes) wrote; damage is `BadIndex` naming `index`.
@@ -154,24 +181,69 @@ impl ContainerIndex {
             index: index.to_path_buf(),
             reason: reason.to_string(),
         };
-        let cut = bytes
-            .iter()
-            .rposition(|&b| b == b'\n')
-            .ok_or_else(|| bad("is not a container index"))?;
-        let (body, sum) = (&bytes[..cut], &bytes[cut + 1..]);
+        if bytes.len() < MAGIC.len() + 12 || &bytes[..MAGIC.len()] != MAGIC {
+            return Err(bad("is not a container index (bad magic)"));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 8);
         let mut h = Fnv1a::default();
         h.write(body);
-        if sum != format!("{:016x}", h.finish()).as_bytes() {
+        if h.finish().to_le_bytes() != sum {
             return Err(bad("is damaged (checksum mismatch)"));
         }
-        let (magic, version, ix): (String, u32, ContainerIndex) =
-            serde_json::from_slice(body).map_err(|e| bad(&format!("is malformed ({e})")))?;
-        if magic != MAGIC || version != CONTAINER_INDEX_VERSION {
+        let mut r = Cursor {
+            buf: body,
+            pos: MAGIC.len(),
+        };
+        let version = r.u32().ok_or_else(|| bad("is truncated"))?;
+        if version != CONTAINER_INDEX_VERSION {
             return Err(bad(&format!(
-                "has format {magic} {version}, expected {MAGIC} {CONTAINER_INDEX_VERSION}"
+                "has format version {version}, expected {CONTAINER_INDEX_VERSION}"
             )));
         }
-        Ok(ix)
+        let parse = |r: &mut Cursor| -> Option<ContainerIndex> {
+            let identity = String::from_utf8(r.bytes()?.to_vec()).ok()?;
+            let mut lists = [Vec::new(), Vec::new()];
+            for list in &mut lists {
+                for _ in 0..r.count(20)? {
+                    list.push(ContainerFile {
+                        path: PathBuf::from(OsStr::from_bytes(r.bytes()?)),
+                        size: r.u64()?,
+                        mtime_ns: r.u64()? as i64,
+                    });
+                }
+            }
+            let [files, dirs] = lists;
+            let n = r.count(33)?;
+            let mut records = Vec::with_capacity(n);
+            for _ in 0..n {
+                let file = r.u32()?;
+                let offset = r.u64()?;
+                let len = r.u64()?;
+                let label = r.u64()? as i64;
+                let name = String::from_utf8(r.bytes()?.to_vec()).ok()?;
+                let rank = r.take(1)?[0] as usize;
+                let shape = (0..rank).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
+                records.push(Record {
+                    file,
+                    offset,
+                    len,
+                    label,
+                    name,
+                    shape,
+                });
+            }
+            let scan_start_ns = r.u64()? as i64;
+            let built_ns = r.u64()? as i64;
+            (r.pos == r.buf.len()).then_some(ContainerIndex {
+                identity,
+                files,
+                dirs,
+                records,
+                scan_start_ns,
+                built_ns,
+            })
+        };
+        parse(&mut r).ok_or_else(|| bad("is malformed (lengths do not add up)"))
     }
 
     /// Whether every recorded file and directory is as it was when indexed.
@@ -212,6 +284,41 @@ impl ContainerIndex {
             let _ = fs::remove_file(&tmp);
             Error::io(path, e)
         })
+    }
+}
+
+fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
+    w.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    w.extend_from_slice(b);
+}
+
+struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize) -> Option<&[u8]> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len())?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Some(s)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn bytes(&mut self) -> Option<&[u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    /// A list length, bounded by the bytes left (each item takes at least `min_item` bytes), so
+    /// a damaged count cannot trigger a huge allocation.
+    fn count(&mut self, min_item: u64) -> Option<usize> {
+        let n = self.u64()?;
+        (n.checked_mul(min_item)? <= (self.buf.len() - self.pos) as u64).then_some(n as usize)
     }
 }
 
@@ -525,20 +632,36 @@ mod tests {
     }
 
     #[test]
-    fn round_trip_and_damage() {
+    fn round_trip_and_every_damage_detected() {
+        use std::os::unix::ffi::OsStringExt;
         let d = tempfile::tempdir().unwrap();
-        let ix = sample(d.path());
+        let mut ix = sample(d.path());
+        // Paths need not be UTF-8; shapes round-trip.
+        ix.dirs.push(ContainerFile {
+            path: PathBuf::from(std::ffi::OsString::from_vec(b"/caf\xe9".to_vec())),
+            size: 0,
+            mtime_ns: -3,
+        });
+        ix.records[0].shape = vec![3, 256, 256, 0];
         let b = ix.to_bytes();
         assert_eq!(ContainerIndex::from_bytes(&b, Path::new("x")).unwrap(), ix);
-        for n in [0, 1, b.len() / 2, b.len() - 1] {
-            assert!(ContainerIndex::from_bytes(&b[..n], Path::new("x")).is_err());
+        for n in 0..b.len() {
+            assert!(
+                ContainerIndex::from_bytes(&b[..n], Path::new("x")).is_err(),
+                "truncated to {n}"
+            );
         }
-        let mut flipped = b.clone();
-        flipped[10] ^= 1;
-        assert!(matches!(
-            ContainerIndex::from_bytes(&flipped, Path::new("x")),
-            Err(Error::BadIndex { .. })
-        ));
+        for i in 0..b.len() {
+            let mut flipped = b.clone();
+            flipped[i] ^= 0x10;
+            assert!(
+                matches!(
+                    ContainerIndex::from_bytes(&flipped, Path::new("x")),
+                    Err(Error::BadIndex { .. })
+                ),
+                "flip at {i}"
+            );
+        }
     }
 
     #[test]
