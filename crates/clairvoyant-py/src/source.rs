@@ -131,11 +131,7 @@ impl PySource {
     /// encoded), else an empty list.
     fn shape(&self, sample: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
         let k = self.check(sample)?;
-        Ok(self
-            .container
-            .as_ref()
-            .map(|c| c.record(k).shape.clone())
-            .unwrap_or_default())
+        Ok(self.container.as_ref().map(|c| c.record(k).shape).unwrap_or_default())
     }
 }
 

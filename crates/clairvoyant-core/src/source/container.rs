@@ -428,29 +428,91 @@ pub fn load_or_build_container(
     Ok((ix, false))
 }
 
+/// The records of a source, column-wise with names in one string: about 40 bytes plus the name
+/// per record rather than three heap allocations (ImageNet's 1.28 M records in about 80 MB).
+#[derive(Debug, Default)]
+struct Table {
+    file: Vec<u32>,
+    offset: Vec<u64>,
+    len: Vec<u64>,
+    label: Vec<i64>,
+    name_end: Vec<u64>,
+    names: String,
+    /// Per record the end of its dimensions in `dims` (empty when no record has a shape).
+    dim_end: Vec<u32>,
+    dims: Vec<u32>,
+}
+
+impl Table {
+    fn from_records(records: Vec<Record>) -> Table {
+        let n = records.len();
+        let mut t = Table {
+            file: Vec::with_capacity(n),
+            offset: Vec::with_capacity(n),
+            len: Vec::with_capacity(n),
+            label: Vec::with_capacity(n),
+            name_end: Vec::with_capacity(n),
+            ..Table::default()
+        };
+        let shaped = records.iter().any(|r| !r.shape.is_empty());
+        for r in records {
+            t.file.push(r.file);
+            t.offset.push(r.offset);
+            t.len.push(r.len);
+            t.label.push(r.label);
+            t.names.push_str(&r.name);
+            t.name_end.push(t.names.len() as u64);
+            if shaped {
+                t.dims.extend(r.shape.iter().map(|&d| d.min(u32::MAX as u64) as u32));
+                t.dim_end.push(t.dims.len() as u32);
+            }
+        }
+        t.names.shrink_to_fit();
+        t
+    }
+
+    fn name(&self, k: usize) -> &str {
+        let start = if k == 0 { 0 } else { self.name_end[k - 1] as usize };
+        &self.names[start..self.name_end[k] as usize]
+    }
+
+    fn shape(&self, k: usize) -> Vec<u64> {
+        if self.dim_end.is_empty() {
+            return Vec::new();
+        }
+        let start = if k == 0 { 0 } else { self.dim_end[k - 1] as usize };
+        self.dims[start..self.dim_end[k] as usize]
+            .iter()
+            .map(|&d| d as u64)
+            .collect()
+    }
+}
+
 /// A dataset whose samples are byte ranges of a few container files.
 #[derive(Debug)]
 pub struct ContainerSource {
+    /// Files, directories and identity; its records live in `table`.
     index: ContainerIndex,
+    table: Table,
     index_path: Option<PathBuf>,
     reused: bool,
     fingerprint: u64,
     handles: Vec<OnceLock<File>>,
-    classes: Vec<String>,
 }
 
 impl ContainerSource {
     /// Wraps a (validated) index; `index_path` is where it is stored.
-    pub fn new(index: ContainerIndex, index_path: Option<PathBuf>, reused: bool) -> ContainerSource {
+    pub fn new(mut index: ContainerIndex, index_path: Option<PathBuf>, reused: bool) -> ContainerSource {
         let fingerprint = index.fingerprint();
         let handles = (0..index.files.len()).map(|_| OnceLock::new()).collect();
+        let table = Table::from_records(std::mem::take(&mut index.records));
         ContainerSource {
             index,
+            table,
             index_path,
             reused,
             fingerprint,
             handles,
-            classes: Vec::new(),
         }
     }
 
@@ -466,6 +528,8 @@ impl ContainerSource {
         Ok(ContainerSource::new(ix, Some(path), reused))
     }
 
+    /// The container's identity, files and directories (its records are not kept here: see
+    /// [`record`](Self::record)).
     pub fn index(&self) -> &ContainerIndex {
         &self.index
     }
@@ -478,14 +542,17 @@ impl ContainerSource {
         self.reused
     }
 
-    /// Class names where the format has them (tar shards' `.cls` values are plain integers).
-    pub fn classes(&self) -> &[String] {
-        &self.classes
-    }
-
     /// The record behind `sample`.
-    pub fn record(&self, sample: u32) -> &Record {
-        &self.index.records[sample as usize]
+    pub fn record(&self, sample: u32) -> Record {
+        let k = sample as usize;
+        Record {
+            file: self.table.file[k],
+            offset: self.table.offset[k],
+            len: self.table.len[k],
+            label: self.table.label[k],
+            name: self.table.name(k).to_string(),
+            shape: self.table.shape(k),
+        }
     }
 
     fn index_name(&self) -> PathBuf {
@@ -496,7 +563,10 @@ impl ContainerSource {
         Error::Changed {
             path: f.path.clone(),
             index: self.index_name(),
-            reason: format!("record {} (sample {sample}): {reason}", self.record(sample).name),
+            reason: format!(
+                "record {} (sample {sample}): {reason}",
+                self.table.name(sample as usize)
+            ),
         }
     }
 
@@ -520,30 +590,34 @@ impl ContainerSource {
 
 impl Source for ContainerSource {
     fn len(&self) -> usize {
-        self.index.records.len()
+        self.table.len.len()
     }
 
     fn size(&self, sample: u32) -> u64 {
-        self.record(sample).len
+        self.table.len[sample as usize]
     }
 
     fn label(&self, sample: u32) -> i64 {
-        self.record(sample).label
+        self.table.label[sample as usize]
     }
 
     /// `<container file>#<record name>`.
     fn path(&self, sample: u32) -> PathBuf {
-        let r = self.record(sample);
-        let mut p = self.index.files[r.file as usize].path.as_os_str().to_owned();
+        let k = sample as usize;
+        let mut p = self.index.files[self.table.file[k] as usize]
+            .path
+            .as_os_str()
+            .to_owned();
         p.push("#");
-        p.push(&r.name);
+        p.push(self.table.name(k));
         PathBuf::from(p)
     }
 
     fn read_into(&self, sample: u32, buf: &mut [u8]) -> Result<()> {
-        let r = self.record(sample);
-        let cf = &self.index.files[r.file as usize];
-        let f = self.handle(r.file as usize, sample)?;
+        let k = sample as usize;
+        let (file, offset, len) = (self.table.file[k] as usize, self.table.offset[k], self.table.len[k]);
+        let cf = &self.index.files[file];
+        let f = self.handle(file, sample)?;
         // One fstat per read: a container rewritten in place (size or mtime) is never read as if
         // it were the indexed one.
         let m = f.metadata().map_err(|e| Error::io(&cf.path, e))?;
@@ -560,14 +634,13 @@ impl Source for ContainerSource {
         }
         let mut filled = 0usize;
         while filled < buf.len() {
-            match f.read_at(&mut buf[filled..], r.offset + filled as u64) {
+            match f.read_at(&mut buf[filled..], offset + filled as u64) {
                 Ok(0) => {
                     return Err(Error::Corrupt {
                         path: cf.path.clone(),
-                        record: format!("{} (sample {sample})", r.name),
+                        record: format!("{} (sample {sample})", self.table.name(k)),
                         reason: format!(
-                            "the file ends {} bytes into the record of {} bytes at offset {}",
-                            filled, r.len, r.offset
+                            "the file ends {filled} bytes into the record of {len} bytes at offset {offset}"
                         ),
                     })
                 }
