@@ -34,6 +34,7 @@ from ._native import access_stream, access_stream_from_order
 from .job import Job
 from .simulator import SimulationResult, SweepResult, simulate
 from .sources import EmulatedFs, FileList, ImageFolder, Synthetic
+from .sources import Hdf5, Lmdb, TarShards
 
 try:
     from importlib.metadata import PackageNotFoundError as _NoMetadata
@@ -48,6 +49,9 @@ __all__ = [
     "ImageFolder",
     "FileList",
     "Synthetic",
+    "Lmdb",
+    "Hdf5",
+    "TarShards",
     "EmulatedFs",
     "simulate",
     "SimulationResult",

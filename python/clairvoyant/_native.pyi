@@ -1,6 +1,6 @@
 """Type stubs of the private native module. Use the public API in `clairvoyant` instead."""
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,8 @@ class Source:
     def classes(self) -> list[str]: ...
     @property
     def fingerprint(self) -> int: ...
+    def read(self, sample: int) -> bytes: ...
+    def shape(self, sample: int) -> list[int]: ...
 
 def synthetic_source(sizes: Sequence[int], labels: Optional[Sequence[int]] = None) -> Source: ...
 def image_folder(root: str, index_dir: Optional[str] = None, emulated: Optional["EmulatedFs"] = None) -> Source: ...
@@ -66,6 +68,28 @@ def file_list(
     paths: Sequence[str], labels: Sequence[int], index_dir: Optional[str] = None, emulated: Optional["EmulatedFs"] = None
 ) -> Source: ...
 def parse_list_file(path: str) -> tuple[list[str], list[int]]: ...
+def lmdb(
+    path: str,
+    caffe: bool = True,
+    index_dir: Optional[str] = None,
+    emulated: Optional["EmulatedFs"] = None,
+    index_path: Optional[str] = None,
+) -> Source: ...
+def tar_shards(
+    paths: Sequence[str],
+    data_ext: Optional[str] = None,
+    index_dir: Optional[str] = None,
+    emulated: Optional["EmulatedFs"] = None,
+    index_path: Optional[str] = None,
+) -> Source: ...
+def hdf5(
+    path: str,
+    options: str,
+    layout: Callable[[], tuple],
+    index_dir: Optional[str] = None,
+    emulated: Optional["EmulatedFs"] = None,
+    index_path: Optional[str] = None,
+) -> Source: ...
 def default_index_dir() -> str: ...
 
 class EmulatedFs:

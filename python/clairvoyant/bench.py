@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _report, demo
+from . import _bench_formats, _report, demo
 
 TARGETS = {
     "utilization_epochs_ge1": 0.95,  # clairvoyant, every epoch >= 1 (at least)
@@ -60,6 +60,7 @@ TARGETS = {
     "kill_extra_stall_seconds": 2.0,  # survivors of a node killed in epoch 2, extra stall (at most)
     "cluster_setup_seconds": 5.0,  # rendezvous, index, plan: 8 ranks, 100,000 files (at most)
 }
+TARGETS.update(_bench_formats.TARGETS)
 
 
 # -- (a) the demo comparison, larger ---------------------------------------------------------
@@ -601,6 +602,7 @@ _LABELS = {
     "epoch0_fuse_small_memory_vs_bound": "epoch 0 on FUSE, memory class 1/3 of the dataset / bound",
     "epoch0_fuse_small_memory_vs_threadpool": "epoch 0 on FUSE, memory class 1/3 of the dataset / plain pool (same run)",
 }
+_LABELS.update(_bench_formats.LABELS)
 
 
 def fuse_markdown(fuse: dict) -> list:
@@ -724,7 +726,12 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--small-files", type=int, default=50_000, help="1 KB files for the overhead benchmark")
     ap.add_argument("--compute-ratio", type=float, default=BENCH_COMPUTE_RATIO, help="accelerator / file system speed")
     ap.add_argument("--fuse-files", type=int, default=8000, help="~100 KB files for the epoch-0 benchmark on FUSE")
-    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "cluster"], help="run one benchmark only")
+    ap.add_argument("--formats-mb", type=int, default=2000, help="size of the LMDB of the container-format benchmark (HDF5, tar: a quarter)")
+    ap.add_argument(
+        "--only",
+        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster"],
+        help="run one benchmark only",
+    )
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -740,6 +747,7 @@ def main(argv: Optional[list] = None) -> int:
     simulator = bench_simulator(log) if args.only in (None, "simulator") else None
     fuse = bench_epoch0_fuse(out, args.fuse_files, log) if args.only in (None, "fuse") else None
     resume = bench_resume(out, log) if args.only in (None, "resume") else None
+    formats = _bench_formats.bench_formats(out, args.formats_mb, log) if args.only in (None, "formats") else None
     cluster = None
     if args.only in (None, "cluster"):
         from . import _bench_cluster
@@ -754,6 +762,8 @@ def main(argv: Optional[list] = None) -> int:
         except ImportError as e:  # tomllib needs Python 3.11
             log(f"validation skipped: {e}")
     targets = evaluate(training, overhead, memory, simulator, fuse, resume, cluster)
+    if formats is not None:
+        targets += _bench_formats.evaluate(formats, _target)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -764,6 +774,7 @@ def main(argv: Optional[list] = None) -> int:
         "simulator": simulator,
         "epoch0_fuse": fuse,
         "resume": resume,
+        "formats": formats,
         "cluster": cluster,
         "simulator_validation": validation,
         "targets": targets,
@@ -779,6 +790,9 @@ def main(argv: Optional[list] = None) -> int:
             print(f"[{status}] {_LABELS[t['name']]}: {value} vs {t['target']:g}{margin}")
         print()
         print(markdown(training, overhead, targets, command.strip(), memory, fuse))
+        if formats is not None:
+            print()
+            print("\n".join(_bench_formats.markdown(formats)))
         if validation is not None:
             from . import _validate
 

@@ -63,7 +63,8 @@ class IndexMismatchError(ClairvoyantError, RuntimeError):
 
 
 class CorruptError(ClairvoyantError, RuntimeError):
-    """Bytes from a cache tier do not match the checksum recorded when the sample was read."""
+    """Bytes from a cache tier do not match the checksum recorded when the sample was read, or a
+    container (LMDB, HDF5, tar) is damaged or truncated (the message names it and the record)."""
 
 
 class ExhaustedError(ClairvoyantError, RuntimeError):

@@ -1,5 +1,6 @@
-"""Dataset sources a Job can read: an ImageFolder directory, a list of files with labels, or
-synthetic bytes. Any of them can be read through an emulated shared file system."""
+"""Dataset sources a Job can read: an ImageFolder directory, a list of files with labels,
+synthetic bytes, or a container (an LMDB database, HDF5 files, tar shards). Any of them can be
+read through an emulated shared file system."""
 
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ class _Source:
         """True when the cached index was reused instead of rescanning the dataset."""
         return self._native.index_reused
 
+    def read(self, sample: int) -> bytes:
+        """The bytes of ``sample``, read from the source (no cache, no prefetch)."""
+        return self._native.read(sample)
+
 
 class ImageFolder(_Source):
     """A directory with one sub-directory per class (torchvision's ImageFolder layout): labels
@@ -126,17 +131,167 @@ class Synthetic(_Source):
         return f"Synthetic({len(self)} samples)"
 
 
+class _Container(_Source):
+    """A container source; reopened from its arguments when pickled (DataLoader workers)."""
+
+    _args: tuple
+
+    def __reduce__(self):
+        args, emulated = self._args[:-1], self._args[-1]
+        if emulated is not None:
+            emulated = (emulated.state_path, emulated.open_latency_ms, emulated.bandwidth_mbps)
+        return (_reopen, (type(self), args, emulated))
+
+    def shape(self, sample: int) -> list:
+        """The record's shape where the container has one, else ``[]``."""
+        return self._native.shape(sample)
+
+
+def _reopen(cls, args, emulated):
+    if emulated is not None:
+        emulated = EmulatedFs(*emulated)
+    return cls(*args, emulated=emulated)
+
+
+class Lmdb(_Container):
+    """An LMDB database (the environment directory holding ``data.mdb``, or that file), read
+    without its memory map: one indexing pass per node walks the B+tree with positioned reads
+    and records where each value lies; samples are then read with one ``pread`` each.
+
+    With ``caffe=True`` (the default) each value is a Caffe ``Datum``: a sample's bytes are its
+    ``data`` field (raw pixels, channel-major, or the encoded image when ``encoded`` is set), its
+    label the Datum's ``label``, and ``shape(i)`` gives ``[channels, height, width, encoded]``.
+    With ``caffe=False`` a sample is the whole value, label 0."""
+
+    def __init__(self, path, caffe: bool = True, index_dir=None, index_path=None, emulated=None):
+        self.path = _fspath(path, "path")
+        if not isinstance(caffe, bool):
+            raise ArgumentTypeError(f"invalid value for 'caffe': expected a bool, not {type(caffe).__name__}")
+        index_dir = None if index_dir is None else _fspath(index_dir, "index_dir")
+        index_path = None if index_path is None else _fspath(index_path, "index_path")
+        self._args = (self.path, caffe, index_dir, index_path, emulated)
+        self._native = _native.lmdb(self.path, caffe, index_dir, emulated, index_path)
+
+    def __repr__(self):
+        return f"Lmdb({self.path!r}, {len(self)} samples)"
+
+
+class TarShards(_Container):
+    """WebDataset-style tar shards: ``paths`` is a ``.tar`` file, a directory of them, or a list
+    of either. Members are grouped into samples by key (the member path up to the first dot of its
+    file name); a sample's bytes are its ``data_ext`` member (default: the first member that is
+    not ``.cls``/``.json``), its label the integer in its ``.cls`` member, else the ``label`` (or
+    ``cls``) field of its ``.json`` member, else 0. Samples are read by byte range in any order
+    across all shards."""
+
+    def __init__(self, paths, data_ext: str | None = None, index_dir=None, index_path=None, emulated=None):
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            paths = [paths]
+        paths = [_fspath(p, "paths") for p in _iterable(paths, "paths")]
+        if data_ext is not None and not isinstance(data_ext, str):
+            raise ArgumentTypeError(f"invalid value for 'data_ext': expected a str, not {type(data_ext).__name__}")
+        index_dir = None if index_dir is None else _fspath(index_dir, "index_dir")
+        index_path = None if index_path is None else _fspath(index_path, "index_path")
+        self.shards = paths
+        self._args = (paths, data_ext, index_dir, index_path, emulated)
+        self._native = _native.tar_shards(paths, data_ext, index_dir, emulated, index_path)
+
+    def __repr__(self):
+        return f"TarShards({len(self.shards)} paths, {len(self)} samples)"
+
+
+class Hdf5(_Container):
+    """HDF5 samples read as byte ranges, with no HDF5 lock between readers.
+
+    - ``path`` a file: ``dataset`` has a leading sample axis, one sample = one row (slab) of it;
+      ``labels`` names an integer dataset with one label per row.
+    - ``path`` a directory of ``*.h5``/``*.hdf5`` files, one sample per file (CosmoFlow):
+      ``dataset`` names the sample inside each file; ``labels`` an integer scalar in each file.
+
+    ``dataset=None`` takes the largest dataset of the (first) file; ``labels=None`` takes a
+    dataset named ``labels`` or ``label`` when there is one (else labels are 0). The layout
+    (contiguous, or chunked without filters and with chunks spanning whole rows) is found with
+    h5py when the index is built, once per node; other layouts (compressed chunks, say) are a
+    ConfigError naming the dataset. A sample's bytes are the row as stored: decode with
+    ``numpy.frombuffer(data, source.dtype).reshape(source.sample_shape)``."""
+
+    def __init__(self, path, dataset: str | None = None, labels: str | None = None, index_dir=None, index_path=None, emulated=None):
+        self.path = _fspath(path, "path")
+        for name, v in (("dataset", dataset), ("labels", labels)):
+            if v is not None and not isinstance(v, str):
+                raise ArgumentTypeError(f"invalid value for '{name}': expected a str, not {type(v).__name__}")
+        index_dir = None if index_dir is None else _fspath(index_dir, "index_dir")
+        index_path = None if index_path is None else _fspath(index_path, "index_path")
+        self.dataset, self.label_dataset = dataset, labels
+        self._args = (self.path, dataset, labels, index_dir, index_path, emulated)
+        from . import _hdf5
+
+        options = f"{dataset or ''}|{labels or ''}"
+        self._native = _native.hdf5(
+            self.path, options, lambda: _hdf5.layout(self.path, dataset, labels), index_dir, emulated, index_path
+        )
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The stored element type of a sample (numpy)."""
+        return self._meta()[0]
+
+    @property
+    def sample_shape(self) -> tuple:
+        """The shape of one sample."""
+        return self._meta()[1]
+
+    def _meta(self):
+        if getattr(self, "_dtype_shape", None) is None:
+            from . import _hdf5
+
+            self._dtype_shape = _hdf5.sample_meta(self.path, self.dataset)
+        return self._dtype_shape
+
+    def __repr__(self):
+        return f"Hdf5({self.path!r}, {len(self)} samples)"
+
+
+def _container_kind(path: str) -> str | None:
+    """Which container ``path`` is, judged by its name and (for directories) its files."""
+    low = path.lower()
+    if os.path.isfile(path):
+        if low.endswith(".mdb"):
+            return "lmdb"
+        if low.endswith(".tar"):
+            return "tar"
+        if low.endswith((".h5", ".hdf5")):
+            return "hdf5"
+        return None
+    if os.path.isfile(os.path.join(path, "data.mdb")):
+        return "lmdb"
+    try:
+        names = [e.name for e in os.scandir(path) if e.is_file()]
+        has_dirs = any(e.is_dir() for e in os.scandir(path))
+    except OSError:
+        return None
+    if names and not has_dirs:
+        if all(n.endswith(".tar") for n in names):
+            return "tar"
+        if all(n.lower().endswith((".h5", ".hdf5")) for n in names):
+            return "hdf5"
+    return None
+
+
 def as_source(source) -> _Source:
     if isinstance(source, _Source):
         return source
     if isinstance(source, (str, os.PathLike)):
+        kind = _container_kind(os.fspath(source))
+        if kind is not None:
+            return {"lmdb": Lmdb, "tar": TarShards, "hdf5": Hdf5}[kind](source)
         if os.path.isdir(source):
             return ImageFolder(source)
         if os.path.isfile(source):
             return FileList(source)
         raise os_error(errno.ENOENT, f"dataset {os.fspath(source)!r} does not exist", os.fspath(source))
     raise ArgumentTypeError(
-        f"invalid value for 'source': a path, ImageFolder, FileList or Synthetic, not {type(source).__name__}"
+        f"invalid value for 'source': a path, ImageFolder, FileList, Synthetic, Lmdb, Hdf5 or TarShards, not {type(source).__name__}"
     )
 
 

@@ -32,6 +32,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A container (LMDB, HDF5, tar) or one of its records is damaged or truncated, or uses a
+    /// layout this reader does not understand; `record` names the key, index or member.
+    #[error("{path}: record {record}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        record: String,
+        reason: String,
+    },
+
     /// An index file belongs to another dataset or is damaged.
     #[error("index {index} {reason}")]
     BadIndex { index: PathBuf, reason: String },

@@ -435,3 +435,294 @@ fn processes_opening_at_once_scan_once() {
         "exactly one process scans: {seen:?}"
     );
 }
+
+// -- Container sources (LMDB, tar shards, HDF5 byte ranges) --------------------------------------
+
+use clairvoyant_core::source::hdf5::contiguous_rows;
+use clairvoyant_core::source::{hdf5, lmdb, tar_shards, ContainerSource, Hdf5Layout, LmdbRecords};
+
+/// Sets the mtimes of `path` (and everything below it) a minute back, so an index built now is
+/// not racy.
+fn backdate_all(path: &Path) {
+    let t = SystemTime::now() - Duration::from_secs(60);
+    if path.is_dir() {
+        for e in fs::read_dir(path).unwrap() {
+            backdate_all(&e.unwrap().path());
+        }
+    }
+    File::open(path).unwrap().set_modified(t).unwrap();
+}
+
+/// A container format as the suite sees it: how to make one, what it holds, how to open it.
+trait ContainerCase: Sync {
+    /// Writes the container below `dir`; returns the path to open.
+    fn make(&self, dir: &Path) -> PathBuf;
+    /// (bytes, label) of every sample, in order.
+    fn expected(&self) -> Vec<(Vec<u8>, i64)>;
+    fn open(&self, path: &Path, index_dir: Option<&Path>, index_path: Option<&Path>) -> Result<ContainerSource, Error>;
+    /// The file holding sample `k`.
+    fn file_of(&self, path: &Path, k: usize) -> PathBuf;
+}
+
+fn container_conformance(c: &dyn ContainerCase) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = c.make(&tmp.path().join("data"));
+    backdate_all(&tmp.path().join("data"));
+    let ix = tmp.path().join("ix");
+    let expected = c.expected();
+
+    // Exact bytes, sizes, labels; paths name the container file and the record.
+    let first = c.open(&path, Some(&ix), None).unwrap();
+    assert!(!first.index_was_reused());
+    assert_eq!(first.len(), expected.len());
+    for (k, (bytes, label)) in expected.iter().enumerate() {
+        let k32 = k as u32;
+        assert_eq!(first.size(k32), bytes.len() as u64, "sample {k}");
+        assert_eq!(first.label(k32), *label, "sample {k}");
+        assert_eq!(&read(&first, k32).unwrap(), bytes, "sample {k}");
+        let p = first.path(k32).display().to_string();
+        let file = fs::canonicalize(c.file_of(&path, k)).unwrap();
+        assert!(p.starts_with(&format!("{}#", file.display())), "{p}");
+    }
+    // Any order, from several threads at once.
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let (first, expected) = (&first, &expected);
+            s.spawn(move || {
+                for k in (0..expected.len() as u32).rev().filter(|k| k % 4 == t) {
+                    assert_eq!(read(first, k).unwrap(), expected[k as usize].0);
+                }
+            });
+        }
+    });
+    let fp = first.fingerprint();
+
+    // Unchanged: reused. Ranks opening at once: exactly one indexes.
+    assert!(c.open(&path, Some(&ix), None).unwrap().index_was_reused());
+    let ix2 = tmp.path().join("ix2");
+    let barrier = Barrier::new(4);
+    let results: Vec<(u64, bool)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    let o = c.open(&path, Some(&ix2), None).unwrap();
+                    (o.fingerprint(), o.index_was_reused())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(results.iter().all(|&(f, _)| f == fp), "{results:?}");
+    assert_eq!(results.iter().filter(|r| !r.1).count(), 1, "{results:?}");
+
+    // A damaged index is rebuilt.
+    let ip = first.index_path().unwrap().to_path_buf();
+    let mut bytes = fs::read(&ip).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    fs::write(&ip, &bytes).unwrap();
+    let o = c.open(&path, Some(&ix), None).unwrap();
+    assert!(!o.index_was_reused() && o.fingerprint() == fp);
+    let bytes = fs::read(&ip).unwrap();
+    fs::write(&ip, &bytes[..bytes.len() - 3]).unwrap();
+    assert!(!c.open(&path, Some(&ix), None).unwrap().index_was_reused());
+
+    // An explicitly named index of another container is refused; its own explicit path works.
+    let other = c.make(&tmp.path().join("other"));
+    let foreign = c.open(&other, Some(&tmp.path().join("ix-other")), None).unwrap();
+    let foreign = foreign.index_path().unwrap().to_path_buf();
+    match c.open(&path, None, Some(&foreign)) {
+        Err(Error::BadIndex { index, .. }) => assert_eq!(index, foreign),
+        other => panic!("expected BadIndex, got {:?}", other.map(|s| s.len())),
+    }
+    let own = tmp.path().join("own.cvidx");
+    assert!(!c.open(&path, None, Some(&own)).unwrap().index_was_reused());
+    assert!(c.open(&path, None, Some(&own)).unwrap().index_was_reused());
+
+    // A container changed after indexing: Changed, naming the file and the record; a new open
+    // re-indexes.
+    let f0 = fs::canonicalize(c.file_of(&path, 0)).unwrap();
+    let orig = fs::read(&f0).unwrap();
+    let mut grown = orig.clone();
+    grown.extend_from_slice(&[0u8; 4096]);
+    fs::write(&f0, &grown).unwrap();
+    match read(&first, 0) {
+        Err(Error::Changed { path, index, reason }) => {
+            assert_eq!(path, f0);
+            assert_eq!(index, ip);
+            assert!(reason.contains("sample 0"), "{reason}");
+        }
+        other => panic!("expected Changed, got {other:?}"),
+    }
+    assert!(!c.open(&path, Some(&ix), None).unwrap().index_was_reused());
+
+    // Truncated: indexing it again is Corrupt naming the container file and a record (or page).
+    fs::write(&f0, &orig[..orig.len() * 2 / 3]).unwrap();
+    match c.open(&path, Some(&tmp.path().join("ix3")), None) {
+        Err(Error::Corrupt { path, record, reason }) => {
+            assert_eq!(path, f0, "{record}: {reason}");
+            assert!(!record.is_empty());
+            let msg = Error::Corrupt { path, record, reason }.to_string();
+            assert!(msg.contains(&f0.display().to_string()), "{msg}");
+        }
+        other => panic!("expected Corrupt, got {:?}", other.map(|s| s.len())),
+    }
+}
+
+/// The checked-in LMDB of Caffe Datums written by tests/data/make_fixtures.py.
+struct LmdbCase;
+impl ContainerCase for LmdbCase {
+    fn make(&self, dir: &Path) -> PathBuf {
+        let p = dir.join("caffe.lmdb");
+        fs::create_dir_all(&p).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/caffe.lmdb/data.mdb");
+        fs::copy(src, p.join("data.mdb")).unwrap();
+        p
+    }
+    fn expected(&self) -> Vec<(Vec<u8>, i64)> {
+        (0..305usize)
+            .map(|k| {
+                let n = if k < 300 { 16 } else { 3 * 40 * 40 };
+                let data = (0..n).map(|i| ((7 * k + i) % 256) as u8).collect();
+                (data, if k == 5 { -1 } else { (k % 3) as i64 })
+            })
+            .collect()
+    }
+    fn open(&self, path: &Path, ix: Option<&Path>, ip: Option<&Path>) -> Result<ContainerSource, Error> {
+        lmdb(path, LmdbRecords::CaffeDatum, ix, ip)
+    }
+    fn file_of(&self, path: &Path, _k: usize) -> PathBuf {
+        path.join("data.mdb")
+    }
+}
+
+/// Three tar shards of `.bin` samples with `.cls` labels (one `.json`), plus a directory entry.
+struct TarCase;
+impl TarCase {
+    const PER_SHARD: usize = 7;
+    fn sample(k: usize) -> (Vec<u8>, i64) {
+        (vec![(k * 13 % 256) as u8; 100 + 37 * k], (k % 4) as i64)
+    }
+}
+impl ContainerCase for TarCase {
+    fn make(&self, dir: &Path) -> PathBuf {
+        fs::create_dir_all(dir).unwrap();
+        for s in 0..3 {
+            let f = File::create(dir.join(format!("shard-{s:03}.tar"))).unwrap();
+            let mut b = tar::Builder::new(f);
+            let mut add = |name: &str, body: &[u8]| {
+                let mut h = tar::Header::new_ustar();
+                h.set_size(body.len() as u64);
+                h.set_mode(0o644);
+                h.set_cksum();
+                b.append_data(&mut h, name, body).unwrap();
+            };
+            for k in s * Self::PER_SHARD..(s + 1) * Self::PER_SHARD {
+                let (data, label) = Self::sample(k);
+                add(&format!("sub/s{k:04}.bin"), &data);
+                if k == 3 {
+                    add(
+                        &format!("sub/s{k:04}.json"),
+                        format!("{{\"label\": {label}}}").as_bytes(),
+                    );
+                } else {
+                    add(&format!("sub/s{k:04}.cls"), label.to_string().as_bytes());
+                }
+            }
+            b.finish().unwrap();
+        }
+        dir.to_path_buf()
+    }
+    fn expected(&self) -> Vec<(Vec<u8>, i64)> {
+        (0..3 * Self::PER_SHARD).map(Self::sample).collect()
+    }
+    fn open(&self, path: &Path, ix: Option<&Path>, ip: Option<&Path>) -> Result<ContainerSource, Error> {
+        tar_shards(&[path.to_path_buf()], None, ix, ip)
+    }
+    fn file_of(&self, path: &Path, k: usize) -> PathBuf {
+        path.join(format!("shard-{:03}.tar", k / Self::PER_SHARD))
+    }
+}
+
+/// HDF5 as the core sees it: a file and the byte ranges of its rows (the Python package finds
+/// them with h5py; its tests run real HDF5 files).
+struct Hdf5Case;
+impl ContainerCase for Hdf5Case {
+    fn make(&self, dir: &Path) -> PathBuf {
+        fs::create_dir_all(dir).unwrap();
+        let p = dir.join("rows.h5");
+        let mut bytes = vec![0xAAu8; 512];
+        for (data, _) in self.expected() {
+            bytes.extend_from_slice(&data);
+        }
+        fs::write(&p, bytes).unwrap();
+        p
+    }
+    fn expected(&self) -> Vec<(Vec<u8>, i64)> {
+        (0..40).map(|k| (vec![k as u8; 48], (k % 5) as i64)).collect()
+    }
+    fn open(&self, path: &Path, ix: Option<&Path>, ip: Option<&Path>) -> Result<ContainerSource, Error> {
+        let labels: Vec<i64> = self.expected().iter().map(|e| e.1).collect();
+        let file = path.to_path_buf();
+        // As h5py would report a truncated file: the rows still claim their ranges.
+        hdf5(path, "data|labels", ix, ip, || {
+            Ok(Hdf5Layout {
+                files: vec![file.clone()],
+                dirs: vec![],
+                records: contiguous_rows(0, "data", 512, 40, 48, &labels),
+            })
+        })
+    }
+    fn file_of(&self, path: &Path, _k: usize) -> PathBuf {
+        path.to_path_buf()
+    }
+}
+
+#[test]
+fn lmdb_conforms() {
+    container_conformance(&LmdbCase);
+}
+
+#[test]
+fn tar_shards_conform() {
+    container_conformance(&TarCase);
+}
+
+#[test]
+fn hdf5_ranges_conform() {
+    container_conformance(&Hdf5Case);
+}
+
+#[test]
+fn lmdb_raw_values_and_bad_datums() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = LmdbCase.make(tmp.path());
+    let raw = lmdb(&path, LmdbRecords::Raw, Some(&tmp.path().join("ix")), None).unwrap();
+    assert_eq!(raw.len(), 305);
+    // A raw value is the whole Datum: its data bytes are inside it.
+    let v = read(&raw, 301).unwrap();
+    let data = &LmdbCase.expected()[301].0;
+    assert!(v.windows(data.len()).any(|w| w == data.as_slice()));
+    assert_eq!(raw.path(7).file_name().unwrap().to_str().unwrap(), "data.mdb#00000007");
+}
+
+#[test]
+fn tar_member_without_data_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("one.tar");
+    let mut b = tar::Builder::new(File::create(&p).unwrap());
+    let mut h = tar::Header::new_ustar();
+    h.set_size(1);
+    h.set_cksum();
+    b.append_data(&mut h, "lonely.cls", &b"1"[..]).unwrap();
+    b.finish().unwrap();
+    drop(b);
+    match tar_shards(std::slice::from_ref(&p), None, Some(&tmp.path().join("ix")), None) {
+        Err(Error::Corrupt { path, record, .. }) => {
+            assert_eq!(path, fs::canonicalize(&p).unwrap());
+            assert_eq!(record, "lonely");
+        }
+        other => panic!("expected Corrupt, got {:?}", other.map(|s| s.len())),
+    }
+}

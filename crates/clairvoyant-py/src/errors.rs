@@ -17,6 +17,7 @@ pyo3::import_exception!(clairvoyant.errors, OutOfRangeError);
 pyo3::import_exception!(clairvoyant.errors, ArgumentTypeError);
 pyo3::import_exception!(clairvoyant.errors, DatasetChangedError);
 pyo3::import_exception!(clairvoyant.errors, IndexMismatchError);
+pyo3::import_exception!(clairvoyant.errors, CorruptError);
 pyo3::import_exception!(clairvoyant.errors, ExhaustedError);
 pyo3::import_exception!(clairvoyant.errors, EpochOutOfRangeError);
 pyo3::import_exception!(clairvoyant.errors, EpochConsumedError);
@@ -60,6 +61,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::Io { path, source } => os_error(errno_of(&source), msg, &path),
         Error::Changed { .. } => DatasetChangedError::new_err(msg),
         Error::BadIndex { .. } => IndexMismatchError::new_err(msg),
+        Error::Corrupt { .. } => CorruptError::new_err(msg),
         Error::NotNodeCache { path } => os_error(Some(libc::EEXIST), msg, &path),
         Error::TooLarge { .. } => CapacityError::new_err(msg),
         Error::Exhausted { .. } => ExhaustedError::new_err(msg),

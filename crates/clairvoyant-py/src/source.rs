@@ -4,8 +4,11 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use clairvoyant_core::source::hdf5::Hdf5Layout;
 use clairvoyant_core::source::synthetic::Synthetic;
-use clairvoyant_core::source::{self, EmulatedFs, EmulatedSpec, FileSource, Source, Throttled};
+use clairvoyant_core::source::{
+    self, ContainerSource, EmulatedFs, EmulatedSpec, FileSource, LmdbRecords, Record, Source, Throttled,
+};
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -19,6 +22,8 @@ pub struct PySource {
     classes: Vec<OsString>,
     index_path: Option<PathBuf>,
     index_reused: bool,
+    /// The container behind a container source (LMDB, HDF5, tar), for record shapes.
+    container: Option<Arc<ContainerSource>>,
 }
 
 impl PySource {
@@ -36,6 +41,24 @@ impl PySource {
             classes,
             index_path,
             index_reused,
+            container: None,
+        }
+    }
+
+    fn from_container(c: ContainerSource, emulated: Option<&PyEmulatedFs>) -> PySource {
+        let index_path = c.index_path().map(Path::to_path_buf);
+        let index_reused = c.index_was_reused();
+        let c = Arc::new(c);
+        let inner: Arc<dyn Source> = match emulated {
+            Some(fs) => Arc::new(Throttled::new(c.clone(), fs.inner.clone())),
+            None => c.clone(),
+        };
+        PySource {
+            inner,
+            classes: Vec::new(),
+            index_path,
+            index_reused,
+            container: Some(c),
         }
     }
 }
@@ -97,6 +120,121 @@ impl PySource {
     fn index_reused(&self) -> bool {
         self.index_reused
     }
+    /// The bytes of `sample`, read from the source (through its emulation, if any).
+    fn read<'py>(&self, py: Python<'py>, sample: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+        let k = self.check(sample)?;
+        let mut buf = vec![0u8; self.inner.size(k) as usize];
+        py.detach(|| self.inner.read_into(k, &mut buf)).py_err()?;
+        Ok(PyBytes::new(py, &buf))
+    }
+    /// The record's shape where the container has one (Caffe Datum: channels, height, width,
+    /// encoded), else an empty list.
+    fn shape(&self, sample: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+        let k = self.check(sample)?;
+        Ok(self.container.as_ref().map(|c| c.record(k).shape).unwrap_or_default())
+    }
+}
+
+/// An LMDB environment (directory or data file); `caffe`: values are Caffe Datums.
+#[pyfunction]
+#[pyo3(signature = (path, caffe=true, index_dir=None, emulated=None, index_path=None))]
+pub fn lmdb(
+    py: Python<'_>,
+    path: PathBuf,
+    caffe: bool,
+    index_dir: Option<PathBuf>,
+    emulated: Option<PyRef<'_, PyEmulatedFs>>,
+    index_path: Option<PathBuf>,
+) -> PyResult<PySource> {
+    let records = if caffe {
+        LmdbRecords::CaffeDatum
+    } else {
+        LmdbRecords::Raw
+    };
+    let c = py
+        .detach(|| source::lmdb(&path, records, index_dir.as_deref(), index_path.as_deref()))
+        .py_err()?;
+    Ok(PySource::from_container(c, emulated.as_deref()))
+}
+
+/// WebDataset-style tar shards (files or directories of `*.tar`).
+#[pyfunction]
+#[pyo3(signature = (paths, data_ext=None, index_dir=None, emulated=None, index_path=None))]
+pub fn tar_shards(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    data_ext: Option<String>,
+    index_dir: Option<PathBuf>,
+    emulated: Option<PyRef<'_, PyEmulatedFs>>,
+    index_path: Option<PathBuf>,
+) -> PyResult<PySource> {
+    let c = py
+        .detach(|| source::tar_shards(&paths, data_ext.as_deref(), index_dir.as_deref(), index_path.as_deref()))
+        .py_err()?;
+    Ok(PySource::from_container(c, emulated.as_deref()))
+}
+
+/// What `hdf5`'s `layout` callable returns: files, directories, then per record its file index,
+/// offset, length, label and name.
+type LayoutTuple = (
+    Vec<PathBuf>,
+    Vec<PathBuf>,
+    Vec<u32>,
+    Vec<u64>,
+    Vec<u64>,
+    Vec<i64>,
+    Vec<String>,
+);
+
+/// HDF5 samples as byte ranges; `layout()` (Python, h5py) is called only when the index must be
+/// built, once per node under the index lock.
+#[pyfunction]
+#[pyo3(signature = (path, options, layout, index_dir=None, emulated=None, index_path=None))]
+pub fn hdf5(
+    py: Python<'_>,
+    path: PathBuf,
+    options: String,
+    layout: Py<PyAny>,
+    index_dir: Option<PathBuf>,
+    emulated: Option<PyRef<'_, PyEmulatedFs>>,
+    index_path: Option<PathBuf>,
+) -> PyResult<PySource> {
+    let mut py_err: Option<PyErr> = None;
+    let built = py.detach(|| {
+        source::hdf5(&path, &options, index_dir.as_deref(), index_path.as_deref(), || {
+            let t: LayoutTuple = Python::attach(|py| layout.call0(py).and_then(|v| v.extract(py))).map_err(|e| {
+                let msg = e.to_string();
+                py_err = Some(e);
+                clairvoyant_core::Error::config("layout", msg)
+            })?;
+            let (files, dirs, file, offset, len, label, name) = t;
+            let n = file.len();
+            if [offset.len(), len.len(), label.len(), name.len()]
+                .iter()
+                .any(|&m| m != n)
+            {
+                return Err(clairvoyant_core::Error::config(
+                    "layout",
+                    "record columns differ in length",
+                ));
+            }
+            let records = (0..n)
+                .map(|k| Record {
+                    file: file[k],
+                    offset: offset[k],
+                    len: len[k],
+                    label: label[k],
+                    name: name[k].clone(),
+                    shape: vec![],
+                })
+                .collect();
+            Ok(Hdf5Layout { files, dirs, records })
+        })
+    });
+    if let Some(e) = py_err {
+        return Err(e);
+    }
+    Ok(PySource::from_container(built.py_err()?, emulated.as_deref()))
 }
 
 /// An ImageFolder directory (torchvision layout and order), indexed once and cached.
@@ -211,6 +349,7 @@ pub fn synthetic_source(sizes: Vec<u64>, labels: Option<Vec<i64>>) -> PySource {
         classes: Vec::new(),
         index_path: None,
         index_reused: false,
+        container: None,
     }
 }
 
@@ -227,6 +366,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(synthetic_source, m)?)?;
     m.add_function(wrap_pyfunction!(image_folder, m)?)?;
     m.add_function(wrap_pyfunction!(file_list, m)?)?;
+    m.add_function(wrap_pyfunction!(lmdb, m)?)?;
+    m.add_function(wrap_pyfunction!(tar_shards, m)?)?;
+    m.add_function(wrap_pyfunction!(hdf5, m)?)?;
     m.add_function(wrap_pyfunction!(parse_list_file, m)?)?;
     m.add_function(wrap_pyfunction!(default_index_dir, m)?)?;
     Ok(())

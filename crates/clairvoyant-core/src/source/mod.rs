@@ -5,16 +5,25 @@ use std::path::PathBuf;
 
 use crate::error::Result;
 
+pub mod container;
 pub mod dir;
 pub mod emulated;
+pub mod hdf5;
 pub mod index;
 pub mod list;
+pub mod lmdb;
 pub mod synthetic;
+pub mod tar;
 
 pub use dir::{image_folder, image_folder_with_index};
 pub use emulated::{EmulatedFs, EmulatedSpec, Throttled};
 pub use index::{default_index_dir, FileSource, Index, IndexEntry};
 pub use list::{file_list, file_list_with_index, parse_list_file};
+// Containers: many samples as byte ranges of a few large files.
+pub use self::hdf5::{hdf5, Hdf5Layout};
+pub use self::lmdb::{lmdb, Datum, LmdbRecords};
+pub use self::tar::tar_shards;
+pub use container::{ContainerFile, ContainerIndex, ContainerSource, Record};
 
 /// A dataset of `len()` samples with known sizes and integer labels.
 pub trait Source: Send + Sync {

@@ -1,0 +1,291 @@
+"""The container-format benchmark of ``python -m clairvoyant.bench --only formats``.
+
+4 processes (ranks of one machine) each read their share of one epoch in a random order
+(clairvoyant's access stream, the same for every reader of a comparison), timed from a barrier to
+the last sample; throughput is the bytes of all ranks over the slowest rank's time. Context
+switches per sample are ``getrusage`` (all threads of the process, voluntary + involuntary).
+
+- LMDB (Caffe Datums): clairvoyant's ``Job`` over ``clairvoyant.Lmdb`` (positioned reads by
+  prefetch threads) against the LMDB library (py-lmdb) reading the same records through its
+  memory map, one reader per process as in Caffe. The FUSE emulation opens files with direct I/O,
+  on which Linux refuses a shared memory map (ENODEV), so this pair runs on the plain local file
+  with its page cache dropped (``posix_fadvise(DONTNEED)``) before each run: page faults are real
+  disk reads. clairvoyant on the FUSE emulation is reported too.
+- HDF5 (sample axis, contiguous): ``Job`` over ``clairvoyant.Hdf5`` against h5py reading the same
+  rows, and against raw ``os.pread`` of the same byte ranges, all on the FUSE emulation.
+- Tar shards: ``Job`` over ``clairvoyant.TarShards`` against ``Job`` over the same members as
+  loose files (``clairvoyant.FileList``), on the FUSE emulation.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+RANKS = 4
+BATCH = 32
+
+TARGETS = {
+    "lmdb_vs_mmap": 5.0,  # clairvoyant / LMDB library through its memory map, throughput (at least)
+    "hdf5_vs_h5py": 3.0,  # clairvoyant / h5py, throughput (at least; or the next one)
+    "hdf5_vs_pread": 1 / 1.2,  # clairvoyant / raw positioned reads of the same bytes (at least)
+    "tar_vs_loose": 1 / 1.2,  # clairvoyant on tar shards / on the same members as loose files (at least)
+}
+
+LABELS = {
+    "lmdb_vs_mmap": "LMDB, 4 processes, random order: clairvoyant / LMDB mmap (cold local file)",
+    "hdf5_vs_h5py": "HDF5, 4 processes, random order on FUSE: clairvoyant / h5py",
+    "hdf5_vs_pread": "HDF5 on FUSE: clairvoyant / raw pread of the same bytes",
+    "tar_vs_loose": "tar shards on FUSE, full random order: clairvoyant / same members as loose files",
+}
+
+
+def _drop_cache(root: Path) -> None:
+    """Evicts the page cache of every file below ``root`` (only those files, no root needed)."""
+    for d, _, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _csw() -> tuple:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_nvcsw + r.ru_nivcsw, r.ru_majflt
+
+
+def _order(n: int, ctx) -> list:
+    import clairvoyant
+
+    return [int(i) for i in clairvoyant.access_stream(n, ctx.world_size, ctx.rank, 1, BATCH, 0)[0]]
+
+
+def _rank(ctx, kind: str, path: str, extra) -> dict:
+    """One reader process; ``kind`` names the reader, ``path`` the dataset."""
+    import clairvoyant
+
+    nbytes = n = 0
+    deadline = extra.get("deadline_s", 1e9)
+    if kind.startswith("cv-"):
+        fmt = kind[3:]
+        if fmt == "lmdb":
+            src = clairvoyant.Lmdb(path)
+        elif fmt == "hdf5":
+            src = clairvoyant.Hdf5(path, dataset="data", labels="labels")
+        elif fmt == "tar":
+            src = clairvoyant.TarShards(path)
+        else:
+            src = clairvoyant.FileList([os.path.join(path, r) for r in extra["files"]], [0] * len(extra["files"]))
+        ctx.sync()
+        c0, f0 = _csw()
+        t = time.perf_counter()
+        job = clairvoyant.Job(src, batch_size=BATCH, epochs=1, seed=0)
+        for samples, _ in job.batches(0):
+            n += len(samples)
+            nbytes += sum(len(x) for x in samples)
+        seconds = time.perf_counter() - t
+        job.close()
+    elif kind == "lmdb-mmap":
+        import lmdb
+
+        env = lmdb.open(path, readonly=True, lock=False)
+        count = env.stat()["entries"]
+        order = _order(count, ctx)
+        ctx.sync()
+        c0, f0 = _csw()
+        t = time.perf_counter()
+        with env.begin(buffers=True) as txn:
+            for i in order:
+                v = txn.get(b"%08d" % i)
+                nbytes += len(bytes(v))  # touches every page of the value
+                n += 1
+                if time.perf_counter() - t > deadline:
+                    break
+        seconds = time.perf_counter() - t
+        env.close()
+    elif kind in ("h5py", "pread"):
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            d = f["data"]
+            count = d.shape[0]
+            row = d.dtype.itemsize * int(np.prod(d.shape[1:]))
+            offset = d.id.get_offset()
+            order = _order(count, ctx)
+            ctx.sync()
+            c0, f0 = _csw()
+            t = time.perf_counter()
+            if kind == "h5py":
+                for i in order:
+                    nbytes += d[i].nbytes
+                    n += 1
+            else:
+                fd = os.open(path, os.O_RDONLY)
+                for i in order:
+                    nbytes += len(os.pread(fd, row, offset + i * row))
+                    n += 1
+                os.close(fd)
+            seconds = time.perf_counter() - t
+    else:
+        raise ValueError(kind)
+    c1, f1 = _csw()
+    return {"seconds": seconds, "samples": n, "bytes": nbytes, "csw": c1 - c0, "majflt": f1 - f0}
+
+
+def _run(kind: str, path: Path, env: dict, extra=None) -> dict:
+    from . import _emulation
+
+    per = _emulation.run_ranks(_rank, RANKS, args=(kind, str(path), extra or {}), env=env, timeout=900)
+    seconds = max(r["seconds"] for r in per)
+    total = sum(r["bytes"] for r in per)
+    samples = sum(r["samples"] for r in per)
+    return {
+        "reader": kind,
+        "seconds": seconds,
+        "samples": samples,
+        "bytes": total,
+        "mbps": total / seconds / 1e6,
+        "csw_per_sample": sum(r["csw"] for r in per) / max(samples, 1),
+        "major_faults": sum(r["majflt"] for r in per),
+    }
+
+
+def bench_formats(out: Path, lmdb_mb: int, log) -> dict:
+    """Runs the three comparisons; returns their figures (a comparison whose package is
+    missing is skipped with the reason)."""
+    from . import _emulation, datasets
+
+    root = out / "bench" / "formats"
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    cache = root / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    seq = iter(range(1_000_000))
+
+    def env():
+        return {
+            "CLAIRVOYANT_CONFIG": "",
+            "CLAIRVOYANT_CACHE_DIR": str(cache.resolve()),
+            "CLAIRVOYANT_RUN_ID": f"formats-{os.getpid()}-{next(seq)}",
+            "CLAIRVOYANT_MEMORY": str(256 << 20),
+            "CLAIRVOYANT_QUIET": "1",
+        }
+
+    res: dict = {"ranks": RANKS, "batch_size": BATCH}
+    fuse_why = _emulation.fuse_unavailable()
+    # -- LMDB ---------------------------------------------------------------------------------
+    try:
+        import lmdb  # noqa: F401
+    except ImportError:
+        res["lmdb"] = {"skipped": "the lmdb package is not installed"}
+    else:
+        shape = (3, 256, 256)
+        count = max(64, lmdb_mb * 1_000_000 // (3 * 256 * 256))
+        db = data / "lmdb"
+        log(f"formats: LMDB of {count:,} Caffe Datums {shape} ({count * 3 * 256 * 256 / 1e9:.2f} GB) ...")
+        datasets.make_lmdb(db, count, shape=shape, collect=False)
+        import clairvoyant
+
+        t = time.perf_counter()
+        _drop_cache(db)
+        clairvoyant.Lmdb(db, index_dir=cache)
+        index_s = time.perf_counter() - t
+        runs = {}
+        for kind in ("cv-lmdb", "lmdb-mmap"):
+            _drop_cache(db)
+            runs[kind] = _run(kind, db, {**env(), "CLAIRVOYANT_CACHE_DIR": str(cache.resolve())}, {"deadline_s": 120})
+            r = runs[kind]
+            log(f"formats: LMDB cold local file {kind:<10} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample, {r['major_faults']} major faults")
+        res["lmdb"] = {
+            "records": count,
+            "bytes": count * 3 * 256 * 256,
+            "index_seconds_cold": index_s,
+            "runs": runs,
+            "ratio": runs["cv-lmdb"]["mbps"] / runs["lmdb-mmap"]["mbps"],
+        }
+    if fuse_why is not None:
+        res["fuse"] = {"skipped": fuse_why}
+        return res
+    mnt = root / "mnt"
+    with _emulation.FuseMount(data, mnt):
+        if "runs" in res.get("lmdb", {}):
+            r = _run("cv-lmdb", mnt / "lmdb", env())
+            res["lmdb"]["fuse_clairvoyant"] = r
+            log(f"formats: LMDB on FUSE cv-lmdb    {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
+        # -- HDF5 -----------------------------------------------------------------------------
+        try:
+            import h5py  # noqa: F401
+        except ImportError:
+            res["hdf5"] = {"skipped": "h5py is not installed"}
+        else:
+            rows = max(64, lmdb_mb * 1_000_000 // 4 // (3 * 128 * 128))
+            h5 = data / "rows.h5"
+            marker = data / f".rows-{rows}"
+            if not marker.exists():
+                log(f"formats: HDF5 of {rows:,} rows of 3x128x128 ...")
+                datasets.make_hdf5(h5, rows, shape=(3, 128, 128), dtype="uint8")
+                marker.write_text("")
+            clairvoyant.Hdf5(mnt / "rows.h5", dataset="data", labels="labels", index_dir=cache)
+            runs = {k: _run(k, mnt / "rows.h5", env()) for k in ("cv-hdf5", "h5py", "pread")}
+            for k, r in runs.items():
+                log(f"formats: HDF5 on FUSE {k:<8} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
+            res["hdf5"] = {
+                "rows": rows,
+                "runs": runs,
+                "vs_h5py": runs["cv-hdf5"]["mbps"] / runs["h5py"]["mbps"],
+                "vs_pread": runs["cv-hdf5"]["mbps"] / runs["pread"]["mbps"],
+            }
+        # -- tar shards -------------------------------------------------------------------------
+        count = max(64, lmdb_mb * 1_000_000 // 4 // 100_000)
+        tars = data / "tars"
+        loose = data / "loose"
+        marker = data / f".tars-{count}"
+        if not marker.exists():
+            log(f"formats: {count:,} samples of ~100 KB in 16 tar shards and as loose files ...")
+            samples = datasets.make_tar_shards(tars, count, shards=16, size_range=(50_000, 150_000))
+            loose.mkdir(parents=True, exist_ok=True)
+            for k, (b, _) in enumerate(samples):
+                (loose / f"{k:07d}.bin").write_bytes(b)
+            marker.write_text("")
+        files = [f"loose/{k:07d}.bin" for k in range(count)]
+        clairvoyant.TarShards(mnt / "tars", index_dir=cache)
+        runs = {"cv-tar": _run("cv-tar", mnt / "tars", env()), "cv-loose": _run("cv-loose", mnt, env(), {"files": files})}
+        for k, r in runs.items():
+            log(f"formats: tar on FUSE {k:<9} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
+        res["tar"] = {"samples": count, "runs": runs, "ratio": runs["cv-tar"]["mbps"] / runs["cv-loose"]["mbps"]}
+    return res
+
+
+def evaluate(res: dict, target) -> list:
+    out = []
+    if "ratio" in res.get("lmdb", {}):
+        out.append(target("lmdb_vs_mmap", res["lmdb"]["ratio"], True))
+    if "vs_h5py" in res.get("hdf5", {}):
+        out.append(target("hdf5_vs_h5py", res["hdf5"]["vs_h5py"], True))
+        out.append(target("hdf5_vs_pread", res["hdf5"]["vs_pread"], True))
+    if "ratio" in res.get("tar", {}):
+        out.append(target("tar_vs_loose", res["tar"]["ratio"], True))
+    return out
+
+
+def markdown(res: dict) -> list:
+    lines = ["Container formats (4 processes, one epoch in random order):", ""]
+    rows = []
+    for fmt, setting in (("lmdb", "cold local file"), ("hdf5", "FUSE"), ("tar", "FUSE")):
+        part = res.get(fmt, {})
+        if "skipped" in part:
+            lines.append(f"- {fmt}: skipped ({part['skipped']})")
+            continue
+        for k, r in part.get("runs", {}).items():
+            rows.append(f"| {fmt} | {setting} | {k} | {r['mbps']:.1f} | {r['csw_per_sample']:.2f} |")
+        if fmt == "lmdb" and "fuse_clairvoyant" in part:
+            r = part["fuse_clairvoyant"]
+            rows.append(f"| lmdb | FUSE | cv-lmdb | {r['mbps']:.1f} | {r['csw_per_sample']:.2f} |")
+    lines += ["| format | storage | reader | MB/s | context switches / sample |", "|---|---|---|---|---|", *rows, ""]
+    return lines
