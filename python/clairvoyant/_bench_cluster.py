@@ -329,3 +329,53 @@ def bench_cluster(out: Path, log, progress: str = "stdout") -> dict:
         "kill": bench_kill(out, log),
         "setup": bench_setup(out, log),
     }
+
+
+def markdown(cluster: dict) -> str:
+    """The cluster figures as the tables of docs/benchmarks.md."""
+    lines = []
+    for name in ("large", "small"):
+        f = cluster["training"][name]
+        cfg = f["config"]
+        lines.append(
+            f"**{cfg['nodes']} nodes x {cfg['ranks'] // cfg['nodes']} ranks, memory {f['node_memory_fraction']:.1%} of the dataset "
+            f"per node** ({f['dataset_bytes'] / 1e6:.1f} MB, {cfg['epochs']} epochs, compute ratio {cfg['compute_ratio']}):"
+        )
+        lines.append("")
+        lines.append("| loader | epoch s | utilization | fs bytes / dataset |")
+        lines.append("|---|---|---|---|")
+        for loader, secs in f["epoch_seconds"].items():
+            util = ", ".join(f"{u:.3f}" for u in f["utilization"][loader])
+            lines.append(f"| {loader} | {', '.join(f'{s:.2f}' for s in secs)} | {util} | {f['fs_vs_dataset'][loader]:.3f} |")
+        lines.append("")
+        lines.append(
+            f"Epoch 0 / max(compute, dataset / bandwidth): {f['epoch0_vs_bound']:.3f}; file-system bytes / "
+            f"(S + (E-1)(S-C)): {f['fs_vs_minimum']:.3f}."
+        )
+        p = f.get("predicted")
+        if p:
+            err = ", ".join(f"{e:+.1%}" for e in p["error"])
+            lines.append(
+                f"Simulator (measured decode rate {p['beta_mbps']:.1f} MB/s): epochs "
+                f"{', '.join(f'{x:.2f}' for x in p['epoch_seconds'])} s predicted (error {err}); file-system bytes "
+                f"{p['fs_bytes']:,} predicted, {p['measured_fs_bytes']:,} measured."
+            )
+        lines.append("")
+    peer = cluster["peer_transport"]
+    lines.append(
+        f"Peer transport (`peerbench`): {peer['peer_gbps']:.2f} GB/s aggregate, plain socket copy {peer['plain_socket_gbps']:.2f} "
+        f"GB/s (ratio {peer['peer_over_plain']:.2f}); server CPU {peer['server_cpu_us_per_sample']:.0f} µs per 100 KB sample."
+    )
+    k = cluster["kill"]
+    lines.append(
+        f"Node killed in epoch 2 ({k['nodes']} nodes x 1 rank, {k['epochs']} epochs): survivors completed "
+        f"{k['survivors_completed']}, extra stall {', '.join(f'{x:.2f}' for x in k['extra_stall_seconds'])} s, "
+        f"samples read around the dead node {k['fallbacks']}."
+    )
+    s = cluster["setup"]
+    lines.append(
+        f"Set-up of {s['ranks']} ranks on {s['nodes']} nodes over {s['files']:,} files: "
+        + ", ".join(f"{r['max_seconds']:.2f} s (index {r['index']})" for r in s["runs"])
+        + "."
+    )
+    return "\n".join(lines)

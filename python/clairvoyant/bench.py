@@ -798,6 +798,11 @@ def main(argv: Optional[list] = None) -> int:
 
             print()
             print(_validate.markdown(validation))
+        if cluster is not None:
+            from . import _bench_cluster
+
+            print()
+            print(_bench_cluster.markdown(cluster))
     return 0 if all(t["met"] for t in targets) else 1
 
 
