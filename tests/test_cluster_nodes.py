@@ -96,7 +96,7 @@ def _run(tmp_path, nodes, per_node, fraction):
         args=(str(list_file), config, crc),
         nodes=nodes,
         env={"CLAIRVOYANT_CACHE_DIR": str(cache)},
-        timeout=240,
+        timeout=float(os.environ.get("CV_TEST_TIMEOUT", 240)),
     )
     return out, total
 

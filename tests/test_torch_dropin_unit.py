@@ -362,3 +362,25 @@ def test_the_users_dataset_is_left_as_it_was(folder):
     assert aux._cv.adapter is not None  # cached too
     loader.close()
     aux.close()
+
+
+def test_no_pass_is_read_ahead_past_the_last_epoch(folder):
+    # With the run's epochs known, the last epoch predicts no further pass: reading one ahead
+    # would read samples from the file system that no epoch uses.
+    ds = torchvision.datasets.ImageFolder(folder, _tf())
+    s = DistributedSampler(ds, num_replicas=1, rank=0, seed=3)
+    loader = ct.DataLoader(ds, batch_size=4, sampler=s, epochs=3)
+    for e in range(3):
+        s.set_epoch(e)
+        sum(len(y) for _, y in loader)
+    passes = loader._cv.job.epochs
+    loader.close()
+    assert passes == 3
+    # Without a known end, the next epoch is read ahead.
+    loader = ct.DataLoader(ds, batch_size=4, sampler=s)
+    for e in range(3):
+        s.set_epoch(e)
+        sum(len(y) for _, y in loader)
+    passes = loader._cv.job.epochs
+    loader.close()
+    assert passes == 4

@@ -231,7 +231,7 @@ def run_ranks(
         while len(outs) + len(errors) < world_size:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                rank, ok, value = results.get(timeout=wait if wait is not None else 5.0)
+                rank, ok, value = results.get(timeout=min(wait, 5.0) if wait is not None else 5.0)
             except Exception:  # queue.Empty
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"ranks did not finish within {timeout} s")

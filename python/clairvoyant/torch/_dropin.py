@@ -517,6 +517,10 @@ class _Feed:
         job = self.job
         if job.epochs > p + 1 or not isinstance(key, int):
             return
+        last = self.loader.epochs
+        if last is not None and key + 1 >= last:
+            # The run ends with this epoch: reading ahead into one more would only cost reads.
+            return
         got = self.predictor.batches(key + 1, self._rank_for_prediction(), draw_base_seed=self._draws_base_seed())
         if not got:
             return
