@@ -26,8 +26,8 @@ from clairvoyant import _native  # noqa: E402
 from clairvoyant.torch import transforms as CT  # noqa: E402
 from clairvoyant.torch._native_pipeline import BatchDecoder, native_plan  # noqa: E402
 
-JPEG_MAX = 12
-JPEG_MEAN = 1.0
+JPEG_MAX = 6
+JPEG_MEAN = 0.5
 RESAMPLE_MAX = 2
 RESAMPLE_MAX_BICUBIC = 3  # bicubic overshoots; fixed-point rounding differs by one more level
 
@@ -212,7 +212,13 @@ def test_recogniser_maps_standard_pipelines_and_refuses_the_rest():
     val = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(mean, std)])
     assert native_plan(val).ops == (("resize", [256], None, "bilinear"), ("center_crop", 224, 224))
     v2train = v2.Compose(
-        [v2.RandomResizedCrop(176, antialias=True), v2.RandomHorizontalFlip(), v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+        [
+            v2.RandomResizedCrop(176, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+        ]
     )
     assert native_plan(v2train).output == "float32_chw"
     assert native_plan(v2.Compose([v2.CenterCrop(100), v2.PILToTensor()])).output == "uint8_chw"

@@ -51,6 +51,8 @@ TARGETS = {
     "epoch0_fuse_small_memory_vs_bound": 1.05,  # the same with a memory class of a third of the dataset
     "epoch0_fuse_small_memory_vs_threadpool": 1.0,
     "resume_first_batch_vs_epoch_start": 2.0,  # first batch after load_state_dict / after iter() (at most)
+    "decode_vs_pillow_per_core": 3.0,  # native decode+RRC+flip+normalize / torchvision+Pillow workers, images per CPU-s (at least)
+    "decode_raw_vs_pipeline": 1.5,  # native decode alone / native pipeline, images per CPU-s (at most)
 }
 
 
@@ -515,6 +517,22 @@ def bench_resume(out: Path, log) -> dict:
     return {"epoch_start_s": normal, "resumed_s": resumed, "ratio": m / n}
 
 
+# -- (g) native decode and transforms (clairvoyant._bench_decode) ----------------------------
+def bench_decode(log) -> dict:
+    from . import _bench_decode
+
+    return _bench_decode.bench_decode(log)
+
+
+def evaluate_decode(decode: Optional[dict]) -> list:
+    if not decode:
+        return []
+    return [
+        _target("decode_vs_pillow_per_core", decode["ratio_vs_pil"], True),
+        _target("decode_raw_vs_pipeline", decode["raw_over_pipeline"], False),
+    ]
+
+
 def _target(name: str, value: Optional[float], at_least: bool) -> dict:
     goal = TARGETS[name]
     if value is None:
@@ -566,6 +584,8 @@ _LABELS = {
     "simulator_seconds": "simulator, all policies, ImageNet-1k, 16 workers, 90 epochs, s",
     "resume_first_batch_vs_epoch_start": "first batch after load_state_dict / after an epoch start (warm cache)",
     "simulator_memory_gib": "simulator peak resident memory, GiB",
+    "decode_vs_pillow_per_core": "native decode + RandomResizedCrop + flip + normalize / torchvision + Pillow workers, per core",
+    "decode_raw_vs_pipeline": "native decode alone / native decode + transforms, per core",
     "epoch0_fuse_vs_bound": "epoch 0 on FUSE, 4 ranks / max(compute, dataset / t(γ))",
     "epoch0_fuse_vs_threadpool": "epoch 0 on FUSE, 4 ranks / plain pool of 4 threads per rank (same run)",
     "epoch0_fuse_small_memory_vs_bound": "epoch 0 on FUSE, memory class 1/3 of the dataset / bound",
@@ -694,7 +714,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--small-files", type=int, default=50_000, help="1 KB files for the overhead benchmark")
     ap.add_argument("--compute-ratio", type=float, default=BENCH_COMPUTE_RATIO, help="accelerator / file system speed")
     ap.add_argument("--fuse-files", type=int, default=8000, help="~100 KB files for the epoch-0 benchmark on FUSE")
-    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator", "fuse", "resume"], help="run one benchmark only")
+    ap.add_argument("--only", choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "decode"], help="run one benchmark only")
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -710,6 +730,7 @@ def main(argv: Optional[list] = None) -> int:
     simulator = bench_simulator(log) if args.only in (None, "simulator") else None
     fuse = bench_epoch0_fuse(out, args.fuse_files, log) if args.only in (None, "fuse") else None
     resume = bench_resume(out, log) if args.only in (None, "resume") else None
+    decode = bench_decode(log) if args.only in (None, "decode") else None
     validation = None
     if training is not None:
         try:
@@ -718,7 +739,7 @@ def main(argv: Optional[list] = None) -> int:
             validation = _validate.predict(training, out / "bench" / "data", out / "bench", log)
         except ImportError as e:  # tomllib needs Python 3.11
             log(f"validation skipped: {e}")
-    targets = evaluate(training, overhead, memory, simulator, fuse, resume)
+    targets = evaluate(training, overhead, memory, simulator, fuse, resume) + evaluate_decode(decode)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -729,6 +750,7 @@ def main(argv: Optional[list] = None) -> int:
         "simulator": simulator,
         "epoch0_fuse": fuse,
         "resume": resume,
+        "decode": decode,
         "simulator_validation": validation,
         "targets": targets,
     }
@@ -743,6 +765,10 @@ def main(argv: Optional[list] = None) -> int:
             print(f"[{status}] {_LABELS[t['name']]}: {value} vs {t['target']:g}{margin}")
         print()
         print(markdown(training, overhead, targets, command.strip(), memory, fuse))
+        if decode is not None:
+            from . import _bench_decode
+
+            print("\n".join(_bench_decode.markdown(decode, command.strip(), figures["machine"], figures["date"])))
         if validation is not None:
             from . import _validate
 

@@ -3,11 +3,11 @@
 //! `.numpy()` view shares its memory), with the GIL released.
 
 use clairvoyant_decode::{Error, Interpolation, Op, OutBuf, Output, Pipeline, Plan, SampleKey, Size};
-use numpy::{PyReadwriteArrayDyn, PyUntypedArrayMethods};
 use numpy::PyReadonlyArray1;
-use pyo3::types::PyBytes;
+use numpy::{PyReadwriteArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::errors::ConfigError;
 
@@ -16,7 +16,10 @@ pyo3::import_exception!(clairvoyant.errors, CorruptError);
 fn to_py(e: Error, names: Option<&[String]>) -> PyErr {
     match e {
         Error::Sample { index, sample, source } => {
-            let name = names.and_then(|n| n.get(index)).map(|n| format!(" ({n})")).unwrap_or_default();
+            let name = names
+                .and_then(|n| n.get(index))
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
             CorruptError::new_err(format!("sample {sample}{name}, batch position {index}: {source}"))
         }
         Error::Config { .. } => ConfigError::new_err(e.to_string()),
@@ -29,7 +32,9 @@ fn interp(s: &str) -> PyResult<Interpolation> {
     match s {
         "bilinear" => Ok(Interpolation::Bilinear),
         "bicubic" => Ok(Interpolation::Bicubic),
-        _ => Err(ConfigError::new_err(format!("interpolation {s:?}: only 'bilinear' and 'bicubic'"))),
+        _ => Err(ConfigError::new_err(format!(
+            "interpolation {s:?}: only 'bilinear' and 'bicubic'"
+        ))),
     }
 }
 
@@ -39,9 +44,17 @@ fn op(t: &Bound<'_, PyAny>) -> PyResult<Op> {
     Ok(match kind.as_str() {
         "random_resized_crop" => {
             let (_, h, w, scale, ratio, i): (String, u32, u32, (f64, f64), (f64, f64), String) = t.extract()?;
-            Op::RandomResizedCrop { h, w, scale, ratio, interpolation: interp(&i)? }
+            Op::RandomResizedCrop {
+                h,
+                w,
+                scale,
+                ratio,
+                interpolation: interp(&i)?,
+            }
         }
-        "hflip" => Op::RandomHorizontalFlip { p: t.get_item(1)?.extract()? },
+        "hflip" => Op::RandomHorizontalFlip {
+            p: t.get_item(1)?.extract()?,
+        },
         "resize" => {
             let (_, size, max_size, i): (String, Vec<u32>, Option<u32>, String) = t.extract()?;
             let size = match size[..] {
@@ -49,7 +62,11 @@ fn op(t: &Bound<'_, PyAny>) -> PyResult<Op> {
                 [h, w] => Size::Exact { h, w },
                 _ => return Err(ConfigError::new_err(format!("Resize.size {size:?}: one or two ints"))),
             };
-            Op::Resize { size, max_size, interpolation: interp(&i)? }
+            Op::Resize {
+                size,
+                max_size,
+                interpolation: interp(&i)?,
+            }
         }
         "center_crop" => {
             let (_, h, w): (String, u32, u32) = t.extract()?;
@@ -82,10 +99,21 @@ impl PyDecodePipeline {
         let output = match output {
             "uint8_hwc" => Output::U8Hwc,
             "uint8_chw" => Output::U8Chw,
-            "float32_chw" => Output::F32Chw { mean: mean.unwrap_or([0.0; 3]), std: std.unwrap_or([1.0; 3]) },
-            _ => return Err(ConfigError::new_err(format!("output {output:?}: uint8_hwc, uint8_chw or float32_chw"))),
+            "float32_chw" => Output::F32Chw {
+                mean: mean.unwrap_or([0.0; 3]),
+                std: std.unwrap_or([1.0; 3]),
+            },
+            _ => {
+                return Err(ConfigError::new_err(format!(
+                    "output {output:?}: uint8_hwc, uint8_chw or float32_chw"
+                )))
+            }
         };
-        let plan = Plan { ops, output, exif_orientation };
+        let plan = Plan {
+            ops,
+            output,
+            exif_orientation,
+        };
         let inner = py.detach(|| Pipeline::new(plan, threads)).map_err(|e| to_py(e, None))?;
         Ok(PyDecodePipeline { inner })
     }
@@ -104,6 +132,7 @@ impl PyDecodePipeline {
 
     /// Decode `inputs[i]` into `out[i]` with the random stream of (seed, epoch, samples[i]).
     #[pyo3(signature = (inputs, samples, seed, epoch, out, names=None))]
+    #[allow(clippy::too_many_arguments)] // the Python signature; each is one keyword argument there
     fn run(
         &self,
         py: Python<'_>,
@@ -129,29 +158,45 @@ impl PyDecodePipeline {
         let mut slices: Vec<&[u8]> = Vec::with_capacity(inputs.len());
         for (i, (b, a)) in inputs.iter().zip(&arrays).enumerate() {
             slices.push(match a {
-                Some(a) => a.as_slice().map_err(|_| PyValueError::new_err(format!("input {i} is not contiguous")))?,
+                Some(a) => a
+                    .as_slice()
+                    .map_err(|_| PyValueError::new_err(format!("input {i} is not contiguous")))?,
                 None => b.cast::<PyBytes>()?.as_bytes(),
             });
         }
-        let keys: Vec<SampleKey> = samples.iter().map(|&sample| SampleKey { seed, epoch, sample }).collect();
+        let keys: Vec<SampleKey> = samples
+            .iter()
+            .map(|&sample| SampleKey { seed, epoch, sample })
+            .collect();
         let names = names.as_deref();
         if let Ok(mut a) = out.extract::<PyReadwriteArrayDyn<'_, u8>>() {
             check_shape(a.shape(), samples.len(), self.inner.sample_shape())?;
-            let buf = a.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
-            py.detach(|| self.inner.run_batch(&slices, &keys, OutBuf::U8(buf))).map_err(|e| to_py(e, names))
+            let buf = a
+                .as_slice_mut()
+                .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+            py.detach(|| self.inner.run_batch(&slices, &keys, OutBuf::U8(buf)))
+                .map_err(|e| to_py(e, names))
         } else if let Ok(mut a) = out.extract::<PyReadwriteArrayDyn<'_, f32>>() {
             check_shape(a.shape(), samples.len(), self.inner.sample_shape())?;
-            let buf = a.as_slice_mut().map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
-            py.detach(|| self.inner.run_batch(&slices, &keys, OutBuf::F32(buf))).map_err(|e| to_py(e, names))
+            let buf = a
+                .as_slice_mut()
+                .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+            py.detach(|| self.inner.run_batch(&slices, &keys, OutBuf::F32(buf)))
+                .map_err(|e| to_py(e, names))
         } else {
-            Err(PyValueError::new_err("out must be a writable numpy uint8 or float32 array"))
+            Err(PyValueError::new_err(
+                "out must be a writable numpy uint8 or float32 array",
+            ))
         }
     }
 }
 
 fn check_shape(shape: &[usize], n: usize, sample: [usize; 3]) -> PyResult<()> {
     if shape != [n, sample[0], sample[1], sample[2]] {
-        return Err(PyValueError::new_err(format!("out has shape {shape:?}, expected {:?}", [n, sample[0], sample[1], sample[2]])));
+        return Err(PyValueError::new_err(format!(
+            "out has shape {shape:?}, expected {:?}",
+            [n, sample[0], sample[1], sample[2]]
+        )));
     }
     Ok(())
 }

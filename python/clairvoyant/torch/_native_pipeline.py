@@ -195,9 +195,7 @@ class BatchDecoder:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.plan = plan
-        self._pipe = _native.DecodePipeline(
-            list(plan.ops), plan.output, list(plan.mean), list(plan.std), exif_orientation, threads
-        )
+        self._pipe = _native.DecodePipeline(list(plan.ops), plan.output, list(plan.mean), list(plan.std), exif_orientation, threads)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.depth = depth
         self._ring: dict = {}
