@@ -275,3 +275,88 @@ def test_pinned_output_when_cuda_is_present():
     out = dec.decode([encode(natural(20, 20), "PNG")], [0])
     assert out.is_pinned()
     assert torch.equal(out.to("cuda", non_blocking=True).cpu(), out)
+
+
+# -- clairvoyant.torch.DataLoader: the native path for ImageFolder --------------------------
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+VAL = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+
+
+@pytest.fixture(scope="module")
+def jpeg_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("decode-folder")
+    for c in range(2):
+        (root / f"c{c}").mkdir()
+        for j in range(10):
+            natural(60 + 7 * j, 48 + 3 * j, seed=10 * c + j).save(root / f"c{c}" / f"{j}.jpg", quality=92)
+    return root
+
+
+def _batches(loader_cls, dataset, workers):
+    loader = loader_cls(dataset, batch_size=4, shuffle=False, num_workers=workers)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_decodes_image_folder_natively(jpeg_folder, workers, monkeypatch):
+    import clairvoyant.torch as ctorch
+    from clairvoyant.torch import _native_pipeline as npl
+
+    calls = []
+    original = npl.FolderDecoder.items
+
+    def spy(self, indices, datas, fallback):
+        calls.append(len(indices))
+        return original(self, indices, datas, fallback)
+
+    monkeypatch.setattr(npl.FolderDecoder, "items", spy)
+    ds = tv.datasets.ImageFolder(str(jpeg_folder), VAL)
+    ours = _batches(ctorch.DataLoader, ds, workers)
+    theirs = _batches(torch.utils.data.DataLoader, ds, 0)
+    assert [y.tolist() for _, y in ours] == [y.tolist() for _, y in theirs]
+    for (a, _), (b, _) in zip(ours, theirs):
+        assert a.shape == b.shape == (a.shape[0], 3, 32, 32)
+        # JPEG decode (<= 6 levels) then resampling (<= 2), divided by std.
+        assert (a - b).abs().max() <= 8 / 255 / min(STD) + 1e-5
+    if workers == 0:  # the spy only sees this process
+        assert sum(calls) == len(ds)
+
+
+def test_dataloader_falls_back_to_python_for_unknown_transforms_and_formats(jpeg_folder, tmp_path):
+    import clairvoyant.torch as ctorch
+    from clairvoyant.torch._native_pipeline import FolderDecoder
+
+    jitter = T.Compose([T.CenterCrop(32), T.ColorJitter(0.1), T.ToTensor()])
+    assert FolderDecoder.for_dataset(tv.datasets.ImageFolder(str(jpeg_folder), jitter)) is None
+
+    class Mine(tv.datasets.ImageFolder):
+        def __getitem__(self, i):
+            return super().__getitem__(i)
+
+    assert FolderDecoder.for_dataset(Mine(str(jpeg_folder), VAL)) is None
+    # A BMP among the JPEGs: Pillow decodes it, the batch still loads.
+    root = tmp_path / "mixed"
+    (root / "a").mkdir(parents=True)
+    natural(50, 50, 1).save(root / "a" / "x.jpg")
+    natural(50, 50, 2).save(root / "a" / "y.bmp")
+    ds = tv.datasets.ImageFolder(str(root), VAL)
+    assert FolderDecoder.for_dataset(ds) is not None
+    ((x, _),) = _batches(ctorch.DataLoader, ds, 0)
+    ((want, _),) = _batches(torch.utils.data.DataLoader, ds, 0)
+    assert (x[1] - want[1]).abs().max() <= 1e-5  # the BMP went through Pillow
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_corrupt_jpeg_raises_naming_the_file(tmp_path, workers):
+    """Also shows the native path runs in worker processes: only it raises CorruptError."""
+    import clairvoyant.torch as ctorch
+
+    root = tmp_path / "corrupt"
+    (root / "a").mkdir(parents=True)
+    natural(50, 50, 1).save(root / "a" / "good.jpg")
+    data = encode(natural(50, 50, 2), "JPEG")
+    (root / "a" / "bad.jpg").write_bytes(data[: len(data) // 3])
+    ds = tv.datasets.ImageFolder(str(root), VAL)
+    with pytest.raises(clairvoyant.CorruptError, match="bad.jpg"):
+        _batches(ctorch.DataLoader, ds, workers)

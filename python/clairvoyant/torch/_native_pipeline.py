@@ -241,3 +241,86 @@ class BatchDecoder:
             out = self._buffer(len(inputs))
         self._pipe.run(list(inputs), [int(s) for s in samples], seed, epoch, out.numpy(), None if names is None else list(names))
         return out
+
+
+class FolderDecoder:
+    """The native path of ``clairvoyant.torch.DataLoader`` for a torchvision ``ImageFolder``.
+
+    Used when the dataset is torchvision's own ``DatasetFolder``/``ImageFolder`` (``__getitem__``
+    not overridden; ``Subset`` views of one too), its loader is Pillow's (``default_loader`` /
+    ``pil_loader``), and ``native_plan(dataset.transform)`` recognises the transform. Then the
+    worker decodes a whole batch natively instead of calling ``dataset[i]`` per sample; items are
+    ``(image, target_transform(target))`` as ``DatasetFolder.__getitem__`` returns them.
+
+    Random parameters: one 62-bit key drawn from torch's generator per batch (after the worker's
+    random state is recorded for resuming), then the per-sample stream of (key, 0, index); so a
+    run is reproducible under the DataLoader's seeding as with torchvision, but the draws are not
+    torchvision's.
+    """
+
+    def __init__(self, dataset, folder, plan: NativePlan):
+        self.dataset, self.folder, self.plan = dataset, folder, plan
+        info = torch.utils.data.get_worker_info()
+        # A worker process decodes its batches on one thread (num_workers processes = cores);
+        # the main process (num_workers=0) uses every core.
+        self._pipe = _native.DecodePipeline(list(plan.ops), plan.output, list(plan.mean), list(plan.std), False, 1 if info else 0)
+
+    @staticmethod
+    def for_dataset(dataset) -> Optional["FolderDecoder"]:
+        from . import _datasets
+
+        try:
+            from torchvision.datasets import DatasetFolder
+        except ImportError:  # pragma: no cover
+            return None
+        folder, _ = _datasets._folder_root(dataset)
+        if folder is None or type(folder).__getitem__ is not DatasetFolder.__getitem__:
+            return None
+        if _datasets._byte_decoder(folder.loader) is not _datasets._pil_decode:
+            return None
+        plan = native_plan(folder.transform)
+        return None if plan is None else FolderDecoder(dataset, folder, plan)
+
+    def _root(self, index: int) -> int:
+        d = self.dataset
+        while isinstance(d, torch.utils.data.Subset):
+            index = d.indices[index]
+            d = d.dataset
+        return index
+
+    def items(self, indices: Sequence[int], datas: Sequence[Any], fallback) -> list:
+        """The batch's items from the samples' bytes. A sample the native decoder refuses (a
+        format other than JPEG/PNG, a JPEG coding it lacks) goes through ``fallback(k)`` (the
+        dataset's own path); if that fails as well, ``CorruptError`` names the file."""
+        import numpy as np
+
+        roots = [self._root(int(i)) for i in indices]
+        paths = [str(self.folder.samples[r][0]) for r in roots]
+        dtype = torch.float32 if self.plan.output == "float32_chw" else torch.uint8
+        out = torch.empty((len(datas), *self._pipe.sample_shape), dtype=dtype)
+        arrays = [np.frombuffer(d, dtype=np.uint8) for d in datas]
+        key = int(torch.randint(0, 2**62, (1,)).item())
+        try:
+            self._pipe.run(arrays, [int(i) for i in indices], key, 0, out.numpy(), paths)
+        except _native.CorruptError:
+            return self._one_by_one(indices, arrays, paths, key, out, fallback)
+        tt = self.folder.target_transform
+        targets = [self.folder.samples[r][1] for r in roots]
+        return [(out[k], t if tt is None else tt(t)) for k, t in enumerate(targets)]
+
+    def _one_by_one(self, indices, arrays, paths, key: int, out: torch.Tensor, fallback) -> list:
+        items = []
+        tt = self.folder.target_transform
+        for k, i in enumerate(indices):
+            try:
+                self._pipe.run([arrays[k]], [int(i)], key, 0, out[k : k + 1].numpy(), [paths[k]])
+                t = self.folder.samples[self._root(int(i))][1]
+                items.append((out[k], t if tt is None else tt(t)))
+                continue
+            except _native.CorruptError as native_error:
+                error = native_error
+            try:
+                items.append(fallback(k))
+            except Exception as e:
+                raise _native.CorruptError(f"{paths[k]}: cannot decode ({error}; Pillow: {e})") from e
+        return items
