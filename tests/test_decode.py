@@ -280,7 +280,8 @@ def test_pinned_output_when_cuda_is_present():
 # -- clairvoyant.torch.DataLoader: the native path for ImageFolder --------------------------
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-VAL = T.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+# clairvoyant's Compose opts in to the native path; members may be torchvision's.
+VAL = CT.Compose([T.Resize(40), T.CenterCrop(32), T.ToTensor(), T.Normalize(MEAN, STD)])
 
 
 @pytest.fixture(scope="module")
@@ -327,8 +328,12 @@ def test_dataloader_falls_back_to_python_for_unknown_transforms_and_formats(jpeg
     import clairvoyant.torch as ctorch
     from clairvoyant.torch._native_pipeline import FolderDecoder
 
-    jitter = T.Compose([T.CenterCrop(32), T.ColorJitter(0.1), T.ToTensor()])
+    jitter = CT.Compose([T.CenterCrop(32), T.ColorJitter(0.1), T.ToTensor()])
     assert FolderDecoder.for_dataset(tv.datasets.ImageFolder(str(jpeg_folder), jitter)) is None
+    # torchvision's own Compose keeps the drop-in's promise of torch's very batches: no native path.
+    tv_val = T.Compose(VAL.transforms)
+    assert native_plan(tv_val) is not None
+    assert FolderDecoder.for_dataset(tv.datasets.ImageFolder(str(jpeg_folder), tv_val)) is None
 
     class Mine(tv.datasets.ImageFolder):
         def __getitem__(self, i):

@@ -246,7 +246,13 @@ class BatchDecoder:
 class FolderDecoder:
     """The native path of ``clairvoyant.torch.DataLoader`` for a torchvision ``ImageFolder``.
 
-    Used when the dataset is torchvision's own ``DatasetFolder``/``ImageFolder`` (``__getitem__``
+    Opt-in: the drop-in promises the very batches torch's DataLoader gives, and the native path
+    cannot (its random draws are its own, its JPEG decoder differs from libjpeg-turbo by a few
+    levels). So it is used only when the dataset's transform is built with
+    ``clairvoyant.torch.transforms.Compose`` (its members may be torchvision's classes or the
+    same-named ones of ``clairvoyant.torch.transforms``): that import is the user saying "native".
+
+    Used when, besides, the dataset is torchvision's own ``DatasetFolder``/``ImageFolder`` (``__getitem__``
     not overridden; ``Subset`` views of one too), its loader is Pillow's (``default_loader`` /
     ``pil_loader``), and ``native_plan(dataset.transform)`` recognises the transform. Then the
     worker decodes a whole batch natively instead of calling ``dataset[i]`` per sample; items are
@@ -277,6 +283,10 @@ class FolderDecoder:
         if folder is None or type(folder).__getitem__ is not DatasetFolder.__getitem__:
             return None
         if _datasets._byte_decoder(folder.loader) is not _datasets._pil_decode:
+            return None
+        from . import transforms as C
+
+        if type(folder.transform) is not C.Compose:
             return None
         plan = native_plan(folder.transform)
         return None if plan is None else FolderDecoder(dataset, folder, plan)
