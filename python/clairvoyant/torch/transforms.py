@@ -2,10 +2,11 @@
 
 Each class here *is* the torchvision transform (a subclass that adds nothing), so a pipeline
 built from them runs exactly as torchvision's wherever it runs in Python. What they add is a
-promise: a ``Compose`` of these is always recognised by :func:`native_plan` and runs natively
-(decode + transforms in Rust threads, batch written into one pinned tensor). torchvision's own
-classes are recognised as well; these exist so a user can see, by the import, which transforms
-stay native.
+choice: ``clairvoyant.torch.DataLoader`` decodes an ``ImageFolder`` natively (decode + transforms
+in Rust, docs/decode.md) when its transform is *this* ``Compose`` of recognised transforms (the
+members may be torchvision's classes too). With torchvision's own ``Compose`` it keeps giving
+exactly torch's batches. :func:`native_plan` and :class:`BatchDecoder` run a pipeline natively
+outside a DataLoader.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = [
 
 
 class Compose(_T.Compose):
-    """torchvision.transforms.Compose."""
+    """torchvision.transforms.Compose; opts an ImageFolder in to native decoding."""
 
 
 class RandomResizedCrop(_T.RandomResizedCrop):
