@@ -365,3 +365,29 @@ def test_dataloader_corrupt_jpeg_raises_naming_the_file(tmp_path, workers):
     ds = tv.datasets.ImageFolder(str(root), VAL)
     with pytest.raises(clairvoyant.CorruptError, match="bad.jpg"):
         _batches(ctorch.DataLoader, ds, workers)
+
+
+def _use_in_child(pipe, data, q):
+    out = np.zeros((1, *pipe.sample_shape), dtype=np.uint8)
+    try:
+        pipe.run([data], [0], 0, 0, out, None)
+        q.put("ran")
+    except clairvoyant.ConfigError as e:
+        q.put(f"ConfigError: {e}")
+
+
+def test_pipeline_used_after_fork_refuses_instead_of_hanging():
+    import multiprocessing as mp
+
+    data = encode(natural(20, 20), "PNG")
+    pipe = _native.DecodePipeline([("center_crop", 8, 8)], "uint8_hwc", None, None, False, 2)
+    out = np.zeros((1, *pipe.sample_shape), dtype=np.uint8)
+    pipe.run([data], [0], 0, 0, out, None)  # the pool's threads exist in this process
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_use_in_child, args=(pipe, data, q))
+    p.start()
+    p.join(timeout=60)
+    assert not p.is_alive(), "the forked child hung"
+    got = q.get(timeout=5)
+    assert got.startswith("ConfigError") and "fork" in got, got

@@ -272,11 +272,13 @@ class CachedDataset(torch.utils.data.Dataset):
     def _native_decoder(self):
         """The native decode path for this dataset (docs/decode.md), or None; decided once per
         process (the pipeline's threads do not survive fork)."""
-        if "_native" not in self.__dict__:
+        pid, native = self.__dict__.get("_native", (None, None))
+        if pid != os.getpid():  # first use in this process (a forked worker inherits the parent's)
             from ._native_pipeline import FolderDecoder
 
-            self._native = FolderDecoder.for_dataset(self.dataset)
-        return self._native
+            native = FolderDecoder.for_dataset(self.dataset)
+            self._native = (os.getpid(), native)
+        return native
 
     def _path_of(self, index: int):
         d = self.dataset
