@@ -16,6 +16,7 @@ over the corpus (the machine is shared; the best pass is the least disturbed one
 from __future__ import annotations
 
 import io
+import os
 import time
 from typing import Callable
 
@@ -85,13 +86,55 @@ def _pillow_workers(data: list, transform, workers: int, batch: int, passes: int
     loader = torch.utils.data.DataLoader(
         _Encoded(data, transform), batch_size=batch, num_workers=workers, persistent_workers=True, prefetch_factor=2
     )
+    return _loader_rates(loader, len(data), passes)
+
+
+def _loader_rates(loader, n: int, passes: int) -> tuple:
+    """_best over passes of a persistent-worker loader, after one pass that starts its workers."""
 
     def run() -> None:
         for _ in loader:
             pass
 
-    run()  # start the workers
-    return _best(passes, len(data), run, lambda: [w.pid for w in loader._iterator._workers])
+    run()
+    return _best(passes, n, run, lambda: [w.pid for w in loader._iterator._workers])
+
+
+def _dataloaders(data: list, batch: int, passes: int, log) -> dict:
+    """The same pipeline on an ImageFolder of these JPEGs through a DataLoader with 1 worker:
+    torch's, clairvoyant's drop-in with torchvision's Compose (Python decode from the cache), and
+    the drop-in with clairvoyant.torch.transforms.Compose (native decode in the worker)."""
+    import tempfile
+
+    import torch
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    import clairvoyant.torch as ctorch
+    from clairvoyant.torch import transforms as CT
+
+    members = [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="cv-decode-bench-") as root:
+        for k, b in enumerate(data):
+            d = os.path.join(root, f"c{k % 2}")
+            os.makedirs(d, exist_ok=True)
+            with open(os.path.join(d, f"{k}.jpg"), "wb") as f:
+                f.write(b)
+        cases = (
+            ("torch_loader", torch.utils.data.DataLoader, T.Compose(members)),
+            ("dropin_python", ctorch.DataLoader, T.Compose(members)),
+            ("dropin_native", ctorch.DataLoader, CT.Compose(members)),
+        )
+        for name, Loader, transform in cases:
+            loader = Loader(datasets.ImageFolder(root, transform), batch_size=batch, shuffle=True, num_workers=1, persistent_workers=True)
+            # The first pass starts the worker (and fills the drop-in's cache).
+            out[name], out[name + "_cpu"] = _loader_rates(loader, len(data), passes)
+            if hasattr(loader, "close"):
+                loader.close()
+            del loader
+            log(f"  DataLoader ({name}), 1 worker: {out[name]:.0f} images/s ({out[name + '_cpu']:.0f} per CPU-s)")
+    return out
 
 
 def bench_decode(log, count: int = 256, batch: int = 64, passes: int = 3) -> dict:
@@ -147,6 +190,7 @@ def bench_decode(log, count: int = 256, batch: int = 64, passes: int = 3) -> dic
             f"  torchvision + Pillow, {workers} DataLoader worker(s): {out[f'pil_{workers}w']:.0f} images/s "
             f"({out[f'pil_{workers}w_cpu']:.0f} per CPU-s)"
         )
+    out.update(_dataloaders(data, batch, passes, log))
     # Per core: images per CPU-second (robust to other load), and the 1-thread / 1-worker rates.
     out["ratio_vs_pil"] = out["native_1t_cpu"] / out["pil_1w_cpu"]
     out["ratio_wall_1_vs_1"] = out["native_1t"] / out["pil_1w"]
@@ -166,6 +210,9 @@ def markdown(d: dict, command: str, machine: dict, date: str) -> list:
         f"| clairvoyant native, decode + 224 crop only (raw decode) | {d['native_raw_1t_cpu']:.0f} | {d['native_raw_1t']:.0f} | {d['native_raw_2t']:.0f} |",
         f"| torchvision + Pillow, DataLoader workers | {d['pil_1w_cpu']:.0f} | {d['pil_1w']:.0f} | {d['pil_2w']:.0f} |",
         f"| torchvision + Pillow, in the main process | {d['pil_inline_cpu']:.0f} | {d['pil_inline']:.0f} | |",
+        f"| ImageFolder, torch's DataLoader, 1 worker | {d['torch_loader_cpu']:.0f} | {d['torch_loader']:.0f} | |",
+        f"| ImageFolder, clairvoyant DataLoader, torchvision Compose, 1 worker | {d['dropin_python_cpu']:.0f} | {d['dropin_python']:.0f} | |",
+        f"| ImageFolder, clairvoyant DataLoader, clairvoyant Compose (native), 1 worker | {d['dropin_native_cpu']:.0f} | {d['dropin_native']:.0f} | |",
         "",
         f"Per core (images per CPU-second, workers' CPU included): native / Pillow workers "
         f"{d['ratio_vs_pil']:.2f}x; raw decode / native pipeline {d['raw_over_pipeline']:.2f}x.",
