@@ -241,3 +241,35 @@ fn plans_without_a_fixed_size_are_refused() {
     };
     assert!(matches!(Pipeline::new(plan, 1), Err(Error::Config { .. })));
 }
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// RandomResizedCrop's window always lies inside the image and is non-empty, whatever
+        /// the draws, sizes and (sane) parameters; the same key gives the same window.
+        #[test]
+        fn rrc_window_fits(
+            w in 4u32..3000, h in 4u32..3000,
+            lo in 0.01f64..1.0, span in 0.0f64..1.0,
+            r0 in 0.25f64..1.0, r1 in 1.0f64..4.0,
+            key in any::<u64>(),
+        ) {
+            let scale = (lo, lo + span);
+            let mut rng = SampleRng::new(key, 1, 2);
+            let (i, j, ch, cw) = rrc_params(w, h, scale, (r0, r1), &mut rng);
+            prop_assert!(ch >= 1 && cw >= 1 && i + ch <= h && j + cw <= w, "{i} {j} {ch} {cw} in {w}x{h}");
+            let mut again = SampleRng::new(key, 1, 2);
+            prop_assert_eq!(rrc_params(w, h, scale, (r0, r1), &mut again), (i, j, ch, cw));
+        }
+
+        /// CenterCrop always yields the requested size, padding or not.
+        #[test]
+        fn center_crop_size(w in 1u32..64, h in 1u32..64, cw in 1u32..80, ch in 1u32..80) {
+            let img = Rgb::new(w, h);
+            let c = center_crop(&img, ch, cw);
+            prop_assert_eq!((c.width, c.height, c.data.len()), (cw, ch, (cw * ch * 3) as usize));
+        }
+    }
+}
