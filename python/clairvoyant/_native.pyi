@@ -154,3 +154,35 @@ class Simulation:
     def finished(self) -> bool: ...
     def cancel(self) -> None: ...
     def result(self, timeout: Optional[float] = None) -> Optional[str]: ...
+
+# Native decode (crate clairvoyant-decode); see docs/decode.md. ops are tuples:
+# ("random_resized_crop", h, w, (scale_lo, scale_hi), (ratio_lo, ratio_hi), interpolation),
+# ("hflip", p), ("resize", [size] | [h, w], max_size | None, interpolation), ("center_crop", h, w);
+# interpolation "bilinear" | "bicubic".
+class DecodePipeline:
+    def __init__(
+        self,
+        ops: Sequence[tuple],
+        output: str,  # "uint8_hwc" | "uint8_chw" | "float32_chw"
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
+        exif_orientation: bool = False,
+        threads: int = 0,
+    ) -> None: ...
+    @property
+    def sample_shape(self) -> tuple[int, int, int]: ...
+    @property
+    def threads(self) -> int: ...
+    def run(
+        self,
+        inputs: Sequence[bytes | npt.NDArray[np.uint8]],
+        samples: Sequence[int],
+        seed: int,
+        epoch: int,
+        out: npt.NDArray[np.uint8] | npt.NDArray[np.float32],
+        names: Optional[Sequence[str]] = None,
+    ) -> None: ...
+
+def random_resized_crop_params(
+    width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float], seed: int, epoch: int, sample: int
+) -> tuple[int, int, int, int]: ...

@@ -59,6 +59,8 @@ TARGETS = {
     "peer_fetch_gbps": 1.0,  # 100 KB samples, 4 servers on loopback, aggregate (at least; or 2x of a socket copy)
     "kill_extra_stall_seconds": 2.0,  # survivors of a node killed in epoch 2, extra stall (at most)
     "cluster_setup_seconds": 5.0,  # rendezvous, index, plan: 8 ranks, 100,000 files (at most)
+    "decode_vs_pillow_per_core": 3.0,  # native decode+RRC+flip+normalize / torchvision+Pillow workers, images per CPU-s (at least)
+    "decode_raw_vs_pipeline": 1.5,  # native decode alone / native pipeline, images per CPU-s (at most)
 }
 TARGETS.update(_bench_formats.TARGETS)
 
@@ -524,6 +526,22 @@ def bench_resume(out: Path, log) -> dict:
     return {"epoch_start_s": normal, "resumed_s": resumed, "ratio": m / n}
 
 
+# -- (g) native decode and transforms (clairvoyant._bench_decode) ----------------------------
+def bench_decode(log) -> dict:
+    from . import _bench_decode
+
+    return _bench_decode.bench_decode(log)
+
+
+def evaluate_decode(decode: Optional[dict]) -> list:
+    if not decode:
+        return []
+    return [
+        _target("decode_vs_pillow_per_core", decode["ratio_vs_pil"], True),
+        _target("decode_raw_vs_pipeline", decode["raw_over_pipeline"], False),
+    ]
+
+
 def _target(name: str, value: Optional[float], at_least: bool) -> dict:
     goal = TARGETS[name]
     if value is None:
@@ -597,6 +615,8 @@ _LABELS = {
     "kill_extra_stall_seconds": "node killed in epoch 2: survivors' extra stall, s (max over survivors)",
     "cluster_setup_seconds": "set-up of 8 ranks on 4 nodes, 100,000 files (index built), s",
     "simulator_memory_gib": "simulator peak resident memory, GiB",
+    "decode_vs_pillow_per_core": "native decode + RandomResizedCrop + flip + normalize / torchvision + Pillow workers, per core",
+    "decode_raw_vs_pipeline": "native decode alone / native decode + transforms, per core",
     "epoch0_fuse_vs_bound": "epoch 0 on FUSE, 4 ranks / max(compute, dataset / t(γ))",
     "epoch0_fuse_vs_threadpool": "epoch 0 on FUSE, 4 ranks / plain pool of 4 threads per rank (same run)",
     "epoch0_fuse_small_memory_vs_bound": "epoch 0 on FUSE, memory class 1/3 of the dataset / bound",
@@ -729,7 +749,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--formats-mb", type=int, default=2000, help="size of the LMDB of the container-format benchmark (HDF5, tar: a quarter)")
     ap.add_argument(
         "--only",
-        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster"],
+        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode"],
         help="run one benchmark only",
     )
     ap.add_argument("--out", default="out")
@@ -753,6 +773,7 @@ def main(argv: Optional[list] = None) -> int:
         from . import _bench_cluster
 
         cluster = _bench_cluster.bench_cluster(out, log, progress)
+    decode = bench_decode(log) if args.only in (None, "decode") else None
     validation = None
     if training is not None:
         try:
@@ -761,7 +782,7 @@ def main(argv: Optional[list] = None) -> int:
             validation = _validate.predict(training, out / "bench" / "data", out / "bench", log)
         except ImportError as e:  # tomllib needs Python 3.11
             log(f"validation skipped: {e}")
-    targets = evaluate(training, overhead, memory, simulator, fuse, resume, cluster)
+    targets = evaluate(training, overhead, memory, simulator, fuse, resume, cluster) + evaluate_decode(decode)
     if formats is not None:
         targets += _bench_formats.evaluate(formats, _target)
     figures: dict[str, Any] = {
@@ -776,6 +797,7 @@ def main(argv: Optional[list] = None) -> int:
         "resume": resume,
         "formats": formats,
         "cluster": cluster,
+        "decode": decode,
         "simulator_validation": validation,
         "targets": targets,
     }
@@ -793,6 +815,10 @@ def main(argv: Optional[list] = None) -> int:
         if formats is not None:
             print()
             print("\n".join(_bench_formats.markdown(formats)))
+        if decode is not None:
+            from . import _bench_decode
+
+            print("\n".join(_bench_decode.markdown(decode, command.strip(), figures["machine"], figures["date"])))
         if validation is not None:
             from . import _validate
 

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod decode;
 mod engine;
 mod errors;
 mod model;
@@ -23,5 +24,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::register(m)?;
     peer::register(m)?;
     sim::register(m)?;
+    decode::register(m)?;
     Ok(())
 }
