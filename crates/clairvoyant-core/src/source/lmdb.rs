@@ -100,11 +100,13 @@ struct LibraryReader {
 }
 
 type MainDb = Database<'static, Bytes, Bytes>;
+/// The library's environments opened in this process, by data file.
+type Envs = Mutex<HashMap<PathBuf, (Env<WithoutTls>, MainDb)>>;
 
 /// heed refuses to open one environment twice in a process: every source of it shares this one,
 /// with its main database.
 fn library_env(data: &Path) -> Result<(Env<WithoutTls>, MainDb)> {
-    static ENVS: OnceLock<Mutex<HashMap<PathBuf, (Env<WithoutTls>, MainDb)>>> = OnceLock::new();
+    static ENVS: OnceLock<Envs> = OnceLock::new();
     let mut envs = ENVS
         .get_or_init(Default::default)
         .lock()
