@@ -34,10 +34,8 @@ fn write(dir: &Path, flags: DatabaseFlags, items: &[(Vec<u8>, Vec<u8>)]) {
     // Indexes of files modified within 2 s are rebuilt on the next open (racy); move the
     // modification time back so that a reopen may reuse the index.
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
-    for f in ["data.mdb", "lock.mdb"] {
-        let f = std::fs::File::options().write(true).open(dir.join(f)).unwrap();
-        f.set_modified(old).unwrap();
-    }
+    let f = std::fs::File::options().write(true).open(dir.join("data.mdb")).unwrap();
+    f.set_modified(old).unwrap();
 }
 
 fn value(k: usize, d: usize, n: usize) -> Vec<u8> {
@@ -151,4 +149,46 @@ fn a_changed_database_is_refused_before_the_library_reads_it() {
     let err = src.read_into(1, &mut buf).unwrap_err().to_string();
     assert!(err.contains("data.mdb") && err.contains("record key"), "{err}");
     assert_eq!(src.fallback_reads(), 0);
+}
+
+/// The DUPSORT items of the checked-in fixture `tests/data/dupsort.lmdb`, which the Python tests
+/// read against py-lmdb (a second build of the LMDB library): 12 keys, key 5 with 100
+/// duplicates (a sub-database), every third key with 3 (a sub-page), the others with one.
+fn fixture_items() -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut items = Vec::new();
+    for k in 0..12usize {
+        let dups = if k == 5 {
+            100
+        } else if k % 3 == 0 {
+            3
+        } else {
+            1
+        };
+        for d in 0..dups {
+            items.push((format!("key{k:02}").into_bytes(), value(k, d, 40 + (k + d) % 30)));
+        }
+    }
+    items
+}
+
+#[test]
+fn dupsort_fixture_is_current() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/dupsort.lmdb");
+    if std::env::var_os("CLAIRVOYANT_WRITE_FIXTURES").is_some() {
+        let _ = std::fs::remove_dir_all(&fixture);
+        write(&fixture, DatabaseFlags::DUP_SORT, &fixture_items());
+        std::fs::remove_file(fixture.join("lock.mdb")).unwrap();
+        println!("wrote {}", fixture.display());
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = lmdb(&fixture, LmdbRecords::Raw, Some(&tmp.path().join("ix")), None).unwrap();
+    let mut items = fixture_items();
+    items.sort();
+    assert_eq!(src.len(), items.len());
+    assert_eq!(src.fallback_records(), 100 + 4 * 3);
+    for (i, (_, v)) in items.iter().enumerate() {
+        let mut buf = vec![0u8; v.len()];
+        src.read_into(i as u32, &mut buf).unwrap();
+        assert_eq!(&buf, v, "sample {i}");
+    }
 }
