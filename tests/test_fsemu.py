@@ -160,3 +160,24 @@ def test_bad_arguments_name_the_flag(tmp_path):
     with pytest.raises(RuntimeError, match="could not mount"):
         emu.FuseMount(tmp_path / "nope", tmp_path / "mnt", open_latency_ms=0)
     assert not emu.is_mounted(tmp_path / "mnt")
+
+
+def test_mmap_files_makes_files_mappable_and_page_faults_are_reads(tmp_path):
+    import mmap
+
+    data = _tree(tmp_path / "back", {"db.bin": 1 << 20})["db.bin"]
+    # By default files are opened with direct I/O: the kernel refuses to map them.
+    with emu.FuseMount(tmp_path / "back", tmp_path / "mnt", open_latency_ms=0, bandwidth=10_000):
+        with open(tmp_path / "mnt" / "db.bin", "rb") as f:
+            with pytest.raises(OSError):
+                mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    with emu.FuseMount(tmp_path / "back", tmp_path / "mnt2", open_latency_ms=0, bandwidth=10_000, mmap_files=True) as m:
+        with open(tmp_path / "mnt2" / "db.bin", "rb") as f:
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+                # Touch one byte per 64 KiB: every touch faults pages in through the file system.
+                got = bytes(mm[k] for k in range(0, len(data), 65536))
+                assert got == data[::65536]
+                assert mm[1000:2000] == data[1000:2000]
+        s = m.stats()
+        assert s["reads"] >= 1, s
+        assert 16 * 4096 <= s["bytes"] <= len(data), s

@@ -312,7 +312,9 @@ class FuseMount:
     """A running ``clairvoyant-fsemu``: ``backing`` exposed read-only at ``path``.
 
     Use as a context manager; leaving it sends SIGTERM, which unmounts. ``stats()`` reads the
-    counters (JSON) from the mount's ``.fsemu-stats`` file.
+    counters (JSON) from the mount's ``.fsemu-stats`` file. ``mmap_files=True`` opens files
+    through the page cache instead of with direct I/O, so that they can be memory-mapped (each
+    page fault is a read of the emulated file system).
     """
 
     def __init__(
@@ -322,6 +324,7 @@ class FuseMount:
         open_latency_ms: float = FSEMU_DEFAULT_LATENCY_MS,
         bandwidth=FSEMU_DEFAULT_BANDWIDTH,
         timeout: float = 20.0,
+        mmap_files: bool = False,
     ):
         import subprocess
 
@@ -336,7 +339,7 @@ class FuseMount:
             f"{open_latency_ms:g}",
             "--bandwidth",
             _curve_arg(bandwidth),
-        ]
+        ] + (["--mmap-files"] if mmap_files else [])
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()  # "mounted PATH" once it answers
         if not line.startswith("mounted"):

@@ -747,6 +747,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--compute-ratio", type=float, default=BENCH_COMPUTE_RATIO, help="accelerator / file system speed")
     ap.add_argument("--fuse-files", type=int, default=8000, help="~100 KB files for the epoch-0 benchmark on FUSE")
     ap.add_argument("--formats-mb", type=int, default=2000, help="size of the LMDB of the container-format benchmark (HDF5, tar: a quarter)")
+    ap.add_argument("--formats-parts", default="lmdb,hdf5,tar", help="which container formats to benchmark (comma-separated: lmdb, hdf5, tar)")
     ap.add_argument(
         "--only",
         choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode"],
@@ -767,7 +768,7 @@ def main(argv: Optional[list] = None) -> int:
     simulator = bench_simulator(log) if args.only in (None, "simulator") else None
     fuse = bench_epoch0_fuse(out, args.fuse_files, log) if args.only in (None, "fuse") else None
     resume = bench_resume(out, log) if args.only in (None, "resume") else None
-    formats = _bench_formats.bench_formats(out, args.formats_mb, log) if args.only in (None, "formats") else None
+    formats = _bench_formats.bench_formats(out, args.formats_mb, log, tuple(args.formats_parts.split(","))) if args.only in (None, "formats") else None
     cluster = None
     if args.only in (None, "cluster"):
         from . import _bench_cluster

@@ -161,7 +161,10 @@ class Lmdb(_Container):
     With ``caffe=True`` (the default) each value is a Caffe ``Datum``: a sample's bytes are its
     ``data`` field (raw pixels, channel-major, or the encoded image when ``encoded`` is set), its
     label the Datum's ``label``, and ``shape(i)`` gives ``[channels, height, width, encoded]``.
-    With ``caffe=False`` a sample is the whole value, label 0."""
+    With ``caffe=False`` a sample is the whole value, label 0.
+
+    Values the walk cannot place (duplicates in a DUPSORT database) are read through the LMDB
+    library and counted: ``fallback_records``, ``fallback_reads``."""
 
     def __init__(self, path, caffe: bool = True, index_dir=None, index_path=None, emulated=None):
         self.path = _fspath(path, "path")
@@ -174,6 +177,17 @@ class Lmdb(_Container):
 
     def __repr__(self):
         return f"Lmdb({self.path!r}, {len(self)} samples)"
+
+    @property
+    def fallback_records(self) -> int:
+        """Records the page walk could not place (the duplicates of a key in a DUPSORT
+        database): they are read through the LMDB library."""
+        return self._native.fallback_records
+
+    @property
+    def fallback_reads(self) -> int:
+        """Reads of this source (in this process) that went through the LMDB library."""
+        return self._native.fallback_reads
 
 
 class TarShards(_Container):

@@ -1,6 +1,9 @@
 //! The FUSE file system: a read-only view of a backing directory where every open costs a fixed
 //! latency and every read shares the aggregate bandwidth t(γ), without page cache (each file is
-//! opened with `FOPEN_DIRECT_IO`, so every read reaches this process).
+//! opened with `FOPEN_DIRECT_IO`, so every read reaches this process). With
+//! [`Spec::mmap_files`] files are opened without it (and without `FOPEN_KEEP_CACHE`), so that
+//! the kernel can map them: each page fault of a mapping is then a read of this file system,
+//! paying its bandwidth, as on a shared file system read through `mmap`.
 //!
 //! The root holds one extra, virtual file, [`STATS_NAME`]: reading it returns the counters as
 //! JSON (a snapshot taken when it is opened). Opening it costs no latency and is not counted.
@@ -37,6 +40,20 @@ pub struct Spec {
     pub open_latency: Duration,
     /// t(γ), shared by all readers.
     pub bandwidth: Curve,
+    /// Open files through the page cache (no `FOPEN_DIRECT_IO`) so that they can be memory
+    /// mapped; the cache is dropped at each open (no `FOPEN_KEEP_CACHE`). Off by default.
+    pub mmap_files: bool,
+}
+
+impl Spec {
+    /// How regular files are opened: direct I/O, unless they are to be mappable.
+    fn file_open_flags(&self) -> FopenFlags {
+        if self.mmap_files {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_DIRECT_IO
+        }
+    }
 }
 
 #[derive(Default)]
@@ -393,7 +410,7 @@ impl Filesystem for Shared {
                 fs.totals.opens.fetch_add(1, Ordering::Relaxed);
                 node.counters.opens.fetch_add(1, Ordering::Relaxed);
                 let fh = fs.add_handle(Handle::File { file, node });
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+                reply.opened(FileHandle(fh), fs.spec.file_open_flags());
             }
             Err(e) => reply.error(errno(&e)),
         }

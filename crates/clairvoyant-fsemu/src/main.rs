@@ -42,6 +42,12 @@ struct Args {
     /// Threads serving requests: the most opens and reads that can be in progress at once.
     #[arg(long, default_value_t = 256)]
     threads: usize,
+    /// Open files through the page cache instead of with direct I/O, so that readers can
+    /// memory-map them (each page fault is then a read here, paying the emulated bandwidth).
+    /// The cache is dropped at each open; drop it between runs (`echo 3 >
+    /// /proc/sys/vm/drop_caches`) for cold reads.
+    #[arg(long)]
+    mmap_files: bool,
     /// Where SIGUSR1 and exit write the counters (JSON).
     #[arg(long)]
     stats_out: Option<PathBuf>,
@@ -102,6 +108,7 @@ fn main() -> Result<()> {
     let spec = Spec {
         open_latency: Duration::from_secs_f64(args.open_latency_ms / 1e3),
         bandwidth: curve,
+        mmap_files: args.mmap_files,
     };
     let emu = Arc::new(
         EmuFs::new(&args.backing, spec).with_context(|| format!("backing directory {}", args.backing.display()))?,

@@ -133,6 +133,19 @@ impl PySource {
         let k = self.check(sample)?;
         Ok(self.container.as_ref().map(|c| c.record(k).shape).unwrap_or_default())
     }
+
+    /// Reads that went through the container's own library (LMDB values the index pass could
+    /// not turn into byte ranges); 0 for other sources.
+    #[getter]
+    fn fallback_reads(&self) -> u64 {
+        self.container.as_ref().map_or(0, |c| c.fallback_reads())
+    }
+
+    /// Records read through the container's own library rather than by byte range.
+    #[getter]
+    fn fallback_records(&self) -> usize {
+        self.container.as_ref().map_or(0, |c| c.fallback_records())
+    }
 }
 
 /// An LMDB environment (directory or data file); `caffe`: values are Caffe Datums.

@@ -18,7 +18,7 @@ use super::Source;
 use crate::error::{Error, Result};
 
 /// Bumped on any change of the stored layout; other versions are rebuilt.
-const CONTAINER_INDEX_VERSION: u32 = 1;
+const CONTAINER_INDEX_VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"CVCONTNR";
 /// As for file indexes: a file modified this close to the scan may have changed unseen.
 const RACY_WINDOW_NS: i64 = 2_000_000_000;
@@ -43,8 +43,21 @@ impl ContainerFile {
     }
 }
 
+/// The `file` of a record that is not a byte range: the container's own library reads it (see
+/// [`FallbackReader`]); its `offset` is then the format's locator (for LMDB the value's ordinal
+/// among the key's duplicates).
+pub const FALLBACK_FILE: u32 = u32::MAX;
+
+/// Reads the records marked [`FALLBACK_FILE`] through the container's own library, for layouts
+/// the index pass could not turn into byte ranges.
+pub trait FallbackReader: Send + Sync + std::fmt::Debug {
+    /// Fills `buf` (exactly the record's `len`) with the record named `name` at `locator`.
+    fn read(&self, name: &str, locator: u64, buf: &mut [u8]) -> Result<()>;
+}
+
 /// One sample: `len` bytes at `offset` of `files[file]`, with its label and its name in the
-/// container (LMDB key, HDF5 dataset and row, tar member).
+/// container (LMDB key, HDF5 dataset and row, tar member); `file` is [`FALLBACK_FILE`] for a
+/// record read through the container's library.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     pub file: u32,
@@ -107,6 +120,9 @@ impl ContainerIndex {
     /// does not belong to these files, is `Corrupt` naming the file and the record).
     pub fn validate(&self) -> Result<()> {
         for (k, r) in self.records.iter().enumerate() {
+            if r.file == FALLBACK_FILE && !self.files.is_empty() {
+                continue;
+            }
             let Some(f) = self.files.get(r.file as usize) else {
                 return Err(Error::Corrupt {
                     path: PathBuf::from(&self.identity),
@@ -498,6 +514,9 @@ pub struct ContainerSource {
     reused: bool,
     fingerprint: u64,
     handles: Vec<OnceLock<File>>,
+    /// Reads the [`FALLBACK_FILE`] records, and how many reads went through it.
+    fallback: Option<Box<dyn FallbackReader>>,
+    fallback_reads: AtomicU64,
 }
 
 impl ContainerSource {
@@ -513,7 +532,25 @@ impl ContainerSource {
             reused,
             fingerprint,
             handles,
+            fallback: None,
+            fallback_reads: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the reader of the records marked [`FALLBACK_FILE`].
+    pub fn with_fallback(mut self, reader: Box<dyn FallbackReader>) -> ContainerSource {
+        self.fallback = Some(reader);
+        self
+    }
+
+    /// How many records are read through the container's library rather than by byte range.
+    pub fn fallback_records(&self) -> usize {
+        self.table.file.iter().filter(|&&f| f == FALLBACK_FILE).count()
+    }
+
+    /// How many reads of this source went through the container's library so far.
+    pub fn fallback_reads(&self) -> u64 {
+        self.fallback_reads.load(Ordering::Relaxed)
     }
 
     /// Opens (or builds) the index of `identity` at `index_path` and wraps it.
@@ -570,6 +607,34 @@ impl ContainerSource {
         }
     }
 
+    /// A read through the container's library: the first file's stamp is checked, as for byte
+    /// ranges, then the reader fills `buf`.
+    fn read_fallback(&self, sample: u32, buf: &mut [u8]) -> Result<()> {
+        let k = sample as usize;
+        let cf = &self.index.files[0];
+        let Some(reader) = &self.fallback else {
+            return Err(Error::Corrupt {
+                path: cf.path.clone(),
+                record: format!("{} (sample {sample})", self.table.name(k)),
+                reason: "the index marks this record for the library fallback, which this source does not have".into(),
+            });
+        };
+        let m = fs::metadata(&cf.path).map_err(|e| Error::io(&cf.path, e))?;
+        if m.len() != cf.size || mtime_ns(&m) != cf.mtime_ns {
+            return Err(self.changed(
+                cf,
+                sample,
+                format!(
+                    "the container changed after indexing (indexed {} bytes, now {})",
+                    cf.size,
+                    m.len()
+                ),
+            ));
+        }
+        self.fallback_reads.fetch_add(1, Ordering::Relaxed);
+        reader.read(self.table.name(k), self.table.offset[k], buf)
+    }
+
     /// The open handle of file `k`, opened on first use and checked against its stamp.
     fn handle(&self, k: usize, sample: u32) -> Result<&File> {
         if let Some(f) = self.handles[k].get() {
@@ -604,10 +669,11 @@ impl Source for ContainerSource {
     /// `<container file>#<record name>`.
     fn path(&self, sample: u32) -> PathBuf {
         let k = sample as usize;
-        let mut p = self.index.files[self.table.file[k] as usize]
-            .path
-            .as_os_str()
-            .to_owned();
+        let file = match self.table.file[k] {
+            FALLBACK_FILE => 0,
+            f => f as usize,
+        };
+        let mut p = self.index.files[file].path.as_os_str().to_owned();
         p.push("#");
         p.push(self.table.name(k));
         PathBuf::from(p)
@@ -615,6 +681,9 @@ impl Source for ContainerSource {
 
     fn read_into(&self, sample: u32, buf: &mut [u8]) -> Result<()> {
         let k = sample as usize;
+        if self.table.file[k] == FALLBACK_FILE {
+            return self.read_fallback(sample, buf);
+        }
         let (file, offset, len) = (self.table.file[k] as usize, self.table.offset[k], self.table.len[k]);
         let cf = &self.index.files[file];
         let f = self.handle(file, sample)?;

@@ -2,12 +2,25 @@
 //! per node walks the B+tree with positioned reads of its pages (LMDB's documented on-disk
 //! layout, `mdb.c`) and records where each value lies in `data.mdb`; samples are then read with
 //! one `pread` each, in access order, never by page-faulting through a shared memory map.
+//!
+//! Values the walk cannot turn into byte ranges (the duplicates of a key in a DUPSORT database,
+//! kept in sub-pages or sub-databases, LEAF2 pages among them) are read through the LMDB library
+//! (`heed`, read-only environment, one read transaction per read) and counted
+//! ([`ContainerSource::fallback_reads`]).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
-use super::container::{canonical, display_name, ContainerFile, ContainerIndex, ContainerSource, Record};
+use heed::types::Bytes;
+use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions, WithoutTls};
+use prost::Message;
+
+use super::container::{
+    canonical, display_name, ContainerFile, ContainerIndex, ContainerSource, FallbackReader, Record, FALLBACK_FILE,
+};
 use crate::error::{Error, Result};
 
 const PAGEHDRSZ: u64 = 16;
@@ -20,7 +33,6 @@ const P_LEAF2: u16 = 0x20;
 const F_BIGDATA: u16 = 0x01;
 const F_SUBDATA: u16 = 0x02;
 const F_DUPDATA: u16 = 0x04;
-const MDB_DUPSORT: u16 = 0x04;
 const P_INVALID: u64 = u64::MAX;
 
 /// What a sample is made of.
@@ -67,9 +79,156 @@ pub fn lmdb(
         LmdbRecords::Raw => "raw",
     };
     let identity = format!("lmdb-{kind}:{}", canon.display());
-    ContainerSource::open(&identity, index_dir, index_path, || {
+    let src = ContainerSource::open(&identity, index_dir, index_path, || {
         scan(&canon, identity.clone(), records)
-    })
+    })?;
+    Ok(src.with_fallback(Box::new(LibraryReader { data: canon, records })))
+}
+
+/// What the walk found for one key: its value's byte range, or values only the library can read.
+enum Found {
+    Range(Vec<u8>, u64, u64),
+    Library(Vec<u8>),
+}
+
+/// Reads values through the LMDB library: the environment opened read-only (no lock file, so a
+/// read-only directory works) once per process, one read transaction per read.
+#[derive(Debug)]
+struct LibraryReader {
+    data: PathBuf,
+    records: LmdbRecords,
+}
+
+type MainDb = Database<'static, Bytes, Bytes>;
+/// The library's environments opened in this process, by data file.
+type Envs = Mutex<HashMap<PathBuf, (Env<WithoutTls>, MainDb)>>;
+
+/// heed refuses to open one environment twice in a process: every source of it shares this one,
+/// with its main database.
+fn library_env(data: &Path) -> Result<(Env<WithoutTls>, MainDb)> {
+    static ENVS: OnceLock<Envs> = OnceLock::new();
+    let mut envs = ENVS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some((env, db)) = envs.get(data) {
+        return Ok((env.clone(), *db));
+    }
+    let mut opts = EnvOpenOptions::new().read_txn_without_tls();
+    // SAFETY: read-only and without the lock file: nothing writes through this mapping, and a
+    // container changed after indexing is refused (its size and mtime are checked per read)
+    // before the library touches it.
+    let env = unsafe {
+        opts.flags(EnvFlags::READ_ONLY | EnvFlags::NO_SUB_DIR | EnvFlags::NO_LOCK);
+        opts.open(data)
+    }
+    .map_err(|e| lib_err(data, "environment", e))?;
+    let txn = env.read_txn().map_err(|e| lib_err(data, "read transaction", e))?;
+    let db = env
+        .open_databases_and_commit(txn, |opener, txn| -> heed::Result<_> {
+            let db = opener.open_database::<Bytes, Bytes>(txn, None)?;
+            Ok(CommitOrAbort::<_, ()>::Commit(db))
+        })
+        .map_err(|e| lib_err(data, "main database", e))?
+        .unwrap_commit()
+        .ok_or_else(|| lib_err(data, "main database", heed::Error::Mdb(heed::MdbError::NotFound)))?;
+    envs.insert(data.to_path_buf(), (env.clone(), db));
+    Ok((env, db))
+}
+
+fn lib_err(data: &Path, record: &str, e: heed::Error) -> Error {
+    Error::Corrupt {
+        path: data.to_path_buf(),
+        record: record.to_string(),
+        reason: format!("the LMDB library: {e}"),
+    }
+}
+
+/// The bytes of a key from its record name ([`display_name`] in reverse).
+fn key_of(name: &str) -> Vec<u8> {
+    if let Some(hex) = name.strip_prefix("0x") {
+        if hex.len() % 2 == 0 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let bytes: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digits"))
+                .collect();
+            // display_name writes hex only for keys that are not plain text.
+            if display_name(&bytes) == name {
+                return bytes;
+            }
+        }
+    }
+    name.as_bytes().to_vec()
+}
+
+/// All values of `keys` (each key's duplicates in cursor order), through the library.
+fn library_values(data: &Path, keys: &[Vec<u8>], mut each: impl FnMut(usize, &[u8]) -> Result<()>) -> Result<()> {
+    let (env, db) = library_env(data)?;
+    let txn = env.read_txn().map_err(|e| lib_err(data, "read transaction", e))?;
+    for (k, key) in keys.iter().enumerate() {
+        let name = display_name(key);
+        let iter = db
+            .get_duplicates(&txn, key)
+            .map_err(|e| lib_err(data, &name, e))?
+            .ok_or_else(|| lib_err(data, &name, heed::Error::Mdb(heed::MdbError::NotFound)))?;
+        for kv in iter {
+            let (_, v) = kv.map_err(|e| lib_err(data, &name, e))?;
+            each(k, v)?;
+        }
+    }
+    Ok(())
+}
+
+/// The sample of a Datum value held in memory: its data bytes, label and shape.
+fn datum_sample(data: &Path, name: &str, value: &[u8]) -> Result<(Vec<u8>, i64, Vec<u64>)> {
+    let bad = |why: String| Error::Corrupt {
+        path: data.to_path_buf(),
+        record: name.to_string(),
+        reason: format!("not a Caffe Datum: {why}"),
+    };
+    let d = Datum::decode(value).map_err(|e| bad(e.to_string()))?;
+    let shape = vec![
+        d.channels.unwrap_or(0) as u64,
+        d.height.unwrap_or(0) as u64,
+        d.width.unwrap_or(0) as u64,
+        d.encoded.unwrap_or(false) as u64,
+    ];
+    let bytes = d.data.ok_or_else(|| bad("no data field".into()))?;
+    Ok((bytes, d.label.unwrap_or(0) as i64, shape))
+}
+
+impl FallbackReader for LibraryReader {
+    fn read(&self, name: &str, ordinal: u64, buf: &mut [u8]) -> Result<()> {
+        let key = key_of(name);
+        let (env, db) = library_env(&self.data)?;
+        let txn = env.read_txn().map_err(|e| lib_err(&self.data, name, e))?;
+        let missing = || Error::Corrupt {
+            path: self.data.clone(),
+            record: format!("{name} (value {ordinal})"),
+            reason: "the LMDB library does not find this value".into(),
+        };
+        let mut iter = db
+            .get_duplicates(&txn, &key)
+            .map_err(|e| lib_err(&self.data, name, e))?
+            .ok_or_else(missing)?;
+        let (_, value) = iter
+            .nth(ordinal as usize)
+            .ok_or_else(missing)?
+            .map_err(|e| lib_err(&self.data, name, e))?;
+        let sample = match self.records {
+            LmdbRecords::Raw => value.to_vec(),
+            LmdbRecords::CaffeDatum => datum_sample(&self.data, name, value)?.0,
+        };
+        if sample.len() != buf.len() {
+            return Err(Error::Corrupt {
+                path: self.data.clone(),
+                record: format!("{name} (value {ordinal})"),
+                reason: format!("the value holds {} bytes, the index says {}", sample.len(), buf.len()),
+            });
+        }
+        buf.copy_from_slice(&sample);
+        Ok(())
+    }
 }
 
 fn data_file(path: &Path) -> Result<PathBuf> {
@@ -104,38 +263,83 @@ pub fn scan(data: &Path, identity: String, records: LmdbRecords) -> Result<Conta
     let (psize, root, entries) = db.meta()?;
     let db = Db { psize, ..db };
     ix.files.push(stamp);
-    let mut values = Vec::with_capacity(entries.min(1 << 24) as usize);
+    let mut found = Vec::with_capacity(entries.min(1 << 24) as usize);
+    let mut subdbs = 0u64;
     if root != P_INVALID {
-        db.walk(root, 0, &mut values)?;
+        db.walk(root, 0, &mut found, &mut subdbs)?;
     }
-    if values.len() as u64 != entries {
+    // The values only the library can read, per key in cursor order.
+    let library_keys: Vec<Vec<u8>> = found
+        .iter()
+        .filter_map(|f| match f {
+            Found::Library(key) => Some(key.clone()),
+            Found::Range(..) => None,
+        })
+        .collect();
+    let mut from_library: Vec<Vec<Record>> = vec![Vec::new(); library_keys.len()];
+    if !library_keys.is_empty() {
+        library_values(data, &library_keys, |k, value| {
+            let name = display_name(&library_keys[k]);
+            let ordinal = from_library[k].len() as u64;
+            let (len, label, shape) = match records {
+                LmdbRecords::Raw => (value.len() as u64, 0, vec![]),
+                LmdbRecords::CaffeDatum => {
+                    let (bytes, label, shape) = datum_sample(data, &name, value)?;
+                    (bytes.len() as u64, label, shape)
+                }
+            };
+            from_library[k].push(Record {
+                file: FALLBACK_FILE,
+                offset: ordinal,
+                len,
+                label,
+                name,
+                shape,
+            });
+            Ok(())
+        })?;
+    }
+    let values = found.iter().filter(|f| matches!(f, Found::Range(..))).count() as u64
+        + from_library.iter().map(|v| v.len() as u64).sum::<u64>();
+    if values + subdbs != entries {
         return Err(db.corrupt(
             "meta",
-            format!("the tree holds {} values, the meta page says {entries}", values.len()),
+            format!(
+                "the tree holds {} values, the meta page says {entries}",
+                values + subdbs
+            ),
         ));
     }
-    ix.records = match records {
-        LmdbRecords::Raw => values
-            .into_iter()
-            .map(|(key, offset, len)| Record {
+    let located = |key: &[u8], offset: u64, len: u64| -> Result<Record> {
+        match records {
+            LmdbRecords::Raw => Ok(Record {
                 file: 0,
                 offset,
                 len,
                 label: 0,
-                name: display_name(&key),
+                name: display_name(key),
                 shape: vec![],
-            })
-            .collect(),
-        LmdbRecords::CaffeDatum => {
-            use rayon::prelude::*;
-            // Two small reads per value (its head, and what follows `data`), overlapped: on a
-            // shared file system each is a round trip.
-            values
-                .into_par_iter()
-                .map(|(key, offset, len)| db.datum_record(&key, offset, len))
-                .collect::<Result<_>>()?
+            }),
+            LmdbRecords::CaffeDatum => db.datum_record(key, offset, len),
         }
     };
+    use rayon::prelude::*;
+    // Two small reads per Datum (its head, and what follows `data`), overlapped: on a shared
+    // file system each is a round trip.
+    let mut ranges: Vec<Option<Record>> = found
+        .par_iter()
+        .map(|f| match f {
+            Found::Range(key, offset, len) => located(key, *offset, *len).map(Some),
+            Found::Library(_) => Ok(None),
+        })
+        .collect::<Result<_>>()?;
+    let mut library = from_library.into_iter();
+    for r in ranges.iter_mut() {
+        match r.take() {
+            Some(r) => ix.records.push(r),
+            None => ix.records.extend(library.next().expect("one list per library key")),
+        }
+    }
     Ok(ix)
 }
 
@@ -192,10 +396,6 @@ impl Db<'_> {
             // root), last page, txnid.
             let psize = u32_at(p, 40) as u64;
             let main = 40 + 48;
-            let flags = u16_at(p, main + 4);
-            if flags & MDB_DUPSORT != 0 {
-                return Err(self.corrupt(which, "the main database is DUPSORT, which is not supported".into()));
-            }
             let entries = u64_at(p, main + 32);
             let root = u64_at(p, main + 40);
             let txnid = u64_at(p, 40 + 96 + 8);
@@ -217,7 +417,9 @@ impl Db<'_> {
     }
 
     /// In-order walk below `pgno`, appending (key, value offset, value length).
-    fn walk(&self, pgno: u64, depth: u32, out: &mut Vec<(Vec<u8>, u64, u64)>) -> Result<()> {
+    /// Values only the library can read (duplicates) are `Found::Library`; the names of named
+    /// sub-databases are no samples and are only counted in `subdbs`.
+    fn walk(&self, pgno: u64, depth: u32, out: &mut Vec<Found>, subdbs: &mut u64) -> Result<()> {
         let what = format!("page {pgno}");
         if depth > 64 {
             return Err(self.corrupt(&what, "the tree is deeper than 64 levels (a cycle?)".into()));
@@ -233,7 +435,9 @@ impl Db<'_> {
         }
         let n = ((lower - PAGEHDRSZ) / 2) as usize;
         if flags & P_LEAF2 != 0 {
-            return Err(self.corrupt(&what, "LEAF2 (DUPFIXED) pages are not supported".into()));
+            // LEAF2 pages only hold the duplicates of a DUPFIXED sub-database, below a node
+            // this walk hands to the library; in the main tree they mean damage.
+            return Err(self.corrupt(&what, "a LEAF2 (DUPFIXED) page in the main tree".into()));
         }
         for i in 0..n {
             let off = u16_at(&page, PAGEHDRSZ as usize + 2 * i) as u64;
@@ -253,14 +457,19 @@ impl Db<'_> {
             if flags & P_BRANCH != 0 {
                 // Branch nodes keep the child page number in lo, hi and flags (64-bit pgno_t).
                 let child = lo | (hi << 16) | ((nflags as u64) << 32);
-                self.walk(child, depth + 1, out)?;
+                self.walk(child, depth + 1, out, subdbs)?;
             } else if flags & P_LEAF != 0 {
                 let name = display_name(&key);
-                if nflags & (F_SUBDATA | F_DUPDATA) != 0 {
-                    return Err(self.corrupt(
-                        &name,
-                        "named sub-databases and duplicate values are not supported".into(),
-                    ));
+                if nflags & F_DUPDATA != 0 {
+                    // Several values under this key, in a sub-page or a sub-database (perhaps of
+                    // LEAF2 pages): read through the library.
+                    out.push(Found::Library(key));
+                    continue;
+                }
+                if nflags & F_SUBDATA != 0 {
+                    // The name of a named sub-database, not a value of the main database.
+                    *subdbs += 1;
+                    continue;
                 }
                 let dsize = lo | (hi << 16);
                 let dstart = kstart + ksize;
@@ -273,12 +482,12 @@ impl Db<'_> {
                         .checked_mul(self.psize)
                         .and_then(|b| b.checked_add(PAGEHDRSZ))
                         .ok_or_else(|| self.corrupt(&name, "overflow page out of range".into()))?;
-                    out.push((key, at, dsize));
+                    out.push(Found::Range(key, at, dsize));
                 } else {
                     if dstart + dsize > self.psize {
                         return Err(self.corrupt(&name, "value lies outside its page".into()));
                     }
-                    out.push((key, base + dstart, dsize));
+                    out.push(Found::Range(key, base + dstart, dsize));
                 }
             } else {
                 return Err(self.corrupt(&what, format!("unexpected page flags {flags:#x} in the tree")));
@@ -379,7 +588,6 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
 
     #[test]
     fn datum_round_trips_through_prost() {
@@ -430,6 +638,13 @@ mod tests {
         // A value that is not a Datum is Corrupt, naming the key.
         let err = db.datum_record(b"k", 0, 40).unwrap_err().to_string();
         assert!(err.contains("record k") && err.contains("not a Caffe Datum"), "{err}");
+    }
+
+    #[test]
+    fn record_names_give_back_their_keys() {
+        for key in [&b"00001234"[..], b"0x41", b"0xzz", b"", b"\xff\x00k", b"a\0b", b"0x"] {
+            assert_eq!(key_of(&display_name(key)), key, "{key:?}");
+        }
     }
 
     #[test]
