@@ -4,11 +4,10 @@
 //! its range, never through a memory map, so that many readers cost no page-fault storms.
 
 use std::ffi::OsStr;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::ErrorKind;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -376,36 +375,6 @@ fn try_load(path: &Path, identity: &str, explicit: bool) -> Result<Option<Contai
     Ok(Some(ix))
 }
 
-/// An exclusive `flock` on `<index>.lock`, dropped with the descriptor (also when the process
-/// dies), so one process per node indexes while the others wait and then reuse its index.
-struct Lock {
-    _file: File,
-}
-
-impl Lock {
-    fn acquire(index_path: &Path) -> Result<Lock> {
-        let mut p = index_path.as_os_str().to_owned();
-        p.push(".lock");
-        let path = PathBuf::from(p);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
-        loop {
-            // SAFETY: flock on a descriptor we own and keep open for the lifetime of the guard.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Lock { _file: file });
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != ErrorKind::Interrupted {
-                return Err(Error::io(&path, e));
-            }
-        }
-    }
-}
-
 /// Loads the index at `path` for `identity` while it is fresh, else runs `build` under the lock,
 /// validates and saves its result. Returns the index and whether it was reused.
 pub fn load_or_build_container(
@@ -423,7 +392,7 @@ pub fn load_or_build_container(
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    let _lock = Lock::acquire(path)?;
+    let _lock = super::index::IndexLock::acquire(path)?;
     if let Some(ix) = try_load(path, identity, explicit)? {
         match ix.freshness() {
             Freshness::Fresh => return Ok((ix, true)),

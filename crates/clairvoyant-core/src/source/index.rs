@@ -371,12 +371,12 @@ pub(crate) fn index_path_in(index_dir: Option<&Path>, identity: &OsStr) -> Resul
 
 /// An exclusive `flock` on `<index>.lock`, released when dropped or when the process dies (the
 /// kernel drops it with the descriptor), so a crashed scanner never blocks the others for good.
-struct IndexLock {
+pub(crate) struct IndexLock {
     _file: File,
 }
 
 impl IndexLock {
-    fn acquire(index_path: &Path) -> Result<IndexLock> {
+    pub(crate) fn acquire(index_path: &Path) -> Result<IndexLock> {
         let mut p = index_path.as_os_str().to_owned();
         p.push(".lock");
         let path = PathBuf::from(p);
