@@ -233,7 +233,8 @@ def test_store_backend_under_torchrun(tmp_path):
         "dist.init_process_group('gloo')\n"
         "outs.append(ag(1))\n"
         "dist.destroy_process_group()\n"
-        "print('RESULT', json.dumps([p.rank, b, [[o.decode()[:3] for o in out] for out in outs]]), flush=True)\n"
+        # One file per rank: torchrun interleaves the ranks' standard output.
+        f"open({str(tmp_path)!r} + f'/result-{{p.rank}}.json', 'w').write(json.dumps([p.rank, b, [[o.decode()[:3] for o in out] for out in outs]]))\n"
     )
     env = clean_env()
     r = subprocess.run(
@@ -243,7 +244,7 @@ def test_store_backend_under_torchrun(tmp_path):
         text=True,
         timeout=120,
     )
-    results = sorted(json.loads(line.split("RESULT ", 1)[1]) for line in r.stdout.splitlines() if "RESULT " in line)
+    results = sorted(json.loads(f.read_text()) for f in tmp_path.glob("result-*.json"))
     assert len(results) == 2, r.stdout + r.stderr
     assert [rank for rank, _, _ in results] == [0, 1]
     for _, backend, outs in results:
