@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import clairvoyant
-from clairvoyant._emulation import run_ranks
+from clairvoyant._emulation import node_env, run_ranks
 
 sys.path.insert(0, os.path.dirname(__file__))  # the emulated-node harness (tests/netns.py)
 
@@ -147,25 +147,24 @@ def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float
     script = os.path.join(os.path.dirname(__file__), "cluster_rank.py")
     for i in range(nodes):
         out = tmp_path / f"rank{i}.jsonl"
+        shm = tmp_path / f"node{i}"
+        shm.mkdir(mode=0o700)
+        run = f"nodes-{os.getpid()}-{tmp_path.name}"
         env = {
             **os.environ,
             "RANK": str(i),
             "WORLD_SIZE": str(nodes),
             "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "1",
-            "CLAIRVOYANT_SHARED_DIR": str(shared),
-            "CLAIRVOYANT_RENDEZVOUS": "file",
-            "CLAIRVOYANT_RUN_ID": f"nodes-{os.getpid()}-{tmp_path.name}",
             "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "index-cache"),
+            **node_env(i, shm, shared, run, "127.0.0.1" if harness is None else harness.addresses[i]),
         }
         argv = [sys.executable, script, str(list_file), config, str(out), str(epochs), str(step)]
         if harness is None:
-            shm = tmp_path / f"node{i}"
-            shm.mkdir(mode=0o700)
-            env.update({"CLAIRVOYANT_NODE_ID": f"node{i}", "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_LISTEN": "127.0.0.1"})
             procs.append(subprocess.Popen(argv, env=env))
         else:
-            env["CLAIRVOYANT_LISTEN"] = harness.addresses[i]
+            # A node's own /dev/shm (its mount namespace) holds its cache.
+            del env["CLAIRVOYANT_SHM_DIR"]
             procs.append(harness.popen(i, argv, env=env))
         outs.append(out)
     return procs, outs, total

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from . import demo
+from ._emulation import node_env
 
 # Accelerator / file-system speed. On 2 cores, 8 ranks and their decode workers share the CPU:
 # faster accelerators make the run CPU-bound for every loader (at the demo's 1.6 clairvoyant's
@@ -189,12 +190,7 @@ def _kill_run(work: Path, list_file: Path, total: int, kill: bool, nodes: int, e
             "WORLD_SIZE": str(nodes),
             "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "1",
-            "CLAIRVOYANT_NODE_ID": f"node{i}",
-            "CLAIRVOYANT_SHM_DIR": str(shm),
-            "CLAIRVOYANT_SHARED_DIR": str(shared),
-            "CLAIRVOYANT_RENDEZVOUS": "file",
-            "CLAIRVOYANT_LISTEN": "127.0.0.1",
-            "CLAIRVOYANT_RUN_ID": tag,
+            **node_env(i, shm, shared, tag),
         }
         argv = [sys.executable, str(script), str(list_file), str(config), str(out), str(epochs), str(step)]
         procs.append(subprocess.Popen(argv, env=env))

@@ -167,6 +167,21 @@ def _rank_main(fn, rank, world_size, barrier, results, env, args):
         results.put((rank, False, traceback.format_exc()))
 
 
+def node_env(node: int, shm: str, shared: str, run_id: str, listen: str = "127.0.0.1") -> dict:
+    """The variables that make a process part of emulated node ``node`` on this machine: its node
+    id, its own shared-memory directory ``shm`` (nodes share no cache), the directory ``shared``
+    where the nodes meet and find the job secret, the address its peer server listens on, and the
+    run id every node of the job shares."""
+    return {
+        "CLAIRVOYANT_NODE_ID": f"node{node}",
+        "CLAIRVOYANT_SHM_DIR": str(shm),
+        "CLAIRVOYANT_SHARED_DIR": str(shared),
+        "CLAIRVOYANT_RENDEZVOUS": "file",
+        "CLAIRVOYANT_LISTEN": listen,
+        "CLAIRVOYANT_RUN_ID": run_id,
+    }
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -174,7 +189,7 @@ def run_ranks(
     env: dict[str, str] | None = None,
     timeout: float | None = None,
     nodes: int = 1,
-    node_env: Callable[[int], dict] | None = None,
+    per_node_env: Callable[[int], dict] | None = None,
 ) -> list[Any]:
     """Run ``fn(RankContext, *args)`` in ``world_size`` spawned processes on this host and return
     their results in rank order. ``fn`` must be importable (a module-level function).
@@ -182,8 +197,8 @@ def run_ranks(
     Each process gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE plus ``env``. With
     ``nodes`` > 1 the ranks are split into that many emulated nodes (contiguous blocks): each
     node has its own node id and its own shared-memory directory (so nodes share no cache),
-    the nodes meet through a private shared directory, and servers listen on loopback;
-    ``node_env(i)`` adds variables for node i. If any rank fails, the barrier is broken so the
+    the nodes meet through a private shared directory, and servers listen on loopback
+    (:func:`node_env`); ``per_node_env(i)`` adds variables for node i. If any rank fails, the barrier is broken so the
     others stop too, and a RuntimeError carrying the failing rank's traceback is raised.
     """
     import tempfile
@@ -209,17 +224,8 @@ def run_ranks(
             shm = os.path.join(scratch, f"node{node}")
             os.makedirs(shm, mode=0o700, exist_ok=True)
             os.makedirs(os.path.join(scratch, "shared"), mode=0o700, exist_ok=True)
-            penv.update(
-                {
-                    "CLAIRVOYANT_NODE_ID": f"node{node}",
-                    "CLAIRVOYANT_SHM_DIR": shm,
-                    "CLAIRVOYANT_SHARED_DIR": os.path.join(scratch, "shared"),
-                    "CLAIRVOYANT_RENDEZVOUS": "file",
-                    "CLAIRVOYANT_LISTEN": "127.0.0.1",
-                    "CLAIRVOYANT_RUN_ID": f"emulated-{os.getpid()}-{os.path.basename(scratch)}",
-                    **(node_env(node) if node_env else {}),
-                }
-            )
+            penv.update(node_env(node, shm, os.path.join(scratch, "shared"), f"emulated-{os.getpid()}-{os.path.basename(scratch)}"))
+            penv.update(per_node_env(node) if per_node_env else {})
         penv.update(env or {})
         p = ctx.Process(target=_rank_main, args=(fn, rank, world_size, barrier, results, penv, tuple(args)), daemon=False)
         p.start()

@@ -4,7 +4,6 @@
 //! against the dataset file's modification times; a wrong copy is read again from the dataset
 //! and counted as corrupt.
 
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::staging::Slot;
@@ -68,10 +67,7 @@ impl Inner {
         }
         let started = self.node.cache.state().fill_started_ns(recorded) as i128;
         let ok = match std::fs::metadata(self.source.path(sample)) {
-            Ok(m) => {
-                let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
-                ns(m.mtime(), m.mtime_nsec()).max(ns(m.ctime(), m.ctime_nsec())) < started
-            }
+            Ok(m) => crate::source::last_change_ns(&m) < started,
             Err(_) => false,
         };
         if ok {

@@ -1,8 +1,6 @@
 //! A new node cache takes over what a dead run of the same dataset cached on this machine (see
 //! [`crate::tier::salvage`]).
 
-use std::os::unix::fs::MetadataExt;
-
 use crate::source::Source;
 use crate::tier::salvage::{self, Salvage, NOT_HELD};
 use crate::tier::{checksum, Filled, NodeCache};
@@ -77,10 +75,7 @@ pub(super) fn record_and_reuse(
 fn unchanged_since(source: &dyn Source, sample: u32, since_ns: u64) -> bool {
     let path = source.path(sample);
     match std::fs::metadata(&path) {
-        Ok(m) if m.is_file() => {
-            let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
-            ns(m.mtime(), m.mtime_nsec()).max(ns(m.ctime(), m.ctime_nsec())) < since_ns as i128
-        }
+        Ok(m) if m.is_file() => crate::source::last_change_ns(&m) < since_ns as i128,
         Ok(_) => false,
         Err(_) => !path.exists() && path.is_relative(),
     }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use super::index::{default_index_dir, now_ns, Fnv1a, Freshness};
+use super::index::{default_index_dir, now_ns, put_bytes, Fnv1a, Freshness, Reader};
 use super::Source;
 use crate::error::{Error, Result};
 
@@ -205,7 +205,7 @@ impl ContainerIndex {
         if h.finish().to_le_bytes() != sum {
             return Err(bad("is damaged (checksum mismatch)"));
         }
-        let mut r = Cursor {
+        let mut r = Reader {
             buf: body,
             pos: MAGIC.len(),
         };
@@ -215,7 +215,7 @@ impl ContainerIndex {
                 "has format version {version}, expected {CONTAINER_INDEX_VERSION}"
             )));
         }
-        let parse = |r: &mut Cursor| -> Option<ContainerIndex> {
+        let parse = |r: &mut Reader| -> Option<ContainerIndex> {
             let identity = String::from_utf8(r.bytes()?.to_vec()).ok()?;
             let mut lists = [Vec::new(), Vec::new()];
             for list in &mut lists {
@@ -299,41 +299,6 @@ impl ContainerIndex {
             let _ = fs::remove_file(&tmp);
             Error::io(path, e)
         })
-    }
-}
-
-fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
-    w.extend_from_slice(&(b.len() as u32).to_le_bytes());
-    w.extend_from_slice(b);
-}
-
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl Cursor<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len())?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Some(s)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn bytes(&mut self) -> Option<&[u8]> {
-        let n = self.u32()? as usize;
-        self.take(n)
-    }
-    /// A list length, bounded by the bytes left (each item takes at least `min_item` bytes), so
-    /// a damaged count cannot trigger a huge allocation.
-    fn count(&mut self, min_item: u64) -> Option<usize> {
-        let n = self.u64()?;
-        (n.checked_mul(min_item)? <= (self.buf.len() - self.pos) as u64).then_some(n as usize)
     }
 }
 

@@ -207,8 +207,8 @@ impl Index {
         }
         let parse = |r: &mut Reader| -> Option<Index> {
             let identity = r.string()?;
-            let classes = (0..r.count()?).map(|_| r.string()).collect::<Option<Vec<_>>>()?;
-            let dirs = (0..r.count()?)
+            let classes = (0..r.count(1)?).map(|_| r.string()).collect::<Option<Vec<_>>>()?;
+            let dirs = (0..r.count(1)?)
                 .map(|_| {
                     Some(DirStamp {
                         path: r.string()?.into(),
@@ -216,7 +216,7 @@ impl Index {
                     })
                 })
                 .collect::<Option<Vec<_>>>()?;
-            let entries = (0..r.count()?)
+            let entries = (0..r.count(1)?)
                 .map(|_| {
                     Some(IndexEntry {
                         path: r.string()?.into(),
@@ -295,36 +295,48 @@ impl Index {
 }
 
 fn put_str(w: &mut Vec<u8>, s: &OsStr) {
-    w.extend_from_slice(&(s.len() as u32).to_le_bytes());
-    w.extend_from_slice(s.as_bytes());
+    put_bytes(w, s.as_bytes());
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+/// A length-prefixed (u32, little-endian) byte string, as [`Reader::bytes`] reads it back.
+pub(crate) fn put_bytes(w: &mut Vec<u8>, b: &[u8]) {
+    w.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    w.extend_from_slice(b);
+}
+
+/// Reads the little-endian binary layouts of the index files; every read is bounds-checked and
+/// a damaged file gives None, never a panic or a huge allocation.
+pub(crate) struct Reader<'a> {
+    pub(crate) buf: &'a [u8],
+    pub(crate) pos: usize,
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Option<&[u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Option<&[u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len())?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Some(s)
     }
-    fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
-    fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    /// A list length, bounded by the bytes left so damaged counts cannot trigger huge allocations.
-    fn count(&mut self) -> Option<usize> {
+    /// A list length, bounded by the bytes left (each item takes at least `min_item` bytes), so
+    /// a damaged count cannot trigger a huge allocation.
+    pub(crate) fn count(&mut self, min_item: u64) -> Option<usize> {
         let n = self.u64()?;
-        (n <= (self.buf.len() - self.pos) as u64).then_some(n as usize)
+        (n.checked_mul(min_item)? <= (self.buf.len() - self.pos) as u64).then_some(n as usize)
+    }
+    /// A byte string written by [`put_bytes`].
+    pub(crate) fn bytes(&mut self) -> Option<&[u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
     }
     fn string(&mut self) -> Option<OsString> {
-        let n = self.u32()? as usize;
-        Some(OsString::from_vec(self.take(n)?.to_vec()))
+        Some(OsString::from_vec(self.bytes()?.to_vec()))
     }
 }
 

@@ -25,6 +25,15 @@ pub use self::lmdb::{lmdb, Datum, LmdbRecords};
 pub use self::tar::tar_shards;
 pub use container::{ContainerFile, ContainerIndex, ContainerSource, Record};
 
+/// When a dataset file last changed, in ns since the Unix epoch: the later of its modification
+/// (a rewrite) and status change (a replacement by rename, a new inode) times. A cached copy
+/// filled before this instant is stale.
+pub fn last_change_ns(m: &std::fs::Metadata) -> i128 {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+    ns(m.mtime(), m.mtime_nsec()).max(ns(m.ctime(), m.ctime_nsec()))
+}
+
 /// A dataset of `len()` samples with known sizes and integer labels.
 pub trait Source: Send + Sync {
     /// Number of samples.
