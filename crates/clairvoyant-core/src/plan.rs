@@ -233,6 +233,38 @@ impl Placement {
 /// Sentinel for "no node holds it" in [`ClusterPlacement::primary`].
 pub const NO_NODE: u16 = u16::MAX;
 
+/// Access counts for a job whose order is not known (transparent mode): every node reads every
+/// sample once per pass in some random order. Each sample's owner among `nodes` nodes is chosen
+/// by rendezvous (highest-random-weight) hashing of its key (a hash of its path): no metadata
+/// server, every node computes the same owners, and adding or removing a node moves only the
+/// samples it owns. The owner counts the sample twice and the others once, so the cluster-wide
+/// placement (coverage first) puts each sample on its owner while the owner has room, then on
+/// the next node with room. Ties in need are broken by the key, so which samples a full cache
+/// keeps is a fixed, pseudo-random subset: for uniformly random orders every subset of the
+/// same size has the same expected hit rate, and a fixed one does not thrash as LRU does.
+pub fn hashed_counts(keys: &[u64], nodes: usize) -> Vec<AccessCounts> {
+    let nodes = nodes.max(1);
+    let owners: Vec<usize> = keys
+        .par_iter()
+        .map(|&k| {
+            (0..nodes)
+                .max_by_key(|&n| {
+                    (
+                        crate::schedule::splitmix64(k ^ crate::schedule::splitmix64(n as u64 + 1)),
+                        n,
+                    )
+                })
+                .unwrap_or(0)
+        })
+        .collect();
+    (0..nodes)
+        .map(|n| AccessCounts {
+            counts: owners.iter().map(|&o| if o == n { 2 } else { 1 }).collect(),
+            first_need: keys.iter().map(|&k| crate::schedule::splitmix64(k) >> 1).collect(),
+        })
+        .collect()
+}
+
 /// Placement across the nodes of a cluster (NoPFS Sec. 4; Lemma 1 makes the nodes' most
 /// frequently used samples largely complementary). Two passes:
 ///

@@ -122,6 +122,7 @@ fn spec(n: u64, world: u32, rank: u32, local: Vec<u32>, epochs: u32, run: &str) 
         run_id: run.to_string(),
         first_epoch: 0,
         cluster: None,
+        agent: None,
     }
 }
 

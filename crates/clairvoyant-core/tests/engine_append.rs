@@ -111,6 +111,7 @@ fn start(source: &Arc<CountingSource>, staging: u64, orders: Vec<Vec<u32>>) -> E
         run_id: format!("append-{:x}", source.fingerprint),
         first_epoch: 0,
         cluster: None,
+        agent: None,
     };
     Engine::start(source.clone(), &model(staging), spec).unwrap()
 }

@@ -197,6 +197,7 @@ impl Run {
                         peers: Some(self.peers.clone()),
                         peer_wait: Duration::from_secs(5),
                     }),
+                    agent: None,
                 };
                 let e = Engine::start(self.data.clone(), &m, spec).unwrap();
                 if r == ranks[0] {
@@ -309,4 +310,118 @@ fn damaged_peer_replies_are_read_from_the_dataset() {
     let from_peers: u64 = by[2..].iter().map(|b| b[Src::Peer as usize]).sum();
     assert_eq!(from_peers, 0);
     assert!(run.peers.asked.load(Ordering::Relaxed) > 0);
+}
+
+/// Node agents (transparent mode): one engine per node, no consumer of its own, serving random
+/// reads through `Engine::local`; placement by hashed owners (no known order).
+fn start_agents(data: &Arc<Dataset>, peers: &Arc<InProcess>, nodes: usize, capacity: u64, run: &str) -> Vec<Engine> {
+    use clairvoyant_core::engine::AgentSpec;
+    use clairvoyant_core::plan::hashed_counts;
+    let keys: Vec<u64> = (0..data.len() as u32)
+        .map(|k| checksum(data.path(k).to_string_lossy().as_bytes()))
+        .collect();
+    let counts = hashed_counts(&keys, nodes);
+    let groups: Vec<Vec<u32>> = (0..nodes as u32).map(|i| vec![i]).collect();
+    (0..nodes)
+        .map(|i| {
+            let spec = JobSpec {
+                schedule: Schedule::shuffle(data.len() as u64, nodes as u32, 1, 1, 3, false).unwrap(),
+                rank: i as u32,
+                local_ranks: vec![i as u32],
+                run_id: format!("{run}-{}", data.fingerprint),
+                first_epoch: 0,
+                cluster: (nodes > 1).then(|| ClusterSpec {
+                    nodes: groups.clone(),
+                    node: i,
+                    capacities: vec![vec![capacity]; nodes],
+                    peers: Some(peers.clone() as Arc<dyn PeerFetch>),
+                    peer_wait: Duration::from_secs(5),
+                }),
+                agent: Some(AgentSpec {
+                    counts: Some(if nodes > 1 {
+                        counts.clone()
+                    } else {
+                        vec![counts[0].clone()]
+                    }),
+                    prefill: false,
+                }),
+            };
+            let e = Engine::start(data.clone(), &model(capacity), spec).unwrap();
+            peers.register(i, e.peer_service());
+            e
+        })
+        .collect()
+}
+
+/// Read every sample through node `agent` as a program would; returns (mapped, bytes, direct).
+fn read_all_local(data: &Dataset, agent: &Engine) -> (u64, u64, u64) {
+    use clairvoyant_core::engine::Local;
+    use std::os::unix::fs::FileExt;
+    let arena = agent.segments().1.map(|p| std::fs::File::open(p).unwrap());
+    let mut seen = (0, 0, 0);
+    for k in 0..data.len() as u32 {
+        let want: Vec<u8> = (0..data.size(k) as usize).map(|i| Dataset::byte(k, i)).collect();
+        match agent.local(k, Duration::from_secs(5)) {
+            Local::Mapped {
+                offset,
+                len,
+                checksum: sum,
+            } => {
+                let mut got = vec![0u8; len as usize];
+                arena.as_ref().unwrap().read_exact_at(&mut got, offset).unwrap();
+                assert_eq!(got, want, "sample {k} in the arena");
+                assert_eq!(checksum(&got), sum);
+                seen.0 += 1;
+            }
+            Local::Bytes {
+                bytes, checksum: sum, ..
+            } => {
+                assert_eq!(bytes, want, "sample {k} fetched");
+                assert_eq!(checksum(&bytes), sum);
+                seen.1 += 1;
+            }
+            Local::Direct => seen.2 += 1,
+            Local::Failed(m) => panic!("sample {k}: {m}"),
+        }
+    }
+    seen
+}
+
+#[test]
+fn an_agent_keeps_a_fixed_subset_and_fills_it_on_first_read() {
+    let data = Dataset::new(300, 41);
+    let peers = InProcess::new(1);
+    let agents = start_agents(&data, &peers, 1, data.total() / 2, "agent-one");
+    let first = read_all_local(&data, &agents[0]);
+    let after_first = data.bytes_read();
+    let second = read_all_local(&data, &agents[0]);
+    // The same samples are cached both times; the second pass reads nothing from the dataset.
+    assert_eq!(first, second);
+    assert_eq!(data.bytes_read(), after_first);
+    assert_eq!(first.1, 0);
+    let cached_fraction = first.0 as f64 / 300.0;
+    assert!((0.4..0.6).contains(&cached_fraction), "{first:?}");
+    // Nothing was read ahead: only the samples asked for, once each.
+    assert_eq!(agents[0].io_totals()[0], after_first);
+}
+
+#[test]
+fn agents_of_two_nodes_read_the_dataset_once_between_them() {
+    let data = Dataset::new(300, 42);
+    let peers = InProcess::new(2);
+    let agents = start_agents(&data, &peers, 2, data.total() * 6 / 10, "agent-two");
+    for _ in 0..2 {
+        for a in &agents {
+            let (mapped, bytes, direct) = read_all_local(&data, a);
+            assert_eq!(direct, 0);
+            assert!(mapped > 100 && bytes > 0, "{mapped} {bytes}");
+        }
+    }
+    // Every sample was read from the dataset exactly once across the nodes.
+    for k in 0..300 {
+        assert_eq!(data.reads[k].load(Ordering::Relaxed), 1, "sample {k}");
+    }
+    // Owners are split between the nodes.
+    let owned: Vec<u64> = agents.iter().map(|a| a.placement_summary()[0].1).collect();
+    assert!(owned.iter().all(|&o| o > 100), "{owned:?}");
 }

@@ -155,6 +155,7 @@ impl PyEngine {
             run_id,
             first_epoch: start_epoch,
             cluster: None,
+            agent: None,
         };
         let mut spec = spec;
         let mut peers = None;

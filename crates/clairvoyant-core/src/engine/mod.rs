@@ -22,6 +22,7 @@ use crate::source::Source;
 use crate::tier::{ClassRequest, NodeCache};
 
 mod key;
+mod local;
 mod peer;
 mod pid;
 mod prefetch;
@@ -30,6 +31,7 @@ mod staging;
 mod stats;
 
 use key::node_key;
+pub use local::Local;
 use peer::ClusterShare;
 pub use peer::{ClusterSpec, PeerFetch, PeerReply, PeerService, Serve};
 use staging::{Group, RingBuf, StagingState};
@@ -78,6 +80,20 @@ pub struct JobSpec {
     pub first_epoch: u32,
     /// The other nodes of a multi-node job (None: this node alone).
     pub cluster: Option<ClusterSpec>,
+    /// A node agent's job (transparent mode): it consumes nothing itself and serves the node's
+    /// programs through [`Engine::local`] (None: a rank that consumes its stream).
+    pub agent: Option<AgentSpec>,
+}
+
+/// How a node agent places and fills (see [`JobSpec::agent`]).
+#[derive(Clone, Debug)]
+pub struct AgentSpec {
+    /// Access counts to place by instead of the schedule's: one per node of the cluster (one
+    /// alone on a single node). Transparent mode without a known order places by these.
+    pub counts: Option<Vec<AccessCounts>>,
+    /// Fill the placed samples ahead of use, in order of first need (the order is known); else
+    /// each is filled when a program first reads it.
+    pub prefill: bool,
 }
 
 /// A consumed sample: valid until released.
@@ -365,8 +381,12 @@ impl Engine {
         let mut threads = Vec::new();
         let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
         let local_count = spec.local_ranks.len();
+        let prefill = spec.agent.as_ref().is_none_or(|a| a.prefill);
         for (i, &j) in useful.iter().enumerate() {
             let Some(fill_order) = &fill_order else { break };
+            if !prefill {
+                break;
+            }
             let share: Arc<Vec<u32>> = Arc::new(
                 fill_order[i]
                     .iter()
@@ -386,7 +406,13 @@ impl Engine {
                 );
             }
         }
-        for t in 0..inner.readahead.max_threads() {
+        // A node agent stages nothing: programs read the node cache through `local`.
+        let staging_threads = if spec.agent.is_some() {
+            0
+        } else {
+            inner.readahead.max_threads()
+        };
+        for t in 0..staging_threads {
             let inner = inner.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -439,7 +465,15 @@ impl Engine {
         let capacities = cache.setup(&requests, ring_reserve)?;
         let (placement, cluster) = match &spec.cluster {
             None => {
-                let access = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
+                let given = spec
+                    .agent
+                    .as_ref()
+                    .and_then(|a| a.counts.as_ref())
+                    .and_then(|c| c.first());
+                let access = match given {
+                    Some(a) => a.clone(),
+                    None => AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?,
+                };
                 (Placement::compute(&access, |k| source.size(k), &capacities), None)
             }
             Some(c) => {
@@ -456,7 +490,16 @@ impl Engine {
                         );
                     }
                 }
-                let access = AccessCounts::compute_groups_from(sched, &c.nodes, spec.first_epoch)?;
+                let access = match spec.agent.as_ref().and_then(|a| a.counts.clone()) {
+                    Some(a) if a.len() == c.nodes.len() => a,
+                    Some(a) => {
+                        return Err(Error::config(
+                            "agent.counts",
+                            format!("{} nodes' access counts for {} nodes", a.len(), c.nodes.len()),
+                        ))
+                    }
+                    None => AccessCounts::compute_groups_from(sched, &c.nodes, spec.first_epoch)?,
+                };
                 let mut all = ClusterPlacement::compute(&access, |k| source.size(k), &c.capacities);
                 let placement = all.nodes.swap_remove(c.node);
                 let share = ClusterShare {

@@ -1,0 +1,122 @@
+//! Random access to the node cache for a node agent (transparent mode): a program on this node
+//! opens a dataset file, the agent asks [`Engine::local`] where its bytes are. The engine fills a
+//! placed sample on first request (from its primary node or the dataset's storage), hands out
+//! where it lies in the shared memory arena (the program copies from its own mapping of the
+//! arena: no bytes through a socket), and fetches a sample another node caches into private
+//! memory. Everything else the program reads from the dataset itself.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{ClassStore, Engine, Src};
+use crate::plan::UNCACHED;
+use crate::tier::{checksum, Acquire, Verified, READY};
+
+/// Where a program on this node finds a dataset file's bytes.
+#[derive(Debug)]
+pub enum Local {
+    /// In the memory arena (the file [`Engine::segments`] names) at `offset`, `len` bytes,
+    /// whose xxh3 checksum (recorded when they were read from their origin) is `checksum`.
+    Mapped { offset: u64, len: u64, checksum: u64 },
+    /// A copy in private memory: from a directory class of this node, or from the node that
+    /// caches it.
+    Bytes { bytes: Vec<u8>, checksum: u64, source: Src },
+    /// Neither this node nor a reachable peer holds it: read the dataset's file.
+    Direct,
+    /// Reading it from its origin failed (the message names the file).
+    Failed(String),
+}
+
+impl Engine {
+    /// Where `sample`'s bytes are for a program on this node, filling it now when it is placed
+    /// on this node and not yet filled; a fill in progress elsewhere is waited for at most
+    /// `wait` (then: [`Local::Direct`]).
+    pub fn local(&self, sample: u32, wait: Duration) -> Local {
+        let inner = &self.inner;
+        let Some(&class) = inner.node.class_of.get(sample as usize) else {
+            return Local::Direct;
+        };
+        let len = inner.source.size(sample);
+        if class == UNCACHED {
+            return match inner.peer_of(sample) {
+                Some(_) => {
+                    let mut bytes = vec![0u8; len as usize];
+                    match inner.read_origin(sample, &mut bytes) {
+                        Ok(Src::Peer) => {
+                            let sum = checksum(&bytes);
+                            Local::Bytes {
+                                bytes,
+                                checksum: sum,
+                                source: Src::Peer,
+                            }
+                        }
+                        // The peer could not answer and the dataset was read instead: hand
+                        // those bytes over rather than have the program read them again.
+                        Ok(source) => {
+                            let sum = checksum(&bytes);
+                            Local::Bytes {
+                                bytes,
+                                checksum: sum,
+                                source,
+                            }
+                        }
+                        Err(e) => Local::Failed(e.to_string()),
+                    }
+                }
+                None => Local::Direct,
+            };
+        }
+        let class = class as usize;
+        let state = inner.node.cache.state();
+        let ready = match state.acquire(sample, wait) {
+            Acquire::Ready => true,
+            Acquire::Claimed => {
+                let mut scratch = Vec::new();
+                match inner.fill_claimed(class, sample, &mut scratch) {
+                    Ok(_) => state.state(sample) == READY,
+                    Err(e) => return Local::Failed(e.to_string()),
+                }
+            }
+            Acquire::Busy | Acquire::NoSpace => false,
+        };
+        if !ready || !inner.current(sample) {
+            return Local::Direct;
+        }
+        let place = inner.node.offset[sample as usize];
+        let (sum, _) = state.record(sample);
+        match inner.node.stores[class] {
+            ClassStore::Mapped => match inner.node.cache.view_verified(class, sample, place, len) {
+                Ok(Some(_)) => Local::Mapped {
+                    offset: place,
+                    len,
+                    checksum: sum,
+                },
+                _ => Local::Direct,
+            },
+            ClassStore::Copy => {
+                let mut bytes = vec![0u8; len as usize];
+                if inner.node.cache.read_verified(class, sample, place, &mut bytes) != Verified::Good {
+                    return Local::Direct;
+                }
+                Local::Bytes {
+                    bytes,
+                    checksum: sum,
+                    source: Src::Ssd,
+                }
+            }
+        }
+    }
+
+    /// Totals since the engine started: (dataset bytes, dataset files, bytes from peers,
+    /// samples served to peers, bytes served to peers).
+    pub fn io_totals(&self) -> [u64; 5] {
+        let i = &self.inner;
+        [
+            i.pfs_bytes.load(Ordering::Relaxed),
+            i.pfs_files.load(Ordering::Relaxed),
+            i.peer_bytes.load(Ordering::Relaxed),
+            i.served_samples.load(Ordering::Relaxed),
+            i.served_bytes.load(Ordering::Relaxed),
+        ]
+    }
+}
