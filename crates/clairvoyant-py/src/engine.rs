@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clairvoyant_core::engine::{ClusterSpec, Engine, JobSpec, Lease, Region, SOURCE_NAMES};
+use clairvoyant_core::engine::{AgentSpec, ClusterSpec, Engine, JobSpec, Lease, Region, SOURCE_NAMES};
+use clairvoyant_core::plan::{hashed_counts, AccessCounts};
 use clairvoyant_core::schedule::Schedule;
 use numpy::ndarray::ArrayView1;
 use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
@@ -33,7 +34,7 @@ impl Drop for LeaseHolder {
 
 #[pyclass(name = "Engine", frozen, module = "clairvoyant._native")]
 pub struct PyEngine {
-    engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     /// The client this engine fetches other nodes' samples with (multi-node jobs).
     peers: Option<Arc<crate::peer::Peers>>,
 }
@@ -122,7 +123,7 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None, start_epoch=0, cluster=None))]
+    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None, start_epoch=0, cluster=None, agent=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -139,6 +140,7 @@ impl PyEngine {
         orders: Option<Vec<Vec<u32>>>,
         start_epoch: u32,
         cluster: Option<&Bound<'_, PyDict>>,
+        agent: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let src = source.inner.clone();
         let n = src.len() as u64;
@@ -163,6 +165,10 @@ impl PyEngine {
             let (cluster, client) = cluster_spec(c)?;
             spec.cluster = Some(cluster);
             peers = client;
+        }
+        if let Some(a) = agent {
+            let nodes = spec.cluster.as_ref().map_or(1, |c| c.nodes.len());
+            spec.agent = Some(agent_spec(a, src.as_ref(), nodes)?);
         }
         let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
         Ok(PyEngine {
@@ -341,6 +347,12 @@ impl PyEngine {
         Ok(Some(d))
     }
 
+    /// Totals since start: dataset bytes and files read, bytes from peers, samples and bytes
+    /// served to peers.
+    fn io_totals(&self) -> [u64; 5] {
+        self.engine.io_totals()
+    }
+
     /// Samples and bytes this engine's node cache served to peers through this process.
     fn served(&self) -> (u64, u64) {
         self.engine.peer_service().served()
@@ -357,6 +369,46 @@ impl PyEngine {
 /// (this one's index), `capacities` (every node's class capacities), and, to reach the other
 /// nodes, `peers` (one host:port per node), `secret` (bytes), `job` (id bound into the
 /// handshake), optional `connections` per peer and `peer_wait` seconds.
+/// A node agent's job from Python: `{"prefill": bool, "hashed": root}` (owners by hashing each
+/// file's path relative to `root`) or `{"prefill": bool, "counts": [(counts, first_need), ...]}`
+/// (one pair of arrays per node).
+fn agent_spec(a: &Bound<'_, PyDict>, source: &dyn clairvoyant_core::source::Source, nodes: usize) -> PyResult<AgentSpec> {
+    let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(a.get_item(key)?.filter(|v| !v.is_none())) };
+    let bad = |key: &str, e: PyErr| pyo3::exceptions::PyTypeError::new_err(format!("agent['{key}']: {e}"));
+    let prefill: bool = match item("prefill")? {
+        Some(v) => v.extract().map_err(|e| bad("prefill", e))?,
+        None => false,
+    };
+    let counts = if let Some(root) = item("hashed")? {
+        let root: std::path::PathBuf = root.extract().map_err(|e| bad("hashed", e))?;
+        let keys: Vec<u64> = (0..source.len() as u32)
+            .map(|k| {
+                let p = source.path(k);
+                let rel = p.strip_prefix(&root).unwrap_or(&p).to_path_buf();
+                clairvoyant_core::tier::checksum(rel.as_os_str().as_encoded_bytes())
+            })
+            .collect();
+        Some(hashed_counts(&keys, nodes))
+    } else if let Some(c) = item("counts")? {
+        let pairs: Vec<(Vec<u32>, Vec<u64>)> = c.extract().map_err(|e| bad("counts", e))?;
+        if pairs.len() != nodes || pairs.iter().any(|(c, f)| c.len() != source.len() || f.len() != source.len()) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "agent['counts']: expected {nodes} pair(s) of {} counts and first needs",
+                source.len()
+            )));
+        }
+        Some(
+            pairs
+                .into_iter()
+                .map(|(counts, first_need)| AccessCounts { counts, first_need })
+                .collect(),
+        )
+    } else {
+        None
+    };
+    Ok(AgentSpec { counts, prefill })
+}
+
 fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crate::peer::Peers>>)> {
     // The value at `key`, None when absent or None.
     let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(c.get_item(key)?.filter(|v| !v.is_none())) };

@@ -1,0 +1,182 @@
+"""The node agent of transparent mode (``clairvoyant run``): the engine hosted in its own
+process, one per job per node. It owns the node's cache and peer server; programs running under
+the interposed library ask it, through a Unix socket, where a dataset file's bytes are, and read
+them from the shared memory arena themselves (see docs/transparent.md).
+
+Started by the first ``clairvoyant run`` of a job on a node (:mod:`clairvoyant._run`); exits
+when the last one that attached has gone."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import _native
+
+
+def list_dataset(root: str) -> list:
+    """Every regular file under ``root`` (following symbolic links to files, not to
+    directories), as paths relative to it, sorted: the agent's sample ids."""
+    out = []
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, rel_dir) if rel_dir else root))
+        except OSError as e:
+            raise _native.ConfigError(f"cannot list the dataset directory {os.path.join(root, rel_dir)}: {e.strerror}") from e
+        for e in entries:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            if e.is_dir(follow_symlinks=False):
+                stack.append(rel)
+            elif e.is_file(follow_symlinks=True):
+                out.append(rel)
+    out.sort()
+    return out
+
+
+def relative(path: str, root: str) -> str | None:
+    """``path`` (absolute, or relative to ``root``) as a normalized path relative to ``root``;
+    None when it lies outside."""
+    full = os.path.normpath(path if os.path.isabs(path) else os.path.join(root, path))
+    rel = os.path.relpath(full, root)
+    if rel == "." or rel.startswith(".." + os.sep) or rel == "..":
+        return None
+    return rel
+
+
+def read_order_file(path: str, root: str, index: dict) -> list:
+    """Per-epoch orders of sample ids from an order file: one dataset path per line (relative to
+    the root or absolute), epochs separated by a blank line or a line starting with ``#``."""
+    epochs, current = [], []
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise _native.ConfigError(f"cannot read the order file {path}: {e.strerror}") from e
+    with f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                if current:
+                    epochs.append(np.asarray(current, dtype=np.int64))
+                    current = []
+                continue
+            rel = relative(line.strip(), root)
+            k = index.get(rel) if rel is not None else None
+            if k is None:
+                raise _native.ConfigError(f"{path}, line {n}: {line.strip()!r} is not a file of the dataset {root}")
+            current.append(k)
+    if current:
+        epochs.append(np.asarray(current, dtype=np.int64))
+    if not epochs:
+        raise _native.ConfigError(f"the order file {path} names no files")
+    return epochs
+
+
+def access_counts(epochs: list, n: int) -> tuple:
+    """(counts, first need) of one node's reads: how often each sample is read over the run and
+    when first (``epoch << 32 | position``, 2**64-1 when never)."""
+    counts = np.zeros(n, dtype=np.uint32)
+    first = np.full(n, np.iinfo(np.uint64).max, dtype=np.uint64)
+    for e, order in enumerate(epochs):
+        np.add.at(counts, order, 1)
+        pos = np.full(n, np.iinfo(np.uint64).max, dtype=np.uint64)
+        # The first position of each sample in this epoch (reversed assignment keeps the first).
+        pos[order[::-1]] = (np.uint64(e) << np.uint64(32)) | np.arange(len(order), dtype=np.uint64)[::-1]
+        first = np.minimum(first, pos)
+    return counts, first
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="python -m clairvoyant._agent", description=__doc__)
+    p.add_argument("--root", required=True)
+    p.add_argument("--socket", required=True)
+    p.add_argument("--dir", required=True, help="the shared directory file to create")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--node", type=int, default=0)
+    p.add_argument("--order-file", default=None, help="per-epoch orders; {node} is replaced by each node's index")
+    p.add_argument("--run-id", default="")
+    p.add_argument("--config", default=None)
+    p.add_argument("--index-dir", default=None)
+    p.add_argument("--idle-wait", type=float, default=60.0, help="exit if nobody attaches within this many seconds")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    root = os.path.abspath(args.root)
+    started = time.monotonic()
+    rel_paths = list_dataset(root)
+    if not rel_paths:
+        raise _native.ConfigError(f"the dataset directory {root} holds no files")
+    index = {p: i for i, p in enumerate(rel_paths)}
+    from .sources import FileList
+
+    source = FileList([os.path.join(root, p) for p in rel_paths], [0] * len(rel_paths), index_dir=args.index_dir)
+    from . import config as _config
+
+    _, model_toml = _config.resolve(args.config)
+    nodes, node = max(1, args.nodes), args.node
+    if args.order_file:
+        files = [args.order_file.replace("{node}", str(i)) for i in range(nodes)]
+        if nodes > 1 and len(set(files)) == 1:
+            raise _native.ConfigError(
+                "with several nodes the order file must name each node's reads: put {node} in its path "
+                f"(got {args.order_file})"
+            )
+        counts = [access_counts(read_order_file(f, root, index), len(rel_paths)) for f in files]
+        agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts]}
+        order_text = ";".join(files)
+    else:
+        agent = {"prefill": False, "hashed": root}
+        order_text = ""
+    cluster, peers = None, None
+    if nodes > 1:
+        from . import _peers
+
+        os.environ.setdefault("CLAIRVOYANT_RENDEZVOUS", "file")
+        peers = _peers.setup(
+            source=source,
+            model_toml=model_toml,
+            rank=node,
+            world_size=nodes,
+            local_ranks=[node],
+            run_id=args.run_id,
+            facts={"transparent": root, "order": order_text},
+        )
+        cluster = peers.cluster
+    engine = _native.Engine(
+        source._native, 1, 1, 0, False, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
+        model_toml, None, 0, cluster, agent,
+    )  # fmt: skip
+    if peers is not None and peers.server is not None:
+        peers.server.attach(engine)
+    server = _native.AgentServer(args.socket, engine, root, rel_paths, args.dir)
+    print(
+        f"clairvoyant agent: node {node} of {nodes}, {len(rel_paths)} files under {root}, "
+        f"{'known order' if args.order_file else 'order not known'}, ready in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        server.wait_idle(args.idle_wait)
+    finally:
+        server.close()
+        engine.shutdown()
+        if peers is not None and peers.server is not None:
+            peers.server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except _native.ClairvoyantError as e:
+        print(f"clairvoyant agent: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
