@@ -1,0 +1,15 @@
+//! What the node agent and the processes it serves share: the frames on the agent's Unix socket
+//! ([`proto`]) and the shared-memory directory of cached files ([`dir`]) that lets an interposed
+//! process find a cached file without a round trip to the agent.
+//!
+//! This crate is deliberately small (std, libc, xxhash-rust) because it is linked into
+//! `libclairvoyant_preload.so`, which is loaded into every process of a transparent-mode job.
+
+pub mod dir;
+pub mod proto;
+
+/// The checksum of a cached file's bytes: XXH3-64, the same function as the engine's
+/// `tier::checksum`, so a value computed by the engine can be verified here.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
