@@ -102,6 +102,7 @@ def _parse(argv):
     p.add_argument("--run-id", default="")
     p.add_argument("--config", default=None)
     p.add_argument("--index-dir", default=None)
+    p.add_argument("--ready-fd", type=int, default=None, help="write '1' to this descriptor once serving")
     p.add_argument("--idle-wait", type=float, default=60.0, help="exit if nobody attaches within this many seconds")
     return p.parse_args(argv)
 
@@ -155,7 +156,10 @@ def main(argv=None) -> int:
     )  # fmt: skip
     if peers is not None and peers.server is not None:
         peers.server.attach(engine)
-    server = _native.AgentServer(args.socket, engine, root, rel_paths, args.dir)
+    server = _native.AgentServer(engine, args.socket, root, rel_paths, args.dir)
+    if args.ready_fd is not None:
+        os.write(args.ready_fd, b"1")
+        os.close(args.ready_fd)
     print(
         f"clairvoyant agent: node {node} of {nodes}, {len(rel_paths)} files under {root}, "
         f"{'known order' if args.order_file else 'order not known'}, ready in {time.monotonic() - started:.1f} s",
@@ -166,7 +170,7 @@ def main(argv=None) -> int:
         server.wait_idle(args.idle_wait)
     finally:
         server.close()
-        engine.shutdown()
+        engine.close()
         if peers is not None and peers.server is not None:
             peers.server.close()
     return 0

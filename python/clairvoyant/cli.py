@@ -335,6 +335,12 @@ def _check_plot(path: str) -> str | None:
     return None
 
 
+def _run(args) -> int:
+    from . import _run as run
+
+    return run.main(args)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="clairvoyant", description="Clairvoyant prefetching and caching for ML training I/O.")
     p.add_argument("--version", action="version", version=f"clairvoyant {__version__}")
@@ -395,6 +401,23 @@ def main(argv=None) -> int:
         help="progress on stderr: a bar on a terminal, else a line every 2 s or 10%% (default: on)",
     )
     si.set_defaults(fn=_simulate)
+
+    ru = sub.add_parser(
+        "run",
+        help="run an unmodified program with its dataset reads served from the node's cache",
+        description="Run COMMAND with its reads of files under --dataset served from this node's cache and other "
+        "nodes' caches (transparent mode; see docs/transparent.md). Example: "
+        "clairvoyant run --dataset /pfs/imagenet -- python train.py",
+    )
+    ru.add_argument("--dataset", required=True, help="the dataset's root directory")
+    ru.add_argument("--order-file", help="per-epoch read orders (one path per line, epochs separated by blank lines); {node} is replaced by the node's index")
+    ru.add_argument("--stats", action="store_true", help="print reads by source every --stats-interval seconds and in total")
+    ru.add_argument("--stats-interval", type=_seconds, default=10.0, help="seconds between --stats lines (default 10)")
+    ru.add_argument("--nodes", type=_count(1), default=None, help="nodes of the job (default: from the launcher, else 1)")
+    ru.add_argument("--node-rank", type=_count(0), default=None, help="this node's index (default: from the launcher)")
+    ru.add_argument("--config", help="system description TOML (default: as for every job)")
+    ru.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
+    ru.set_defaults(fn=_run)
 
     args = p.parse_args(argv)
     if args.cmd == "plan" and args.nodes is not None and args.world_size % args.nodes:

@@ -372,7 +372,11 @@ impl PyEngine {
 /// A node agent's job from Python: `{"prefill": bool, "hashed": root}` (owners by hashing each
 /// file's path relative to `root`) or `{"prefill": bool, "counts": [(counts, first_need), ...]}`
 /// (one pair of arrays per node).
-fn agent_spec(a: &Bound<'_, PyDict>, source: &dyn clairvoyant_core::source::Source, nodes: usize) -> PyResult<AgentSpec> {
+fn agent_spec(
+    a: &Bound<'_, PyDict>,
+    source: &dyn clairvoyant_core::source::Source,
+    nodes: usize,
+) -> PyResult<AgentSpec> {
     let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(a.get_item(key)?.filter(|v| !v.is_none())) };
     let bad = |key: &str, e: PyErr| pyo3::exceptions::PyTypeError::new_err(format!("agent['{key}']: {e}"));
     let prefill: bool = match item("prefill")? {
@@ -391,7 +395,11 @@ fn agent_spec(a: &Bound<'_, PyDict>, source: &dyn clairvoyant_core::source::Sour
         Some(hashed_counts(&keys, nodes))
     } else if let Some(c) = item("counts")? {
         let pairs: Vec<(Vec<u32>, Vec<u64>)> = c.extract().map_err(|e| bad("counts", e))?;
-        if pairs.len() != nodes || pairs.iter().any(|(c, f)| c.len() != source.len() || f.len() != source.len()) {
+        if pairs.len() != nodes
+            || pairs
+                .iter()
+                .any(|(c, f)| c.len() != source.len() || f.len() != source.len())
+        {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "agent['counts']: expected {nodes} pair(s) of {} counts and first needs",
                 source.len()

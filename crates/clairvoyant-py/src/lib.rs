@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod agent;
 mod decode;
 mod engine;
 mod errors;
@@ -25,5 +26,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     peer::register(m)?;
     sim::register(m)?;
     decode::register(m)?;
+    agent::register(m)?;
     Ok(())
 }

@@ -1,0 +1,474 @@
+//! The node agent's server (transparent mode): answers interposed processes on a Unix socket
+//! from the engine's node cache, and records every cached file it hands out in the shared
+//! directory so later opens (any process of the job on this node) find it without asking.
+//! One thread per connection, bounded; only processes of this user may connect.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use clairvoyant_agent::dir::{counter, path_key, DirWriter, Entry};
+use clairvoyant_agent::proto::{self, Reply, Request};
+use clairvoyant_core::engine::{Engine, Local};
+use pyo3::prelude::*;
+
+use crate::engine::PyEngine;
+
+/// Connections served at once; more wait in the listen queue.
+const MAX_CONNECTIONS: usize = 4096;
+/// How long a lookup may wait for a fill another thread has in progress.
+const FILL_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Default)]
+struct Counts {
+    lookups: AtomicU64,
+    cached: AtomicU64,
+    inline: AtomicU64,
+    inline_bytes: AtomicU64,
+    direct: AtomicU64,
+    unknown: AtomicU64,
+    failed: AtomicU64,
+}
+
+struct Shared {
+    engine: Arc<Engine>,
+    root: Vec<u8>,
+    files: HashMap<Vec<u8>, u32>,
+    paths: Vec<PathBuf>,
+    dir: DirWriter,
+    arena: Option<PathBuf>,
+    counts: Counts,
+    /// (attached launchers, connections, whether any launcher ever attached).
+    live: Mutex<(usize, usize, bool)>,
+    changed: Condvar,
+    closing: AtomicBool,
+    uid: u32,
+}
+
+#[pyclass(name = "AgentServer", frozen, module = "clairvoyant._native")]
+pub struct PyAgentServer {
+    shared: Arc<Shared>,
+    socket: PathBuf,
+    accept: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[pymethods]
+impl PyAgentServer {
+    /// Serve `engine`'s node cache for the files `rel_paths` (sample i is `root/rel_paths[i]`) on
+    /// the Unix socket `socket`; cached files are recorded in a new shared directory file `dir`.
+    #[new]
+    fn new(engine: &PyEngine, socket: PathBuf, root: String, rel_paths: Vec<String>, dir: PathBuf) -> PyResult<Self> {
+        let io = |what: &str, p: &Path, e: std::io::Error| {
+            pyo3::exceptions::PyOSError::new_err(format!("{what} {}: {e}", p.display()))
+        };
+        let dir_writer = DirWriter::create_with_root(&dir, rel_paths.len(), path_key(root.as_bytes()))
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+        if let Ok(m) = std::fs::symlink_metadata(&socket) {
+            if m.file_type().is_socket() {
+                // A dead agent's socket: whoever started this one holds the start lock.
+                let _ = std::fs::remove_file(&socket);
+            }
+        }
+        let listener = UnixListener::bind(&socket).map_err(|e| io("cannot listen on", &socket, e))?;
+        let root_path = PathBuf::from(&root);
+        let shared = Arc::new(Shared {
+            engine: engine.engine.clone(),
+            paths: rel_paths.iter().map(|r| root_path.join(r)).collect(),
+            files: rel_paths
+                .into_iter()
+                .enumerate()
+                .map(|(i, r)| (r.into_bytes(), i as u32))
+                .collect(),
+            root: root.into_bytes(),
+            dir: dir_writer,
+            arena: engine.engine.segments().1,
+            counts: Counts::default(),
+            live: Mutex::new((0, 0, false)),
+            changed: Condvar::new(),
+            closing: AtomicBool::new(false),
+            // SAFETY: getuid cannot fail.
+            uid: unsafe { libc::getuid() },
+        });
+        let s = shared.clone();
+        let accept = std::thread::Builder::new()
+            .name("cv-agent-accept".into())
+            .spawn(move || accept_loop(s, listener))
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+        Ok(PyAgentServer {
+            shared,
+            socket,
+            accept: Mutex::new(Some(accept)),
+        })
+    }
+
+    /// Block until no launcher is attached any more (after one was), or none attached within
+    /// `idle_wait` seconds of the start; wakes for Ctrl-C.
+    fn wait_idle(&self, py: Python<'_>, idle_wait: f64) -> PyResult<()> {
+        let start = Instant::now();
+        loop {
+            let done = py.detach(|| {
+                let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
+                let (live, _) = self
+                    .shared
+                    .changed
+                    .wait_timeout(live, Duration::from_millis(200))
+                    .unwrap_or_else(|p| p.into_inner());
+                let (attached, _, ever) = *live;
+                if ever {
+                    attached == 0
+                } else {
+                    start.elapsed().as_secs_f64() > idle_wait
+                }
+            });
+            if done {
+                return Ok(());
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// Launchers attached now.
+    #[getter]
+    fn attached(&self) -> usize {
+        self.shared.live.lock().unwrap_or_else(|p| p.into_inner()).0
+    }
+
+    /// The agent's figures (see [`stats_json`]).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let json = py.import("json")?;
+        json.call_method1("loads", (stats_json(&self.shared),))
+    }
+
+    /// Stop accepting and remove the socket and the directory file (mappings stay valid for
+    /// processes that have them).
+    fn close(&self) {
+        if self.shared.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Wake the accept loop.
+        let _ = UnixStream::connect(&self.socket);
+        if let Some(t) = self.accept.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(self.shared.dir.path());
+    }
+}
+
+impl Drop for PyAgentServer {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
+    for conn in listener.incoming() {
+        if shared.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(conn) = conn else { continue };
+        if peer_uid(&conn) != Some(shared.uid) {
+            continue;
+        }
+        {
+            let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
+            if live.1 >= MAX_CONNECTIONS {
+                continue;
+            }
+            live.1 += 1;
+        }
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new().name("cv-agent-conn".into()).spawn(move || {
+            let attached = serve(&s, conn);
+            let mut live = s.live.lock().unwrap_or_else(|p| p.into_inner());
+            live.1 -= 1;
+            if attached {
+                live.0 -= 1;
+            }
+            s.changed.notify_all();
+        });
+        if spawned.is_err() {
+            shared.live.lock().unwrap_or_else(|p| p.into_inner()).1 -= 1;
+        }
+    }
+}
+
+fn peer_uid(conn: &UnixStream) -> Option<u32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid for writes of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.uid)
+}
+
+/// Serve one connection until it closes; whether it was a launcher's (attached).
+fn serve(s: &Shared, conn: UnixStream) -> bool {
+    let Ok(read_half) = conn.try_clone() else { return false };
+    let mut r = BufReader::new(read_half);
+    let mut w = BufWriter::new(conn);
+    let mut attached = false;
+    loop {
+        let req = match proto::read_request(&mut r) {
+            Ok(req) => req,
+            Err(_) => return attached,
+        };
+        let ok = match req {
+            Request::Hello { .. } => {
+                let arena_len = s
+                    .arena
+                    .as_ref()
+                    .and_then(|p| std::fs::metadata(p).ok())
+                    .map_or(0, |m| m.len());
+                proto::write_reply(
+                    &mut w,
+                    &Reply::Hello {
+                        version: proto::VERSION,
+                        root: s.root.clone(),
+                        dir_path: s.dir.path().to_path_buf(),
+                        arena_path: s.arena.clone(),
+                        arena_len,
+                    },
+                )
+            }
+            Request::Attach { .. } => {
+                if !attached {
+                    attached = true;
+                    let mut live = s.live.lock().unwrap_or_else(|p| p.into_inner());
+                    live.0 += 1;
+                    live.2 = true;
+                    s.changed.notify_all();
+                }
+                proto::write_reply(&mut w, &Reply::Ok)
+            }
+            Request::Stats => proto::write_reply(&mut w, &Reply::Json { text: stats_json(s) }),
+            Request::Lookup { rel } => lookup(s, &rel, &mut w),
+        };
+        if ok.and_then(|_| w.flush()).is_err() {
+            return attached;
+        }
+    }
+}
+
+fn lookup(s: &Shared, rel: &[u8], w: &mut impl Write) -> std::io::Result<()> {
+    s.counts.lookups.fetch_add(1, Ordering::Relaxed);
+    let Some(&file) = s.files.get(rel) else {
+        s.counts.unknown.fetch_add(1, Ordering::Relaxed);
+        return proto::write_reply(w, &Reply::Unknown);
+    };
+    match s.engine.local(file, FILL_WAIT) {
+        Local::Mapped { offset, len, checksum } => {
+            // The file's last change now: the engine has checked the copy is of the file as it
+            // is (`Engine::local`), and a reader compares it with its own fstat.
+            match std::fs::metadata(&s.paths[file as usize]) {
+                Ok(m) => {
+                    let e = Entry {
+                        file,
+                        offset,
+                        size: len,
+                        checksum,
+                        mtime_ns: clairvoyant_core::source::last_change_ns(&m).max(0) as u64,
+                    };
+                    s.dir.insert(path_key(rel), &e);
+                    s.counts.cached.fetch_add(1, Ordering::Relaxed);
+                    proto::write_reply(
+                        w,
+                        &Reply::Cached {
+                            file,
+                            size: len,
+                            offset,
+                            checksum,
+                        },
+                    )
+                }
+                Err(_) => {
+                    s.counts.direct.fetch_add(1, Ordering::Relaxed);
+                    proto::write_reply(w, &Reply::Direct)
+                }
+            }
+        }
+        Local::Bytes { bytes, checksum, .. } => {
+            s.counts.inline.fetch_add(1, Ordering::Relaxed);
+            s.counts.inline_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            proto::write_reply(
+                w,
+                &Reply::Inline {
+                    file,
+                    size: bytes.len() as u64,
+                    checksum,
+                },
+            )?;
+            w.write_all(&bytes)
+        }
+        Local::Direct => {
+            s.counts.direct.fetch_add(1, Ordering::Relaxed);
+            proto::write_reply(w, &Reply::Direct)
+        }
+        Local::Failed(message) => {
+            s.counts.failed.fetch_add(1, Ordering::Relaxed);
+            proto::write_reply(w, &Reply::Error { message })
+        }
+    }
+}
+
+/// The agent's figures as JSON: what it answered, what the programs counted in the shared
+/// directory (`reads`), the engine's reads from the dataset and peers, and the agent's CPU time.
+fn stats_json(s: &Shared) -> String {
+    let c = &s.counts;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let counters = s.dir.counters();
+    let reads: Vec<String> = counter::NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("\"{}\": {}", n, counters[i].load(Ordering::Relaxed)))
+        .collect();
+    let [pfs_bytes, pfs_files, peer_bytes, served_samples, served_bytes] = s.engine.io_totals();
+    let attached = s.live.lock().unwrap_or_else(|p| p.into_inner()).0;
+    format!(
+        concat!(
+            "{{\"attached\": {}, \"lookups\": {}, \"cached\": {}, \"inline\": {}, \"inline_bytes\": {}, ",
+            "\"direct\": {}, \"unknown\": {}, \"failed\": {}, \"cached_files\": {}, \"reads\": {{{}}}, ",
+            "\"pfs_bytes\": {}, \"pfs_files\": {}, \"peer_bytes\": {}, \"served_samples\": {}, ",
+            "\"served_bytes\": {}, \"agent_cpu_s\": {:.3}}}"
+        ),
+        attached,
+        load(&c.lookups),
+        load(&c.cached),
+        load(&c.inline),
+        load(&c.inline_bytes),
+        load(&c.direct),
+        load(&c.unknown),
+        load(&c.failed),
+        s.dir.len(),
+        reads.join(", "),
+        pfs_bytes,
+        pfs_files,
+        peer_bytes,
+        served_samples,
+        served_bytes,
+        cpu_seconds(),
+    )
+}
+
+fn cpu_seconds() -> f64 {
+    // SAFETY: ru is valid for writes.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// A client of an agent, for launchers and tests: `attach` keeps this connection registered
+/// until `close`; `stats` and `lookup` ask on it.
+#[pyclass(name = "AgentClient", module = "clairvoyant._native")]
+pub struct PyAgentClient {
+    conn: Option<(BufReader<UnixStream>, UnixStream)>,
+}
+
+#[pymethods]
+impl PyAgentClient {
+    #[new]
+    #[pyo3(signature = (socket, timeout=10.0))]
+    fn new(socket: PathBuf, timeout: f64) -> PyResult<Self> {
+        let err = |e: std::io::Error| {
+            pyo3::exceptions::PyConnectionError::new_err(format!("agent at {}: {e}", socket.display()))
+        };
+        let conn = UnixStream::connect(&socket).map_err(err)?;
+        let t = Some(Duration::from_secs_f64(timeout.max(0.001)));
+        conn.set_read_timeout(t).map_err(err)?;
+        conn.set_write_timeout(t).map_err(err)?;
+        let mut c = PyAgentClient {
+            conn: Some((BufReader::new(conn.try_clone().map_err(err)?), conn)),
+        };
+        c.call(&Request::Hello {
+            version: proto::VERSION,
+            pid: std::process::id(),
+        })?;
+        Ok(c)
+    }
+
+    /// Register as a launcher: the agent lives while this connection is open.
+    fn attach(&mut self) -> PyResult<()> {
+        self.call(&Request::Attach {
+            pid: std::process::id(),
+        })
+        .map(|_| ())
+    }
+
+    /// The agent's figures as a dict.
+    fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        match self.call(&Request::Stats)? {
+            (Reply::Json { text }, _) => py.import("json")?.call_method1("loads", (text,)),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Where the agent says `rel`'s bytes are: ("cached", offset, size, checksum),
+    /// ("inline", bytes, checksum), ("direct",), ("unknown",) or ("error", message).
+    fn lookup<'py>(&mut self, py: Python<'py>, rel: &str) -> PyResult<Bound<'py, PyAny>> {
+        let (reply, data) = self.call(&Request::Lookup {
+            rel: rel.as_bytes().to_vec(),
+        })?;
+        let t = match reply {
+            Reply::Cached {
+                offset, size, checksum, ..
+            } => ("cached", offset, size, checksum).into_pyobject(py)?.into_any(),
+            Reply::Inline { checksum, .. } => ("inline", pyo3::types::PyBytes::new(py, &data), checksum)
+                .into_pyobject(py)?
+                .into_any(),
+            Reply::Direct => ("direct",).into_pyobject(py)?.into_any(),
+            Reply::Unknown => ("unknown",).into_pyobject(py)?.into_any(),
+            Reply::Error { message } => ("error", message).into_pyobject(py)?.into_any(),
+            other => return Err(unexpected(&other)),
+        };
+        Ok(t)
+    }
+
+    fn close(&mut self) {
+        self.conn = None;
+    }
+}
+
+impl PyAgentClient {
+    fn call(&mut self, req: &Request) -> PyResult<(Reply, Vec<u8>)> {
+        let err = |e: std::io::Error| pyo3::exceptions::PyConnectionError::new_err(format!("agent: {e}"));
+        let (r, w) = self
+            .conn
+            .as_mut()
+            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("the agent client is closed"))?;
+        proto::write_request(w, req).map_err(err)?;
+        let reply = proto::read_reply(r).map_err(err)?;
+        let mut data = Vec::new();
+        if let Reply::Inline { size, .. } = &reply {
+            data.resize(*size as usize, 0);
+            std::io::Read::read_exact(r, &mut data).map_err(err)?;
+        }
+        Ok((reply, data))
+    }
+}
+
+fn unexpected(r: &Reply) -> PyErr {
+    pyo3::exceptions::PyConnectionError::new_err(format!("agent: unexpected reply {r:?}"))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyAgentServer>()?;
+    m.add_class::<PyAgentClient>()?;
+    Ok(())
+}

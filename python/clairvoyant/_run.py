@@ -1,0 +1,258 @@
+"""``clairvoyant run --dataset ROOT -- COMMAND ...``: run an unmodified program with its reads of
+files under ROOT served from the node's cache (transparent mode, docs/transparent.md).
+
+Per node, the first launcher of a job starts the node agent (:mod:`clairvoyant._agent`) under
+a lock; every launcher of the job on the node attaches to it and the agent exits when the last
+has gone. The program runs with the interposed library preloaded (``LD_PRELOAD``), the dataset
+root and the agent's socket in its environment; its children inherit all three."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from . import _native
+from ._env import _first_int
+
+#: How long a launcher waits for the node agent to index the dataset and start.
+START_TIMEOUT = 600.0
+
+
+def nodes_of(env, nodes=None, node=None) -> tuple:
+    """(nodes, this node's index) from the arguments, else the launcher's variables:
+    ``CLAIRVOYANT_NODES``/``CLAIRVOYANT_NODE_RANK``, Slurm, torchrun (``--no-python``), Open MPI."""
+    if nodes is not None:
+        return nodes, node or 0
+    n = _first_int(("CLAIRVOYANT_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"), env)
+    i = _first_int(("CLAIRVOYANT_NODE_RANK", "SLURM_NODEID", "GROUP_RANK"), env)
+    if n is None:
+        world = _first_int(("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), env)
+        local = _first_int(("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"), env)
+        if world and local and world > local and world % local == 0:
+            n = world // local
+            if i is None:
+                rank = _first_int(("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"), env) or 0
+                i = rank // local
+    n = n or 1
+    i = i or 0
+    if not 0 <= i < n:
+        raise _native.ConfigError(f"this node's index {i} is outside the job's {n} nodes")
+    return n, i
+
+
+def run_id_of(env) -> str:
+    for k in ("CLAIRVOYANT_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"):
+        v = env.get(k, "").strip()
+        if v and v != "none":
+            return v
+    return ""
+
+
+def _short_dir(key: str) -> str:
+    """A private directory with a short path for the socket (Unix socket paths are limited to
+    107 bytes)."""
+    from . import _cluster
+
+    base = _cluster._user_runtime_dir()
+    d = os.path.join(base, f"agent-{key}")
+    if len(os.path.join(d, "agent.sock")) > 100:
+        top = os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}")
+        try:
+            os.mkdir(top, 0o700)
+        except FileExistsError:
+            pass
+        _cluster._private_dir(top, create=False)
+        d = os.path.join(top, f"a-{key}")
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    return _cluster._private_dir(d, create=False)
+
+
+def preload_library() -> str:
+    from . import _preload
+
+    return _preload.preload_library()
+
+
+class Agent:
+    """This launcher's attachment to the node agent (started here when none runs)."""
+
+    def __init__(self, root: str, *, order_file=None, nodes=1, node=0, config=None, env=None, timeout=START_TIMEOUT):
+        env = os.environ if env is None else env
+        self.root = root
+        run = run_id_of(env)
+        if nodes > 1 and not run:
+            raise _native.ConfigError(
+                "several nodes need a run id shared by every node's launcher: set CLAIRVOYANT_RUN_ID (Slurm's job id is used when set)"
+            )
+        facts = json.dumps([root, run, nodes, node, order_file, config], sort_keys=True).encode()
+        key = hashlib.blake2b(facts, digest_size=8).hexdigest()
+        self.dir = _short_dir(key)
+        self.socket = os.path.join(self.dir, "agent.sock")
+        self.log = os.path.join(self.dir, "agent.log")
+        self.started = False
+        lock = os.open(os.path.join(self.dir, "agent.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self.client = _native.AgentClient(self.socket)
+            except ConnectionError:
+                self._start(run, order_file, nodes, node, config, env, timeout)
+                self.client = _native.AgentClient(self.socket)
+                self.started = True
+            self.client.attach()
+        finally:
+            os.close(lock)
+
+    def _start(self, run, order_file, nodes, node, config, env, timeout):
+        directory = os.path.join(self.dir, f"dir-{os.getpid()}")
+        args = [
+            sys.executable, "-m", "clairvoyant._agent", "--root", self.root, "--socket", self.socket,
+            "--dir", directory, "--nodes", str(nodes), "--node", str(node), "--run-id", run,
+        ]  # fmt: skip
+        if order_file:
+            args += ["--order-file", order_file]
+        if config:
+            args += ["--config", config]
+        r, w = os.pipe()
+        args += ["--ready-fd", str(w)]
+        child_env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "CLAIRVOYANT_AGENT", "CLAIRVOYANT_ROOT")}
+        with open(self.log, "wb") as log:
+            proc = subprocess.Popen(
+                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env,
+                start_new_session=True, pass_fds=(w,), close_fds=True,
+            )  # fmt: skip
+        os.close(w)
+        try:
+            deadline = time.monotonic() + timeout
+            ready = False
+            while not ready:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    proc.kill()
+                    raise _native.ConfigError(
+                        f"the node agent did not start within {timeout:.0f} s (indexing {self.root}?); its log: {self.log}"
+                    )
+                rl, _, _ = select.select([r], [], [], min(left, 1.0))
+                if rl:
+                    ready = os.read(r, 1) == b"1"
+                    if not ready:
+                        break
+            if not ready:
+                code = proc.wait(timeout=10)
+                raise _native.ConfigError(f"the node agent exited ({code}) before it was ready:\n{_tail(self.log)}")
+        finally:
+            os.close(r)
+
+    def stats(self) -> dict:
+        return self.client.stats()
+
+    def close(self):
+        self.client.close()
+
+
+def _tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return f"(no log at {path})"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def format_stats(s: dict, prev: dict | None, elapsed: float) -> str:
+    """One line of figures since ``prev`` (or since the start)."""
+    p = prev or {}
+    reads, preads = s.get("reads", {}), p.get("reads", {})
+
+    def d(key, inner=True):
+        if inner:
+            return reads.get(key, 0) - preads.get(key, 0)
+        return s.get(key, 0) - p.get(key, 0)
+
+    return (
+        f"clairvoyant run: {elapsed:7.1f} s: node cache {d('cached_reads'):,} reads ({_mb(d('cached_bytes'))}), "
+        f"peers {d('inline_reads'):,} ({_mb(d('inline_bytes'))}), "
+        f"file system {d('direct_reads'):,} direct ({_mb(d('direct_bytes'))}) + {_mb(d('pfs_bytes', False))} by the agent; "
+        f"fallbacks {d('fallbacks')}, corrupt {d('corrupt')}, stale {d('stale')}; agent CPU {d('agent_cpu_s', False):.2f} s"
+    )
+
+
+def main(args) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise _native.ConfigError("nothing to run: give the command after --, e.g. clairvoyant run --dataset D -- python train.py")
+    root = os.path.abspath(args.dataset)
+    if not os.path.isdir(root):
+        raise _native.ConfigError(f"--dataset {args.dataset}: not a directory")
+    order_file = os.path.abspath(args.order_file) if args.order_file else None
+    nodes, node = nodes_of(os.environ, args.nodes, args.node_rank)
+    lib = preload_library()
+    agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config)
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = " ".join(x for x in (lib, env.get("LD_PRELOAD", "")) if x)
+    env["CLAIRVOYANT_ROOT"] = root
+    env["CLAIRVOYANT_AGENT"] = agent.socket
+    started = time.monotonic()
+    stop = threading.Event()
+    lock = threading.Lock()
+    last: dict = {}
+
+    def report():
+        prev = None
+        while not stop.wait(args.stats_interval):
+            try:
+                with lock:
+                    s = agent.stats()
+            except (ConnectionError, OSError):
+                print("clairvoyant run: the node agent is gone; the program reads the file system directly", file=sys.stderr)
+                return
+            print(format_stats(s, prev, time.monotonic() - started), file=sys.stderr, flush=True)
+            prev = s
+            last["s"] = s
+
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as e:
+        agent.close()
+        raise _native.ConfigError(f"cannot run {command[0]}: {e.strerror}") from e
+    forwarded = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        forwarded[sig] = signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+    reporter = None
+    if args.stats:
+        reporter = threading.Thread(target=report, name="clairvoyant-stats", daemon=True)
+        reporter.start()
+    try:
+        code = proc.wait()
+    finally:
+        stop.set()
+        if reporter is not None:
+            reporter.join(timeout=5)
+        if args.stats:
+            try:
+                with lock:
+                    s = agent.stats()
+                print(format_stats(s, None, time.monotonic() - started).replace(":", ": total:", 1), file=sys.stderr)
+            except (ConnectionError, OSError):
+                pass
+        agent.close()
+        for sig, old in forwarded.items():
+            signal.signal(sig, old)
+    return code if code >= 0 else 128 - code
