@@ -157,6 +157,8 @@ def main(argv=None) -> int:
     if peers is not None and peers.server is not None:
         peers.server.attach(engine)
     server = _native.AgentServer(engine, args.socket, root, rel_paths, args.dir)
+    with open(os.path.join(os.path.dirname(args.socket), "agent.pid"), "w") as f:
+        f.write(f"{os.getpid()}\n")
     if args.ready_fd is not None:
         os.write(args.ready_fd, b"1")
         os.close(args.ready_fd)

@@ -245,13 +245,17 @@ def main(args) -> int:
         stop.set()
         if reporter is not None:
             reporter.join(timeout=5)
-        if args.stats:
+        if args.stats or args.stats_json:
             try:
                 with lock:
                     s = agent.stats()
-                print(format_stats(s, None, time.monotonic() - started).replace(":", ": total:", 1), file=sys.stderr)
-            except (ConnectionError, OSError):
-                pass
+                if args.stats:
+                    print(format_stats(s, None, time.monotonic() - started).replace(":", ": total:", 1), file=sys.stderr)
+                if args.stats_json:
+                    with open(args.stats_json, "w") as f:
+                        json.dump(s, f, indent=1)
+            except (ConnectionError, OSError) as e:
+                print(f"clairvoyant run: no figures from the node agent: {e}", file=sys.stderr)
         agent.close()
         for sig, old in forwarded.items():
             signal.signal(sig, old)

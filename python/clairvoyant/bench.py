@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _bench_formats, _report, demo
+from . import _bench_formats, _bench_transparent, _report, demo
 
 TARGETS = {
     "utilization_epochs_ge1": 0.95,  # clairvoyant, every epoch >= 1 (at least)
@@ -63,6 +63,7 @@ TARGETS = {
     "decode_raw_vs_pipeline": 1.5,  # native decode alone / native pipeline, images per CPU-s (at most)
 }
 TARGETS.update(_bench_formats.TARGETS)
+TARGETS.update(_bench_transparent.TARGETS)
 
 
 # -- (a) the demo comparison, larger ---------------------------------------------------------
@@ -623,6 +624,7 @@ _LABELS = {
     "epoch0_fuse_small_memory_vs_threadpool": "epoch 0 on FUSE, memory class 1/3 of the dataset / plain pool (same run)",
 }
 _LABELS.update(_bench_formats.LABELS)
+_LABELS.update(_bench_transparent.LABELS)
 
 
 def fuse_markdown(fuse: dict) -> list:
@@ -750,7 +752,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--formats-parts", default="lmdb,hdf5,tar", help="which container formats to benchmark (comma-separated: lmdb, hdf5, tar)")
     ap.add_argument(
         "--only",
-        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode"],
+        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent"],
         help="run one benchmark only",
     )
     ap.add_argument("--out", default="out")
@@ -775,6 +777,9 @@ def main(argv: Optional[list] = None) -> int:
 
         cluster = _bench_cluster.bench_cluster(out, log, progress)
     decode = bench_decode(log) if args.only in (None, "decode") else None
+    transparent = None
+    if args.only in (None, "transparent"):
+        transparent = _bench_transparent.bench_transparent(out, log)
     validation = None
     if training is not None:
         try:
@@ -786,6 +791,8 @@ def main(argv: Optional[list] = None) -> int:
     targets = evaluate(training, overhead, memory, simulator, fuse, resume, cluster) + evaluate_decode(decode)
     if formats is not None:
         targets += _bench_formats.evaluate(formats, _target)
+    if transparent is not None:
+        targets += _bench_transparent.evaluate(transparent, _target)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -799,6 +806,7 @@ def main(argv: Optional[list] = None) -> int:
         "formats": formats,
         "cluster": cluster,
         "decode": decode,
+        "transparent": transparent,
         "simulator_validation": validation,
         "targets": targets,
     }
@@ -830,6 +838,9 @@ def main(argv: Optional[list] = None) -> int:
 
             print()
             print(_bench_cluster.markdown(cluster))
+        if transparent is not None:
+            print()
+            print("\n".join(_bench_transparent.markdown(transparent)))
     return 0 if all(t["met"] for t in targets) else 1
 
 

@@ -413,6 +413,7 @@ def main(argv=None) -> int:
     ru.add_argument("--order-file", help="per-epoch read orders (one path per line, epochs separated by blank lines); {node} is replaced by the node's index")
     ru.add_argument("--stats", action="store_true", help="print reads by source every --stats-interval seconds and in total")
     ru.add_argument("--stats-interval", type=_seconds, default=10.0, help="seconds between --stats lines (default 10)")
+    ru.add_argument("--stats-json", metavar="FILE", help="write the node agent's figures at the end as JSON")
     ru.add_argument("--nodes", type=_count(1), default=None, help="nodes of the job (default: from the launcher, else 1)")
     ru.add_argument("--node-rank", type=_count(0), default=None, help="this node's index (default: from the launcher)")
     ru.add_argument("--config", help="system description TOML (default: as for every job)")

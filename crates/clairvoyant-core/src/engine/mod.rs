@@ -243,7 +243,8 @@ impl Engine {
         }
         validate_ranks(&spec)?;
         let (largest, largest_size) = source.largest().unwrap_or((0, 0));
-        if largest_size > model.staging.capacity {
+        // A node agent stages nothing; a file too large for its classes is read directly.
+        if spec.agent.is_none() && largest_size > model.staging.capacity {
             return Err(Error::TooLarge {
                 sample: largest as u64,
                 path: source.path(largest).display().to_string(),
@@ -299,7 +300,7 @@ impl Engine {
         let placement_summary = node.summary.clone();
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
 
-        let ring_cap = model.staging.capacity;
+        let ring_cap = if spec.agent.is_some() { 4096 } else { model.staging.capacity };
         let ring = node
             .cache
             .create_ring(spec.rank, ring_cap.max(1))
@@ -461,7 +462,11 @@ impl Engine {
         let key = node_key(spec, source.fingerprint(), &specs);
         let rank_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
         let mut cache = NodeCache::attach(&format!("{key:016x}"), f, rank_index, spec.local_ranks.len() as u32)?;
-        let ring_reserve = model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64);
+        let ring_reserve = if spec.agent.is_some() {
+            0
+        } else {
+            model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64)
+        };
         let capacities = cache.setup(&requests, ring_reserve)?;
         let (placement, cluster) = match &spec.cluster {
             None => {

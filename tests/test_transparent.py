@@ -1,0 +1,336 @@
+"""Transparent mode end to end: unmodified programs under `clairvoyant run` read exactly the
+file system's bytes, the node agent reads the dataset once, keeps a fixed subset when its cache
+is smaller than the dataset, places by the order when an order file gives it, aggregates the
+caches of two emulated nodes, and a killed agent (this node's or a peer's) leaves the program
+finishing on direct reads."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from clairvoyant._emulation import node_env
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+READER = os.path.join(HERE, "transparent_reader.py")
+N_FILES = 120
+
+
+def _preload_or_skip():
+    try:
+        from clairvoyant import _preload
+
+        return _preload.preload_library()
+    except Exception as e:  # noqa: BLE001 - any reason the library is unusable is a skip reason
+        pytest.skip(f"the interposed library is not available: {e}")
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    rng = np.random.default_rng(5)
+    root = tmp_path / "data"
+    crcs, total = {}, 0
+    for k in range(N_FILES):
+        d = root / f"class_{k % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        data = rng.integers(0, 256, size=int(rng.integers(2000, 9000)), dtype=np.uint8).tobytes()
+        (d / f"f{k:04d}.bin").write_bytes(data)
+        crcs[f"class_{k % 4}/f{k:04d}.bin"] = zlib.crc32(data)
+        total += len(data)
+    return str(root), crcs, total
+
+
+def _env(tmp_path, extra=None) -> dict:
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env["CLAIRVOYANT_SHM_DIR"] = str(tmp_path / "shm")
+    env["CLAIRVOYANT_CACHE_DIR"] = str(tmp_path / "cache")
+    os.makedirs(env["CLAIRVOYANT_SHM_DIR"], exist_ok=True)
+    env.update(extra or {})
+    return env
+
+
+def _config(path, memory: int) -> str:
+    with open(path, "w") as f:
+        f.write(
+            f"""
+[staging]
+capacity = "4 MiB"
+threads = 2
+[pfs]
+read_mbps = 200.0
+open_latency_ms = 0.5
+[[class]]
+name = "memory"
+kind = "memory"
+capacity = {memory}
+threads = 1
+read_mbps = 5000.0
+write_mbps = 5000.0
+"""
+        )
+    return str(path)
+
+
+def _run(args, env, timeout=180, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "clairvoyant", "run", *args], env=env, capture_output=True, text=True, timeout=timeout, **kw
+    )
+
+
+def _check_reads(out_path, crcs, epochs):
+    with open(out_path) as f:
+        got = json.load(f)
+    assert len(got["epochs"]) == epochs
+    for e, seen in enumerate(got["epochs"]):
+        assert seen == {k: v for k, v in crcs.items() if k in seen}, f"epoch {e}: bytes differ from the file system"
+    return got
+
+
+def test_reads_are_the_file_systems_bytes_and_the_dataset_is_read_once(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, total = dataset
+    out, stats = tmp_path / "out.json", tmp_path / "stats.json"
+    r = _run(
+        ["--dataset", root, "--stats", "--stats-interval", "0.5", "--stats-json", str(stats), "--",
+         sys.executable, READER, root, "--epochs", "2", "--out", str(out)],
+        _env(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got = _check_reads(out, crcs, 2)
+    assert all(len(e) == N_FILES for e in got["epochs"])
+    s = json.loads(stats.read_text())
+    reads = s["reads"]
+    # Every byte the program read came from the node cache; the agent read each file once.
+    assert reads["cached_bytes"] == 2 * total, s
+    assert s["pfs_bytes"] == total and reads["direct_bytes"] == 0, s
+    assert reads["fallbacks"] == 0 and reads["corrupt"] == 0, s
+    assert "clairvoyant run:" in r.stderr and "total" in r.stderr
+
+
+def test_shell_tools_read_identical_bytes(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, _ = dataset
+    files = sorted(glob.glob(os.path.join(root, "*", "*.bin")))[:5]
+    script = "; ".join([f"md5sum {f}; cat {f} | md5sum; dd if={f} bs=7 status=none | md5sum" for f in files])
+    plain = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    # Twice within one run: the second reads come from the cache.
+    r = _run(["--dataset", root, "--", "sh", "-c", f"{script}; {script}"], _env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == plain + plain
+
+
+def test_a_cache_half_the_dataset_keeps_a_fixed_subset(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, total = dataset
+    cfg = _config(tmp_path / "half.toml", total // 2)
+    out, stats = tmp_path / "out.json", tmp_path / "stats.json"
+    r = _run(
+        ["--dataset", root, "--config", cfg, "--stats-json", str(stats), "--",
+         sys.executable, READER, root, "--epochs", "3", "--out", str(out)],
+        _env(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    _check_reads(out, crcs, 3)
+    s = json.loads(stats.read_text())
+    reads = s["reads"]
+    filled = s["pfs_bytes"]  # the subset, read once by the agent in epoch 0
+    assert 0.35 * total <= filled <= 0.5 * total, s
+    # Epochs 1 and 2 hit exactly that subset: the byte hit rate is what the cache holds.
+    later_hits = reads["cached_bytes"] - filled
+    assert later_hits == 2 * filled, s
+    assert later_hits / (2 * total) >= 0.35, s
+    assert reads["direct_bytes"] == 3 * (total - filled), s
+
+
+def _order_file(path, root, epochs, seed=0):
+    from transparent_reader import files  # noqa: E402 - the program's own listing
+
+    with open(path, "w") as f:
+        for e in range(epochs):
+            order = list(files(root))
+            random.Random(seed * 1000 + e).shuffle(order)
+            f.write("\n".join(order) + "\n\n")
+    return str(path)
+
+
+def test_a_known_order_reads_the_minimum(tmp_path, dataset):
+    _preload_or_skip()
+    sys.path.insert(0, HERE)
+    root, crcs, total = dataset
+    capacity = total // 2
+    cfg = _config(tmp_path / "half.toml", capacity)
+    order = _order_file(tmp_path / "order.txt", root, 3)
+    out, stats = tmp_path / "out.json", tmp_path / "stats.json"
+    r = _run(
+        ["--dataset", root, "--config", cfg, "--order-file", order, "--stats-json", str(stats), "--",
+         sys.executable, READER, root, "--epochs", "3", "--out", str(out)],
+        _env(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    _check_reads(out, crcs, 3)
+    s = json.loads(stats.read_text())
+    fs = s["pfs_bytes"] + s["reads"]["direct_bytes"]
+    minimum = total + 2 * (total - capacity)
+    assert fs <= 1.05 * minimum, (fs, minimum, s)
+
+
+def test_a_bad_order_file_names_the_line(tmp_path, dataset):
+    _preload_or_skip()
+    root, _, _ = dataset
+    order = tmp_path / "order.txt"
+    order.write_text("class_0/f0000.bin\nnot/there.bin\n")
+    r = _run(["--dataset", root, "--order-file", str(order), "--", "true"], _env(tmp_path))
+    assert r.returncode != 0
+    assert "line 2" in r.stderr and "not/there.bin" in r.stderr, r.stderr
+
+
+def _agent_pids(shm) -> list:
+    pids = []
+    for p in glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.pid")) + glob.glob(
+        os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.pid")
+    ):
+        try:
+            pids.append(int(open(p).read()))
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def test_the_agent_killed_mid_run_leaves_the_program_reading_directly(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, _ = dataset
+    env = _env(tmp_path)
+    out = tmp_path / "out.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--",
+         sys.executable, READER, root, "--epochs", "3", "--delay", "0.004", "--out", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    pids = []
+    while not pids and time.monotonic() < deadline:
+        time.sleep(0.2)
+        pids = _agent_pids(env["CLAIRVOYANT_SHM_DIR"])
+    assert pids, "no agent started"
+    time.sleep(1.0)  # mid epoch 0 or 1
+    os.kill(pids[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    _check_reads(out, crcs, 3)
+
+
+def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None):
+    """Run `program` (args after it get --rank/--world-size or --shard) under `clairvoyant run`
+    on two emulated nodes; returns (per-node stats, per-node output path)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    cfg = _config(tmp_path / "node.toml", memory)
+    procs, outs, stats = [], [], []
+    for i in range(2):
+        shm = tmp_path / f"shm{i}"
+        shm.mkdir(exist_ok=True)
+        env = _env(tmp_path, node_env(i, str(shm), str(shared), "transparent-test"))
+        env["CLAIRVOYANT_SHM_DIR"] = str(shm)
+        out, st = tmp_path / f"out{i}.json", tmp_path / f"stats{i}.json"
+        outs.append(out)
+        stats.append(st)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--config", cfg,
+                 "--nodes", "2", "--node-rank", str(i), "--stats-json", str(st), "--",
+                 *program(i), "--out", str(out), *extra_args],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        )
+    if kill_node is not None:
+        shm = str(tmp_path / f"shm{kill_node}")
+        deadline = time.monotonic() + 60
+        pids = []
+        while not pids and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids = _agent_pids(shm)
+        assert pids, "no agent on the node to kill"
+        time.sleep(1.5)
+        os.kill(pids[0], signal.SIGKILL)
+    results = []
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        results.append((p.returncode, err))
+    for code, err in results:
+        assert code == 0, err
+    return [json.loads(s.read_text()) if s.exists() else None for s in stats], outs
+
+
+def test_two_nodes_read_the_dataset_once_between_them(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, total = dataset
+    stats, outs = _two_nodes(
+        tmp_path, root, int(total * 0.6), lambda i: [sys.executable, READER, root, "--shard", f"{i}/2"], ("--epochs", "3")
+    )
+    for out in outs:
+        _check_reads(out, crcs, 3)
+    fs = sum(s["pfs_bytes"] + s["reads"]["direct_bytes"] for s in stats)
+    assert fs <= 1.05 * total, (fs, total, stats)
+    # Each node took part of its reads from the other's cache.
+    assert all(s["reads"]["inline_bytes"] > 0 for s in stats), stats
+
+
+def test_a_peer_agent_killed_mid_run_leaves_both_programs_finishing(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, total = dataset
+    stats, outs = _two_nodes(
+        tmp_path,
+        root,
+        int(total * 0.6),
+        lambda i: [sys.executable, READER, root, "--shard", f"{i}/2", "--delay", "0.01"],
+        ("--epochs", "3"),
+        kill_node=1,
+    )
+    for out in outs:
+        _check_reads(out, crcs, 3)
+
+
+def _imagefolder(root, classes=3, per_class=24):
+    from clairvoyant._emulation import make_imagefolder
+
+    return make_imagefolder(root, classes, per_class, size_range=(72, 120))
+
+
+def test_an_unmodified_torch_script_on_two_nodes(tmp_path):
+    _preload_or_skip()
+    pytest.importorskip("torchvision")
+    root = str(tmp_path / "images")
+    total = _imagefolder(root)
+    script = os.path.join(HERE, "transparent_torch.py")
+    plain = []
+    for i in range(2):
+        out = tmp_path / f"plain{i}.json"
+        subprocess.run(
+            [sys.executable, script, root, "--rank", str(i), "--world-size", "2", "--epochs", "2", "--out", str(out)],
+            check=True,
+            env=_env(tmp_path),
+            timeout=300,
+        )
+        plain.append(json.loads(out.read_text())["epochs"])
+    stats, outs = _two_nodes(
+        tmp_path,
+        root,
+        int(total * 0.6),
+        lambda i: [sys.executable, script, root, "--rank", str(i), "--world-size", "2"],
+        ("--epochs", "2"),
+    )
+    for i, out in enumerate(outs):
+        assert json.loads(out.read_text())["epochs"] == plain[i], f"node {i}: batches differ"
+    fs = sum(s["pfs_bytes"] + s["reads"]["direct_bytes"] for s in stats)
+    assert fs <= 1.05 * total, (fs, total, stats)
