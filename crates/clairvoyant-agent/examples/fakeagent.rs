@@ -9,7 +9,8 @@
 //! the directory empty and answers `Cached`; `inline` answers `Inline` with the snapshot's bytes;
 //! `direct` answers `Direct`; `hang` never answers a lookup (to test the client's timeout).
 //! A file that changed since the snapshot (size or last change) is answered `Direct`.
-//! Prints `ready` on stdout once it accepts connections; exits when stdin closes.
+//! Writes `STATE/manifest.tsv` (relative path, arena offset, size per line), prints `ready` on
+//! stdout once it accepts connections, and exits when stdin closes.
 
 use clairvoyant_agent::dir::{path_key, DirWriter, Entry};
 use clairvoyant_agent::proto::{read_request, write_reply, Reply, Request, VERSION};
@@ -95,6 +96,16 @@ fn build(root: &Path, state: &Path, mode: Mode) -> std::io::Result<Agent> {
         files.insert(rel, (e, path));
     }
     arena.sync_all()?;
+    let mut manifest: Vec<_> = files
+        .iter()
+        .map(|(rel, (e, _))| (e.offset, rel.clone(), e.size))
+        .collect();
+    manifest.sort();
+    let text: String = manifest
+        .into_iter()
+        .map(|(offset, rel, size)| format!("{}\t{offset}\t{size}\n", String::from_utf8_lossy(&rel)))
+        .collect();
+    std::fs::write(state.join("manifest.tsv"), text)?;
     Ok(Agent {
         root: root_bytes,
         mode,

@@ -227,7 +227,12 @@ impl Read for Deadline<'_> {
         }
         self.s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
         let mut s: &UnixStream = self.s;
-        s.read(buf)
+        match s.read(buf) {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "agent round trip timed out"))
+            }
+            r => r,
+        }
     }
 }
 
