@@ -429,6 +429,12 @@ def test_flipped_arena_byte_is_caught_and_read_directly(built, dataset, start_ag
     check_reader_output(dataset, json.loads(r.stdout))
     c = agent.counters()
     assert c["corrupt"] >= 2 and c["direct_reads"] > 0, c
+    # Verifying once per process still catches it, at the first open.
+    r = run([sys.executable, "-c", READER, str(dataset), *FILES], dict(env, CLAIRVOYANT_VERIFY="process"))
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    check_reader_output(dataset, out)
+    assert out["counters"]["corrupt"] >= 1 and out["counters"]["cached_reads"] > 0, out["counters"]
 
 
 CHANGED = (
@@ -607,3 +613,48 @@ def test_preload_library_names_the_installed_file_or_says_how_to_build_it():
         print(f"{LIBRARY_NAME} not installed next to the package (./dev build installs it): checked the error only")
         return
     assert Path(path).is_file() and Path(path).name == LIBRARY_NAME
+
+
+THREADS = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, random, sys, threading
+root, rels = sys.argv[1], sys.argv[2:]
+want = {r: open(os.path.join(root, r), "rb").read() for r in rels}  # served too; checked by the test
+bad = []
+shared = {r: os.open(os.path.join(root, r), os.O_RDONLY) for r in rels}
+def work(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        r = rng.choice(rels)
+        d = want[r]
+        if rng.random() < 0.5:
+            fd = shared[r]  # one fd read by every thread at random offsets
+        else:
+            fd = os.open(os.path.join(root, r), os.O_RDONLY)
+        off = rng.randrange(0, len(d) + 1)
+        n = rng.randrange(0, 70000)
+        if os.pread(fd, n, off) != d[off:off + n]:
+            bad.append((r, off, n))
+        if fd != shared[r]:
+            os.close(fd)
+ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in ts]
+[t.join(60) for t in ts]
+print(json.dumps({"bad": bad[:5], "alive": sum(t.is_alive() for t in ts), "hashes": {r: hashlib.sha256(d).hexdigest() for r, d in want.items()}, "counters": counters()}))
+"""
+)
+
+
+@pytest.mark.parametrize("mode", ["dir", "lookup"])
+def test_threads_reading_concurrently_get_the_right_bytes(built, dataset, start_agent, mode):
+    agent = start_agent(mode)
+    env = env_for(built, dataset, agent.socket)
+    rels = ["a/x.bin", "big.bin", "b.txt", "empty"]
+    r = run([sys.executable, "-c", THREADS, str(dataset), *rels], env, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    assert out["alive"] == 0 and out["bad"] == [], out
+    assert out["hashes"] == {rel: sha((dataset / rel).read_bytes()) for rel in rels}
+    c = out["counters"]
+    assert c["cached_reads"] > 1000 and c["direct_reads"] == 0 and c["fallbacks"] == 0, c

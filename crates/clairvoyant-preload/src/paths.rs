@@ -12,6 +12,9 @@ pub const ENV_ROOT: &str = "CLAIRVOYANT_ROOT";
 pub const ENV_AGENT: &str = "CLAIRVOYANT_AGENT";
 /// Round-trip timeout in milliseconds (default 10000); tests shorten it.
 pub const ENV_TIMEOUT_MS: &str = "CLAIRVOYANT_AGENT_TIMEOUT_MS";
+/// `open` (default): verify a cached file's checksum once per open; `process`: once per process
+/// and cached copy (a later open of the same file in the same process skips it).
+pub const ENV_VERIFY: &str = "CLAIRVOYANT_VERIFY";
 /// After a failed round trip, how long the agent is not asked again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -21,6 +24,8 @@ pub struct Config {
     pub roots: Vec<Vec<u8>>,
     pub agent: PathBuf,
     pub timeout: Duration,
+    /// Verify each cached copy once per process instead of once per open.
+    pub verify_per_process: bool,
 }
 
 impl Config {
@@ -44,10 +49,12 @@ impl Config {
                 roots.push(c);
             }
         }
+        let verify_per_process = std::env::var_os(ENV_VERIFY).is_some_and(|v| v == "process");
         Some(Config {
             roots,
             agent: PathBuf::from(agent),
             timeout,
+            verify_per_process,
         })
     }
 }
