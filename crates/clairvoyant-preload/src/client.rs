@@ -428,7 +428,9 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             offset,
             checksum,
         } => {
-            let Some(session) = session else { return Found::Direct };
+            let Some(session) = session.filter(|s| s.arena.is_some()) else {
+                return Found::Direct;
+            };
             // The directory may know the file's last change (when the agent placed it there).
             let from_dir = session.dir.as_ref().and_then(|d| d.lookup(path_key(rel)));
             let (mtime_ns, change_known) = match from_dir {
