@@ -32,6 +32,7 @@ from .errors import (
 # After .errors: the native module imports it and re-exports those classes.
 from ._native import access_stream, access_stream_from_order
 from .job import Job
+from ._preload import preload_library
 from .simulator import SimulationResult, SweepResult, simulate
 from .sources import EmulatedFs, FileList, ImageFolder, Synthetic
 from .sources import Hdf5, Lmdb, TarShards
@@ -46,6 +47,7 @@ except _NoMetadata:  # a source tree on sys.path without an installed distributi
 
 __all__ = [
     "Job",
+    "preload_library",
     "ImageFolder",
     "FileList",
     "Synthetic",

@@ -239,8 +239,9 @@ impl DirWriter {
         Self::create_with_root(path, slots_for_files, 0)
     }
 
-    /// As [`DirWriter::create`], recording `root_key` (by convention `path_key` of the dataset
-    /// root's bytes) in the header so readers can check they serve the same root.
+    /// As [`DirWriter::create`], recording `root_key` in the header so readers can check they
+    /// serve the same root. By convention it is `path_key` of the root's bytes exactly as the
+    /// agent sends them in `Reply::Hello { root, .. }` (the interposed library accepts 0 or that).
     pub fn create_with_root(path: &Path, slots_for_files: usize, root_key: u64) -> io::Result<DirWriter> {
         let c = cpath(path)?;
         let slots = slots_for(slots_for_files);

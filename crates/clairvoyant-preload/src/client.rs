@@ -1,0 +1,521 @@
+//! The process's link to the agent: one Unix socket connection per process (re-made after
+//! fork), the shared directory and the arena mapped from the agent's `Hello`, and the lookups.
+
+use crate::paths::{Config, RETRY_AFTER};
+use crate::real;
+use clairvoyant_agent::dir::{counter, path_key, DirReader, Entry};
+use clairvoyant_agent::proto::{self, Reply, Request};
+use std::cell::UnsafeCell;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The largest file accepted inline on the socket (a bigger one is read directly).
+pub const MAX_INLINE: u64 = 256 << 20;
+
+/// Counters of this process alone (the shared ones are in the directory).
+pub static LOCAL: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
+
+/// The arena file mapped read-only.
+pub struct Arena {
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: a read-only shared mapping, unmapped only on drop.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    fn map(path: &std::path::Path, len: u64) -> io::Result<Arena> {
+        let f = std::fs::File::open(path)?;
+        let flen = f.metadata()?.len();
+        if flen < len {
+            return Err(io::Error::other(format!(
+                "arena is {flen} bytes, the agent announced {len}"
+            )));
+        }
+        if len == 0 {
+            return Ok(Arena {
+                ptr: std::ptr::null(),
+                len: 0,
+            });
+        }
+        // SAFETY: a fresh read-only shared mapping of an open file; the file can be closed after.
+        let p = unsafe {
+            real::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Arena {
+            ptr: p as *const u8,
+            len: len as usize,
+        })
+    }
+
+    /// The bytes at [offset, offset + size), if inside the mapping.
+    pub fn slice(&self, offset: u64, size: u64) -> Option<&[u8]> {
+        let end = offset.checked_add(size)?;
+        if end > self.len as u64 {
+            return None;
+        }
+        if size == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: in bounds of a live read-only mapping. The agent never rewrites placed
+        // bytes; if it did, the checksum verified before serving catches it.
+        Some(unsafe { std::slice::from_raw_parts(self.ptr.add(offset as usize), size as usize) })
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: exactly the mapping made in `map`.
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        }
+    }
+}
+
+/// What one `Hello` gave: the directory and the arena (either may be missing).
+pub struct Session {
+    pub dir: Option<DirReader>,
+    pub arena: Option<Arena>,
+}
+
+impl Session {
+    pub fn count(&self, i: usize, v: u64) {
+        if let Some(d) = &self.dir {
+            d.counters()[i].fetch_add(v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Add to this process's counter and, when a session is known, to the shared one.
+pub fn count(s: Option<&Session>, i: usize, v: u64) {
+    LOCAL[i].fetch_add(v, Ordering::Relaxed);
+    if let Some(s) = s {
+        s.count(i, v);
+    }
+}
+
+/// Where a dataset file's bytes come from, as decided at open.
+pub enum Found {
+    /// In the arena of `session`.
+    Arena {
+        session: Arc<Session>,
+        entry: Entry,
+        change_known: bool,
+    },
+    /// Sent on the socket, checksum already verified.
+    Inline { bytes: Box<[u8]> },
+    /// Read the file system.
+    Direct,
+    /// The agent says this is not a dataset file: do not track it.
+    Unknown,
+}
+
+struct Conn {
+    pid: u32,
+    stream: Option<UnixStream>,
+    sock_ino: u64,
+    down_until: Option<Instant>,
+    session: Option<Arc<Session>>,
+}
+
+/// A mutex that a fork handler can take and release explicitly (pthread), so a child never
+/// inherits it locked by a thread that does not exist there.
+struct ForkMutex {
+    m: UnsafeCell<libc::pthread_mutex_t>,
+    v: UnsafeCell<Conn>,
+}
+
+// SAFETY: `v` is only reached through `lock`, which holds `m`.
+unsafe impl Sync for ForkMutex {}
+
+static CONN: ForkMutex = ForkMutex {
+    m: UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER),
+    v: UnsafeCell::new(Conn {
+        pid: 0,
+        stream: None,
+        sock_ino: 0,
+        down_until: None,
+        session: None,
+    }),
+};
+
+/// The fd of the agent socket, so `close` can notice a program closing it behind our back.
+pub static SOCK_FD: AtomicI32 = AtomicI32::new(-1);
+
+struct Locked;
+
+impl Locked {
+    fn new() -> Locked {
+        // SAFETY: a statically initialised pthread mutex.
+        unsafe { libc::pthread_mutex_lock(CONN.m.get()) };
+        Locked
+    }
+    #[allow(clippy::mut_from_ref)]
+    fn conn(&self) -> &mut Conn {
+        // SAFETY: the mutex is held for the life of `self`, and `self` is not shared.
+        unsafe { &mut *CONN.v.get() }
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        // SAFETY: locked in `new` by this thread.
+        unsafe { libc::pthread_mutex_unlock(CONN.m.get()) };
+    }
+}
+
+pub extern "C" fn fork_prepare() {
+    // SAFETY: released in fork_parent / fork_child.
+    unsafe { libc::pthread_mutex_lock(CONN.m.get()) };
+}
+
+pub extern "C" fn fork_parent() {
+    // SAFETY: locked in fork_prepare by this thread.
+    unsafe { libc::pthread_mutex_unlock(CONN.m.get()) };
+}
+
+pub extern "C" fn fork_child() {
+    // SAFETY: the forking thread (this one, in the child) locked it in fork_prepare; nobody
+    // else exists in the child yet.
+    let c = unsafe { &mut *CONN.v.get() };
+    // The parent's connection is not ours: close our copy of the descriptor; keep the
+    // mappings (inherited, still valid).
+    if let Some(s) = c.stream.take() {
+        // SAFETY: our inherited copy of the socket fd.
+        unsafe { real::close(s.as_raw_fd()) };
+        std::mem::forget(s);
+    }
+    SOCK_FD.store(-1, Ordering::Relaxed);
+    c.pid = 0;
+    c.down_until = None;
+    unsafe { libc::pthread_mutex_unlock(CONN.m.get()) };
+}
+
+fn fd_ino(fd: i32) -> Option<u64> {
+    // SAFETY: plain fstat into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_ino)
+}
+
+/// Reads from the socket within a deadline for the whole round trip.
+struct Deadline<'a> {
+    s: &'a UnixStream,
+    until: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "agent round trip timed out"));
+        }
+        self.s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        let mut s: &UnixStream = self.s;
+        match s.read(buf) {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "agent round trip timed out"))
+            }
+            r => r,
+        }
+    }
+}
+
+impl Conn {
+    /// Drop the connection without closing an fd that may no longer be ours.
+    fn forget_stream(&mut self, ours: bool) {
+        if let Some(s) = self.stream.take() {
+            if ours {
+                drop(s);
+            } else {
+                std::mem::forget(s);
+            }
+        }
+        SOCK_FD.store(-1, Ordering::Relaxed);
+    }
+
+    fn fail(&mut self, why: &str, cfg: &Config) {
+        let ours = self
+            .stream
+            .as_ref()
+            .is_some_and(|s| fd_ino(s.as_raw_fd()) == Some(self.sock_ino));
+        self.forget_stream(ours);
+        self.down_until = Some(Instant::now() + RETRY_AFTER);
+        crate::notice_once(
+            "agent",
+            &format!(
+                "clairvoyant: agent at {} failed ({why}); reading files directly, retrying in {} s",
+                cfg.agent.display(),
+                RETRY_AFTER.as_secs()
+            ),
+        );
+    }
+
+    /// Connected and greeted, or an error (the caller falls back).
+    fn ensure(&mut self, cfg: &Config) -> Result<(), String> {
+        let pid = std::process::id();
+        if self.pid != pid {
+            // A child that did not go through our fork handler (clone, vfork): the socket is the
+            // parent's; leave its fd alone.
+            self.forget_stream(false);
+            self.pid = pid;
+        }
+        if self.down_until.is_some_and(|t| Instant::now() < t) {
+            return Err("agent unavailable".into());
+        }
+        if let Some(s) = &self.stream {
+            if fd_ino(s.as_raw_fd()) == Some(self.sock_ino) && SOCK_FD.load(Ordering::Relaxed) == s.as_raw_fd() {
+                return Ok(());
+            }
+            // The program closed or replaced our socket fd.
+            self.forget_stream(false);
+        }
+        let res = self.connect(cfg);
+        if let Err(e) = &res {
+            self.fail(e, cfg);
+        }
+        res
+    }
+
+    fn connect(&mut self, cfg: &Config) -> Result<(), String> {
+        let s = UnixStream::connect(&cfg.agent).map_err(|e| format!("connect: {e}"))?;
+        s.set_write_timeout(Some(cfg.timeout)).map_err(|e| e.to_string())?;
+        self.sock_ino = fd_ino(s.as_raw_fd()).unwrap_or(0);
+        SOCK_FD.store(s.as_raw_fd(), Ordering::Relaxed);
+        self.stream = Some(s);
+        let reply = self.round_trip(
+            &Request::Hello {
+                version: proto::VERSION,
+                pid: self.pid,
+            },
+            cfg,
+        )?;
+        let Reply::Hello {
+            version,
+            root,
+            dir_path,
+            arena_path,
+            arena_len,
+        } = reply
+        else {
+            return Err(format!("unexpected answer to hello: {reply:?}"));
+        };
+        if version != proto::VERSION {
+            return Err(format!(
+                "agent speaks protocol version {version}, this library {}",
+                proto::VERSION
+            ));
+        }
+        let root_n = crate::paths::normalize_abs(&root);
+        if !cfg.roots.contains(&root_n) {
+            return Err(format!(
+                "agent serves the dataset root {:?}, this process was given {:?}",
+                String::from_utf8_lossy(&root),
+                String::from_utf8_lossy(&cfg.roots[0])
+            ));
+        }
+        if self.session.is_none() {
+            let dir = match DirReader::open(&dir_path) {
+                Ok(d) if d.root_key() == 0 || d.root_key() == path_key(&root) => Some(d),
+                Ok(_) => {
+                    crate::notice_once(
+                        "dir",
+                        &format!(
+                            "clairvoyant: {} belongs to another dataset root; not used",
+                            dir_path.display()
+                        ),
+                    );
+                    None
+                }
+                Err(e) => {
+                    crate::notice_once("dir", &format!("clairvoyant: {e}; every open asks the agent"));
+                    None
+                }
+            };
+            let arena = match arena_path {
+                Some(p) => match Arena::map(&p, arena_len) {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        crate::notice_once(
+                            "arena",
+                            &format!("clairvoyant: {}: {e}; cached files are read directly", p.display()),
+                        );
+                        None
+                    }
+                },
+                None => None,
+            };
+            self.session = Some(Arc::new(Session { dir, arena }));
+        }
+        Ok(())
+    }
+
+    fn round_trip(&mut self, req: &Request, cfg: &Config) -> Result<Reply, String> {
+        let s = self.stream.as_ref().ok_or("not connected")?;
+        let mut w = s;
+        proto::write_request(&mut w, req).map_err(|e| format!("send: {e}"))?;
+        let mut rd = Deadline {
+            s,
+            until: Instant::now() + cfg.timeout,
+        };
+        let reply = proto::read_reply(&mut rd).map_err(|e| format!("receive: {e}"))?;
+        Ok(reply)
+    }
+
+    fn inline_bytes(&mut self, size: u64, cfg: &Config) -> Result<Box<[u8]>, String> {
+        let s = self.stream.as_ref().ok_or("not connected")?;
+        if size > MAX_INLINE {
+            return Err(format!("inline reply of {size} bytes exceeds {MAX_INLINE}"));
+        }
+        let mut buf = vec![0u8; size as usize];
+        let mut rd = Deadline {
+            s,
+            until: Instant::now() + cfg.timeout,
+        };
+        rd.read_exact(&mut buf)
+            .map_err(|e| format!("receive inline bytes: {e}"))?;
+        Ok(buf.into_boxed_slice())
+    }
+}
+
+/// The session of this process, connecting first if there is none and the agent may be asked.
+pub fn session(cfg: &Config) -> Option<Arc<Session>> {
+    let l = Locked::new();
+    let c = l.conn();
+    if c.session.is_none() {
+        let _ = c.ensure(cfg);
+    }
+    c.session.clone()
+}
+
+/// Ask the agent where `rel` is. Any failure counts FALLBACKS and answers `Direct`.
+pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
+    let l = Locked::new();
+    let c = l.conn();
+    if c.ensure(cfg).is_err() {
+        count(c.session.as_deref(), counter::FALLBACKS, 1);
+        return Found::Direct;
+    }
+    let session = c.session.clone();
+    count(session.as_deref(), counter::LOOKUPS, 1);
+    let reply = match c.round_trip(&Request::Lookup { rel: rel.to_vec() }, cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            c.fail(&e, cfg);
+            count(session.as_deref(), counter::FALLBACKS, 1);
+            return Found::Direct;
+        }
+    };
+    match reply {
+        Reply::Cached {
+            file,
+            size: sz,
+            offset,
+            checksum,
+        } => {
+            let Some(session) = session.filter(|s| s.arena.is_some()) else {
+                return Found::Direct;
+            };
+            // The directory may know the file's last change (when the agent placed it there).
+            let from_dir = session.dir.as_ref().and_then(|d| d.lookup(path_key(rel)));
+            let (mtime_ns, change_known) = match from_dir {
+                Some(e) if e.offset == offset && e.size == sz && e.checksum == checksum => (e.mtime_ns, true),
+                _ => (0, false),
+            };
+            if sz != size {
+                count(Some(&session), counter::STALE, 1);
+                return Found::Direct;
+            }
+            Found::Arena {
+                entry: Entry {
+                    file,
+                    offset,
+                    size: sz,
+                    checksum,
+                    mtime_ns,
+                },
+                session,
+                change_known,
+            }
+        }
+        Reply::Inline { size: sz, checksum, .. } => {
+            let bytes = match c.inline_bytes(sz, cfg) {
+                Ok(b) => b,
+                Err(e) => {
+                    c.fail(&e, cfg);
+                    count(session.as_deref(), counter::FALLBACKS, 1);
+                    return Found::Direct;
+                }
+            };
+            if sz != size {
+                count(session.as_deref(), counter::STALE, 1);
+                return Found::Direct;
+            }
+            if clairvoyant_agent::checksum(&bytes) != checksum {
+                count(session.as_deref(), counter::CORRUPT, 1);
+                crate::notice_once(
+                    "corrupt",
+                    &format!(
+                        "clairvoyant: {}: bytes from the agent fail their checksum; reading the file directly",
+                        String::from_utf8_lossy(rel)
+                    ),
+                );
+                return Found::Direct;
+            }
+            Found::Inline { bytes }
+        }
+        Reply::Direct => Found::Direct,
+        Reply::Unknown => Found::Unknown,
+        Reply::Error { message } => {
+            // The connection is fine; the agent could not answer this one.
+            c.down_until = Some(Instant::now() + RETRY_AFTER);
+            crate::notice_once(
+                "agent-error",
+                &format!(
+                    "clairvoyant: agent error for {}: {message}; reading directly",
+                    String::from_utf8_lossy(rel)
+                ),
+            );
+            count(session.as_deref(), counter::FALLBACKS, 1);
+            Found::Direct
+        }
+        other => {
+            c.fail(&format!("unexpected answer to a lookup: {other:?}"), cfg);
+            count(session.as_deref(), counter::FALLBACKS, 1);
+            Found::Direct
+        }
+    }
+}
+
+/// Round trip a `Stats` request (for tools; not used on the read path).
+#[allow(dead_code)]
+pub fn stats(cfg: &Config) -> Option<String> {
+    let l = Locked::new();
+    let c = l.conn();
+    c.ensure(cfg).ok()?;
+    match c.round_trip(&Request::Stats, cfg) {
+        Ok(Reply::Json { text }) => Some(text),
+        _ => None,
+    }
+}
+
+/// The current session without connecting.
+pub fn current() -> Option<Arc<Session>> {
+    let l = Locked::new();
+    l.conn().session.clone()
+}

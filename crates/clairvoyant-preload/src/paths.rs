@@ -1,0 +1,210 @@
+//! Configuration read once from the environment, and the one question asked of every open:
+//! is this path under the dataset root, and if so, what is its normalized relative path?
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The dataset root (absolute path) whose files are served.
+pub const ENV_ROOT: &str = "CLAIRVOYANT_ROOT";
+/// The agent's Unix socket path.
+pub const ENV_AGENT: &str = "CLAIRVOYANT_AGENT";
+/// Round-trip timeout in milliseconds (default 10000); tests shorten it.
+pub const ENV_TIMEOUT_MS: &str = "CLAIRVOYANT_AGENT_TIMEOUT_MS";
+/// `open` (default): verify a cached file's checksum once per open; `process`: once per process
+/// and cached copy (a later open of the same file in the same process skips it).
+pub const ENV_VERIFY: &str = "CLAIRVOYANT_VERIFY";
+/// After a failed round trip, how long the agent is not asked again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+pub struct Config {
+    /// The root as given and its canonical form (when different), without trailing '/'
+    /// ("/" itself becomes the empty string).
+    pub roots: Vec<Vec<u8>>,
+    pub agent: PathBuf,
+    pub timeout: Duration,
+    /// Verify each cached copy once per process instead of once per open.
+    pub verify_per_process: bool,
+}
+
+impl Config {
+    /// `None` (pure pass-through) when either variable is missing or the root is not absolute.
+    pub fn from_env() -> Option<Config> {
+        let root = std::env::var_os(ENV_ROOT)?;
+        let agent = std::env::var_os(ENV_AGENT)?;
+        let root = root.as_bytes();
+        if !root.starts_with(b"/") || agent.is_empty() {
+            return None;
+        }
+        let timeout = std::env::var(ENV_TIMEOUT_MS)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::from_secs(10));
+        let mut roots = vec![normalize_abs(root)];
+        if let Ok(c) = std::fs::canonicalize(OsStr::from_bytes(root)) {
+            let c = normalize_abs(c.as_os_str().as_bytes());
+            if !roots.contains(&c) {
+                roots.push(c);
+            }
+        }
+        let verify_per_process = std::env::var_os(ENV_VERIFY).is_some_and(|v| v == "process");
+        Some(Config {
+            roots,
+            agent: PathBuf::from(agent),
+            timeout,
+            verify_per_process,
+        })
+    }
+}
+
+/// True when `p` (absolute) has an empty, "." or ".." component or a trailing '/'.
+fn needs_normalizing(p: &[u8]) -> bool {
+    p.len() > 1 && (p.ends_with(b"/") || p.ends_with(b"/.") || p.ends_with(b"/..") || has_odd_component(p))
+}
+
+fn has_odd_component(p: &[u8]) -> bool {
+    p.windows(2).any(|w| w == b"//") || p.windows(3).any(|w| w == b"/./") || p.windows(4).any(|w| w == b"/../")
+}
+
+/// Lexical normalization of an absolute path: no empty, "." or ".." components, no trailing
+/// '/'; "/" becomes the empty string (so that `root + "/" + rel` is always the path).
+pub fn normalize_abs(p: &[u8]) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for c in p.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let mut out = Vec::with_capacity(p.len());
+    for c in parts {
+        out.push(b'/');
+        out.extend_from_slice(c);
+    }
+    out
+}
+
+/// Where an absolute path is with respect to the roots.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Place {
+    Outside,
+    /// The root itself (a directory).
+    Root,
+    /// A normalized relative path under the root.
+    Under(Vec<u8>),
+}
+
+fn under<'a>(root: &[u8], p: &'a [u8]) -> Option<&'a [u8]> {
+    if p.len() > root.len() && p.starts_with(root) && p[root.len()] == b'/' {
+        Some(&p[root.len() + 1..])
+    } else {
+        None
+    }
+}
+
+/// Classify an absolute path. The common case (a clean path outside the root) costs one scan
+/// for odd components and one prefix comparison per root, and allocates nothing.
+pub fn classify_abs(roots: &[Vec<u8>], p: &[u8]) -> Place {
+    if needs_normalizing(p) {
+        return classify_clean(roots, &normalize_abs(p));
+    }
+    classify_clean(roots, p)
+}
+
+fn classify_clean(roots: &[Vec<u8>], p: &[u8]) -> Place {
+    for r in roots {
+        if p == &r[..] || (p.is_empty() && r.is_empty()) {
+            return Place::Root;
+        }
+        if let Some(rel) = under(r, p) {
+            if rel.is_empty() {
+                return Place::Root;
+            }
+            return Place::Under(rel.to_vec());
+        }
+    }
+    Place::Outside
+}
+
+/// Classify `rel_or_abs` as seen from the directory `base` (absolute).
+pub fn classify_from(roots: &[Vec<u8>], base: &[u8], path: &[u8]) -> Place {
+    if path.starts_with(b"/") {
+        return classify_abs(roots, path);
+    }
+    let mut full = Vec::with_capacity(base.len() + 1 + path.len());
+    full.extend_from_slice(base);
+    full.push(b'/');
+    full.extend_from_slice(path);
+    classify_clean(roots, &normalize_abs(&full))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots() -> Vec<Vec<u8>> {
+        vec![b"/pfs/data".to_vec(), b"/mnt/real/data".to_vec()]
+    }
+
+    fn under_(s: &str) -> Place {
+        Place::Under(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn clean_paths() {
+        let r = roots();
+        assert_eq!(classify_abs(&r, b"/usr/lib/python3/os.py"), Place::Outside);
+        assert_eq!(classify_abs(&r, b"/pfs/database/x"), Place::Outside);
+        assert_eq!(classify_abs(&r, b"/pfs/data"), Place::Root);
+        assert_eq!(classify_abs(&r, b"/pfs/data/"), Place::Root);
+        assert_eq!(classify_abs(&r, b"/pfs/data/a/b.jpg"), under_("a/b.jpg"));
+        assert_eq!(classify_abs(&r, b"/mnt/real/data/a"), under_("a"));
+    }
+
+    #[test]
+    fn odd_components_are_resolved_lexically() {
+        let r = roots();
+        assert_eq!(classify_abs(&r, b"/pfs//data/./a//b.jpg"), under_("a/b.jpg"));
+        assert_eq!(classify_abs(&r, b"/pfs/data/../data/a"), under_("a"));
+        assert_eq!(classify_abs(&r, b"/pfs/data/../other/a"), Place::Outside);
+        assert_eq!(classify_abs(&r, b"/pfs/x/../data/a/.."), Place::Root);
+        assert_eq!(classify_abs(&r, b"/../../pfs/data/z"), under_("z"));
+    }
+
+    #[test]
+    fn relative_paths_join_the_base() {
+        let r = roots();
+        assert_eq!(classify_from(&r, b"/pfs/data/train", b"x.jpg"), under_("train/x.jpg"));
+        assert_eq!(classify_from(&r, b"/pfs", b"data/x.jpg"), under_("x.jpg"));
+        assert_eq!(classify_from(&r, b"/pfs/data", b"../x"), Place::Outside);
+        assert_eq!(classify_from(&r, b"/home/u", b"/pfs/data/q"), under_("q"));
+        assert_eq!(classify_from(&r, b"/home/u", b"q"), Place::Outside);
+    }
+
+    #[test]
+    fn slash_as_root_holds_everything() {
+        let r = vec![normalize_abs(b"/")];
+        assert_eq!(r[0], b"");
+        assert_eq!(classify_abs(&r, b"/etc/passwd"), under_("etc/passwd"));
+        assert_eq!(classify_abs(&r, b"/"), Place::Root);
+    }
+
+    #[test]
+    fn relative_paths_are_normalized_for_the_protocol() {
+        let r = roots();
+        for p in [&b"/pfs/data/a//b/./c"[..], b"/pfs/data/a/b/c", b"/pfs/data/x/../a/b/c"] {
+            match classify_abs(&r, p) {
+                Place::Under(rel) => {
+                    assert_eq!(rel, b"a/b/c");
+                    assert!(clairvoyant_agent::proto::is_normalized_rel(&rel));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}

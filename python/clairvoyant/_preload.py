@@ -1,0 +1,69 @@
+"""The interposed I/O library of transparent mode (``libclairvoyant_preload.so``, docs/transparent.md).
+
+A program started with ``LD_PRELOAD=<preload_library()>``, ``CLAIRVOYANT_ROOT=<dataset root>`` and
+``CLAIRVOYANT_AGENT=<agent socket>`` reads the files under the root from the node agent's cache;
+everything else it does goes to libc unchanged. ``preload_env`` builds that environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LIBRARY_NAME = "libclairvoyant_preload.so"
+ENV_ROOT = "CLAIRVOYANT_ROOT"
+ENV_AGENT = "CLAIRVOYANT_AGENT"
+ENV_TIMEOUT_MS = "CLAIRVOYANT_AGENT_TIMEOUT_MS"
+
+# Order of the counters in the agent's shared directory and in clairvoyant_preload_counter(i).
+COUNTERS = (
+    "opens",
+    "cached_reads",
+    "cached_bytes",
+    "inline_reads",
+    "inline_bytes",
+    "direct_reads",
+    "direct_bytes",
+    "fallbacks",
+    "corrupt",
+    "stale",
+    "mmaps",
+    "lookups",
+)
+
+
+def preload_library() -> str:
+    """Absolute path of ``libclairvoyant_preload.so`` shipped next to this module.
+
+    Raises FileNotFoundError naming the expected path when it was not built (``./dev build`` builds
+    and installs it there)."""
+    path = Path(__file__).resolve().with_name(LIBRARY_NAME)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: the interposed I/O library is not installed; build it with ./dev build "
+            f"(or: cargo build --release -p clairvoyant-preload && cp target/release/{LIBRARY_NAME} {path})"
+        )
+    return str(path)
+
+
+def preload_env(root: str | os.PathLike, agent: str | os.PathLike, env: dict | None = None, library: str | None = None) -> dict:
+    """A copy of ``env`` (default: ``os.environ``) that runs programs under the interposed library:
+    ``LD_PRELOAD`` gains the library (kept first), ``CLAIRVOYANT_ROOT`` and ``CLAIRVOYANT_AGENT`` are set."""
+    out = dict(os.environ if env is None else env)
+    lib = library or preload_library()
+    others = [p for p in out.get("LD_PRELOAD", "").replace(":", " ").split() if p and p != lib]
+    out["LD_PRELOAD"] = " ".join([lib, *others])
+    out[ENV_ROOT] = os.path.abspath(os.fspath(root))
+    out[ENV_AGENT] = os.fspath(agent)
+    return out
+
+
+def read_counters(dir_path: str | os.PathLike) -> dict:
+    """The shared counters of an agent's directory file (summed over every interposed process)."""
+    import struct
+
+    with open(dir_path, "rb") as f:
+        head = f.read(64 + 8 * len(COUNTERS))
+    if head[:8] != b"CVDIR001" or len(head) < 64 + 8 * len(COUNTERS):
+        raise ValueError(f"{dir_path}: not a clairvoyant cache directory (magic {head[:8]!r})")
+    return dict(zip(COUNTERS, struct.unpack_from(f"<{len(COUNTERS)}Q", head, 64)))

@@ -1,0 +1,660 @@
+"""The interposed I/O library (libclairvoyant_preload.so) under a stand-in agent.
+
+Every test runs real programs (coreutils, an interposed Python) with LD_PRELOAD and compares
+the bytes they read with the file system's. The stand-in agent (crates/clairvoyant-agent/examples/
+fakeagent.rs) snapshots the dataset into an arena; its modes choose how files are announced:
+``dir`` (shared directory, no round trip), ``lookup`` (``Cached`` replies), ``inline`` (bytes on the
+socket), ``hang`` (never answers).
+"""
+
+from __future__ import annotations
+
+import ctypes  # noqa: F401  (used by the interposed scripts; imported here to fail early if absent)
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clairvoyant._preload import COUNTERS, LIBRARY_NAME, preload_env, read_counters
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = REPO / "target" / "release"
+
+
+@pytest.fixture(scope="session")
+def built():
+    """The library and the stand-in agent, built by cargo (a no-op when ./dev build ran)."""
+    if shutil.which("cargo") is None:
+        pytest.skip("cargo not found: the interposed library and the stand-in agent cannot be built here")
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "-p", "clairvoyant-preload", "-p", "clairvoyant-agent", "--lib", "--examples"],
+        cwd=REPO,
+        check=True,
+    )
+    lib, agent = TARGET / LIBRARY_NAME, TARGET / "examples" / "fakeagent"
+    assert lib.is_file() and agent.is_file()
+    return lib, agent
+
+
+def sha(b) -> str:
+    return hashlib.sha256(bytes(b)).hexdigest()
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    root = tmp_path / "data"
+    (root / "a").mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    (root / "a" / "x.bin").write_bytes(rng.integers(0, 256, 110_000, dtype=np.uint8).tobytes())
+    (root / "big.bin").write_bytes(rng.integers(0, 256, 3 * 1024 * 1024 + 17, dtype=np.uint8).tobytes())
+    (root / "b.txt").write_bytes(b"hello\n")
+    (root / "empty").write_bytes(b"")
+    (root / "arr.f32").write_bytes(rng.standard_normal(1000).astype(np.float32).tobytes())
+    from PIL import Image
+
+    Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(root / "img.png")
+    try:
+        import h5py
+
+        with h5py.File(root / "d.h5", "w") as f:
+            f["x"] = rng.standard_normal((64, 33))
+    except ImportError:
+        print("h5py not installed: the h5py read is not exercised")
+    return root
+
+
+class Agent:
+    def __init__(self, exe: Path, root: Path, base: Path, mode: str):
+        self.state = base / f"state-{mode}-{time.monotonic_ns()}"
+        self.state.mkdir(mode=0o700)
+        self.socket = self.state / "sock"
+        self.proc = subprocess.Popen(
+            [str(exe), "--root", str(root), "--socket", str(self.socket), "--state", str(self.state), "--mode", mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()  # the agent prints "ready" or exits (EOF)
+        assert line.strip() == "ready", f"fakeagent did not start (mode {mode}): {line!r}"
+
+    def counters(self) -> dict:
+        return read_counters(self.state / "dir")
+
+    def manifest(self) -> dict:
+        out = {}
+        for line in (self.state / "manifest.tsv").read_text().splitlines():
+            rel, off, size = line.split("\t")
+            out[rel] = (int(off), int(size))
+        return out
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def start_agent(built, dataset, tmp_path):
+    agents = []
+
+    def start(mode="dir"):
+        a = Agent(built[1], dataset, tmp_path, mode)
+        agents.append(a)
+        return a
+
+    yield start
+    for a in agents:
+        a.proc.stdin.close()
+        a.kill()
+
+
+def env_for(built, root, socket, **extra) -> dict:
+    env = preload_env(root, socket, library=str(built[0]))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(cmd, env, timeout=60, **kw):
+    return subprocess.run(cmd, env=env, capture_output=True, timeout=timeout, **kw)
+
+
+COUNTER_FN = """
+import ctypes
+_lib = ctypes.CDLL(None)
+_c = _lib.clairvoyant_preload_counter
+_c.restype = ctypes.c_uint64
+NAMES = %r
+def counters():
+    return {n: _c(i) for i, n in enumerate(NAMES)}
+""" % (COUNTERS,)
+
+READER = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, mmap, os, sys
+def h(b):
+    return hashlib.sha256(bytes(b)).hexdigest()
+root = sys.argv[1]
+out = {}
+for rel in sys.argv[2:]:
+    p = os.path.join(root, rel)
+    r = {}
+    with open(p, "rb") as f:
+        r["read"] = h(f.read())
+    size = os.path.getsize(p)
+    with open(p, "rb", buffering=0) as f:
+        buf = bytearray(size)
+        n = f.readinto(buf) if size else 0
+        r["readinto"] = h(buf[:n] + f.read())
+    with open(p, "rb") as f:
+        f.seek(3); a = f.read(5); f.seek(0); b = f.read(3); f.seek(8); c = f.read()
+        r["seek"] = h(b + a + c)
+    fd = os.open(p, os.O_RDONLY)
+    parts, off = [], 0
+    while True:
+        ch = os.pread(fd, 4099, off)
+        if not ch:
+            break
+        parts.append(ch); off += len(ch)
+    r["pread"] = h(b"".join(parts))
+    os.lseek(fd, 0, os.SEEK_SET)
+    b1, b2 = bytearray(7), bytearray(size + 10)
+    n = os.readv(fd, [b1, b2])
+    r["readv"] = h((b1 + b2)[:n])
+    r["preadv"] = h(b2[:os.preadv(fd, [b2], 0)])
+    os.close(fd)
+    if size:
+        with open(p, "rb") as f:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            r["mmap"] = h(m[:]); m.close()
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            m[0:1] = b"\0"; m.close()
+    out[rel] = r
+extra = {}
+import numpy as np
+extra["fromfile"] = h(np.fromfile(os.path.join(root, "arr.f32"), dtype=np.float32).tobytes())
+extra["memmap"] = h(np.memmap(os.path.join(root, "big.bin"), dtype=np.uint8, mode="r").tobytes())
+from PIL import Image
+im = Image.open(os.path.join(root, "img.png")); im.load()
+extra["pillow"] = h(im.tobytes())
+try:
+    import h5py
+    with h5py.File(os.path.join(root, "d.h5"), "r") as f:
+        extra["h5py"] = h(f["x"][:].tobytes())
+except ImportError:
+    pass
+print(json.dumps({"files": out, "extra": extra, "counters": counters()}))
+"""
+)
+
+FILES = ["a/x.bin", "big.bin", "b.txt", "empty", "img.png"]
+
+
+def reference(root: Path) -> dict:
+    from PIL import Image
+
+    out = {}
+    for rel in FILES:
+        d = (root / rel).read_bytes()
+        out[rel] = d
+    im = Image.open(root / "img.png")
+    im.load()
+    extra = {
+        "fromfile": sha(np.fromfile(root / "arr.f32", dtype=np.float32).tobytes()),
+        "memmap": sha((root / "big.bin").read_bytes()),
+        "pillow": sha(im.tobytes()),
+    }
+    try:
+        import h5py
+
+        with h5py.File(root / "d.h5", "r") as f:
+            extra["h5py"] = sha(f["x"][:].tobytes())
+    except ImportError:
+        pass
+    return {"bytes": out, "extra": extra}
+
+
+def check_reader_output(root: Path, out: dict):
+    ref = reference(root)
+    for rel in FILES:
+        d = ref["bytes"][rel]
+        want = {
+            "read": sha(d),
+            "readinto": sha(d),
+            "seek": sha(d[:3] + d[3:8] + d[8:]),
+            "pread": sha(d),
+            "readv": sha(d),
+            "preadv": sha(d),
+        }
+        if d:
+            want["mmap"] = sha(d)
+        assert out["files"][rel] == want, rel
+    assert out["extra"] == ref["extra"]
+
+
+@pytest.mark.parametrize("mode", ["dir", "lookup", "inline"])
+def test_python_reads_are_byte_identical_and_served(built, dataset, start_agent, mode):
+    agent = start_agent(mode)
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-c", READER, str(dataset), *FILES], env)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    check_reader_output(dataset, out)
+    c = out["counters"]
+    served = c["inline_reads"] if mode == "inline" else c["cached_reads"]
+    assert c["opens"] > 0 and served > 0 and c["mmaps"] > 0, c
+    assert c["direct_reads"] == 0 and c["corrupt"] == 0 and c["stale"] == 0 and c["fallbacks"] == 0, c
+    if mode == "dir":
+        assert c["lookups"] == 0, c
+    else:
+        assert c["lookups"] > 0, c
+    shared = agent.counters()
+    assert shared["opens"] >= c["opens"], (shared, c)
+
+
+def test_coreutils_are_byte_identical_and_served(built, dataset, start_agent):
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    for rel in FILES:
+        p = dataset / rel
+        d = p.read_bytes()
+        assert run(["cat", str(p)], env).stdout == d, rel
+        assert run(["md5sum", str(p)], env).stdout.split()[0].decode() == hashlib.md5(d).hexdigest(), rel
+        for bs in ("7", "1M"):
+            r = run(["dd", f"if={p}", f"bs={bs}", "status=none"], env)
+            assert r.returncode == 0 and r.stdout == d, (rel, bs, r.stderr)
+    c = agent.counters()
+    assert c["cached_reads"] > 0 and c["direct_reads"] == 0 and c["corrupt"] == 0, c
+
+
+def test_without_agent_or_variables_everything_passes_through(built, dataset, tmp_path):
+    # No agent listening: every dataset read goes to the file system, with a notice.
+    env = env_for(built, dataset, tmp_path / "no-such-socket")
+    r = run([sys.executable, "-c", READER, str(dataset), *FILES], env)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    check_reader_output(dataset, out)
+    c = out["counters"]
+    assert c["fallbacks"] > 0 and c["direct_reads"] > 0 and c["cached_reads"] == 0, c
+    assert b"reading files directly" in r.stderr
+    # No variables: the library does nothing at all.
+    env = {k: v for k, v in env.items() if k not in ("CLAIRVOYANT_ROOT", "CLAIRVOYANT_AGENT")}
+    r = run([sys.executable, "-c", READER, str(dataset), *FILES], env)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    check_reader_output(dataset, out)
+    assert all(v == 0 for v in out["counters"].values()), out["counters"]
+    assert r.stderr == b""
+
+
+FORK = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, subprocess, sys
+p = sys.argv[1]
+def h(b):
+    return hashlib.sha256(bytes(b)).hexdigest()
+def whole():
+    with open(p, "rb") as f:
+        return h(f.read())
+out = {"parent": whole()}
+f = open(p, "rb", buffering=0)
+f.read(10)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    before = counters()
+    res = {"whole": whole(), "inherited": h(f.read(20))}
+    after = counters()
+    res["served"] = after["cached_reads"] - before["cached_reads"]
+    res["lookups"] = after["lookups"] - before["lookups"]
+    os.write(w, json.dumps(res).encode())
+    os._exit(0)
+os.close(w)
+data = b""
+while True:
+    ch = os.read(r, 65536)
+    if not ch:
+        break
+    data += ch
+os.waitpid(pid, 0)
+out["fork"] = json.loads(data)
+out["parent_after"] = h(f.read(5))
+code = "import hashlib,sys,json\n" + %r + "\nd=open(sys.argv[1],'rb').read()\nprint(json.dumps([hashlib.sha256(d).hexdigest(), counters()['cached_reads']]))"
+child = subprocess.run([sys.executable, "-c", code, p], capture_output=True, text=True, check=True)
+out["exec"] = json.loads(child.stdout)
+print(json.dumps(out))
+"""
+) % (COUNTER_FN,)
+
+
+def test_fork_and_exec_children_are_served(built, dataset, start_agent):
+    agent = start_agent("lookup")  # every open is a round trip: the forked child needs its own connection
+    env = env_for(built, dataset, agent.socket)
+    p = dataset / "a" / "x.bin"
+    d = p.read_bytes()
+    r = run([sys.executable, "-c", FORK, str(p)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    assert out["parent"] == sha(d)
+    assert out["fork"]["whole"] == sha(d)
+    assert out["fork"]["inherited"] == sha(d[10:30]), "the inherited fd shares the parent's offset"
+    assert out["fork"]["served"] >= 2 and out["fork"]["lookups"] >= 1, out["fork"]
+    assert out["parent_after"] == sha(d[30:35]), "the child's reads moved the shared offset"
+    assert out["exec"][0] == sha(d) and out["exec"][1] > 0, out["exec"]
+
+
+KILLED = r"""
+import hashlib, json, sys, os
+root, rels = sys.argv[1], sys.argv[2:]
+def sweep():
+    return [hashlib.sha256(open(os.path.join(root, r), "rb").read()).hexdigest() for r in rels]
+res = [sweep()]
+print("killme", flush=True)
+sys.stdin.readline()
+res.append(sweep())
+res.append(sweep())
+print(json.dumps(res), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["dir", "lookup"])
+def test_agent_killed_mid_run_falls_back_with_correct_bytes(built, dataset, start_agent, mode):
+    agent = start_agent(mode)
+    env = env_for(built, dataset, agent.socket)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(dataset), *FILES], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "killme"
+        agent.kill()
+        t0 = time.monotonic()
+        out, err = proc.communicate("go\n", timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    want = [sha((dataset / r).read_bytes()) for r in FILES]
+    assert json.loads(out) == [want, want, want]
+    assert elapsed < 10, f"reads after the agent died took {elapsed:.1f} s"
+    c = agent.counters()  # the directory file outlives the agent
+    if mode == "lookup":
+        assert c["fallbacks"] > 0 and c["direct_reads"] > 0, c
+        assert "reading files directly" in err
+    else:
+        # The arena mapping outlives the agent: still served, still verified.
+        assert c["cached_reads"] > 0 and c["direct_reads"] == 0, c
+
+
+def test_agent_that_never_answers_times_out(built, dataset, start_agent):
+    agent = start_agent("hang")
+    env = env_for(built, dataset, agent.socket, CLAIRVOYANT_AGENT_TIMEOUT_MS=500)
+    t0 = time.monotonic()
+    r = run([sys.executable, "-c", KILLED.replace('sys.stdin.readline()', 'pass'), str(dataset), *FILES], env, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr.decode()
+    want = [sha((dataset / rel).read_bytes()) for rel in FILES]
+    assert json.loads(r.stdout.decode().splitlines()[-1]) == [want, want, want]
+    # One timed-out round trip, then no retry for 5 s: far below one timeout per open.
+    assert elapsed < 5 + 3, elapsed
+    c = agent.counters()
+    assert c["fallbacks"] >= len(FILES) * 3 and c["cached_reads"] == 0, c
+    assert b"timed out" in r.stderr
+
+
+def test_flipped_arena_byte_is_caught_and_read_directly(built, dataset, start_agent):
+    agent = start_agent("dir")
+    off, size = agent.manifest()["a/x.bin"]
+    with open(agent.state / "arena", "r+b") as f:
+        f.seek(off + size // 2)
+        b = f.read(1)
+        f.seek(off + size // 2)
+        f.write(bytes([b[0] ^ 0x40]))
+    env = env_for(built, dataset, agent.socket)
+    p = dataset / "a" / "x.bin"
+    d = p.read_bytes()
+    r = run(["md5sum", str(p)], env)
+    assert r.stdout.split()[0].decode() == hashlib.md5(d).hexdigest()
+    assert b"fail their checksum" in r.stderr
+    r = run([sys.executable, "-c", READER, str(dataset), *FILES], env)
+    assert r.returncode == 0, r.stderr.decode()
+    check_reader_output(dataset, json.loads(r.stdout))
+    c = agent.counters()
+    assert c["corrupt"] >= 2 and c["direct_reads"] > 0, c
+    # Verifying once per process still catches it, at the first open.
+    r = run([sys.executable, "-c", READER, str(dataset), *FILES], dict(env, CLAIRVOYANT_VERIFY="process"))
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    check_reader_output(dataset, out)
+    assert out["counters"]["corrupt"] >= 1 and out["counters"]["cached_reads"] > 0, out["counters"]
+
+
+CHANGED = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, sys
+p, alias = sys.argv[1], sys.argv[2]
+h = lambda b: hashlib.sha256(bytes(b)).hexdigest()
+f = open(p, "rb", buffering=0)
+first = f.read(100)
+# Change the file through a name outside the root (writes under the root are refused).
+with open(alias, "r+b") as g:
+    g.seek(50000); g.write(b"CHANGED!")
+rest = f.read()
+f.close()
+print(json.dumps({"first": h(first), "rest": h(rest), "again": h(open(p, "rb").read()), "counters": counters()}))
+"""
+)
+
+
+def test_file_changed_after_caching_reads_the_new_bytes(built, dataset, start_agent, tmp_path):
+    agent = start_agent("dir")
+    p = dataset / "a" / "x.bin"
+    alias = tmp_path / "alias.bin"
+    os.link(p, alias)
+    old = p.read_bytes()
+    time.sleep(0.01)  # a later change time than the snapshot's
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-c", CHANGED, str(p), str(alias)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    new = p.read_bytes()
+    assert new != old
+    assert out["first"] == sha(old[:100]) and out["rest"] == sha(new[100:]) and out["again"] == sha(new)
+    assert out["counters"]["stale"] >= 2, out["counters"]
+
+
+WRITES = r"""
+import errno, json, os, sys
+root, outside = sys.argv[1], sys.argv[2]
+res = {}
+def attempt(name, fn):
+    try:
+        fn()
+        res[name] = "ok"
+    except OSError as e:
+        res[name] = errno.errorcode[e.errno]
+attempt("create", lambda: open(os.path.join(root, "new.txt"), "w"))
+attempt("append", lambda: open(os.path.join(root, "b.txt"), "a"))
+attempt("rplus", lambda: open(os.path.join(root, "b.txt"), "r+b"))
+attempt("rdonly_creat", lambda: os.close(os.open(os.path.join(root, "b.txt"), os.O_RDONLY | os.O_CREAT)))
+attempt("rdwr_dotdot", lambda: os.close(os.open(os.path.join(root, "a", "..", "b.txt"), os.O_RDWR)))
+os.chdir(os.path.join(root, "a"))
+attempt("relative", lambda: open("../b.txt", "w"))
+dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+attempt("openat", lambda: os.close(os.open("b.txt", os.O_WRONLY, dir_fd=dfd)))
+attempt("outside", lambda: open(outside, "w").write("fine"))
+attempt("missing", lambda: open(os.path.join(root, "nope"), "rb"))
+attempt("directory", lambda: open(root, "rb").read())
+print(json.dumps(res))
+"""
+
+
+def test_write_opens_under_the_root_fail_with_erofs(built, dataset, start_agent, tmp_path):
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    before = (dataset / "b.txt").read_bytes()
+    r = run([sys.executable, "-c", WRITES, str(dataset), str(tmp_path / "outside.txt")], env)
+    assert r.returncode == 0, r.stderr.decode()
+    res = json.loads(r.stdout)
+    for k in ("create", "append", "rplus", "rdonly_creat", "rdwr_dotdot", "relative", "openat"):
+        assert res[k] == "EROFS", (k, res)
+    assert res["outside"] == "ok" and (tmp_path / "outside.txt").read_text() == "fine"
+    assert res["missing"] == "ENOENT" and res["directory"] == "EISDIR", res
+    assert not (dataset / "new.txt").exists() and (dataset / "b.txt").read_bytes() == before
+    notices = [ln for ln in r.stderr.decode().splitlines() if "refusing to open" in ln]
+    assert len(notices) == 1 and "new.txt" in notices[0], r.stderr
+
+
+FDS = (
+    COUNTER_FN
+    + r"""
+import ctypes, hashlib, json, os, sys
+root = sys.argv[1]
+h = lambda b: hashlib.sha256(bytes(b)).hexdigest()
+served = lambda: counters()["cached_reads"]
+res = {}
+def readall(fd):
+    out = b""
+    while True:
+        ch = os.read(fd, 65536)
+        if not ch:
+            return out
+        out += ch
+os.chdir(root)
+s = served(); res["relative"] = [h(open("a/x.bin", "rb").read()), served() > s]
+dfd = os.open("a", os.O_RDONLY | os.O_DIRECTORY)
+s = served(); fd = os.open("x.bin", os.O_RDONLY, dir_fd=dfd); res["openat"] = [h(readall(fd)), served() > s]
+fd2 = os.dup(fd); os.lseek(fd2, 0, 0)
+s = served(); res["dup"] = [h(readall(fd2)), served() > s]
+os.dup2(fd, 200); os.lseek(200, 0, 0)
+s = served(); res["dup2"] = [h(readall(200)), served() > s]
+# dup2 of a file outside the root onto a tracked fd: that fd is no longer served.
+out_fd = os.open(sys.argv[2], os.O_RDONLY)
+os.dup2(out_fd, 200)
+s = served(); res["replaced"] = [h(readall(200)), served() > s]
+for x in (fd, fd2, 200, out_fd, dfd):
+    os.close(x)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.fread.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+libc.fileno.argtypes = [ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+libc.fseek.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+s = served()
+fp = libc.fopen(os.path.join(root, "a", "x.bin").encode(), b"rb")
+fno = libc.fileno(fp)
+st = os.fstat(fno)
+buf = ctypes.create_string_buffer(200000)
+n = libc.fread(buf, 1, 200000, fp)
+libc.fseek(fp, 5, 0)
+m = libc.fread(ctypes.byref(buf, n), 1, 10, fp)
+res["fopen"] = [h(buf.raw[:n]), served() > s, st.st_size, h(buf.raw[n:n + m])]
+libc.fclose(fp)
+print(json.dumps(res))
+"""
+)
+
+
+def test_relative_openat_dup_and_stdio_are_served(built, dataset, start_agent, tmp_path):
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    outside = tmp_path / "o.bin"
+    outside.write_bytes(b"outside bytes")
+    r = run([sys.executable, "-c", FDS, str(dataset), str(outside)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    res = json.loads(r.stdout)
+    d = (dataset / "a" / "x.bin").read_bytes()
+    for k in ("relative", "openat", "dup", "dup2"):
+        assert res[k] == [sha(d), True], (k, res[k])
+    assert res["replaced"] == [sha(b"outside bytes"), False]
+    assert res["fopen"] == [sha(d), True, len(d), sha(d[5:15])], res["fopen"]
+
+
+def test_paths_outside_the_root_are_untouched(built, dataset, start_agent, tmp_path):
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "f.bin").write_bytes(b"z" * 5000)
+    # A sibling whose name starts with the root's: outside.
+    sib = Path(str(dataset) + "2")
+    sib.mkdir()
+    (sib / "s.bin").write_bytes(b"s" * 10)
+    code = COUNTER_FN + (
+        "import sys,json\n"
+        "a=open(sys.argv[1],'rb').read(); b=open(sys.argv[2],'rb').read()\n"
+        "print(json.dumps([len(a), len(b), counters(), _lib.clairvoyant_preload_active()]))"
+    )
+    r = run([sys.executable, "-c", code, str(other / "f.bin"), str(sib / "s.bin")], env)
+    assert r.returncode == 0, r.stderr.decode()
+    n1, n2, c, active = json.loads(r.stdout)
+    assert (n1, n2, active) == (5000, 10, 1)
+    assert all(v == 0 for v in c.values()), c
+    assert r.stderr == b""
+
+
+def test_preload_library_names_the_installed_file_or_says_how_to_build_it():
+    import clairvoyant
+
+    try:
+        path = clairvoyant.preload_library()
+    except FileNotFoundError as e:
+        assert "./dev build" in str(e) and LIBRARY_NAME in str(e)
+        print(f"{LIBRARY_NAME} not installed next to the package (./dev build installs it): checked the error only")
+        return
+    assert Path(path).is_file() and Path(path).name == LIBRARY_NAME
+
+
+THREADS = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, random, sys, threading
+root, rels = sys.argv[1], sys.argv[2:]
+want = {r: open(os.path.join(root, r), "rb").read() for r in rels}  # served too; checked by the test
+bad = []
+shared = {r: os.open(os.path.join(root, r), os.O_RDONLY) for r in rels}
+def work(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        r = rng.choice(rels)
+        d = want[r]
+        if rng.random() < 0.5:
+            fd = shared[r]  # one fd read by every thread at random offsets
+        else:
+            fd = os.open(os.path.join(root, r), os.O_RDONLY)
+        off = rng.randrange(0, len(d) + 1)
+        n = rng.randrange(0, 70000)
+        if os.pread(fd, n, off) != d[off:off + n]:
+            bad.append((r, off, n))
+        if fd != shared[r]:
+            os.close(fd)
+ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+[t.start() for t in ts]
+[t.join(60) for t in ts]
+print(json.dumps({"bad": bad[:5], "alive": sum(t.is_alive() for t in ts), "hashes": {r: hashlib.sha256(d).hexdigest() for r, d in want.items()}, "counters": counters()}))
+"""
+)
+
+
+@pytest.mark.parametrize("mode", ["dir", "lookup"])
+def test_threads_reading_concurrently_get_the_right_bytes(built, dataset, start_agent, mode):
+    agent = start_agent(mode)
+    env = env_for(built, dataset, agent.socket)
+    rels = ["a/x.bin", "big.bin", "b.txt", "empty"]
+    r = run([sys.executable, "-c", THREADS, str(dataset), *rels], env, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    assert out["alive"] == 0 and out["bad"] == [], out
+    assert out["hashes"] == {rel: sha((dataset / rel).read_bytes()) for rel in rels}
+    c = out["counters"]
+    assert c["cached_reads"] > 1000 and c["direct_reads"] == 0 and c["fallbacks"] == 0, c
