@@ -55,6 +55,7 @@ def _env(tmp_path, extra=None) -> dict:
     env.pop("LD_PRELOAD", None)
     env["CLAIRVOYANT_SHM_DIR"] = str(tmp_path / "shm")
     env["CLAIRVOYANT_CACHE_DIR"] = str(tmp_path / "cache")
+    env["CLAIRVOYANT_AGENT_LINGER"] = "20"
     os.makedirs(env["CLAIRVOYANT_SHM_DIR"], exist_ok=True)
     env.update(extra or {})
     return env
@@ -195,13 +196,18 @@ def test_a_bad_order_file_names_the_line(tmp_path, dataset):
     assert "line 2" in r.stderr and "not/there.bin" in r.stderr, r.stderr
 
 
-def _agent_pids(shm) -> list:
+def _agent_pids(shm, root) -> list:
+    """Live agents serving ``root`` (their directory is under ``shm``, or in the short-path
+    fallback under the temporary directory)."""
     pids = []
     for p in glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.pid")) + glob.glob(
         os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.pid")
     ):
         try:
-            pids.append(int(open(p).read()))
+            pid = int(open(p).read())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if os.fsencode(root) in f.read().split(b"\0"):
+                    pids.append(pid)
         except (OSError, ValueError):
             pass
     return pids
@@ -214,14 +220,14 @@ def test_the_agent_killed_mid_run_leaves_the_program_reading_directly(tmp_path, 
     out = tmp_path / "out.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--",
-         sys.executable, READER, root, "--epochs", "3", "--delay", "0.004", "--out", str(out)],
+         sys.executable, READER, root, "--epochs", "3", "--delay", "0.01", "--out", str(out)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     pids = []
     while not pids and time.monotonic() < deadline:
         time.sleep(0.2)
-        pids = _agent_pids(env["CLAIRVOYANT_SHM_DIR"])
+        pids = _agent_pids(env["CLAIRVOYANT_SHM_DIR"], root)
     assert pids, "no agent started"
     time.sleep(1.0)  # mid epoch 0 or 1
     os.kill(pids[0], signal.SIGKILL)
@@ -234,7 +240,7 @@ def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None):
     """Run `program` (args after it get --rank/--world-size or --shard) under `clairvoyant run`
     on two emulated nodes; returns (per-node stats, per-node output path)."""
     shared = tmp_path / "shared"
-    shared.mkdir(exist_ok=True)
+    shared.mkdir(mode=0o700, exist_ok=True)
     cfg = _config(tmp_path / "node.toml", memory)
     procs, outs, stats = [], [], []
     for i in range(2):
@@ -259,7 +265,7 @@ def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None):
         pids = []
         while not pids and time.monotonic() < deadline:
             time.sleep(0.2)
-            pids = _agent_pids(shm)
+            pids = _agent_pids(shm, root)
         assert pids, "no agent on the node to kill"
         time.sleep(1.5)
         os.kill(pids[0], signal.SIGKILL)

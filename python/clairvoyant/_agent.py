@@ -150,8 +150,10 @@ def main(argv=None) -> int:
             facts={"transparent": root, "order": order_text},
         )
         cluster = peers.cluster
+    # The agent consumes no stream: its schedule (one pass, batch 1, one rank per node, the last
+    # odd sample dropped) only satisfies the engine's checks; placement comes from `agent`.
     engine = _native.Engine(
-        source._native, 1, 1, 0, False, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
+        source._native, 1, 1, 0, True, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
         model_toml, None, 0, cluster, agent,
     )  # fmt: skip
     if peers is not None and peers.server is not None:
@@ -170,12 +172,29 @@ def main(argv=None) -> int:
     )
     try:
         server.wait_idle(args.idle_wait)
+        if peers is not None:
+            _leave_together(node, nodes, args.run_id)
     finally:
+        if peers is not None:
+            print(f"clairvoyant agent: peers: {engine.peer_stats()}", file=sys.stderr, flush=True)
         server.close()
         engine.close()
         if peers is not None and peers.server is not None:
             peers.server.close()
     return 0
+
+
+def _leave_together(node: int, nodes: int, run_id: str) -> None:
+    """Keep serving the other nodes until every node's programs have finished (their reads of
+    this node's cache would otherwise fall back to the file system), at most
+    ``CLAIRVOYANT_AGENT_LINGER`` seconds (default 300)."""
+    from . import _cluster
+
+    linger = float(os.environ.get("CLAIRVOYANT_AGENT_LINGER", "300"))
+    try:
+        _cluster.allgather(b"done", rank=node, world_size=nodes, run_id=run_id, timeout=linger)
+    except _cluster.RendezvousError as e:
+        print(f"clairvoyant agent: leaving without the other nodes: {e}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -337,12 +337,17 @@ fn stats_json(s: &Shared) -> String {
         .collect();
     let [pfs_bytes, pfs_files, peer_bytes, served_samples, served_bytes] = s.engine.io_totals();
     let attached = s.live.lock().unwrap_or_else(|p| p.into_inner()).0;
+    let (placed_files, placed_bytes) = s
+        .engine
+        .placement_summary()
+        .iter()
+        .fold((0, 0), |(f, b), (_, files, bytes)| (f + files, b + bytes));
     format!(
         concat!(
             "{{\"attached\": {}, \"lookups\": {}, \"cached\": {}, \"inline\": {}, \"inline_bytes\": {}, ",
             "\"direct\": {}, \"unknown\": {}, \"failed\": {}, \"cached_files\": {}, \"reads\": {{{}}}, ",
             "\"pfs_bytes\": {}, \"pfs_files\": {}, \"peer_bytes\": {}, \"served_samples\": {}, ",
-            "\"served_bytes\": {}, \"agent_cpu_s\": {:.3}}}"
+            "\"served_bytes\": {}, \"agent_cpu_s\": {:.3}, \"placed_files\": {}, \"placed_bytes\": {}}}"
         ),
         attached,
         load(&c.lookups),
@@ -360,6 +365,8 @@ fn stats_json(s: &Shared) -> String {
         served_samples,
         served_bytes,
         cpu_seconds(),
+        placed_files,
+        placed_bytes,
     )
 }
 

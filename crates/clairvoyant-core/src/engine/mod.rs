@@ -300,7 +300,11 @@ impl Engine {
         let placement_summary = node.summary.clone();
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
 
-        let ring_cap = if spec.agent.is_some() { 4096 } else { model.staging.capacity };
+        let ring_cap = if spec.agent.is_some() {
+            4096
+        } else {
+            model.staging.capacity
+        };
         let ring = node
             .cache
             .create_ring(spec.rank, ring_cap.max(1))
