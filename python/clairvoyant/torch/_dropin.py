@@ -305,6 +305,9 @@ class DataLoader(_TorchDataLoader):
             it._shutdown_workers()
         feed = self.__dict__.get("_cv")
         if feed is not None:
+            native = feed._iter() if feed._iter is not None else None
+            if getattr(native, "_cv_native", False):
+                native._shutdown_workers()  # its decode thread reads the job's shared memory
             feed.close()
 
     def __del__(self):
