@@ -202,9 +202,11 @@ def _dropin_rank(ctx, cfg: dict) -> dict:
     return {"rank": ctx.rank, "epochs": rows}
 
 
-def bench_dropin(log, rounds: int = 2, epochs: int = 3, ranks: int = 2, root: Optional[str] = None) -> dict:
+def bench_dropin(log, rounds: int = 2, epochs: int = 3, ranks: int = 2, root: Optional[str] = None, speeds: tuple = (1.0, 4.0)) -> dict:
     """The end-to-end target: the demo's setup with decoding on, the drop-in's native path
-    against its worker path in the same run (see the module docstring)."""
+    against its worker path in the same run (see the module docstring). ``speeds``: accelerator
+    speeds as multiples of the demo's (1.0: the demo's; 4.0: an accelerator fast enough that the
+    2-core host's decoding limits the worker path)."""
     import tempfile
     import uuid
 
@@ -215,87 +217,89 @@ def bench_dropin(log, rounds: int = 2, epochs: int = 3, ranks: int = 2, root: Op
     if root is None:
         tmp = tempfile.TemporaryDirectory(prefix="cv-decode-e2e-")
         root = tmp.name
+    runs: dict = {(sp, name): [] for sp in speeds for name in ("worker", "native")}
     try:
         per_class = demo.DEFAULT_SAMPLES // demo.DEFAULT_CLASSES
         dataset_bytes = make_imagefolder(root, demo.DEFAULT_CLASSES, per_class, seed=0)
         paths, _, _ = list_imagefolder(root)
-        compute = demo.DEFAULT_COMPUTE_RATIO * demo.DEFAULT_BANDWIDTH_MBPS * 1e6 / ranks
-        cfg = {
-            "root": root,
-            "epochs": epochs,
-            "batch_size": 32,
-            "num_workers": 1,
-            "mean_bytes": dataset_bytes / len(paths),
-            "compute_bytes_per_second_per_rank": compute,
-        }
-        compute_epoch = dataset_bytes / (compute * ranks)
+        demo_compute = demo.DEFAULT_COMPUTE_RATIO * demo.DEFAULT_BANDWIDTH_MBPS * 1e6 / ranks
+        cfg = {"root": root, "epochs": epochs, "batch_size": 32, "num_workers": 1, "mean_bytes": dataset_bytes / len(paths)}
         log(
             f"decode end to end: {len(paths)} JPEGs ({dataset_bytes / 1e6:.1f} MB, page-cached files), {ranks} ranks, "
-            f"batch 32, 1 decode worker/thread per rank, accelerator {compute / 1e6:.1f} MB/s per rank "
-            f"(compute {compute_epoch:.2f} s/epoch), {epochs} epochs x {rounds} rounds"
+            f"batch 32, 1 decode worker/thread per rank, accelerator {demo_compute / 1e6:.1f} MB/s per rank x {speeds} "
+            f"(the demo's x1: compute {dataset_bytes / (demo_compute * ranks):.2f} s/epoch), {epochs} epochs x {rounds} rounds"
         )
-        runs: dict = {"worker": [], "native": []}
         for r in range(rounds):
-            for name in ("worker", "native") if r % 2 == 0 else ("native", "worker"):
-                env = {"CLAIRVOYANT_RUN_ID": f"decode-e2e-{name}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1", "CLAIRVOYANT_QUIET": "1"}
-                per_rank = run_ranks(_dropin_rank, ranks, args=({**cfg, "native": name == "native"},), env=env)
-                rows = []
-                for e in range(epochs):
-                    eps = [pr["epochs"][e] for pr in per_rank]
-                    t = max(x["epoch_seconds"] for x in eps)
-                    c = sum(x["compute_seconds"] for x in eps) / len(eps)
-                    rows.append(
-                        {
-                            "epoch_seconds": t,
-                            "utilization": min(1.0, c / t),
-                            "stall_seconds": max(x["stall_seconds"] for x in eps),
-                            "cpu_seconds": sum(x["cpu_seconds"] for x in eps),
-                            "samples": sum(x["samples"] for x in eps),
-                        }
+            for sp in speeds:
+                for name in ("worker", "native") if r % 2 == 0 else ("native", "worker"):
+                    env = {"CLAIRVOYANT_RUN_ID": f"decode-e2e-{name}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1", "CLAIRVOYANT_QUIET": "1"}
+                    run_cfg = {**cfg, "native": name == "native", "compute_bytes_per_second_per_rank": demo_compute * sp}
+                    per_rank = run_ranks(_dropin_rank, ranks, args=(run_cfg,), env=env)
+                    rows = []
+                    for e in range(epochs):
+                        eps = [pr["epochs"][e] for pr in per_rank]
+                        t = max(x["epoch_seconds"] for x in eps)
+                        c = sum(x["compute_seconds"] for x in eps) / len(eps)
+                        rows.append(
+                            {
+                                "epoch_seconds": t,
+                                "utilization": min(1.0, c / t),
+                                "stall_seconds": max(x["stall_seconds"] for x in eps),
+                                "cpu_seconds": sum(x["cpu_seconds"] for x in eps),
+                                "samples": sum(x["samples"] for x in eps),
+                            }
+                        )
+                    runs[(sp, name)].append(rows)
+                    log(
+                        f"  round {r}, accelerator x{sp:g}, {name}: "
+                        + "; ".join(
+                            f"epoch {e} {x['epoch_seconds']:.2f} s util {x['utilization']:.3f} cpu {x['cpu_seconds']:.1f} s" for e, x in enumerate(rows)
+                        )
                     )
-                runs[name].append(rows)
-                log(
-                    f"  round {r}, {name}: "
-                    + "; ".join(f"epoch {e} {x['epoch_seconds']:.2f} s util {x['utilization']:.3f} cpu {x['cpu_seconds']:.1f} s" for e, x in enumerate(rows))
-                )
     finally:
         if tmp is not None:
             tmp.cleanup()
 
-    def mean(name: str, e: int, key: str) -> float:
-        return sum(run[e][key] for run in runs[name]) / len(runs[name])
+    def mean(key: tuple, e: int, field: str) -> float:
+        return sum(run[e][field] for run in runs[key]) / len(runs[key])
 
-    out: dict = {"rounds": rounds, "epochs": epochs, "ranks": ranks, "images": len(paths), "mb": dataset_bytes / 1e6, "compute_epoch_s": compute_epoch, "runs": runs}
-    for name in runs:
-        out[name] = [
-            {k: mean(name, e, k) for k in ("epoch_seconds", "utilization", "stall_seconds", "cpu_seconds", "samples")} for e in range(epochs)
-        ]
-    out["epoch0_native_over_worker"] = out["native"][0]["epoch_seconds"] / out["worker"][0]["epoch_seconds"]
-    later = range(1, epochs)
-    out["util_later_native"] = min(out["native"][e]["utilization"] for e in later) if epochs > 1 else None
-    out["util_later_worker"] = min(out["worker"][e]["utilization"] for e in later) if epochs > 1 else None
+    out: dict = {"rounds": rounds, "epochs": epochs, "ranks": ranks, "images": len(paths), "mb": dataset_bytes / 1e6, "speeds": {}}
+    fields = ("epoch_seconds", "utilization", "stall_seconds", "cpu_seconds", "samples")
+    for sp in speeds:
+        d: dict = {"compute_epoch_s": dataset_bytes / (demo_compute * sp * ranks), "runs": {n: runs[(sp, n)] for n in ("worker", "native")}}
+        for name in ("worker", "native"):
+            d[name] = [{f: mean((sp, name), e, f) for f in fields} for e in range(epochs)]
+        d["epoch0_native_over_worker"] = d["native"][0]["epoch_seconds"] / d["worker"][0]["epoch_seconds"]
+        later = range(1, epochs)
+        d["util_later_native"] = min(d["native"][e]["utilization"] for e in later) if epochs > 1 else None
+        d["util_later_worker"] = min(d["worker"][e]["utilization"] for e in later) if epochs > 1 else None
+        out["speeds"][sp] = d
     return out
 
 
 def markdown_dropin(d: dict, command: str) -> list:
     lines = [
         f"End to end, the demo's setup with decoding on ({d['images']} JPEGs, {d['mb']:.1f} MB, page-cached; "
-        f"{d['ranks']} ranks; batch 32; 1 decode worker / thread per rank; compute {d['compute_epoch_s']:.2f} s per epoch), "
-        f"mean of {d['rounds']} alternating rounds. `{command}`",
+        f"{d['ranks']} ranks; batch 32; 1 decode worker / thread per rank), mean of {d['rounds']} alternating rounds. "
+        f"`{command}`",
         "",
-        "| epoch | worker path s | worker path utilization | native s | native utilization | worker path CPU s | native CPU s |",
-        "|---|---|---|---|---|---|---|",
+        "| accelerator | epoch | worker path s | worker path utilization | native s | native utilization | worker path CPU s | native CPU s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for e, (w, n) in enumerate(zip(d["worker"], d["native"])):
+    for sp, x in d["speeds"].items():
+        for e, (w, n) in enumerate(zip(x["worker"], x["native"])):
+            label = f"demo's x{sp:g} ({x['compute_epoch_s']:.2f} s/epoch)" if e == 0 else ""
+            lines.append(
+                f"| {label} | {e} | {w['epoch_seconds']:.2f} | {w['utilization']:.3f} | {n['epoch_seconds']:.2f} | {n['utilization']:.3f} "
+                f"| {w['cpu_seconds']:.1f} | {n['cpu_seconds']:.1f} |"
+            )
+    lines.append("")
+    for sp, x in d["speeds"].items():
         lines.append(
-            f"| {e} | {w['epoch_seconds']:.2f} | {w['utilization']:.3f} | {n['epoch_seconds']:.2f} | {n['utilization']:.3f} "
-            f"| {w['cpu_seconds']:.1f} | {n['cpu_seconds']:.1f} |"
+            f"- accelerator x{sp:g}: epoch 0 native / worker path {x['epoch0_native_over_worker']:.2f} (target <= 1); "
+            f"utilization epochs >= 1 (min) native {x['util_later_native']:.3f} vs worker path {x['util_later_worker']:.3f} "
+            "(target: native higher)."
         )
-    lines += [
-        "",
-        f"Epoch 0 native / worker path: {d['epoch0_native_over_worker']:.2f} (target <= 1); utilization epochs >= 1 (min): "
-        f"native {d['util_later_native']:.3f}, worker path {d['util_later_worker']:.3f} (target: native higher).",
-    ]
     return lines
 
 
@@ -393,6 +397,7 @@ def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(description=main.__doc__.split("\n")[0])
     p.add_argument("--part", choices=["per-core", "e2e", "all"], default="all")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--root", help="end to end: where the demo's ImageFolder is made (reused when present)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     command = "python -m clairvoyant._bench_decode " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -401,7 +406,7 @@ def main(argv: Optional[list] = None) -> int:
         print(m, flush=True)
 
     if args.part == "e2e":
-        d = bench_dropin(log, rounds=args.rounds)
+        d = bench_dropin(log, rounds=args.rounds, root=args.root)
         print("\n".join(markdown_dropin(d, command.strip())))
     else:
         d = bench_decode(log, dropin=args.part == "all")
