@@ -311,6 +311,8 @@ class NativeIter(_BaseDataLoaderIter):
 
     def _finish(self, res: _Result) -> list:
         if res.error is not None:
+            if res.failed:
+                self._work.release(res.token)
             raise res.error
         if res.failed:
             try:
