@@ -31,6 +31,7 @@ that a resumed run continues exactly as an uninterrupted one.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -234,7 +235,8 @@ def main_worker(local_rank: int, args) -> None:
     torch.manual_seed(args.seed)
 
     # The one line that differs between the two runs.
-    DataLoader = clairvoyant.torch.DataLoader if args.loader == "clairvoyant" else torch.utils.data.DataLoader
+    # native_decode=False: torch's exact batches (these transforms would be decoded natively).
+    DataLoader = functools.partial(clairvoyant.torch.DataLoader, native_decode=False) if args.loader == "clairvoyant" else torch.utils.data.DataLoader
 
     if args.fake:
         train_dataset = torchvision.datasets.FakeData(args.fake_size, (3, 40, 48), 4, train_transform(args.transforms), random_offset=0)

@@ -52,6 +52,8 @@ def _run(DL, folder, epochs=3, sampler="dist", workers=0, peek=False, **kw):
         kw.update(shuffle=True, generator=torch.Generator().manual_seed(5))
     elif sampler == "global":
         kw.update(shuffle=True)
+    if DL is ct.DataLoader:
+        kw.setdefault("native_decode", False)  # torch's exact batches (these transforms are native otherwise)
     loader = DL(ds, batch_size=4, num_workers=workers, **kw)
     out = []
     for e in range(epochs):
@@ -184,7 +186,7 @@ def test_dataset_protocol(folder):
 
 def test_subset_of_an_imagefolder_is_cached(folder):
     ds = torch.utils.data.Subset(torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()])), list(range(3, 40, 2)))
-    got = [_digest(b) for b in ct.DataLoader(ds, batch_size=4)]
+    got = [_digest(b) for b in ct.DataLoader(ds, batch_size=4, native_decode=False)]
     ref = [_digest(b) for b in torch.utils.data.DataLoader(ds, batch_size=4)]
     assert got == ref
 
@@ -205,7 +207,7 @@ def test_resume_mid_epoch_continues_with_the_next_batch(folder, workers, workers
     ds = torchvision.datasets.ImageFolder(folder, _tf())
     s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
     torch.manual_seed(100)
-    loader = ct.DataLoader(ds, batch_size=4, sampler=s, num_workers=workers)
+    loader = ct.DataLoader(ds, batch_size=4, sampler=s, num_workers=workers, native_decode=False)
     got = []
     for k, b in enumerate(loader):
         got.append((0, _digest(b)))
@@ -217,7 +219,7 @@ def test_resume_mid_epoch_continues_with_the_next_batch(folder, workers, workers
     assert len(__import__("pickle").dumps(state)) < 100_000  # positions and seeds, not orders
     ds = torchvision.datasets.ImageFolder(folder, _tf())
     s = DistributedSampler(ds, num_replicas=2, rank=1, seed=3)
-    loader = ct.DataLoader(ds, batch_size=4, sampler=s, num_workers=workers_after)
+    loader = ct.DataLoader(ds, batch_size=4, sampler=s, num_workers=workers_after, native_decode=False)
     loader.load_state_dict(state)
     for e in range(2):
         torch.manual_seed(100 + e)
@@ -286,7 +288,7 @@ def test_a_worker_killed_with_sigkill_is_an_error_and_the_next_epoch_runs(folder
     import time
 
     ds = torchvision.datasets.ImageFolder(folder, T.Compose([T.Resize((8, 8)), T.ToTensor()]))
-    loader = ct.DataLoader(ds, batch_size=3, num_workers=2, timeout=20)
+    loader = ct.DataLoader(ds, batch_size=3, num_workers=2, timeout=20, native_decode=False)  # worker processes
     it = iter(loader)
     next(it)
     os.kill(it._workers[0].pid, signal.SIGKILL)

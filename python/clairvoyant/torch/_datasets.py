@@ -232,7 +232,6 @@ class CachedDataset(torch.utils.data.Dataset):
         state["_maps"] = {}
         state["_folder"] = None
         state.pop("_decode", None)
-        state.pop("_native", None)
         return state
 
     def __len__(self) -> int:
@@ -269,17 +268,6 @@ class CachedDataset(torch.utils.data.Dataset):
         finally:
             folder.loader = original
 
-    def _native_decoder(self):
-        """The native decode path for this dataset (docs/decode.md), or None; decided once per
-        process (the pipeline's threads do not survive fork)."""
-        pid, native = self.__dict__.get("_native", (None, None))
-        if pid != os.getpid():  # first use in this process (a forked worker inherits the parent's)
-            from ._native_pipeline import FolderDecoder
-
-            native = FolderDecoder.for_dataset(self.dataset)
-            self._native = (os.getpid(), native)
-        return native
-
     def _path_of(self, index: int):
         d = self.dataset
         while isinstance(d, torch.utils.data.Subset):
@@ -314,11 +302,6 @@ class CachedDataset(torch.utils.data.Dataset):
             self._begin(req)
             if req.where is None:  # not cached, or clairvoyant could not read it: as torch would
                 return [self.dataset[i] for i in req]
-            if self.kind == "folder":  # torchvision ImageFolder + known transforms: native decode
-                native = self._native_decoder()
-                if native is not None:
-                    datas = [self._bytes(k, req) for k in range(len(req))]
-                    return native.items(req, datas, lambda k: self._item(req[k], datas[k]))
             return [self._item(i, self._bytes(k, req)) for k, i in enumerate(req)]
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1

@@ -34,7 +34,7 @@ from torch.utils.data import BatchSampler, DistributedSampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from ..errors import ArgumentTypeError, CancelledError, ConfigError, EpochConsumedError, ExhaustedError
-from . import _datasets, _legacy, _order, _rank
+from . import _datasets, _legacy, _native_loader, _order, _rank
 
 __all__ = ["DataLoader"]
 
@@ -43,6 +43,12 @@ _HORIZON = 2
 # Bytes kept per batch for a worker's random state (torch, random and numpy generators).
 _STATE_BYTES = 16384
 _STATE_VERSION = 1
+
+
+def _notice(message: str) -> None:
+    if os.environ.get("CLAIRVOYANT_QUIET"):
+        return
+    print(f"clairvoyant: {message}", file=sys.stderr)
 
 
 def _epochs_arg(epochs) -> Optional[int]:
@@ -83,6 +89,16 @@ class DataLoader(_TorchDataLoader):
     ``num_workers``; with the same ``num_workers`` random transforms in the workers also repeat
     exactly).
 
+    Native decode (docs/decode.md): over a torchvision ``ImageFolder``/``DatasetFolder`` whose
+    transform is a ``Compose`` of transforms clairvoyant knows (RandomResizedCrop,
+    RandomHorizontalFlip, Resize, CenterCrop, ToTensor, PILToTensor/ToImage + ToDtype, Normalize)
+    and with the default collate, batches are decoded in Rust threads (``max(1, num_workers)`` of
+    them, no worker processes) straight into one batch tensor, pinned with ``pin_memory=True``:
+    the same samples in the same order as torch's, pixels within a tested tolerance of Pillow's,
+    random crops and flips drawn from per-sample streams of the loader's seed (not torch's
+    draws). ``native_decode=False`` (or ``CLAIRVOYANT_NATIVE_DECODE=0``) keeps torch's exact
+    batches. A one-line notice says which path runs.
+
     A ``clairvoyant.torch.ImageFolder`` over a :class:`clairvoyant.Job` is served in the job's own
     order (see :class:`clairvoyant.torch.JobLoader`).
     """
@@ -108,7 +124,13 @@ class DataLoader(_TorchDataLoader):
         pin_memory_device: str = "",
         in_order: bool = True,
         epochs: Optional[int] = None,
+        native_decode: Optional[bool] = None,
     ):
+        if native_decode is not None and not isinstance(native_decode, bool):
+            raise ArgumentTypeError(f"'native_decode' must be True, False or None, not {type(native_decode).__name__}")
+        self._cv_native_decode = native_decode
+        self._cv_native = None  # the native path's NativeSetup, once chosen
+        self._cv_native_reason: Optional[str] = None
         self._job_loader = None
         self._cv = None
         self._cv_reason: Optional[str] = None
@@ -187,8 +209,11 @@ class DataLoader(_TorchDataLoader):
         resuming = feed.resumes(self)
         gen = self.generator
         saved = (gen.get_state() if gen is not None else torch.get_rng_state()) if resuming else None
+        native = self._native_setup()
         try:
-            if self.num_workers == 0:
+            if native is not None:
+                it = _native_loader.NativeIter(view, native)
+            elif self.num_workers == 0:
                 it = _SingleProcessDataLoaderIter(view)
             else:
                 self.check_worker_number_rationality()
@@ -198,6 +223,22 @@ class DataLoader(_TorchDataLoader):
                 gen.set_state(saved) if gen is not None else torch.set_rng_state(saved)
         feed.serving(it)
         return it
+
+    def _native_setup(self):
+        """The native decode path's setup when it applies to this loader (decided once, with a
+        one-line notice), else None."""
+        if self._cv_native_reason is None:
+            setup, reason = _native_loader.native_choice(self, self._cv_native_decode)
+            self._cv_native_reason = "" if setup is not None else (reason or "not a folder of files")
+            self._cv_native = setup
+            if setup is not None:
+                _notice(setup.describe())
+            elif reason is not None:
+                _notice(f"{type(self.dataset).__name__} decoded as torch's DataLoader decodes it: {reason}")
+        setup = self._cv_native
+        if setup is not None and setup.pid != os.getpid():  # a forked process: the pool's threads are gone
+            setup = self._cv_native = _native_loader.NativeSetup(setup.folder, setup.plan, setup.threads)
+        return setup
 
     def _feed(self) -> Optional["_Feed"]:
         if self._cv is None and self._cv_reason is None:
@@ -264,6 +305,9 @@ class DataLoader(_TorchDataLoader):
             it._shutdown_workers()
         feed = self.__dict__.get("_cv")
         if feed is not None:
+            native = feed._iter() if feed._iter is not None else None
+            if getattr(native, "_cv_native", False):
+                native._shutdown_workers()  # its decode thread reads the job's shared memory
             feed.close()
 
     def __del__(self):
@@ -404,9 +448,7 @@ class _Feed:
         self._iter = weakref.ref(it)
 
     def _notice(self, message: str) -> None:
-        if os.environ.get("CLAIRVOYANT_QUIET"):
-            return
-        print(f"clairvoyant: {message}", file=sys.stderr)
+        _notice(message)
 
     # -- planning ------------------------------------------------------------------------
     def _start(self, loader: DataLoader, key, batches: list) -> None:
@@ -638,7 +680,10 @@ class _Feed:
         got = int(getattr(it, "_num_yielded", 0))
         yielded = cur.skip + got
         state.update(yielded=yielded, total=cur.total, generator=cur.gstate)
-        if loader.num_workers > 0 and yielded < cur.total:
+        if getattr(it, "_cv_native", False):
+            # The native path: no worker states; the epoch's crops and flips follow its seed.
+            state["native_seed"] = int(it._base_seed)
+        elif loader.num_workers > 0 and yielded < cur.total:
             first = cur.first_token + got
             tokens = range(first, first + min(loader.num_workers, cur.total - yielded))
             states = []

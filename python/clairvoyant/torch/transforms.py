@@ -1,12 +1,11 @@
 """torchvision's common image transforms under the same names and parameters.
 
 Each class here *is* the torchvision transform (a subclass that adds nothing), so a pipeline
-built from them runs exactly as torchvision's wherever it runs in Python. What they add is a
-choice: ``clairvoyant.torch.DataLoader`` decodes an ``ImageFolder`` natively (decode + transforms
-in Rust, docs/decode.md) when its transform is *this* ``Compose`` of recognised transforms (the
-members may be torchvision's classes too). With torchvision's own ``Compose`` it keeps giving
-exactly torch's batches. :func:`native_plan` and :class:`BatchDecoder` run a pipeline natively
-outside a DataLoader.
+built from them runs exactly as torchvision's wherever it runs in Python, and
+``clairvoyant.torch.DataLoader`` recognises them as it recognises torchvision's own (its native
+decode path, docs/decode.md, is chosen by the transform's content, not by where the classes come
+from). :func:`native_plan` and :class:`BatchDecoder` run a pipeline natively outside a
+DataLoader.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ __all__ = [
 
 
 class Compose(_T.Compose):
-    """torchvision.transforms.Compose; opts an ImageFolder in to native decoding."""
+    """torchvision.transforms.Compose."""
 
 
 class RandomResizedCrop(_T.RandomResizedCrop):
