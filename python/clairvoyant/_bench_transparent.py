@@ -92,7 +92,7 @@ def bench_torch(out: Path, log) -> dict:
     script = _repo_file("tests", "transparent_torch.py")
     data = out / "bench" / "transparent-images"
     total = make_imagefolder(data, 8, 150, size_range=(224, 320), seed=4)
-    work = Path(tempfile.mkdtemp(prefix="cv-transparent-", dir=out))
+    work = Path(tempfile.mkdtemp(prefix="cv-transparent-", dir=out)).resolve()
     env = _env(work)
     res: dict = {"dataset_bytes": total, "files": 1200, "epochs": EPOCHS}
     with FuseMount(data, work / "mnt") as fs:
@@ -152,7 +152,7 @@ def bench_half(out: Path, log) -> dict:
 
     import numpy as np
 
-    work = Path(tempfile.mkdtemp(prefix="cv-transparent-half-", dir=out))
+    work = Path(tempfile.mkdtemp(prefix="cv-transparent-half-", dir=out)).resolve()
     root = work / "data"
     rng = np.random.default_rng(9)
     sizes = {}
