@@ -671,6 +671,7 @@ impl ContainerCase for Hdf5Case {
                 files: vec![file.clone()],
                 dirs: vec![],
                 records: contiguous_rows(0, "data", 512, 40, 48, &labels),
+                ..Hdf5Layout::default()
             })
         })
     }
