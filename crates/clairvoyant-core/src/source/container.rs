@@ -773,6 +773,7 @@ mod tests {
             mtime_ns: -3,
         });
         ix.records[0].shape = vec![3, 256, 256, 0];
+        ix.aux = b"chunk table".to_vec();
         let b = ix.to_bytes();
         assert_eq!(ContainerIndex::from_bytes(&b, Path::new("x")).unwrap(), ix);
         for n in 0..b.len() {

@@ -143,7 +143,7 @@ impl ChunkedDataset {
         }
         for c in &self.chunks {
             let inside = c.coords.len() == rank
-                && c.coords.iter().zip(&self.chunk).all(|(x, n)| x % n == 0)
+                && c.coords.iter().zip(&self.chunk).all(|(x, n)| x.is_multiple_of(*n))
                 && c.coords.iter().zip(&self.shape).all(|(x, s)| x < s);
             if !inside {
                 return Err(Error::config(
@@ -231,7 +231,7 @@ pub fn hdf5(
             }
             let fits = l.chunked.get((r.offset >> ROW_BITS) as usize).is_some_and(|d| {
                 let (row, rb) = (r.offset & ((1 << ROW_BITS) - 1), d.row_bytes());
-                d.file == r.file & !DECODED && rb > 0 && r.len % rb == 0 && row + r.len / rb <= d.shape[0]
+                d.file == r.file & !DECODED && rb > 0 && r.len.is_multiple_of(rb) && row + r.len / rb <= d.shape[0]
             });
             if !fits {
                 return Err(Error::config(
@@ -380,13 +380,16 @@ fn decode_chunked(aux: &[u8]) -> Option<Vec<ChunkedDataset>> {
 const CACHE_CHUNKS: usize = 16;
 const CACHE_BYTES: u64 = 64 << 20;
 
+/// A decoded chunk, keyed by (dataset, chunk).
+type CachedChunk = ((u32, usize), Arc<Vec<u8>>);
+
 /// Reads the decoded records of an HDF5 source: `pread`s each chunk a sample overlaps, undoes
 /// its filters (last applied first), copies the sample's part. Chunks holding several samples
 /// go through a small LRU cache of decoded chunks.
 #[derive(Debug)]
 pub struct ChunkDecoder {
     datasets: Vec<ChunkedDataset>,
-    cache: Mutex<VecDeque<((u32, usize), Arc<Vec<u8>>)>>,
+    cache: Mutex<VecDeque<CachedChunk>>,
 }
 
 impl ChunkDecoder {
@@ -462,7 +465,7 @@ impl RecordDecoder for ChunkDecoder {
         let first = d.chunks.partition_point(|c| c.coords[0] + c0 <= row0);
         let last = d.chunks.partition_point(|c| c.coords[0] < row0 + rows);
         // A chunk worth caching holds parts of other samples too.
-        let shared = c0 > rows || row0 % c0 != 0 || rows % c0 != 0;
+        let shared = c0 > rows || !row0.is_multiple_of(c0) || !rows.is_multiple_of(c0);
         let mut copied = 0u64;
         for ci in first..last {
             let c = &d.chunks[ci];
