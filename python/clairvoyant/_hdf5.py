@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, CorruptError
 
 
 def _h5py():
@@ -28,6 +28,15 @@ def _files(path: str) -> list:
             raise ConfigError(f"invalid value for 'path': no .h5/.hdf5 files in {path}")
         return files
     return [path]
+
+
+def _open(h5py, fp: str):
+    try:
+        return h5py.File(fp, "r")
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # a truncated or damaged file: HDF5 says why
+        raise CorruptError(f"{fp}: record (the file's superblock): HDF5 cannot open it: {e}") from None
 
 
 def _pick_dataset(f, dataset: str | None, where: str):
@@ -121,7 +130,7 @@ def layout(path: str, dataset: str | None, labels: str | None) -> tuple:
     per_file = os.path.isdir(path)
     file_idx, offsets, lens, labs, names, via, chunked = [], [], [], [], [], [], []
     for k, fp in enumerate(files):
-        with h5py.File(fp, "r") as f:
+        with _open(h5py, fp) as f:
             name = _pick_dataset(f, dataset, fp)
             d = f[name]
             lname = _pick_labels(f, labels)

@@ -81,7 +81,7 @@ impl ChunkedDataset {
 
     fn where_(&self, files: &[ContainerFile]) -> String {
         let f = files.get(self.file as usize).map(|f| f.path.display().to_string());
-        format!("dataset {:?} of {}", self.name, f.unwrap_or_default())
+        format!("dataset '{}' of {}", self.name, f.unwrap_or_default())
     }
 
     /// Shapes agree, chunks lie inside the file, every filter is one this reader undoes.
