@@ -464,8 +464,6 @@ impl RecordDecoder for ChunkDecoder {
         let c0 = d.chunk[0];
         let first = d.chunks.partition_point(|c| c.coords[0] + c0 <= row0);
         let last = d.chunks.partition_point(|c| c.coords[0] < row0 + rows);
-        // A chunk worth caching holds parts of other samples too.
-        let shared = c0 > rows || !row0.is_multiple_of(c0) || !rows.is_multiple_of(c0);
         let mut copied = 0u64;
         for ci in first..last {
             let c = &d.chunks[ci];
@@ -479,7 +477,8 @@ impl RecordDecoder for ChunkDecoder {
                             c.coords, d.name, c.size, c.offset
                         ))
                     })?);
-                    if shared {
+                    // Worth keeping only if it holds rows of other samples too.
+                    if c.coords[0] < row0 || (c.coords[0] + c0).min(d.shape[0]) > row0 + rows {
                         self.keep(key, v.clone());
                     }
                     v
@@ -687,14 +686,17 @@ mod tests {
         assert_eq!(unshuffle(&shuffle(&data, 4), 4), data);
     }
 
+    const ROWS: u64 = 7;
+    const COLS: u64 = 5;
+
+    fn value(r: u64, c: u64) -> u16 {
+        (r * 100 + c) as u16
+    }
+
     /// A 2-D dataset (7 rows of 5 u16) in chunks of 3x2 (rows split across chunks, edge chunks
-    /// stored whole), shuffled and deflated, with the odd chunk stored raw (mask bit set).
-    #[test]
-    fn split_filtered_rows_decode() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("c.h5");
-        let (rows, cols, cr, cc) = (7u64, 5u64, 3u64, 2u64);
-        let value = |r: u64, c: u64| (r * 100 + c) as u16;
+    /// stored whole), shuffled and deflated, with some chunks stored raw (mask bits set).
+    fn fixture(p: &Path) -> ChunkedDataset {
+        let (rows, cols, cr, cc) = (ROWS, COLS, 3u64, 2u64);
         let mut file = vec![0u8; 64];
         let mut chunks = vec![];
         for r0 in (0..rows).step_by(cr as usize) {
@@ -722,8 +724,8 @@ mod tests {
                 file.extend_from_slice(&stored);
             }
         }
-        std::fs::write(&p, &file).unwrap();
-        let ds = ChunkedDataset {
+        std::fs::write(p, &file).unwrap();
+        ChunkedDataset {
             file: 0,
             name: "/m".into(),
             shape: vec![rows, cols],
@@ -740,7 +742,15 @@ mod tests {
                 },
             ],
             chunks,
-        };
+        }
+    }
+
+    #[test]
+    fn split_filtered_rows_decode() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.h5");
+        let ds = fixture(&p);
+        let (rows, cols) = (ROWS, COLS);
         let records = (0..rows)
             .map(|r| decoded_record(0, 0, r, cols * 2, r as i64, format!("/m[{r}]")))
             .collect();
@@ -779,5 +789,34 @@ mod tests {
             err.contains("c.h5") && err.contains("/m") && err.contains("32000 (lzf)") && err.contains("h5repack"),
             "{err}"
         );
+    }
+
+    /// Chunks shared by several samples are kept (bounded); a chunk of one sample is not.
+    #[test]
+    fn only_shared_chunks_are_cached() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.h5");
+        let ds = fixture(&p);
+        let cf = ContainerFile::stat(&p).unwrap();
+        let f = File::open(&p).unwrap();
+        let dec = ChunkDecoder::new(vec![ds]);
+        let cached = || dec.cache.lock().unwrap().len();
+        let mut row = vec![0u8; (COLS * 2) as usize];
+        dec.read(&cf, &f, 0, "/m[0]", 0, &mut row).unwrap();
+        assert_eq!(cached(), 3); // the three chunks across row 0 also hold rows 1 and 2
+        dec.read(&cf, &f, 1, "/m[1]", 1, &mut row).unwrap();
+        assert_eq!(cached(), 3);
+        // The whole dataset as one sample (CosmoFlow): its chunks hold nothing else.
+        let whole = ChunkDecoder::new(dec.datasets.clone());
+        let mut all = vec![0u8; (ROWS * COLS * 2) as usize];
+        whole.read(&cf, &f, 0, "/m", 0, &mut all).unwrap();
+        assert_eq!(whole.cache.lock().unwrap().len(), 0);
+        let want: Vec<u8> = (0..ROWS)
+            .flat_map(|r| (0..COLS).flat_map(move |c| value(r, c).to_le_bytes()))
+            .collect();
+        assert_eq!(all, want);
+        // Past the row count: Corrupt naming the record.
+        let err = dec.read(&cf, &f, 9, "/m[6]", 6, &mut all).unwrap_err().to_string();
+        assert!(err.contains("c.h5") && err.contains("/m[6] (sample 9)"), "{err}");
     }
 }
