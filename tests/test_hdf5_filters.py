@@ -91,7 +91,14 @@ def test_threads_read_in_random_order(tmp_path):
     assert errors == []
 
 
-def test_cosmoflow_compressed_one_sample_per_file(tmp_path):
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(chunks=(2, 8, 8, 16), compression="gzip", shuffle=True),  # compressed, split along every axis
+        dict(chunks=(2, 16, 16, 16)),  # unfiltered but in two chunks: not one byte range
+    ],
+)
+def test_cosmoflow_chunked_one_sample_per_file(tmp_path, kw):
     root = tmp_path / "cosmo"
     root.mkdir()
     rng = np.random.default_rng(3)
@@ -99,8 +106,7 @@ def test_cosmoflow_compressed_one_sample_per_file(tmp_path):
     for k in range(6):
         full = rng.integers(-100, 100, size=(4, 16, 16, 16)).astype(np.int16)
         with h5py.File(root / f"univ_{k:05d}.h5", "w") as f:
-            # Compressed, in chunks that split the sample along every axis.
-            f.create_dataset("full", data=full, chunks=(2, 8, 8, 16), compression="gzip", shuffle=True)
+            f.create_dataset("full", data=full, **kw)
             f.create_dataset("unitPar", data=rng.random(4).astype(np.float32))
             f.create_dataset("label", data=np.int64(k % 3))
         expected.append((full.tobytes(), k % 3))
