@@ -181,9 +181,8 @@ impl ContainerIndex {
     /// Binary layout, integers little-endian: magic, u32 version, identity, files and dirs (u64
     /// count; path, u64 size, i64 mtime each), records (u64 count; u32 file, u64 offset, u64 len,
     /// i64 label, name, u8 shape rank and u64 dims each), aux (u64 length + bytes), i64 scan
-    /// start and end, then a u64
-    /// FNV-1a of everything before it. Strings and paths are u32 length + bytes as the OS gives
-    /// them (a path need not be UTF-8).
+    /// start and end, then a u64 FNV-1a of everything before it. Strings and paths are u32
+    /// length + bytes as the OS gives them (a path need not be UTF-8).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(128 + self.records.len() * 48);
         w.extend_from_slice(MAGIC);
