@@ -171,3 +171,18 @@ def test_truncated_file_is_named(tmp_path):
         src.read(19)
     with pytest.raises((clairvoyant.CorruptError, clairvoyant.ConfigError), match=r"cut\.h5"):
         clairvoyant.Hdf5(p, index_dir=tmp_path / "ix")
+
+
+def test_compressed_rows_through_clairvoyant_torch(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import clairvoyant.torch as ct
+    from clairvoyant import datasets as ds
+
+    arr = np.random.default_rng(6).integers(0, 255, size=(40, 2, 4, 4)).astype(np.uint8)
+    p = tmp_path / "t.h5"
+    _write(p, arr, chunks=(3, 2, 2, 4), compression="gzip", shuffle=True)
+    dataset = ds.ContainerDataset(clairvoyant.Hdf5(p, index_dir=tmp_path / "ix"), decode=lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8))
+    loader = ct.DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2)
+    got = sorted(bytes(x.numpy()) for xs, _ in loader for x in xs)
+    loader.close()
+    assert got == sorted(arr[k].tobytes() for k in range(40))
