@@ -181,7 +181,9 @@ def test_compressed_rows_through_clairvoyant_torch(tmp_path):
     arr = np.random.default_rng(6).integers(0, 255, size=(40, 2, 4, 4)).astype(np.uint8)
     p = tmp_path / "t.h5"
     _write(p, arr, chunks=(3, 2, 2, 4), compression="gzip", shuffle=True)
-    dataset = ds.ContainerDataset(clairvoyant.Hdf5(p, index_dir=tmp_path / "ix"), decode=lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8))
+    dataset = ds.ContainerDataset(
+        clairvoyant.Hdf5(p, index_dir=tmp_path / "ix"), decode=lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)
+    )
     loader = ct.DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2)
     got = sorted(bytes(x.numpy()) for xs, _ in loader for x in xs)
     loader.close()
