@@ -16,6 +16,10 @@ switches per sample are ``getrusage`` (all threads of the process, voluntary + i
   ``posix_fadvise(DONTNEED)``) is reported as well.
 - HDF5 (sample axis, contiguous): ``Job`` over ``clairvoyant.Hdf5`` against h5py reading the same
   rows, and against raw ``os.pread`` of the same byte ranges, all on the FUSE emulation.
+- HDF5, gzip-compressed (one row per chunk, as sample-indexed training sets are usually written,
+  and 8 rows per chunk): ``Job`` over ``clairvoyant.Hdf5`` (chunks read by ``pread`` and inflated
+  in Rust by the prefetch threads) against h5py reading the same rows (the HDF5 library inflates
+  them, under its global lock within a process), on the FUSE emulation.
 - Tar shards: ``Job`` over ``clairvoyant.TarShards`` against ``Job`` over the same members as
   loose files (``clairvoyant.FileList``), on the FUSE emulation.
 """
@@ -36,6 +40,7 @@ TARGETS = {
     "lmdb_vs_mmap": 5.0,  # clairvoyant / LMDB library through its memory map, throughput (at least)
     "hdf5_vs_h5py": 3.0,  # clairvoyant / h5py, throughput (at least; or the next one)
     "hdf5_vs_pread": 1 / 1.2,  # clairvoyant / raw positioned reads of the same bytes (at least)
+    "hdf5_gzip_vs_h5py": 3.0,  # the HDF5 target on gzip-compressed rows, one row per chunk (at least)
     "tar_vs_loose": 1 / 1.2,  # clairvoyant on tar shards / on the same members as loose files (at least)
 }
 
@@ -43,6 +48,7 @@ LABELS = {
     "lmdb_vs_mmap": "LMDB, 4 processes, random order on FUSE: clairvoyant / LMDB library through its mmap",
     "hdf5_vs_h5py": "HDF5, 4 processes, random order on FUSE: clairvoyant / h5py",
     "hdf5_vs_pread": "HDF5 on FUSE: clairvoyant / raw pread of the same bytes",
+    "hdf5_gzip_vs_h5py": "HDF5 gzip (1 row/chunk), 4 processes, random order on FUSE: clairvoyant / h5py",
     "tar_vs_loose": "tar shards on FUSE, full random order: clairvoyant / same members as loose files",
 }
 
@@ -69,6 +75,24 @@ def _drop_page_cache() -> str | None:
     return None
 
 
+def _read_ahead_kb(path: Path):
+    """The kernel's readahead window of the file system at ``path`` (its backing device info)."""
+    st = os.stat(path)
+    try:
+        with open(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb") as f:
+            return int(f.read())
+    except OSError:
+        return None
+
+
+def _fuse_line(name: str, r: dict) -> str:
+    return (
+        f"formats: LMDB on FUSE, {r['ranks']} processes, {name:<21} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample, "
+        f"{r['major_faults']} major faults; FUSE: {r.get('fuse_reads', 0):,} reads of {r.get('fuse_read_kb', 0):.0f} KB, "
+        f"{r.get('fuse_mean_transfers', 0):.1f} transfers in progress"
+    )
+
+
 def _csw() -> tuple:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_nvcsw + r.ru_nivcsw, r.ru_majflt
@@ -90,7 +114,7 @@ def _rank(ctx, kind: str, path: str, extra) -> dict:
         fmt = kind[3:]
         if fmt == "lmdb":
             src = clairvoyant.Lmdb(path)
-        elif fmt == "hdf5":
+        elif fmt in ("hdf5", "hdf5gz"):
             src = clairvoyant.Hdf5(path, dataset="data", labels="labels")
         elif fmt == "tar":
             src = clairvoyant.TarShards(path)
@@ -130,14 +154,14 @@ def _rank(ctx, kind: str, path: str, extra) -> dict:
             d = f["data"]
             count = d.shape[0]
             row = d.dtype.itemsize * int(np.prod(d.shape[1:]))
-            offset = d.id.get_offset()
+            offset = d.id.get_offset() if kind == "pread" else None
             order = _order(count, ctx)
             ctx.sync()
             c0, f0 = _csw()
             t = time.perf_counter()
             if kind == "h5py":
                 for i in order:
-                    nbytes += d[i].nbytes
+                    nbytes += len(d[i].tobytes())
                     n += 1
             else:
                 fd = os.open(path, os.O_RDONLY)
@@ -152,14 +176,33 @@ def _rank(ctx, kind: str, path: str, extra) -> dict:
     return {"seconds": seconds, "samples": n, "bytes": nbytes, "csw": c1 - c0, "majflt": f1 - f0}
 
 
-def _run(kind: str, path: Path, env: dict, extra=None) -> dict:
+def _run(kind: str, path: Path, env: dict, extra=None, ranks: int = RANKS, mount=None) -> dict:
+    """``ranks`` processes of reader ``kind``; with ``mount`` (a FuseMount) also what the emulated
+    file system served during the run: its reads, bytes, mean read size and mean transfers in
+    progress (the γ its bandwidth curve saw)."""
     from . import _emulation
 
-    per = _emulation.run_ranks(_rank, RANKS, args=(kind, str(path), extra or {}), env=env, timeout=900)
+    before = mount.stats() if mount is not None else None
+    t0 = time.perf_counter()
+    per = _emulation.run_ranks(_rank, ranks, args=(kind, str(path), extra or {}), env=env, timeout=900)
+    wall = time.perf_counter() - t0
     seconds = max(r["seconds"] for r in per)
     total = sum(r["bytes"] for r in per)
     samples = sum(r["samples"] for r in per)
+    fs = {}
+    if before is not None:
+        after = mount.stats()
+        reads, fbytes = after["reads"] - before["reads"], after["bytes"] - before["bytes"]
+        fs = {
+            "fuse_reads": reads,
+            "fuse_bytes": fbytes,
+            "fuse_read_kb": fbytes / max(reads, 1) / 1024,
+            # transfer seconds over the run's wall time (process start-up included: a lower bound)
+            "fuse_mean_transfers": (after["transfer_seconds"] - before["transfer_seconds"]) / wall,
+        }
     return {
+        **fs,
+        "ranks": ranks,
         "reader": kind,
         "seconds": seconds,
         "samples": samples,
@@ -170,9 +213,10 @@ def _run(kind: str, path: Path, env: dict, extra=None) -> dict:
     }
 
 
-def bench_formats(out: Path, lmdb_mb: int, log, parts=("lmdb", "hdf5", "tar")) -> dict:
+def bench_formats(out: Path, lmdb_mb: int, log, parts=("lmdb", "hdf5", "tar"), lmdb_ranks: int = RANKS) -> dict:
     """Runs the three comparisons (those in ``parts``); returns their figures (a comparison whose
-    package is missing is skipped with the reason)."""
+    package is missing is skipped with the reason). ``lmdb_ranks`` sets the processes of the LMDB
+    pair on FUSE (the target's setting is 4)."""
     import clairvoyant
 
     from . import _emulation, datasets
@@ -236,13 +280,14 @@ def bench_formats(out: Path, lmdb_mb: int, log, parts=("lmdb", "hdf5", "tar")) -
                 clairvoyant.Lmdb(m.path / "lmdb", index_dir=cache)  # indexed before the cache is dropped
                 for kind, name in (("lmdb-mmap", "lmdb-mmap"), ("cv-lmdb", "cv-lmdb (mmap mount)")):
                     _drop_page_cache()
-                    fuse_runs[name] = r = _run(kind, m.path / "lmdb", env(), {"deadline_s": 300})
-                    log(f"formats: LMDB on FUSE {name:<21} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample, {r['major_faults']} major faults")
+                    fuse_runs[name] = r = _run(kind, m.path / "lmdb", env(), {"deadline_s": 300}, lmdb_ranks, m)
+                    log(_fuse_line(name, r))
+                res["lmdb"]["fuse_read_ahead_kb"] = _read_ahead_kb(m.path)
             with _emulation.FuseMount(data, root / "mnt") as m:
                 clairvoyant.Lmdb(m.path / "lmdb", index_dir=cache)
                 _drop_page_cache()
-                fuse_runs["cv-lmdb"] = r = _run("cv-lmdb", m.path / "lmdb", env())
-                log(f"formats: LMDB on FUSE {'cv-lmdb':<21} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
+                fuse_runs["cv-lmdb"] = r = _run("cv-lmdb", m.path / "lmdb", env(), None, lmdb_ranks, m)
+                log(_fuse_line("cv-lmdb", r))
             res["lmdb"]["fuse_runs"] = fuse_runs
             res["lmdb"]["ratio"] = fuse_runs["cv-lmdb"]["mbps"] / fuse_runs["lmdb-mmap"]["mbps"]
     if fuse_why is not None:
@@ -277,6 +322,32 @@ def bench_formats(out: Path, lmdb_mb: int, log, parts=("lmdb", "hdf5", "tar")) -
                 "vs_h5py": runs["cv-hdf5"]["mbps"] / runs["h5py"]["mbps"],
                 "vs_pread": runs["cv-hdf5"]["mbps"] / runs["pread"]["mbps"],
             }
+        # -- HDF5, compressed -----------------------------------------------------------------
+        if "hdf5" in parts and "skipped" not in res.get("hdf5", {}):
+            import h5py
+
+            rows = max(64, lmdb_mb * 1_000_000 // 4 // (3 * 128 * 128))
+            gz = {}
+            for per_chunk in (1, 8):
+                name = f"rows-gzip{per_chunk}.h5"
+                marker = data / f".rows-gzip{per_chunk}-{rows}"
+                if not marker.exists():
+                    log(f"formats: HDF5 of {rows:,} rows of 3x128x128, gzip, {per_chunk} rows per chunk ...")
+                    datasets.make_hdf5(data / name, rows, shape=(3, 128, 128), dtype="uint8", chunks=(per_chunk, 3, 128, 128), compression="gzip")
+                    marker.write_text("")
+                with h5py.File(data / name, "r") as f:
+                    stored = f["data"].id.get_storage_size()
+                clairvoyant.Hdf5(mnt / name, dataset="data", labels="labels", index_dir=cache)
+                runs = {k: _run(k, mnt / name, env()) for k in ("cv-hdf5gz", "h5py")}
+                for k, r in runs.items():
+                    log(f"formats: HDF5 gzip ({per_chunk} rows/chunk) on FUSE {k:<9} {r['mbps']:7.1f} MB/s (decoded), {r['csw_per_sample']:6.2f} context switches/sample")
+                gz[f"rows_per_chunk_{per_chunk}"] = {
+                    "rows": rows,
+                    "stored_bytes": stored,
+                    "runs": runs,
+                    "vs_h5py": runs["cv-hdf5gz"]["mbps"] / runs["h5py"]["mbps"],
+                }
+            res["hdf5_gzip"] = gz
         # -- tar shards -------------------------------------------------------------------------
         if "tar" in parts:
             count = max(64, lmdb_mb * 1_000_000 // 4 // 100_000)
@@ -306,6 +377,8 @@ def evaluate(res: dict, target) -> list:
     if "vs_h5py" in res.get("hdf5", {}):
         out.append(target("hdf5_vs_h5py", res["hdf5"]["vs_h5py"], True))
         out.append(target("hdf5_vs_pread", res["hdf5"]["vs_pread"], True))
+    if "vs_h5py" in res.get("hdf5_gzip", {}).get("rows_per_chunk_1", {}):
+        out.append(target("hdf5_gzip_vs_h5py", res["hdf5_gzip"]["rows_per_chunk_1"]["vs_h5py"], True))
     if "ratio" in res.get("tar", {}):
         out.append(target("tar_vs_loose", res["tar"]["ratio"], True))
     return out
@@ -321,6 +394,10 @@ def markdown(res: dict) -> list:
             continue
         for k, r in part.get("runs", {}).items():
             rows.append(f"| {fmt} | {setting} | {k} | {r['mbps']:.1f} | {r['csw_per_sample']:.2f} |")
+        if fmt == "hdf5":
+            for layout, g in res.get("hdf5_gzip", {}).items():
+                for k, r in g["runs"].items():
+                    rows.append(f"| hdf5 gzip, {layout.replace('_', ' ')} | FUSE | {k} | {r['mbps']:.1f} | {r['csw_per_sample']:.2f} |")
         if fmt == "lmdb":
             for k, r in part.get("fuse_runs", {}).items():
                 rows.append(f"| lmdb | FUSE, page cache dropped | {k} | {r['mbps']:.1f} | {r['csw_per_sample']:.2f} |")

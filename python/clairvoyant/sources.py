@@ -223,10 +223,12 @@ class Hdf5(_Container):
       ``dataset`` names the sample inside each file; ``labels`` an integer scalar in each file.
 
     ``dataset=None`` takes the largest dataset of the (first) file; ``labels=None`` takes a
-    dataset named ``labels`` or ``label`` when there is one (else labels are 0). The layout
-    (contiguous, or chunked without filters and with chunks spanning whole rows) is found with
-    h5py when the index is built, once per node; other layouts (compressed chunks, say) are a
-    ConfigError naming the dataset. A sample's bytes are the row as stored: decode with
+    dataset named ``labels`` or ``label`` when there is one (else labels are 0). The layout is
+    found with h5py when the index is built, once per node: contiguous rows and unfiltered chunks
+    spanning whole rows are byte ranges; other chunked datasets (gzip, shuffle, fletcher32, chunks
+    that split a row) are read chunk by chunk and decoded in Rust. Other filters (lzf, szip,
+    blosc, ...), compact and virtual layouts are a ConfigError naming the dataset. A sample's
+    bytes are the row as stored (``ds[i].tobytes()``): decode with
     ``numpy.frombuffer(data, source.dtype).reshape(source.sample_shape)``."""
 
     def __init__(self, path, dataset: str | None = None, labels: str | None = None, index_dir=None, index_path=None, emulated=None):

@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clairvoyant_core::source::hdf5::Hdf5Layout;
+use clairvoyant_core::source::hdf5::{self as h5, Hdf5Layout};
 use clairvoyant_core::source::synthetic::Synthetic;
 use clairvoyant_core::source::{
     self, ContainerSource, EmulatedFs, EmulatedSpec, FileSource, LmdbRecords, Record, Source, Throttled,
@@ -188,7 +188,8 @@ pub fn tar_shards(
 }
 
 /// What `hdf5`'s `layout` callable returns: files, directories, then per record its file index,
-/// offset, length, label and name.
+/// offset, length, label, name and `via` (-1: a byte range; else the record is `len` bytes from
+/// row `offset` of `chunked[via]`), then the chunked datasets.
 type LayoutTuple = (
     Vec<PathBuf>,
     Vec<PathBuf>,
@@ -197,6 +198,20 @@ type LayoutTuple = (
     Vec<u64>,
     Vec<i64>,
     Vec<String>,
+    Vec<i64>,
+    Vec<ChunkedTuple>,
+);
+
+/// A chunked dataset: file index, name, shape, chunk shape, item size, filters (id, params) in
+/// pipeline order, stored chunks (file offset, stored size, filter mask, coordinates).
+type ChunkedTuple = (
+    u32,
+    String,
+    Vec<u64>,
+    Vec<u64>,
+    u32,
+    Vec<(u32, Vec<u32>)>,
+    Vec<(u64, u64, u32, Vec<u64>)>,
 );
 
 /// HDF5 samples as byte ranges; `layout()` (Python, h5py) is called only when the index must be
@@ -220,9 +235,9 @@ pub fn hdf5(
                 py_err = Some(e);
                 clairvoyant_core::Error::config("layout", msg)
             })?;
-            let (files, dirs, file, offset, len, label, name) = t;
+            let (files, dirs, file, offset, len, label, name, via, chunked) = t;
             let n = file.len();
-            if [offset.len(), len.len(), label.len(), name.len()]
+            if [offset.len(), len.len(), label.len(), name.len(), via.len()]
                 .iter()
                 .any(|&m| m != n)
             {
@@ -232,16 +247,49 @@ pub fn hdf5(
                 ));
             }
             let records = (0..n)
-                .map(|k| Record {
-                    file: file[k],
-                    offset: offset[k],
-                    len: len[k],
-                    label: label[k],
-                    name: name[k].clone(),
-                    shape: vec![],
+                .map(|k| match u32::try_from(via[k]) {
+                    Ok(d) => h5::decoded_record(file[k], d, offset[k], len[k], label[k], name[k].clone()),
+                    Err(_) => Record {
+                        file: file[k],
+                        offset: offset[k],
+                        len: len[k],
+                        label: label[k],
+                        name: name[k].clone(),
+                        shape: vec![],
+                    },
                 })
                 .collect();
-            Ok(Hdf5Layout { files, dirs, records })
+            let chunked = chunked
+                .into_iter()
+                .map(
+                    |(file, name, shape, chunk, itemsize, filters, chunks)| h5::ChunkedDataset {
+                        file,
+                        name,
+                        shape,
+                        chunk,
+                        itemsize,
+                        filters: filters
+                            .into_iter()
+                            .map(|(id, params)| h5::Filter { id, params })
+                            .collect(),
+                        chunks: chunks
+                            .into_iter()
+                            .map(|(offset, size, mask, coords)| h5::StoredChunk {
+                                offset,
+                                size,
+                                mask,
+                                coords,
+                            })
+                            .collect(),
+                    },
+                )
+                .collect();
+            Ok(Hdf5Layout {
+                files,
+                dirs,
+                records,
+                chunked,
+            })
         })
     });
     if let Some(e) = py_err {

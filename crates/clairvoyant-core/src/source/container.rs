@@ -17,7 +17,7 @@ use super::Source;
 use crate::error::{Error, Result};
 
 /// Bumped on any change of the stored layout; other versions are rebuilt.
-const CONTAINER_INDEX_VERSION: u32 = 2;
+const CONTAINER_INDEX_VERSION: u32 = 3;
 const MAGIC: &[u8; 8] = b"CVCONTNR";
 /// As for file indexes: a file modified this close to the scan may have changed unseen.
 const RACY_WINDOW_NS: i64 = 2_000_000_000;
@@ -54,6 +54,20 @@ pub trait FallbackReader: Send + Sync + std::fmt::Debug {
     fn read(&self, name: &str, locator: u64, buf: &mut [u8]) -> Result<()>;
 }
 
+/// Flag on a record's `file` (below [`FALLBACK_FILE`]): the record's bytes are decoded from
+/// stored pieces of `files[file & !DECODED]` by the source's [`RecordDecoder`] (HDF5 filtered or
+/// split chunks); `offset` is then the decoder's locator and `len` the decoded length.
+pub const DECODED: u32 = 1 << 31;
+
+/// Reads the records flagged [`DECODED`]: their bytes are not one range of the file but are
+/// decoded (decompressed, reassembled) from pieces the decoder knows from the index's `aux`.
+pub trait RecordDecoder: Send + Sync + std::fmt::Debug {
+    /// Fills `buf` (exactly the record's `len`) with the record named `name` (sample `sample`) at
+    /// `locator` of `file`, whose open handle (stamp already checked) is `f`.
+    fn read(&self, file: &ContainerFile, f: &File, sample: u32, name: &str, locator: u64, buf: &mut [u8])
+        -> Result<()>;
+}
+
 /// One sample: `len` bytes at `offset` of `files[file]`, with its label and its name in the
 /// container (LMDB key, HDF5 dataset and row, tar member); `file` is [`FALLBACK_FILE`] for a
 /// record read through the container's library.
@@ -78,6 +92,9 @@ pub struct ContainerIndex {
     /// their mtimes: a file added or removed there changes them.
     pub dirs: Vec<ContainerFile>,
     pub records: Vec<Record>,
+    /// Format-specific data the format's [`RecordDecoder`] needs (HDF5: the chunk tables of
+    /// filtered or split datasets); empty for plain byte ranges.
+    pub aux: Vec<u8>,
     pub scan_start_ns: i64,
     pub built_ns: i64,
 }
@@ -90,6 +107,7 @@ impl ContainerIndex {
             files: Vec::new(),
             dirs: Vec::new(),
             records: Vec::new(),
+            aux: Vec::new(),
             scan_start_ns: now_ns(),
             built_ns: 0,
         }
@@ -112,6 +130,9 @@ impl ContainerIndex {
             h.write(&r.label.to_le_bytes());
             h.write_str(&r.name);
         }
+        if !self.aux.is_empty() {
+            h.write(&self.aux);
+        }
         h.finish()
     }
 
@@ -122,13 +143,18 @@ impl ContainerIndex {
             if r.file == FALLBACK_FILE && !self.files.is_empty() {
                 continue;
             }
-            let Some(f) = self.files.get(r.file as usize) else {
+            let decoded = r.file != FALLBACK_FILE && r.file & DECODED != 0;
+            let Some(f) = self.files.get((r.file & !DECODED) as usize) else {
                 return Err(Error::Corrupt {
                     path: PathBuf::from(&self.identity),
                     record: format!("{} (sample {k})", r.name),
-                    reason: format!("refers to file {} of {}", r.file, self.files.len()),
+                    reason: format!("refers to file {} of {}", r.file & !DECODED, self.files.len()),
                 });
             };
+            if decoded {
+                // Its pieces are the decoder's to check (they lie in `aux`).
+                continue;
+            }
             if r.offset.checked_add(r.len).is_none_or(|end| end > f.size) {
                 return Err(Error::Corrupt {
                     path: f.path.clone(),
@@ -154,9 +180,9 @@ impl ContainerIndex {
 
     /// Binary layout, integers little-endian: magic, u32 version, identity, files and dirs (u64
     /// count; path, u64 size, i64 mtime each), records (u64 count; u32 file, u64 offset, u64 len,
-    /// i64 label, name, u8 shape rank and u64 dims each), i64 scan start and end, then a u64
-    /// FNV-1a of everything before it. Strings and paths are u32 length + bytes as the OS gives
-    /// them (a path need not be UTF-8).
+    /// i64 label, name, u8 shape rank and u64 dims each), aux (u64 length + bytes), i64 scan
+    /// start and end, then a u64 FNV-1a of everything before it. Strings and paths are u32
+    /// length + bytes as the OS gives them (a path need not be UTF-8).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(128 + self.records.len() * 48);
         w.extend_from_slice(MAGIC);
@@ -182,6 +208,8 @@ impl ContainerIndex {
                 w.extend_from_slice(&d.to_le_bytes());
             }
         }
+        w.extend_from_slice(&(self.aux.len() as u64).to_le_bytes());
+        w.extend_from_slice(&self.aux);
         w.extend_from_slice(&self.scan_start_ns.to_le_bytes());
         w.extend_from_slice(&self.built_ns.to_le_bytes());
         let mut h = Fnv1a::default();
@@ -247,6 +275,8 @@ impl ContainerIndex {
                     shape,
                 });
             }
+            let aux_len = r.count(1)?;
+            let aux = r.take(aux_len)?.to_vec();
             let scan_start_ns = r.u64()? as i64;
             let built_ns = r.u64()? as i64;
             (r.pos == r.buf.len()).then_some(ContainerIndex {
@@ -254,6 +284,7 @@ impl ContainerIndex {
                 files,
                 dirs,
                 records,
+                aux,
                 scan_start_ns,
                 built_ns,
             })
@@ -451,6 +482,8 @@ pub struct ContainerSource {
     /// Reads the [`FALLBACK_FILE`] records, and how many reads went through it.
     fallback: Option<Box<dyn FallbackReader>>,
     fallback_reads: AtomicU64,
+    /// Reads the [`DECODED`] records.
+    decoder: Option<Box<dyn RecordDecoder>>,
 }
 
 impl ContainerSource {
@@ -468,12 +501,19 @@ impl ContainerSource {
             handles,
             fallback: None,
             fallback_reads: AtomicU64::new(0),
+            decoder: None,
         }
     }
 
     /// Sets the reader of the records marked [`FALLBACK_FILE`].
     pub fn with_fallback(mut self, reader: Box<dyn FallbackReader>) -> ContainerSource {
         self.fallback = Some(reader);
+        self
+    }
+
+    /// Sets the reader of the records flagged [`DECODED`].
+    pub fn with_decoder(mut self, decoder: Box<dyn RecordDecoder>) -> ContainerSource {
+        self.decoder = Some(decoder);
         self
     }
 
@@ -605,7 +645,7 @@ impl Source for ContainerSource {
         let k = sample as usize;
         let file = match self.table.file[k] {
             FALLBACK_FILE => 0,
-            f => f as usize,
+            f => (f & !DECODED) as usize,
         };
         let mut p = self.index.files[file].path.as_os_str().to_owned();
         p.push("#");
@@ -618,7 +658,9 @@ impl Source for ContainerSource {
         if self.table.file[k] == FALLBACK_FILE {
             return self.read_fallback(sample, buf);
         }
-        let (file, offset, len) = (self.table.file[k] as usize, self.table.offset[k], self.table.len[k]);
+        let decoded = self.table.file[k] & DECODED != 0;
+        let file = (self.table.file[k] & !DECODED) as usize;
+        let (offset, len) = (self.table.offset[k], self.table.len[k]);
         let cf = &self.index.files[file];
         let f = self.handle(file, sample)?;
         // One fstat per read: a container rewritten in place (size or mtime) is never read as if
@@ -634,6 +676,17 @@ impl Source for ContainerSource {
                     m.len()
                 ),
             ));
+        }
+        if decoded {
+            let Some(decoder) = &self.decoder else {
+                return Err(Error::Corrupt {
+                    path: cf.path.clone(),
+                    record: format!("{} (sample {sample})", self.table.name(k)),
+                    reason: "the index marks this record as decoded from stored pieces, which this source cannot do"
+                        .into(),
+                });
+            };
+            return decoder.read(cf, f, sample, self.table.name(k), offset, buf);
         }
         let mut filled = 0usize;
         while filled < buf.len() {
@@ -719,6 +772,7 @@ mod tests {
             mtime_ns: -3,
         });
         ix.records[0].shape = vec![3, 256, 256, 0];
+        ix.aux = b"chunk table".to_vec();
         let b = ix.to_bytes();
         assert_eq!(ContainerIndex::from_bytes(&b, Path::new("x")).unwrap(), ix);
         for n in 0..b.len() {
