@@ -741,3 +741,44 @@ def test_an_agent_socket_of_another_user_is_refused(built, dataset):
             other.wait(timeout=10)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+IMAGEFOLDER = r"""
+import hashlib, json, sys
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+ds = datasets.ImageFolder(sys.argv[1], transform=transforms.ToTensor())
+dl = DataLoader(ds, batch_size=4, shuffle=False, num_workers=2)
+h = hashlib.sha256()
+n = 0
+for x, y in dl:
+    h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes()); n += len(y)
+print(json.dumps([n, h.hexdigest()]))
+"""
+
+
+@pytest.mark.slow
+def test_torchvision_imagefolder_with_dataloader_workers(built, tmp_path):
+    pytest.importorskip("torchvision", reason="torchvision not installed: the DataLoader run is not exercised")
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    rng = np.random.default_rng(3)
+    for c in ("cat", "dog"):
+        (root / c).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    agent = Agent(built[1], root, tmp_path, "dir")
+    try:
+        plain = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        ref = run([sys.executable, "-c", IMAGEFOLDER, str(root)], plain, timeout=300)
+        assert ref.returncode == 0, ref.stderr.decode()
+        r = run([sys.executable, "-c", IMAGEFOLDER, str(root)], env_for(built, root, agent.socket), timeout=300)
+        assert r.returncode == 0, r.stderr.decode()
+        assert json.loads(r.stdout) == json.loads(ref.stdout) and json.loads(r.stdout)[0] == 20
+        c = agent.counters()
+        assert c["opens"] >= 20 and c["cached_reads"] >= 20 and c["direct_reads"] == 0, c
+    finally:
+        agent.proc.stdin.close()
+        agent.kill()
