@@ -782,3 +782,40 @@ def test_torchvision_imagefolder_with_dataloader_workers(built, tmp_path):
     finally:
         agent.proc.stdin.close()
         agent.kill()
+
+
+FORK_STORM = r"""
+import hashlib, json, os, sys, threading
+root = sys.argv[1]
+p = os.path.join(root, "a", "x.bin")
+want = hashlib.sha256(open(p, "rb").read()).hexdigest()
+stop = False
+bad = []
+def busy():
+    while not stop:
+        if hashlib.sha256(open(p, "rb").read()).hexdigest() != want:
+            bad.append("thread")
+ts = [threading.Thread(target=busy) for _ in range(3)]
+[t.start() for t in ts]
+for i in range(30):
+    pid = os.fork()
+    if pid == 0:
+        ok = hashlib.sha256(open(p, "rb").read()).hexdigest() == want
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        bad.append(f"child {i}: {status}")
+stop = True
+[t.join(30) for t in ts]
+print(json.dumps(bad))
+"""
+
+
+def test_fork_while_other_threads_talk_to_the_agent(built, dataset, start_agent):
+    agent = start_agent("lookup")  # every open is a round trip under the connection's mutex
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-W", "ignore", "-c", FORK_STORM, str(dataset)], env, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout) == []
+    c = agent.counters()
+    assert c["lookups"] >= 30 and c["fallbacks"] == 0, c
