@@ -544,18 +544,6 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
     }
 }
 
-/// Round trip a `Stats` request (for tools; not used on the read path).
-#[allow(dead_code)]
-pub fn stats(cfg: &Config) -> Option<String> {
-    let l = Locked::new();
-    let c = l.conn();
-    c.ensure(cfg).ok()?;
-    match c.round_trip(&Request::Stats, cfg) {
-        Ok(Reply::Json { text }) => Some(text),
-        _ => None,
-    }
-}
-
 /// The current session without connecting.
 pub fn current() -> Option<Arc<Session>> {
     let l = Locked::new();
