@@ -658,3 +658,164 @@ def test_threads_reading_concurrently_get_the_right_bytes(built, dataset, start_
     assert out["hashes"] == {rel: sha((dataset / rel).read_bytes()) for rel in rels}
     c = out["counters"]
     assert c["cached_reads"] > 1000 and c["direct_reads"] == 0 and c["fallbacks"] == 0, c
+
+
+ERRNO = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.open.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
+libc.read.restype = ctypes.c_ssize_t
+root = sys.argv[1]
+res = {}
+ctypes.set_errno(1234)
+fd = libc.open(os.path.join(root, "a", "x.bin").encode(), os.O_RDONLY)
+res["open_ok"] = [fd >= 0, ctypes.get_errno()]
+buf = ctypes.create_string_buffer(1000)
+ctypes.set_errno(4321)
+res["read_ok"] = [libc.read(fd, buf, 1000), ctypes.get_errno()]
+res["missing"] = [libc.open(os.path.join(root, "nope").encode(), os.O_RDONLY), ctypes.get_errno()]
+res["notdir"] = [libc.open(os.path.join(root, "b.txt", "x").encode(), os.O_RDONLY), ctypes.get_errno()]
+res["badfd"] = [libc.read(999, buf, 10), ctypes.get_errno()]
+print(json.dumps(res))
+"""
+
+
+def test_errno_is_the_kernels_and_served_calls_leave_it_alone(built, dataset, start_agent):
+    import errno
+
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-c", ERRNO, str(dataset)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    res = json.loads(r.stdout)
+    assert res["open_ok"] == [True, 1234]
+    assert res["read_ok"] == [1000, 4321]
+    assert res["missing"] == [-1, errno.ENOENT]
+    assert res["notdir"] == [-1, errno.ENOTDIR]
+    assert res["badfd"] == [-1, errno.EBADF]
+    assert agent.counters()["cached_reads"] >= 1
+
+
+def test_unreadable_dataset_file_fails_like_the_file_system(built, dataset, start_agent):
+    if os.geteuid() == 0:
+        pytest.skip("running as root: permission bits do not stop root, so EACCES cannot be provoked")
+    agent = start_agent("dir")
+    p = dataset / "b.txt"
+    p.chmod(0)
+    try:
+        env = env_for(built, dataset, agent.socket)
+        code = "import sys\ntry:\n    open(sys.argv[1], 'rb')\nexcept PermissionError as e:\n    print(e.errno)\n"
+        r = run([sys.executable, "-c", code, str(p)], env)
+        assert r.stdout.decode().strip() == "13", r
+    finally:
+        p.chmod(0o644)
+
+
+def test_an_agent_socket_of_another_user_is_refused(built, dataset):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a listener as another user (nobody)")
+    import pwd
+    import tempfile
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    d = Path(tempfile.mkdtemp(prefix="cv-other-user-"))
+    try:
+        d.chmod(0o777)
+        sock = d / "agent.sock"
+        code = (
+            "import socket,sys,time\n"
+            "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8); print('ready', flush=True)\n"
+            "while True:\n    c,_=s.accept(); time.sleep(0.01)\n"
+        )
+        other = subprocess.Popen(["/usr/bin/python3", "-c", code, str(sock)], user=nobody, stdout=subprocess.PIPE, text=True)
+        try:
+            assert other.stdout.readline().strip() == "ready"
+            env = env_for(built, dataset, sock)
+            p = dataset / "a" / "x.bin"
+            r = run(["md5sum", str(p)], env, timeout=30)
+            assert r.stdout.split()[0].decode() == hashlib.md5(p.read_bytes()).hexdigest()
+            assert f"runs as uid {nobody}, not as this user".encode() in r.stderr, r.stderr
+        finally:
+            other.kill()
+            other.wait(timeout=10)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+IMAGEFOLDER = r"""
+import hashlib, json, sys
+import torch
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+ds = datasets.ImageFolder(sys.argv[1], transform=transforms.ToTensor())
+dl = DataLoader(ds, batch_size=4, shuffle=False, num_workers=2)
+h = hashlib.sha256()
+n = 0
+for x, y in dl:
+    h.update(x.numpy().tobytes()); h.update(y.numpy().tobytes()); n += len(y)
+print(json.dumps([n, h.hexdigest()]))
+"""
+
+
+@pytest.mark.slow
+def test_torchvision_imagefolder_with_dataloader_workers(built, tmp_path):
+    pytest.importorskip("torchvision", reason="torchvision not installed: the DataLoader run is not exercised")
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    rng = np.random.default_rng(3)
+    for c in ("cat", "dog"):
+        (root / c).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 256, (24, 24, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    agent = Agent(built[1], root, tmp_path, "dir")
+    try:
+        plain = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        ref = run([sys.executable, "-c", IMAGEFOLDER, str(root)], plain, timeout=300)
+        assert ref.returncode == 0, ref.stderr.decode()
+        r = run([sys.executable, "-c", IMAGEFOLDER, str(root)], env_for(built, root, agent.socket), timeout=300)
+        assert r.returncode == 0, r.stderr.decode()
+        assert json.loads(r.stdout) == json.loads(ref.stdout) and json.loads(r.stdout)[0] == 20
+        c = agent.counters()
+        assert c["opens"] >= 20 and c["cached_reads"] >= 20 and c["direct_reads"] == 0, c
+    finally:
+        agent.proc.stdin.close()
+        agent.kill()
+
+
+FORK_STORM = r"""
+import hashlib, json, os, sys, threading
+root = sys.argv[1]
+p = os.path.join(root, "a", "x.bin")
+want = hashlib.sha256(open(p, "rb").read()).hexdigest()
+stop = False
+bad = []
+def busy():
+    while not stop:
+        if hashlib.sha256(open(p, "rb").read()).hexdigest() != want:
+            bad.append("thread")
+ts = [threading.Thread(target=busy) for _ in range(3)]
+[t.start() for t in ts]
+for i in range(30):
+    pid = os.fork()
+    if pid == 0:
+        ok = hashlib.sha256(open(p, "rb").read()).hexdigest() == want
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        bad.append(f"child {i}: {status}")
+stop = True
+[t.join(30) for t in ts]
+print(json.dumps(bad))
+"""
+
+
+def test_fork_while_other_threads_talk_to_the_agent(built, dataset, start_agent):
+    agent = start_agent("lookup")  # every open is a round trip under the connection's mutex
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-W", "ignore", "-c", FORK_STORM, str(dataset)], env, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout) == []
+    c = agent.counters()
+    assert c["lookups"] >= 30 and c["fallbacks"] == 0, c

@@ -653,6 +653,66 @@ mod tests {
         }
     }
 
+    fn rel_strategy() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        proptest::collection::vec(proptest::collection::vec(1u8..=255, 1..12), 1..6).prop_map(|parts| {
+            parts
+                .into_iter()
+                .map(|p| {
+                    let p: Vec<u8> = p.into_iter().map(|b| if b == b'/' { b'_' } else { b }).collect();
+                    if p == b"." || p == b".." {
+                        b"x".to_vec()
+                    } else {
+                        p
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(&b'/')
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_valid_message_round_trips(
+            rel in rel_strategy(),
+            a in proptest::num::u32::ANY,
+            b in proptest::num::u64::ANY,
+            c in proptest::num::u64::ANY,
+            text in ".{0,200}",
+            root in proptest::collection::vec(proptest::num::u8::ANY, 0..300),
+        ) {
+            let reqs = [
+                Request::Hello { version: a, pid: a ^ 1 },
+                Request::Lookup { rel: rel.clone() },
+                Request::Attach { pid: a },
+                Request::Stats,
+            ];
+            let reps = [
+                Reply::Hello { version: a, root: root.clone(), dir_path: PathBuf::from(OsStr::from_bytes(&rel)), arena_path: (b % 2 == 0).then(|| PathBuf::from(text.clone())), arena_len: c },
+                Reply::Cached { file: a, size: b, offset: c, checksum: b ^ c },
+                Reply::Inline { file: a, size: 0, checksum: c },
+                Reply::Error { message: text.clone() },
+                Reply::Json { text: text.clone() },
+            ];
+            for r in &reqs {
+                let mut buf = Vec::new();
+                write_request(&mut buf, r).unwrap();
+                proptest::prop_assert_eq!(&read_request(&mut &buf[..]).unwrap(), r);
+            }
+            for r in &reps {
+                let mut buf = Vec::new();
+                write_reply(&mut buf, r).unwrap();
+                proptest::prop_assert_eq!(&read_reply(&mut &buf[..]).unwrap(), r);
+            }
+        }
+
+        #[test]
+        fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            let _ = read_request(&mut &bytes[..]);
+            let _ = read_reply(&mut &bytes[..]);
+        }
+    }
+
     #[test]
     fn normalize_rel_is_lexical_and_refuses_escapes() {
         assert_eq!(normalize_rel(b"a/./b//c/").unwrap(), b"a/b/c");

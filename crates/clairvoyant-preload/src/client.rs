@@ -31,8 +31,21 @@ unsafe impl Sync for Arena {}
 
 impl Arena {
     fn map(path: &std::path::Path, len: u64) -> io::Result<Arena> {
-        let f = std::fs::File::open(path)?;
-        let flen = f.metadata()?.len();
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)?;
+        let meta = f.metadata()?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("arena is owned by uid {}, not by this user (uid {me})", meta.uid()),
+            ));
+        }
+        let flen = meta.len();
         if flen < len {
             return Err(io::Error::other(format!(
                 "arena is {flen} bytes, the agent announced {len}"
@@ -207,6 +220,25 @@ pub extern "C" fn fork_child() {
     unsafe { libc::pthread_mutex_unlock(CONN.m.get()) };
 }
 
+fn peer_uid(fd: i32) -> io::Result<u32> {
+    // SAFETY: getsockopt into a zeroed ucred of the right length.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
 fn fd_ino(fd: i32) -> Option<u64> {
     // SAFETY: plain fstat into a zeroed struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -294,6 +326,16 @@ impl Conn {
 
     fn connect(&mut self, cfg: &Config) -> Result<(), String> {
         let s = UnixStream::connect(&cfg.agent).map_err(|e| format!("connect: {e}"))?;
+        // Only an agent of this user may serve this process: another local user could have
+        // put a socket at a predictable path.
+        let peer = peer_uid(s.as_raw_fd()).map_err(|e| format!("SO_PEERCRED: {e}"))?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if peer != me {
+            return Err(format!(
+                "the process behind the socket runs as uid {peer}, not as this user (uid {me})"
+            ));
+        }
         s.set_write_timeout(Some(cfg.timeout)).map_err(|e| e.to_string())?;
         self.sock_ino = fd_ino(s.as_raw_fd()).unwrap_or(0);
         SOCK_FD.store(s.as_raw_fd(), Ordering::Relaxed);
@@ -499,18 +541,6 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             count(session.as_deref(), counter::FALLBACKS, 1);
             Found::Direct
         }
-    }
-}
-
-/// Round trip a `Stats` request (for tools; not used on the read path).
-#[allow(dead_code)]
-pub fn stats(cfg: &Config) -> Option<String> {
-    let l = Locked::new();
-    let c = l.conn();
-    c.ensure(cfg).ok()?;
-    match c.round_trip(&Request::Stats, cfg) {
-        Ok(Reply::Json { text }) => Some(text),
-        _ => None,
     }
 }
 

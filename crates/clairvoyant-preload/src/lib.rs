@@ -372,7 +372,14 @@ unsafe fn open_common(dirfd: c_int, path: *const c_char, flags: c_int, call: imp
         // SAFETY: per the caller, a NUL-terminated string.
         let p = unsafe { CStr::from_ptr(path) }.to_bytes();
         match place_of(cfg, dirfd, p) {
-            Place::Outside => call(),
+            Place::Outside => {
+                let fd = call();
+                // A slot left by an fd closed behind our back (close_range, a raw syscall).
+                if TABLE.has(fd) {
+                    TABLE.set(fd, None);
+                }
+                fd
+            }
             Place::Root if !is_write(flags) => call(),
             Place::Root => refuse_write(p),
             Place::Under(_) if is_write(flags) => refuse_write(p),

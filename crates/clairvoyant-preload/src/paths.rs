@@ -29,7 +29,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// `None` (pure pass-through) when either variable is missing or the root is not absolute.
+    /// `None` (pure pass-through) when either variable is missing, or the root is not absolute
+    /// or is "/" itself (every write on the machine would be refused).
     pub fn from_env() -> Option<Config> {
         let root = std::env::var_os(ENV_ROOT)?;
         let agent = std::env::var_os(ENV_AGENT)?;
@@ -43,6 +44,9 @@ impl Config {
             .map(Duration::from_millis)
             .unwrap_or(Duration::from_secs(10));
         let mut roots = vec![normalize_abs(root)];
+        if roots[0].is_empty() {
+            return None;
+        }
         if let Ok(c) = std::fs::canonicalize(OsStr::from_bytes(root)) {
             let c = normalize_abs(c.as_os_str().as_bytes());
             if !roots.contains(&c) {
