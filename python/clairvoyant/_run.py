@@ -116,6 +116,14 @@ class Agent:
             os.close(lock)
 
     def _start(self, run, order_file, nodes, node, config, env, timeout):
+        # Directory files of agents that were killed (a live agent's is in use: only this lock
+        # holder starts one, and none answered).
+        for name in os.listdir(self.dir):
+            if name.startswith("dir-"):
+                try:
+                    os.unlink(os.path.join(self.dir, name))
+                except OSError:
+                    pass
         directory = os.path.join(self.dir, f"dir-{os.getpid()}")
         args = [
             sys.executable, "-m", "clairvoyant._agent", "--root", self.root, "--socket", self.socket,
