@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import clairvoyant
-from clairvoyant._emulation import node_env, run_ranks
+from clairvoyant._emulation import memory_config, node_env, run_ranks
 
 sys.path.insert(0, os.path.dirname(__file__))  # the emulated-node harness (tests/netns.py)
 
@@ -37,25 +37,7 @@ def _write_dataset(root) -> tuple[list, int]:
 
 
 def _config(path, memory: int, staging: str = "4 MiB") -> str:
-    with open(path, "w") as f:
-        f.write(
-            f"""
-[staging]
-capacity = "{staging}"
-threads = 2
-[pfs]
-read_mbps = 200.0
-open_latency_ms = 0.5
-[[class]]
-name = "memory"
-kind = "memory"
-capacity = {memory}
-threads = 1
-read_mbps = 5000.0
-write_mbps = 5000.0
-"""
-        )
-    return str(path)
+    return memory_config(path, memory, staging)
 
 
 def _rank(ctx, list_file, config, expect_crc):

@@ -19,7 +19,7 @@ import zlib
 import numpy as np
 import pytest
 
-from clairvoyant._emulation import node_env
+from clairvoyant._emulation import memory_config, node_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 READER = os.path.join(HERE, "transparent_reader.py")
@@ -62,25 +62,7 @@ def _env(tmp_path, extra=None) -> dict:
 
 
 def _config(path, memory: int) -> str:
-    with open(path, "w") as f:
-        f.write(
-            f"""
-[staging]
-capacity = "4 MiB"
-threads = 2
-[pfs]
-read_mbps = 200.0
-open_latency_ms = 0.5
-[[class]]
-name = "memory"
-kind = "memory"
-capacity = {memory}
-threads = 1
-read_mbps = 5000.0
-write_mbps = 5000.0
-"""
-        )
-    return str(path)
+    return memory_config(path, memory)
 
 
 def _run(args, env, timeout=180, **kw) -> subprocess.CompletedProcess:

@@ -56,24 +56,9 @@ def _env(work: Path) -> dict:
 
 
 def _config(path: Path, memory: int) -> str:
-    path.write_text(
-        f"""
-[staging]
-capacity = "4 MiB"
-threads = 2
-[pfs]
-read_mbps = [[1, 60.0], [8, 200.0]]
-open_latency_ms = 2.0
-[[class]]
-name = "memory"
-kind = "memory"
-capacity = {memory}
-threads = 2
-read_mbps = 5000.0
-write_mbps = 5000.0
-"""
-    )
-    return str(path)
+    from ._emulation import memory_config
+
+    return memory_config(path, memory, pfs_mbps="[[1, 60.0], [8, 200.0]]", open_latency_ms=2.0, threads=2)
 
 
 def _crun(args: list, env: dict, timeout: float = 900) -> None:

@@ -167,6 +167,30 @@ def _rank_main(fn, rank, world_size, barrier, results, env, args):
         results.put((rank, False, traceback.format_exc()))
 
 
+def memory_config(path, memory: int, staging: str = "4 MiB", pfs_mbps="200.0", open_latency_ms: float = 0.5, threads: int = 1) -> str:
+    """Write a system description with one memory class of ``memory`` bytes (tests and
+    benchmarks that fix the cache's size); returns its path."""
+    with open(path, "w") as f:
+        f.write(
+            f"""
+[staging]
+capacity = "{staging}"
+threads = 2
+[pfs]
+read_mbps = {pfs_mbps}
+open_latency_ms = {open_latency_ms}
+[[class]]
+name = "memory"
+kind = "memory"
+capacity = {memory}
+threads = {threads}
+read_mbps = 5000.0
+write_mbps = 5000.0
+"""
+        )
+    return str(path)
+
+
 def node_env(node: int, shm: str, shared: str, run_id: str, listen: str = "127.0.0.1") -> dict:
     """The variables that make a process part of emulated node ``node`` on this machine: its node
     id, its own shared-memory directory ``shm`` (nodes share no cache), the directory ``shared``
