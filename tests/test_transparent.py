@@ -218,7 +218,7 @@ def test_the_agent_killed_mid_run_leaves_the_program_reading_directly(tmp_path, 
     _check_reads(out, crcs, 3)
 
 
-def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None):
+def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None, run_args=()):
     """Run `program` (args after it get --rank/--world-size or --shard) under `clairvoyant run`
     on two emulated nodes; returns (per-node stats, per-node output path)."""
     shared = tmp_path / "shared"
@@ -236,7 +236,7 @@ def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None):
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--config", cfg,
-                 "--nodes", "2", "--node-rank", str(i), "--stats-json", str(st), "--",
+                 "--nodes", "2", "--node-rank", str(i), "--stats-json", str(st), *run_args, "--",
                  *program(i), "--out", str(out), *extra_args],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
@@ -295,7 +295,8 @@ def _imagefolder(root, classes=3, per_class=24):
     return make_imagefolder(root, classes, per_class, size_range=(72, 120))
 
 
-def test_an_unmodified_torch_script_on_two_nodes(tmp_path):
+@pytest.mark.parametrize("order", ["unknown", "sampler"])
+def test_an_unmodified_torch_script_on_two_nodes(tmp_path, order):
     _preload_or_skip()
     pytest.importorskip("torchvision")
     root = str(tmp_path / "images")
@@ -317,8 +318,50 @@ def test_an_unmodified_torch_script_on_two_nodes(tmp_path):
         int(total * 0.6),
         lambda i: [sys.executable, script, root, "--rank", str(i), "--world-size", "2"],
         ("--epochs", "2"),
+        run_args=("--sampler-order",) if order == "sampler" else (),
     )
+    if order == "sampler":
+        logs = _agent_logs(str(tmp_path / "shm0"), root) + _agent_logs(str(tmp_path / "shm1"), root)
+        assert logs.count("placing by the order in") >= 2 and "hashed owners" not in logs, logs
     for i, out in enumerate(outs):
         assert json.loads(out.read_text())["epochs"] == plain[i], f"node {i}: batches differ"
     fs = sum(s["pfs_bytes"] + s["reads"]["direct_bytes"] for s in stats)
     assert fs <= 1.05 * total, (fs, total, stats)
+
+
+def _agent_logs(shm, root) -> str:
+    """The logs of the agents that served ``root``."""
+    text = ""
+    for p in sorted(
+        set(glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.log")))
+        | set(glob.glob(os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.log")))
+    ):
+        log = open(p, errors="replace").read()
+        if f"files under {root}," in log:
+            text += log
+    return text
+
+
+def test_the_sampler_order_reaches_the_agent(tmp_path):
+    _preload_or_skip()
+    pytest.importorskip("torchvision")
+    root = str(tmp_path / "images")
+    total = _imagefolder(root)
+    script = os.path.join(HERE, "transparent_torch.py")
+    plain = tmp_path / "plain.json"
+    subprocess.run([sys.executable, script, root, "--epochs", "2", "--out", str(plain)], check=True, env=_env(tmp_path), timeout=300)
+    out, stats = tmp_path / "out.json", tmp_path / "stats.json"
+    env = _env(tmp_path, {"CLAIRVOYANT_EPOCHS": "2"})
+    r = _run(
+        ["--dataset", root, "--sampler-order", "--config", _config(tmp_path / "half.toml", total // 2),
+         "--stats-json", str(stats), "--", sys.executable, script, root, "--epochs", "2", "--out", str(out)],
+        env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "places by the sampler's order" in r.stderr, r.stderr
+    assert json.loads(out.read_text())["epochs"] == json.loads(plain.read_text())["epochs"]
+    s = json.loads(stats.read_text())
+    # Placed by the order (prefilled, not only what was read), the minimum read.
+    fs = s["pfs_bytes"] + s["reads"]["direct_bytes"]
+    assert fs <= 1.05 * (total + (total - total // 2)), s
+    assert "placing by the order in" in _agent_logs(env["CLAIRVOYANT_SHM_DIR"], root)

@@ -9,6 +9,7 @@ when the last one that attached has gone."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -102,6 +103,7 @@ def _parse(argv):
     p.add_argument("--run-id", default="")
     p.add_argument("--config", default=None)
     p.add_argument("--index-dir", default=None)
+    p.add_argument("--lazy", action="store_true", help="place when a program sends its order (or at its first read)")
     p.add_argument("--ready-fd", type=int, default=None, help="write '1' to this descriptor once serving")
     p.add_argument("--idle-wait", type=float, default=60.0, help="exit if nobody attaches within this many seconds")
     return p.parse_args(argv)
@@ -122,63 +124,94 @@ def main(argv=None) -> int:
 
     _, model_toml = _config.resolve(args.config)
     nodes, node = max(1, args.nodes), args.node
-    if args.order_file:
-        files = [args.order_file.replace("{node}", str(i)) for i in range(nodes)]
-        if nodes > 1 and len(set(files)) == 1:
-            raise _native.ConfigError(
-                "with several nodes the order file must name each node's reads: put {node} in its path "
-                f"(got {args.order_file})"
-            )
-        counts = [access_counts(read_order_file(f, root, index), len(rel_paths)) for f in files]
-        agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts]}
-        order_text = ";".join(files)
-    else:
-        agent = {"prefill": False, "hashed": root}
-        order_text = ""
-    cluster, peers = None, None
-    if nodes > 1:
-        from . import _peers
 
-        os.environ.setdefault("CLAIRVOYANT_RENDEZVOUS", "file")
-        peers = _peers.setup(
-            source=source,
-            model_toml=model_toml,
-            rank=node,
-            world_size=nodes,
-            local_ranks=[node],
-            run_id=args.run_id,
-            facts={"transparent": root, "order": order_text},
-        )
-        cluster = peers.cluster
-    # The agent consumes no stream: its schedule (one pass, batch 1, one rank per node, the last
-    # odd sample dropped) only satisfies the engine's checks; placement comes from `agent`.
-    engine = _native.Engine(
-        source._native, 1, 1, 0, True, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
-        model_toml, None, 0, cluster, agent,
-    )  # fmt: skip
-    if peers is not None and peers.server is not None:
-        peers.server.attach(engine)
+    def start_engine(order_pattern):
+        """The engine (and, with several nodes, the peer set-up) placing by the order files
+        ``order_pattern`` (None: by hashed owners)."""
+        if order_pattern:
+            files = [order_pattern.replace("{node}", str(i)) for i in range(nodes)]
+            if nodes > 1 and len(set(files)) == 1:
+                raise _native.ConfigError(
+                    "with several nodes the order file must name each node's reads: put {node} in its path "
+                    f"(got {order_pattern})"
+                )
+            counts = [access_counts(read_order_file(f, root, index), len(rel_paths)) for f in files]
+            agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts]}
+            order_id = hashlib.blake2b(b"".join(c.tobytes() + fn.tobytes() for c, fn in counts), digest_size=8).hexdigest()
+        else:
+            agent = {"prefill": False, "hashed": root}
+            order_id = ""
+        cluster, peers = None, None
+        if nodes > 1:
+            from . import _peers
+
+            os.environ.setdefault("CLAIRVOYANT_RENDEZVOUS", "file")
+            peers = _peers.setup(
+                source=source,
+                model_toml=model_toml,
+                rank=node,
+                world_size=nodes,
+                local_ranks=[node],
+                run_id=args.run_id,
+                facts={"transparent": root, "order": order_id},
+            )
+            cluster = peers.cluster
+        # The agent consumes no stream: its schedule (one pass, batch 1, one rank per node, the
+        # last odd sample dropped) only satisfies the engine's checks; placement comes from
+        # `agent`.
+        try:
+            engine = _native.Engine(
+                source._native, 1, 1, 0, True, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
+                model_toml, None, 0, cluster, agent,
+            )  # fmt: skip
+        except BaseException:
+            if peers is not None and peers.server is not None:
+                peers.server.close()
+            raise
+        if peers is not None and peers.server is not None:
+            peers.server.attach(engine)
+        return engine, peers
+
+    engine, peers = (None, None) if args.lazy else start_engine(args.order_file)
     server = _native.AgentServer(engine, args.socket, root, rel_paths, args.dir)
     with open(os.path.join(os.path.dirname(args.socket), "agent.pid"), "w") as f:
         f.write(f"{os.getpid()}\n")
     if args.ready_fd is not None:
         os.write(args.ready_fd, b"1")
         os.close(args.ready_fd)
+    how = "known order" if args.order_file else "order from the program's sampler, else not known" if args.lazy else "order not known"
     print(
-        f"clairvoyant agent: node {node} of {nodes}, {len(rel_paths)} files under {root}, "
-        f"{'known order' if args.order_file else 'order not known'}, ready in {time.monotonic() - started:.1f} s",
+        f"clairvoyant agent: node {node} of {nodes}, {len(rel_paths)} files under {root}, {how}, "
+        f"ready in {time.monotonic() - started:.1f} s",
         file=sys.stderr,
         flush=True,
     )
     try:
-        server.wait_idle(args.idle_wait)
-        if peers is not None:
-            _leave_together(node, nodes, args.run_id)
+        if engine is None:
+            # Placed when the program says its order, or at its first read without one.
+            waited = 0.0
+            while True:
+                event = server.wait_event(1.0)
+                if event is not None or server.finished():
+                    break
+                waited += 1.0
+                if waited > args.idle_wait and server.attached == 0:
+                    break
+            if event is not None:
+                kind, pattern = event
+                print(f"clairvoyant agent: placing by {'the order in ' + pattern if kind == 'plan' else 'hashed owners (no order came before the first read)'}", file=sys.stderr, flush=True)
+                engine, peers = start_engine(pattern if kind == "plan" else None)
+                server.set_engine(engine)
+        if engine is not None:
+            server.wait_idle(args.idle_wait)
+            if peers is not None:
+                _leave_together(node, nodes, args.run_id)
     finally:
         if peers is not None:
             print(f"clairvoyant agent: peers: {engine.peer_stats()}", file=sys.stderr, flush=True)
         server.close()
-        engine.close()
+        if engine is not None:
+            engine.close()
         if peers is not None and peers.server is not None:
             peers.server.close()
     return 0

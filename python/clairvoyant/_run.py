@@ -88,7 +88,7 @@ def preload_library() -> str:
 class Agent:
     """This launcher's attachment to the node agent (started here when none runs)."""
 
-    def __init__(self, root: str, *, order_file=None, nodes=1, node=0, config=None, env=None, timeout=START_TIMEOUT):
+    def __init__(self, root: str, *, order_file=None, nodes=1, node=0, config=None, env=None, timeout=START_TIMEOUT, lazy=False):
         env = os.environ if env is None else env
         self.root = root
         run = run_id_of(env)
@@ -96,7 +96,7 @@ class Agent:
             raise _native.ConfigError(
                 "several nodes need a run id shared by every node's launcher: set CLAIRVOYANT_RUN_ID (Slurm's job id is used when set)"
             )
-        facts = json.dumps([root, run, nodes, node, order_file, config], sort_keys=True).encode()
+        facts = json.dumps([root, run, nodes, node, order_file, config, lazy], sort_keys=True).encode()
         key = hashlib.blake2b(facts, digest_size=8).hexdigest()
         self.dir = _short_dir(key)
         self.socket = os.path.join(self.dir, "agent.sock")
@@ -108,14 +108,14 @@ class Agent:
             try:
                 self.client = _native.AgentClient(self.socket)
             except ConnectionError:
-                self._start(run, order_file, nodes, node, config, env, timeout)
+                self._start(run, order_file, nodes, node, config, env, timeout, lazy)
                 self.client = _native.AgentClient(self.socket)
                 self.started = True
             self.client.attach()
         finally:
             os.close(lock)
 
-    def _start(self, run, order_file, nodes, node, config, env, timeout):
+    def _start(self, run, order_file, nodes, node, config, env, timeout, lazy):
         # Directory files of agents that were killed (a live agent's is in use: only this lock
         # holder starts one, and none answered).
         for name in os.listdir(self.dir):
@@ -133,6 +133,8 @@ class Agent:
             args += ["--order-file", order_file]
         if config:
             args += ["--config", config]
+        if lazy:
+            args += ["--lazy"]
         r, w = os.pipe()
         args += ["--ready-fd", str(w)]
         child_env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "CLAIRVOYANT_AGENT", "CLAIRVOYANT_ROOT")}
@@ -212,8 +214,15 @@ def main(args) -> int:
     order_file = os.path.abspath(args.order_file) if args.order_file else None
     nodes, node = nodes_of(os.environ, args.nodes, args.node_rank)
     lib = preload_library()
-    agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config)
+    if order_file and args.sampler_order:
+        raise _native.ConfigError("--order-file and --sampler-order both give the order: use one")
+    agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order)
     env = dict(os.environ)
+    if args.sampler_order:
+        hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hook")
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (hook, env.get("PYTHONPATH", "")) if x)
+        env["CLAIRVOYANT_SAMPLER_ORDER"] = "1"
+        env["CLAIRVOYANT_NODES"] = str(nodes)
     env["LD_PRELOAD"] = " ".join(x for x in (lib, env.get("LD_PRELOAD", "")) if x)
     env["CLAIRVOYANT_ROOT"] = root
     env["CLAIRVOYANT_AGENT"] = agent.socket

@@ -411,6 +411,11 @@ def main(argv=None) -> int:
     )
     ru.add_argument("--dataset", required=True, help="the dataset's root directory")
     ru.add_argument("--order-file", help="per-epoch read orders (one path per line, epochs separated by blank lines); {node} is replaced by the node's index")
+    ru.add_argument(
+        "--sampler-order",
+        action="store_true",
+        help="Python programs: hand the DataLoader's DistributedSampler order to the node agent at the first iter() (CLAIRVOYANT_EPOCHS epochs, default 3)",
+    )
     ru.add_argument("--stats", action="store_true", help="print reads by source every --stats-interval seconds and in total")
     ru.add_argument("--stats-interval", type=_seconds, default=10.0, help="seconds between --stats lines (default 10)")
     ru.add_argument("--stats-json", metavar="FILE", help="write the node agent's figures at the end as JSON")

@@ -139,6 +139,12 @@ fn serve(agent: &Agent, stream: UnixStream) -> std::io::Result<()> {
                 },
             )?,
             Request::Attach { .. } => write_reply(&mut wr, &Reply::Ok)?,
+            Request::Plan { .. } => write_reply(
+                &mut wr,
+                &Reply::Error {
+                    message: "this stand-in agent does not place".into(),
+                },
+            )?,
             Request::Stats => {
                 let c = agent.dir.counters();
                 let fields: Vec<String> = clairvoyant_agent::dir::counter::NAMES

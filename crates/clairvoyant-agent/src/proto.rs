@@ -11,6 +11,7 @@
 //! | 0x02 | `Request::Lookup` | the relative path's bytes (1..=[`MAX_REL`], see [`is_normalized_rel`]) |
 //! | 0x03 | `Request::Attach` | `u32 pid` |
 //! | 0x04 | `Request::Stats` | empty |
+//! | 0x05 | `Request::Plan` | the order files' path pattern (1..=[`MAX_REL`] bytes, no NUL) |
 //! | 0x81 | `Reply::Hello` | `u32 version, bytes root, bytes dir_path, u8 has_arena, [bytes arena_path], u64 arena_len` |
 //! | 0x82 | `Reply::Cached` | `u32 file, u64 size, u64 offset, u64 checksum` |
 //! | 0x83 | `Reply::Inline` | `u32 file, u64 size, u64 checksum`, then `size` raw bytes after the frame |
@@ -39,6 +40,7 @@ const REQ_HELLO: u8 = 0x01;
 const REQ_LOOKUP: u8 = 0x02;
 const REQ_ATTACH: u8 = 0x03;
 const REQ_STATS: u8 = 0x04;
+const REQ_PLAN: u8 = 0x05;
 const REP_HELLO: u8 = 0x81;
 const REP_CACHED: u8 = 0x82;
 const REP_INLINE: u8 = 0x83;
@@ -61,6 +63,10 @@ pub enum Request {
     Attach { pid: u32 },
     /// Ask for the agent's counters as JSON (answered by `Reply::Json`).
     Stats,
+    /// The program's read order is known: per-node order files (`{node}` in `path` stands for
+    /// each node's index; format as for `clairvoyant run --order-file`). Answered by `Ok` when
+    /// the agent will place by it, `Error` when it has placed already.
+    Plan { path: Vec<u8> },
 }
 
 /// A message from the agent to a client.
@@ -247,6 +253,15 @@ pub fn write_request(w: &mut impl Write, r: &Request) -> io::Result<()> {
         }
         Request::Attach { pid } => write_frame(w, REQ_ATTACH, &pid.to_le_bytes()),
         Request::Stats => write_frame(w, REQ_STATS, &[]),
+        Request::Plan { path } => {
+            if path.is_empty() || path.len() > MAX_REL || path.contains(&0) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "plan path must be 1 to 4096 bytes without NUL",
+                ));
+            }
+            write_frame(w, REQ_PLAN, path)
+        }
     }
 }
 
@@ -292,6 +307,15 @@ pub fn read_request(r: &mut impl Read) -> io::Result<Request> {
             }
             .end()?;
             Ok(Request::Stats)
+        }
+        REQ_PLAN => {
+            if p.is_empty() || p.len() > MAX_REL || p.contains(&0) {
+                return Err(invalid(format!(
+                    "plan path of {} bytes (1 to {MAX_REL}, no NUL)",
+                    p.len()
+                )));
+            }
+            Ok(Request::Plan { path: p })
         }
         k => Err(invalid(format!("unknown request kind {k:#04x}"))),
     }
@@ -457,6 +481,9 @@ mod tests {
             },
             Request::Attach { pid: u32::MAX },
             Request::Stats,
+            Request::Plan {
+                path: b"/dev/shm/clairvoyant-0/agent-1/order-{node}.txt".to_vec(),
+            },
         ]
     }
 

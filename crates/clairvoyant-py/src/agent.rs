@@ -23,6 +23,16 @@ use crate::engine::PyEngine;
 const MAX_CONNECTIONS: usize = 4096;
 /// How long a lookup may wait for a fill another thread has in progress.
 const FILL_WAIT: Duration = Duration::from_secs(30);
+/// How long a request may wait for a lazily started engine (the program's first read or its
+/// order started it; with several nodes the nodes meet first).
+const ENGINE_WAIT: Duration = Duration::from_secs(120);
+
+/// What started the engine of a lazy agent: the first read (the order is not known) or an order.
+#[derive(Clone)]
+enum Want {
+    Read,
+    Plan(Vec<u8>),
+}
 
 #[derive(Default)]
 struct Counts {
@@ -36,12 +46,15 @@ struct Counts {
 }
 
 struct Shared {
-    engine: Arc<Engine>,
+    /// The engine; None until a lazy agent's first read or order.
+    engine: Mutex<Option<Arc<Engine>>>,
+    engine_set: Condvar,
+    want: Mutex<Option<Want>>,
+    wanted: Condvar,
     root: Vec<u8>,
     files: HashMap<Vec<u8>, u32>,
     paths: Vec<PathBuf>,
     dir: DirWriter,
-    arena: Option<PathBuf>,
     counts: Counts,
     /// (attached launchers, connections, whether any launcher ever attached).
     live: Mutex<(usize, usize, bool)>,
@@ -62,7 +75,14 @@ impl PyAgentServer {
     /// Serve `engine`'s node cache for the files `rel_paths` (sample i is `root/rel_paths[i]`) on
     /// the Unix socket `socket`; cached files are recorded in a new shared directory file `dir`.
     #[new]
-    fn new(engine: &PyEngine, socket: PathBuf, root: String, rel_paths: Vec<String>, dir: PathBuf) -> PyResult<Self> {
+    #[pyo3(signature = (engine, socket, root, rel_paths, dir))]
+    fn new(
+        engine: Option<&PyEngine>,
+        socket: PathBuf,
+        root: String,
+        rel_paths: Vec<String>,
+        dir: PathBuf,
+    ) -> PyResult<Self> {
         let io = |what: &str, p: &Path, e: std::io::Error| {
             pyo3::exceptions::PyOSError::new_err(format!("{what} {}: {e}", p.display()))
         };
@@ -77,7 +97,10 @@ impl PyAgentServer {
         let listener = UnixListener::bind(&socket).map_err(|e| io("cannot listen on", &socket, e))?;
         let root_path = PathBuf::from(&root);
         let shared = Arc::new(Shared {
-            engine: engine.engine.clone(),
+            engine: Mutex::new(engine.map(|e| e.engine.clone())),
+            engine_set: Condvar::new(),
+            want: Mutex::new(None),
+            wanted: Condvar::new(),
             paths: rel_paths.iter().map(|r| root_path.join(r)).collect(),
             files: rel_paths
                 .into_iter()
@@ -86,7 +109,6 @@ impl PyAgentServer {
                 .collect(),
             root: root.into_bytes(),
             dir: dir_writer,
-            arena: engine.engine.segments().1,
             counts: Counts::default(),
             live: Mutex::new((0, 0, false)),
             changed: Condvar::new(),
@@ -132,6 +154,44 @@ impl PyAgentServer {
         }
     }
 
+    /// For a lazy agent (started without an engine): wait up to `timeout` seconds for what
+    /// should start the engine: ("read", None) for a program's first read, ("plan", pattern)
+    /// for an order; None on time-out. Wakes for Ctrl-C.
+    fn wait_event(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<(String, Option<String>)>> {
+        let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+        loop {
+            let got = py.detach(|| {
+                let want = self.shared.want.lock().unwrap_or_else(|p| p.into_inner());
+                let (want, _) = self
+                    .shared
+                    .wanted
+                    .wait_timeout_while(want, Duration::from_millis(200), |w| w.is_none())
+                    .unwrap_or_else(|p| p.into_inner());
+                want.clone()
+            });
+            match got {
+                Some(Want::Read) => return Ok(Some(("read".into(), None))),
+                Some(Want::Plan(p)) => {
+                    return Ok(Some(("plan".into(), Some(String::from_utf8_lossy(&p).into_owned()))))
+                }
+                None if Instant::now() >= deadline => return Ok(None),
+                None => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Hand a lazy agent its engine: requests waiting for it go on.
+    fn set_engine(&self, engine: &PyEngine) {
+        *self.shared.engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine.engine.clone());
+        self.shared.engine_set.notify_all();
+    }
+
+    /// Whether every launcher that attached has gone (and one had).
+    fn finished(&self) -> bool {
+        let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
+        live.2 && live.0 == 0
+    }
+
     /// Launchers attached now.
     #[getter]
     fn attached(&self) -> usize {
@@ -163,6 +223,53 @@ impl PyAgentServer {
 impl Drop for PyAgentServer {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+impl Shared {
+    /// The engine, once there is one: a lazy agent's first read asks for it and waits.
+    fn engine_for_read(&self) -> Option<Arc<Engine>> {
+        let guard = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = guard.as_ref() {
+            return Some(e.clone());
+        }
+        {
+            let mut want = self.want.lock().unwrap_or_else(|p| p.into_inner());
+            if want.is_none() {
+                *want = Some(Want::Read);
+                self.wanted.notify_all();
+            }
+        }
+        let (guard, _) = self
+            .engine_set
+            .wait_timeout_while(guard, ENGINE_WAIT, |e| e.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        guard.clone()
+    }
+
+    fn engine_now(&self) -> Option<Arc<Engine>> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A program says its order: place by it, unless placed (or about to be) already.
+    fn plan(&self, path: Vec<u8>) -> Reply {
+        if self.engine_now().is_some() {
+            return Reply::Error {
+                message: "the agent has placed the dataset already (a program read it before the order came)".into(),
+            };
+        }
+        let mut want = self.want.lock().unwrap_or_else(|p| p.into_inner());
+        match &*want {
+            None => {
+                *want = Some(Want::Plan(path));
+                self.wanted.notify_all();
+                Reply::Ok
+            }
+            Some(Want::Plan(p)) if *p == path => Reply::Ok,
+            Some(_) => Reply::Error {
+                message: "the agent is placing the dataset already (a program read it before the order came, or another order came first)".into(),
+            },
+        }
     }
 }
 
@@ -227,23 +334,32 @@ fn serve(s: &Shared, conn: UnixStream) -> bool {
             Err(_) => return attached,
         };
         let ok = match req {
-            Request::Hello { .. } => {
-                let arena_len = s
-                    .arena
-                    .as_ref()
-                    .and_then(|p| std::fs::metadata(p).ok())
-                    .map_or(0, |m| m.len());
-                proto::write_reply(
+            Request::Hello { .. } => match s.engine_for_read() {
+                Some(engine) => {
+                    let arena = engine.segments().1;
+                    let arena_len = arena
+                        .as_ref()
+                        .and_then(|p| std::fs::metadata(p).ok())
+                        .map_or(0, |m| m.len());
+                    proto::write_reply(
+                        &mut w,
+                        &Reply::Hello {
+                            version: proto::VERSION,
+                            root: s.root.clone(),
+                            dir_path: s.dir.path().to_path_buf(),
+                            arena_path: arena,
+                            arena_len,
+                        },
+                    )
+                }
+                None => proto::write_reply(
                     &mut w,
-                    &Reply::Hello {
-                        version: proto::VERSION,
-                        root: s.root.clone(),
-                        dir_path: s.dir.path().to_path_buf(),
-                        arena_path: s.arena.clone(),
-                        arena_len,
+                    &Reply::Error {
+                        message: "the node agent has not started its cache yet".into(),
                     },
-                )
-            }
+                ),
+            },
+            Request::Plan { path } => proto::write_reply(&mut w, &s.plan(path)),
             Request::Attach { .. } => {
                 if !attached {
                     attached = true;
@@ -269,7 +385,16 @@ fn lookup(s: &Shared, rel: &[u8], w: &mut impl Write) -> std::io::Result<()> {
         s.counts.unknown.fetch_add(1, Ordering::Relaxed);
         return proto::write_reply(w, &Reply::Unknown);
     };
-    match s.engine.local(file, FILL_WAIT) {
+    let Some(engine) = s.engine_for_read() else {
+        s.counts.failed.fetch_add(1, Ordering::Relaxed);
+        return proto::write_reply(
+            w,
+            &Reply::Error {
+                message: "the node agent has not started its cache yet".into(),
+            },
+        );
+    };
+    match engine.local(file, FILL_WAIT) {
         Local::Mapped { offset, len, checksum } => {
             // The file's last change now: the engine has checked the copy is of the file as it
             // is (`Engine::local`), and a reader compares it with its own fstat.
@@ -335,13 +460,15 @@ fn stats_json(s: &Shared) -> String {
         .enumerate()
         .map(|(i, n)| format!("\"{}\": {}", n, counters[i].load(Ordering::Relaxed)))
         .collect();
-    let [pfs_bytes, pfs_files, peer_bytes, served_samples, served_bytes] = s.engine.io_totals();
+    let engine = s.engine_now();
+    let [pfs_bytes, pfs_files, peer_bytes, served_samples, served_bytes] =
+        engine.as_ref().map_or([0; 5], |e| e.io_totals());
     let attached = s.live.lock().unwrap_or_else(|p| p.into_inner()).0;
-    let (placed_files, placed_bytes) = s
-        .engine
-        .placement_summary()
-        .iter()
-        .fold((0, 0), |(f, b), (_, files, bytes)| (f + files, b + bytes));
+    let (placed_files, placed_bytes) = engine.as_ref().map_or((0, 0), |e| {
+        e.placement_summary()
+            .iter()
+            .fold((0, 0), |(f, b), (_, files, bytes)| (f + files, b + bytes))
+    });
     format!(
         concat!(
             "{{\"attached\": {}, \"lookups\": {}, \"cached\": {}, \"inline\": {}, \"inline_bytes\": {}, ",
@@ -400,14 +527,10 @@ impl PyAgentClient {
         let t = Some(Duration::from_secs_f64(timeout.max(0.001)));
         conn.set_read_timeout(t).map_err(err)?;
         conn.set_write_timeout(t).map_err(err)?;
-        let mut c = PyAgentClient {
+        // No `Hello`: it is the interposed library's (it starts a lazy agent's cache).
+        Ok(PyAgentClient {
             conn: Some((BufReader::new(conn.try_clone().map_err(err)?), conn)),
-        };
-        c.call(&Request::Hello {
-            version: proto::VERSION,
-            pid: std::process::id(),
-        })?;
-        Ok(c)
+        })
     }
 
     /// Register as a launcher: the agent lives while this connection is open.
@@ -445,6 +568,18 @@ impl PyAgentClient {
             other => return Err(unexpected(&other)),
         };
         Ok(t)
+    }
+
+    /// Tell the agent the program's order (per-node order files, `{node}` in `pattern`);
+    /// raises with the agent's reason when it places otherwise.
+    fn plan(&mut self, pattern: &str) -> PyResult<()> {
+        match self.call(&Request::Plan {
+            path: pattern.as_bytes().to_vec(),
+        })? {
+            (Reply::Ok, _) => Ok(()),
+            (Reply::Error { message }, _) => Err(pyo3::exceptions::PyRuntimeError::new_err(message)),
+            (other, _) => Err(unexpected(&other)),
+        }
     }
 
     fn close(&mut self) {

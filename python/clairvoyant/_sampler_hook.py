@@ -1,0 +1,115 @@
+"""``clairvoyant run --sampler-order``: the program's DataLoader tells the node agent its order.
+
+At the first ``iter()`` of a DataLoader (in the main process) whose dataset's files lie under
+the dataset root and whose sampler is a ``DistributedSampler`` (every rank's order is a function
+of the seed and the epoch: the one-line drop-in's predictor, :mod:`clairvoyant.torch._order`),
+this writes every node's reads for the next epochs as order files into the agent's private
+directory and sends the agent a ``Plan``. The agent places and prefetches by it, as with
+``--order-file``; it refuses (a notice here) when a program already read the dataset. Epochs
+planned: ``CLAIRVOYANT_EPOCHS``, else 3. Ranks are assumed on nodes in contiguous blocks
+(rank r on node r // (world size / nodes)), as torchrun, srun and mpirun place them by default."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+_done = False
+
+
+def _notice(msg: str) -> None:
+    if not os.environ.get("CLAIRVOYANT_QUIET"):
+        print(f"clairvoyant run: {msg}", file=sys.stderr, flush=True)
+
+
+def _files_of(dataset):
+    from .torch._datasets import _folder_root
+
+    fn = getattr(dataset, "__clairvoyant_files__", None)
+    if callable(fn):
+        return [os.fsdecode(p) for p in fn()]
+    folder, indices = _folder_root(dataset)
+    if folder is None:
+        return None
+    order = range(len(folder.samples)) if indices is None else indices
+    return [os.fsdecode(folder.samples[i][0]) for i in order]
+
+
+def install(module) -> None:
+    """Wrap ``module.DataLoader.__iter__`` (``module`` is ``torch.utils.data.dataloader``)."""
+    cls = module.DataLoader
+    original = cls.__iter__
+
+    def __iter__(self):
+        global _done
+        if not _done:
+            _done = True
+            try:
+                plan(self)
+            except Exception as e:  # noqa: BLE001 - the program must run whatever happens here
+                _notice(f"the sampler's order was not handed to the node agent: {e}")
+        return original(self)
+
+    cls.__iter__ = __iter__
+
+
+def plan(loader) -> bool:
+    """Send ``loader``'s future order to the node agent; whether the agent took it."""
+    from torch.utils.data import DistributedSampler
+
+    from . import _native
+    from .torch._order import Predictor, epoch_of
+
+    root = os.environ["CLAIRVOYANT_ROOT"]
+    socket = os.environ["CLAIRVOYANT_AGENT"]
+    sampler = loader.sampler
+    pred = Predictor(loader)
+    if not (pred.all_ranks and isinstance(sampler, DistributedSampler)):
+        _notice(f"the order of {type(sampler).__name__} is not known for every rank; the node agent places without it")
+        return False
+    files = _files_of(loader.dataset)
+    if files is None:
+        _notice(f"{type(loader.dataset).__name__} names no files; the node agent places without the order")
+        return False
+    inside = os.path.join(os.path.abspath(root), "")
+    files = [os.path.abspath(f) for f in files]
+    if not all(f.startswith(inside) for f in files):
+        return False
+    nodes = int(os.environ.get("CLAIRVOYANT_NODES", "1") or 1)
+    world = int(sampler.num_replicas)
+    if world % nodes:
+        _notice(f"{world} ranks do not split evenly over {nodes} nodes; the node agent places without the order")
+        return False
+    per_node = world // nodes
+    epochs = int(os.environ.get("CLAIRVOYANT_EPOCHS", "3") or 3)
+    first = epoch_of(sampler) or 0
+    directory = os.path.dirname(socket)
+    # Every rank computes the same orders: the same name, so the agent sees one order.
+    facts = repr((root, len(files), world, nodes, sampler.seed, sampler.shuffle, sampler.drop_last, epochs, first))
+    key = hashlib.blake2b(facts.encode(), digest_size=8).hexdigest()
+    pattern = os.path.join(directory, f"order-{key}-node{{node}}.txt")
+    for node in range(nodes):
+        ranks = range(node * per_node, (node + 1) * per_node)
+        path = pattern.replace("{node}", str(node))
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            for e in range(first, first + epochs):
+                streams = []
+                for r in ranks:
+                    batches = pred.batches(e, r) or []
+                    streams.append([i for b in batches for i in (b if isinstance(b, list) else [b])])
+                # The node's reads interleaved rank by rank, as its ranks advance together.
+                merged = [files[s[k]] for k in range(max(map(len, streams), default=0)) for s in streams if k < len(s)]
+                f.write("\n".join(merged) + "\n\n")
+        os.replace(tmp, path)
+    client = _native.AgentClient(socket)
+    try:
+        client.plan(pattern)
+    except RuntimeError as e:
+        _notice(f"the node agent did not take the sampler's order: {e}")
+        return False
+    finally:
+        client.close()
+    _notice(f"the node agent places by the sampler's order ({epochs} epochs from epoch {first})")
+    return True
