@@ -365,3 +365,27 @@ def test_the_sampler_order_reaches_the_agent(tmp_path):
     fs = s["pfs_bytes"] + s["reads"]["direct_bytes"]
     assert fs <= 1.05 * (total + (total - total // 2)), s
     assert "placing by the order in" in _agent_logs(env["CLAIRVOYANT_SHM_DIR"], root)
+
+
+def test_ranks_of_a_torchrun_launch_share_one_agent(tmp_path, dataset):
+    _preload_or_skip()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    if not os.path.exists(torchrun):
+        pytest.skip(f"no torchrun next to {sys.executable}")
+    root, crcs, total = dataset
+    env = _env(tmp_path)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [torchrun, "--standalone", "--nproc-per-node", "2", "--no-python", "clairvoyant", "run", "--dataset", root,
+         "--stats-json", str(tmp_path / "stats.json"), "--", "sh", "-c",
+         f"{sys.executable} {READER} {root} --epochs 2 --out {out}$RANK.json"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for rank in range(2):
+        _check_reads(f"{out}{rank}.json", crcs, 2)
+    s = json.loads((tmp_path / "stats.json").read_text())  # the node's figures, written by the last launcher
+    # One agent for both ranks: the dataset read once, every read served from the node cache.
+    assert s["pfs_bytes"] == total, s
+    assert s["reads"]["direct_bytes"] == 0, s

@@ -269,8 +269,10 @@ def main(args) -> int:
                 if args.stats:
                     print(format_stats(s, None, time.monotonic() - started).replace(":", ": total:", 1), file=sys.stderr)
                 if args.stats_json:
-                    with open(args.stats_json, "w") as f:
+                    tmp = f"{args.stats_json}.{os.getpid()}.tmp"
+                    with open(tmp, "w") as f:
                         json.dump(s, f, indent=1)
+                    os.replace(tmp, args.stats_json)  # launchers of one node may share the name
             except (ConnectionError, OSError) as e:
                 print(f"clairvoyant run: no figures from the node agent: {e}", file=sys.stderr)
         agent.close()
