@@ -15,6 +15,9 @@ pub const ENV_TIMEOUT_MS: &str = "CLAIRVOYANT_AGENT_TIMEOUT_MS";
 /// `open` (default): verify a cached file's checksum once per open; `process`: once per process
 /// and cached copy (a later open of the same file in the same process skips it).
 pub const ENV_VERIFY: &str = "CLAIRVOYANT_VERIFY";
+/// `0` turns stand-in opens off: every dataset open is then a real open of the file (see
+/// docs/transparent.md, "Stand-in opens"). Default: on.
+pub const ENV_STANDIN: &str = "CLAIRVOYANT_STANDIN";
 /// After a failed round trip, how long the agent is not asked again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -26,6 +29,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Verify each cached copy once per process instead of once per open.
     pub verify_per_process: bool,
+    /// Serve read-only opens of cached files without opening the file itself.
+    pub standin: bool,
 }
 
 impl Config {
@@ -54,11 +59,13 @@ impl Config {
             }
         }
         let verify_per_process = std::env::var_os(ENV_VERIFY).is_some_and(|v| v == "process");
+        let standin = std::env::var_os(ENV_STANDIN).is_none_or(|v| v != "0");
         Some(Config {
             roots,
             agent: PathBuf::from(agent),
             timeout,
             verify_per_process,
+            standin,
         })
     }
 }
