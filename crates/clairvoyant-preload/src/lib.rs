@@ -89,12 +89,16 @@ pub(crate) fn notice_once(key: &str, msg: &str) {
 }
 
 extern "C" fn fork_child() {
+    // SAFETY: getpid has no preconditions.
+    table::OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
     TABLE.after_fork();
     standin::REAL_LOCK.store(false, Ordering::Relaxed);
     client::fork_child();
 }
 
 extern "C" fn init() {
+    // SAFETY: getpid has no preconditions.
+    table::OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
     // SAFETY: registering fork handlers; they live as long as the process (never unloaded).
     unsafe { libc::pthread_atfork(Some(client::fork_prepare), Some(client::fork_parent), Some(fork_child)) };
     if let Some(_g) = Guard::enter() {

@@ -29,26 +29,34 @@ const FLAGS: c_int = libc::O_CLOEXEC | libc::O_LARGEFILE | libc::O_NOCTTY | libc
 /// inconclusive answer (too many groups): the caller then makes the real open, whose errno is
 /// exact.
 fn readable(st: &libc::stat) -> bool {
-    // SAFETY: id getters have no preconditions.
-    let euid = unsafe { libc::geteuid() };
+    let mut groups = [0 as libc::gid_t; 256];
+    // SAFETY: id getters have no preconditions; the buffer holds `groups.len()` entries.
+    let (euid, egid, n) = unsafe {
+        (
+            libc::geteuid(),
+            libc::getegid(),
+            libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()),
+        )
+    };
+    if n < 0 {
+        return euid == 0;
+    }
+    readable_by(st, euid, egid, &groups[..n as usize])
+}
+
+/// The kernel's read permission check by mode bits alone (no ACLs, no security modules).
+fn readable_by(st: &libc::stat, euid: libc::uid_t, egid: libc::gid_t, groups: &[libc::gid_t]) -> bool {
     if euid == 0 {
         return true;
     }
-    if st.st_uid == euid {
-        return st.st_mode & libc::S_IRUSR != 0;
-    }
-    // SAFETY: as above.
-    let mut member = st.st_gid == unsafe { libc::getegid() };
-    if !member {
-        let mut groups = [0 as libc::gid_t; 256];
-        // SAFETY: the buffer holds `groups.len()` entries.
-        let n = unsafe { libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()) };
-        if n < 0 {
-            return false;
-        }
-        member = groups[..n as usize].contains(&st.st_gid);
-    }
-    st.st_mode & if member { libc::S_IRGRP } else { libc::S_IROTH } != 0
+    let bit = if st.st_uid == euid {
+        libc::S_IRUSR
+    } else if st.st_gid == egid || groups.contains(&st.st_gid) {
+        libc::S_IRGRP
+    } else {
+        libc::S_IROTH
+    };
+    st.st_mode & bit != 0
 }
 
 /// The absolute form of the path an open was given (relative to the cwd or `dirfd`).
@@ -76,7 +84,11 @@ pub(crate) fn open(
     rel: &[u8],
     flags: c_int,
 ) -> Option<c_int> {
-    if !cfg.standin || flags & libc::O_CLOEXEC == 0 || flags & !FLAGS != 0 || flags & libc::O_ACCMODE != libc::O_RDONLY
+    if !cfg.standin
+        || !crate::table::owner()
+        || flags & libc::O_CLOEXEC == 0
+        || flags & !FLAGS != 0
+        || flags & libc::O_ACCMODE != libc::O_RDONLY
     {
         return None;
     }
@@ -596,6 +608,28 @@ mod tests {
         assert_eq!((x.stx_dev_major, x.stx_dev_minor), (8, 3));
         assert_eq!((x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec), (1_700_000_000, 123));
         assert_eq!(x.stx_mask, libc::STATX_BASIC_STATS);
+    }
+
+    #[test]
+    fn read_permission_by_mode_bits() {
+        // SAFETY: zeroed plain data.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        st.st_uid = 1000;
+        st.st_gid = 100;
+        st.st_mode = libc::S_IFREG | 0o044; // group and others, not the owner
+        assert!(
+            !readable_by(&st, 1000, 100, &[]),
+            "the owner class decides for the owner"
+        );
+        assert!(readable_by(&st, 1001, 100, &[]), "group by egid");
+        assert!(readable_by(&st, 1001, 5, &[7, 100]), "group by a supplementary group");
+        assert!(readable_by(&st, 1001, 5, &[]), "others");
+        st.st_mode = libc::S_IFREG | 0o600;
+        assert!(readable_by(&st, 1000, 5, &[]));
+        assert!(!readable_by(&st, 1001, 100, &[100]));
+        assert!(!readable_by(&st, 1001, 5, &[]));
+        st.st_mode = libc::S_IFREG;
+        assert!(readable_by(&st, 0, 0, &[]), "root reads any regular file");
     }
 
     #[test]
