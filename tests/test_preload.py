@@ -888,7 +888,12 @@ os.lseek(fd, 100, os.SEEK_SET)
 libc.dup.argtypes = [ctypes.c_int]
 fd3 = libc.dup(fd)
 res["dup_plain"] = [link(fd) == p, link(fd3) == p, os.get_inheritable(fd), os.lseek(fd3, 0, os.SEEK_CUR), h(os.read(fd3, 10)), os.lseek(fd, 0, os.SEEK_CUR)]
-res["stdin_child"] = None
+import socket
+a, b = socket.socketpair()
+fd5 = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+socket.send_fds(a, [b"x"], [fd5])
+_, fds, _, _ = socket.recv_fds(b, 10, 1)
+res["scm_rights"] = [link(fd5) == p, link(fds[0]) == p]
 with open(p, "rb") as f:
     res["stdin_child"] = hashlib.sha256(subprocess.run(["cat"], stdin=f, capture_output=True, check=True).stdout).hexdigest()
 res["counters"] = counters()
@@ -923,6 +928,7 @@ def test_standin_open_answers_for_the_dataset_file(built, dataset, start_agent):
     assert res["fork"] == [0, 60, sha(d[60:65])], res["fork"]
     assert res["dup_plain"] == [True, True, False, 100, sha(d[100:110]), 110], res["dup_plain"]
     assert res["stdin_child"] == sha(d)
+    assert res["scm_rights"] == [True, True], "an fd sent to another process is the file itself"
     c = res["counters"]
     assert c["standins"] >= 5 and c["direct_reads"] == 0 and c["corrupt"] == 0 and c["stale"] == 0, c
     assert agent.counters()["standins"] >= c["standins"]

@@ -162,4 +162,5 @@ reals! {
     fstatvfs64: fn(fd: c_int, buf: *mut c_void) -> c_int;
     fexecve: fn(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
     posix_spawn_file_actions_adddup2: fn(fa: *mut c_void, fd: c_int, newfd: c_int) -> c_int;
+    sendmsg: fn(sock: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;
 }

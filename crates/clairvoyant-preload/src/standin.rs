@@ -576,6 +576,32 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
 }
 
 /// # Safety
+/// C's `sendmsg`: fds passed to another process (`SCM_RIGHTS`) are never stand-ins; each one
+/// becomes real first.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(sock: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's msghdr and its control buffer, walked with the libc CMSG macros.
+    unsafe {
+        if !msg.is_null() && !(*msg).msg_control.is_null() {
+            let mut c = libc::CMSG_FIRSTHDR(msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c) as *const c_int;
+                    let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
+                    for i in 0..n {
+                        if !ready(std::ptr::read_unaligned(data.add(i))) {
+                            return -1;
+                        }
+                    }
+                }
+                c = libc::CMSG_NXTHDR(msg, c);
+            }
+        }
+        real::sendmsg(sock, msg, flags)
+    }
+}
+
+/// # Safety
 /// C's `posix_spawn_file_actions_adddup2`: the spawned program gets `fd` without close-on-exec,
 /// so a stand-in becomes real first.
 #[no_mangle]
