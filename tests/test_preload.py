@@ -117,6 +117,8 @@ def start_agent(built, dataset, tmp_path):
 
 def env_for(built, root, socket, **extra) -> dict:
     env = preload_env(root, socket, library=str(built[0]))
+    # Stand-in opens on (the default "auto" leaves them off on the local file system of tmp_path).
+    env["CLAIRVOYANT_STANDIN"] = "1"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -1009,9 +1011,21 @@ def test_standin_keeps_the_bytes_of_the_open_and_a_later_open_sees_the_change(bu
     assert c["standins"] == 1 and c["stale"] >= 1, c
 
 
-def test_standin_opens_can_be_turned_off(built, dataset, start_agent):
+LOCAL_FS = {"ef53", "58465342", "9123683e", "1021994", "858458f6", "794c7630", "f2f52010", "2fc12fc1", "ca451a4e", "3153464a", "52654973", "73717368"}
+
+
+@pytest.mark.parametrize("setting", ["0", "auto"])
+def test_standin_opens_can_be_turned_off(built, dataset, start_agent, setting):
+    if setting == "auto":
+        fs = subprocess.run(["stat", "-f", "-c", "%t", str(dataset)], capture_output=True, text=True)
+        if fs.returncode != 0 or fs.stdout.strip() not in LOCAL_FS:
+            pytest.skip(f"the dataset's file system (statfs type {fs.stdout.strip()!r}) is not a local one: auto uses stand-ins there")
     agent = start_agent("dir")
-    env = env_for(built, dataset, agent.socket, CLAIRVOYANT_STANDIN=0)
+    env = env_for(built, dataset, agent.socket)
+    if setting == "auto":
+        del env["CLAIRVOYANT_STANDIN"]
+    else:
+        env["CLAIRVOYANT_STANDIN"] = setting
     r = run([sys.executable, "-c", READER, str(dataset), *FILES], env)
     assert r.returncode == 0, r.stderr.decode()
     out = json.loads(r.stdout)
