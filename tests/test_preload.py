@@ -372,7 +372,12 @@ def test_agent_killed_mid_run_falls_back_with_correct_bytes(built, dataset, star
     agent = start_agent(mode)
     env = env_for(built, dataset, agent.socket)
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED, str(dataset), *FILES], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", KILLED, str(dataset), *FILES],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "killme"
@@ -400,7 +405,7 @@ def test_agent_that_never_answers_times_out(built, dataset, start_agent):
     agent = start_agent("hang")
     env = env_for(built, dataset, agent.socket, CLAIRVOYANT_AGENT_TIMEOUT_MS=500)
     t0 = time.monotonic()
-    r = run([sys.executable, "-c", KILLED.replace('sys.stdin.readline()', 'pass'), str(dataset), *FILES], env, timeout=60)
+    r = run([sys.executable, "-c", KILLED.replace("sys.stdin.readline()", "pass"), str(dataset), *FILES], env, timeout=60)
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stderr.decode()
     want = [sha((dataset / rel).read_bytes()) for rel in FILES]
@@ -1011,7 +1016,20 @@ def test_standin_keeps_the_bytes_of_the_open_and_a_later_open_sees_the_change(bu
     assert c["standins"] == 1 and c["stale"] >= 1, c
 
 
-LOCAL_FS = {"ef53", "58465342", "9123683e", "1021994", "858458f6", "794c7630", "f2f52010", "2fc12fc1", "ca451a4e", "3153464a", "52654973", "73717368"}
+LOCAL_FS = {
+    "ef53",
+    "58465342",
+    "9123683e",
+    "1021994",
+    "858458f6",
+    "794c7630",
+    "f2f52010",
+    "2fc12fc1",
+    "ca451a4e",
+    "3153464a",
+    "52654973",
+    "73717368",
+}
 
 
 @pytest.mark.parametrize("setting", ["0", "auto"])
