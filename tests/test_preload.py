@@ -901,6 +901,16 @@ fd5 = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
 socket.send_fds(a, [b"x"], [fd5])
 _, fds, _, _ = socket.recv_fds(b, 10, 1)
 res["scm_rights"] = [link(fd5) == p, link(fds[0]) == p]
+# sendfile (shutil's copy) and locks act on the file itself: the stand-in becomes real first.
+import fcntl, shutil, tempfile
+dst = os.path.join(tempfile.mkdtemp(), "copy")
+shutil.copyfile(p, dst)
+res["copyfile"] = h(open(dst, "rb").read())
+fd6 = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+os.lseek(fd6, 7, os.SEEK_SET)
+before = link(fd6) == arena
+fcntl.flock(fd6, fcntl.LOCK_SH)
+res["flock"] = [before, link(fd6) == p, os.lseek(fd6, 0, os.SEEK_CUR), os.get_inheritable(fd6)]
 with open(p, "rb") as f:
     res["stdin_child"] = hashlib.sha256(subprocess.run(["cat"], stdin=f, capture_output=True, check=True).stdout).hexdigest()
 res["counters"] = counters()
@@ -936,6 +946,8 @@ def test_standin_open_answers_for_the_dataset_file(built, dataset, start_agent):
     assert res["dup_plain"] == [True, True, False, 100, sha(d[100:110]), 110], res["dup_plain"]
     assert res["stdin_child"] == sha(d)
     assert res["scm_rights"] == [True, True], "an fd sent to another process is the file itself"
+    assert res["copyfile"] == sha(d)
+    assert res["flock"] == [True, True, 7, False], res["flock"]
     c = res["counters"]
     assert c["standins"] >= 5 and c["direct_reads"] == 0 and c["corrupt"] == 0 and c["stale"] == 0, c
     assert agent.counters()["standins"] >= c["standins"]
