@@ -176,7 +176,14 @@ fn last_change_ns(st: &libc::stat) -> u64 {
 pub(crate) fn real_fstat(fd: c_int) -> Option<libc::stat> {
     // SAFETY: plain fstat into a zeroed struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { real::fstat(fd, &mut st) } == 0).then_some(st)
+    let mut r = unsafe { real::fstat(fd, &mut st) };
+    if r != 0 && errno() == libc::ENOSYS {
+        // glibc before 2.33 exports no `fstat` symbol, only `__fxstat`.
+        const STAT_VER: c_int = if cfg!(target_arch = "x86_64") { 1 } else { 0 };
+        // SAFETY: as above.
+        r = unsafe { real::__fxstat(STAT_VER, fd, &mut st) };
+    }
+    (r == 0).then_some(st)
 }
 
 impl FdInfo {
