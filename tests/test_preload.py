@@ -117,6 +117,8 @@ def start_agent(built, dataset, tmp_path):
 
 def env_for(built, root, socket, **extra) -> dict:
     env = preload_env(root, socket, library=str(built[0]))
+    # Stand-in opens on (the default "auto" leaves them off on the local file system of tmp_path).
+    env["CLAIRVOYANT_STANDIN"] = "1"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -252,9 +254,9 @@ def test_python_reads_are_byte_identical_and_served(built, dataset, start_agent,
     assert c["opens"] > 0 and served > 0 and c["mmaps"] > 0, c
     assert c["direct_reads"] == 0 and c["corrupt"] == 0 and c["stale"] == 0 and c["fallbacks"] == 0, c
     if mode == "dir":
-        assert c["lookups"] == 0, c
+        assert c["lookups"] == 0 and c["standins"] > 0, c
     else:
-        assert c["lookups"] > 0, c
+        assert c["lookups"] > 0 and c["standins"] == 0, c
     shared = agent.counters()
     assert shared["opens"] >= c["opens"], (shared, c)
 
@@ -370,7 +372,12 @@ def test_agent_killed_mid_run_falls_back_with_correct_bytes(built, dataset, star
     agent = start_agent(mode)
     env = env_for(built, dataset, agent.socket)
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED, str(dataset), *FILES], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", KILLED, str(dataset), *FILES],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout.readline().strip() == "killme"
@@ -398,7 +405,7 @@ def test_agent_that_never_answers_times_out(built, dataset, start_agent):
     agent = start_agent("hang")
     env = env_for(built, dataset, agent.socket, CLAIRVOYANT_AGENT_TIMEOUT_MS=500)
     t0 = time.monotonic()
-    r = run([sys.executable, "-c", KILLED.replace('sys.stdin.readline()', 'pass'), str(dataset), *FILES], env, timeout=60)
+    r = run([sys.executable, "-c", KILLED.replace("sys.stdin.readline()", "pass"), str(dataset), *FILES], env, timeout=60)
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stderr.decode()
     want = [sha((dataset / rel).read_bytes()) for rel in FILES]
@@ -469,7 +476,8 @@ def test_file_changed_after_caching_reads_the_new_bytes(built, dataset, start_ag
     new = p.read_bytes()
     assert new != old
     assert out["first"] == sha(old[:100]) and out["rest"] == sha(new[100:]) and out["again"] == sha(new)
-    assert out["counters"]["stale"] >= 2, out["counters"]
+    # The link changed the file's ctime after the snapshot: no stand-in, real opens (STALE).
+    assert out["counters"]["stale"] >= 2 and out["counters"]["standins"] == 0, out["counters"]
 
 
 WRITES = r"""
@@ -819,3 +827,238 @@ def test_fork_while_other_threads_talk_to_the_agent(built, dataset, start_agent)
     assert json.loads(r.stdout) == []
     c = agent.counters()
     assert c["lookups"] >= 30 and c["fallbacks"] == 0, c
+
+
+STANDIN = (
+    COUNTER_FN
+    + r"""
+import ctypes, hashlib, json, mmap, os, subprocess, sys
+import numpy as np
+p, arena = sys.argv[1], sys.argv[2]
+h = lambda b: hashlib.sha256(bytes(b)).hexdigest()
+link = lambda fd: os.readlink(f"/proc/self/fd/{fd}")
+def st(s):
+    return [s.st_size, s.st_ino, s.st_dev, s.st_mode, s.st_mtime_ns, s.st_ctime_ns, s.st_nlink]
+res = {}
+fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+res["link"] = link(fd)
+res["fstat"] = st(os.fstat(fd))
+res["stat_fd"] = st(os.stat(fd))
+with open(p, "rb") as f:
+    res["file_fstat"] = st(os.fstat(f.fileno()))
+    res["seek_end"] = [f.seek(0, 2), f.tell(), len(f.read())]
+    f.seek(-10, 2)
+    res["tail"] = h(f.read())
+res["lseek_end"] = [os.lseek(fd, 0, os.SEEK_END), os.lseek(fd, -7, os.SEEK_END), h(os.read(fd, 100))]
+res["seek_data"] = [os.lseek(fd, 5, os.SEEK_DATA), os.lseek(fd, 5, os.SEEK_HOLE)]
+def errno_of(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return e.errno
+size = res["fstat"][0]
+res["seek_errors"] = [errno_of(lambda: os.lseek(fd, size, os.SEEK_DATA)), errno_of(lambda: os.lseek(fd, size + 5, os.SEEK_HOLE)), errno_of(lambda: os.lseek(fd, -size - 1, os.SEEK_END))]
+# statx(fd, "", AT_EMPTY_PATH) through libc
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(256)
+libc.statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+r = libc.statx(fd, b"", 0x1000, 0x7FF, buf)
+res["statx"] = [r, int.from_bytes(buf.raw[40:48], "little"), int.from_bytes(buf.raw[32:40], "little")]  # stx_size, stx_ino
+sbuf = ctypes.create_string_buffer(256)
+libc.fstatat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int]
+r = libc.fstatat(fd, b"", sbuf, 0x1000)
+res["fstatat"] = [r, int.from_bytes(sbuf.raw[48:56], "little"), int.from_bytes(sbuf.raw[8:16], "little")]  # st_size, st_ino
+res["fromfile"] = h(np.fromfile(p, dtype=np.uint8).tobytes())
+with open(p, "rb") as f:
+    f.seek(3)
+    res["fromfile_obj"] = [h(np.fromfile(f, dtype=np.uint8, count=50).tobytes()), f.tell()]
+with open(p, "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    res["mmap"] = [h(m[:]), len(m), link(f.fileno())]
+    m.close()
+# A copy with O_CLOEXEC stays a stand-in and shares the offset.
+os.lseek(fd, 0, os.SEEK_SET)
+os.read(fd, 10)
+fd2 = os.dup2(fd, 200, inheritable=False)
+res["dup_cloexec"] = [link(200) == arena, h(os.read(200, 20)), os.lseek(fd, 0, os.SEEK_CUR)]
+# fork: the child reads the shared description; the parent sees the offset move.
+pid = os.fork()
+if pid == 0:
+    ok = os.read(fd, 30)
+    os._exit(0 if len(ok) == 30 else 3)
+_, status = os.waitpid(pid, 0)
+res["fork"] = [status, os.lseek(fd, 0, os.SEEK_CUR), h(os.read(fd, 5))]
+# A copy without O_CLOEXEC (C's dup; os.dup asks for one with it): the source becomes a real
+# open first, and the two share the offset.
+os.lseek(fd, 100, os.SEEK_SET)
+libc.dup.argtypes = [ctypes.c_int]
+fd3 = libc.dup(fd)
+res["dup_plain"] = [link(fd) == p, link(fd3) == p, os.get_inheritable(fd), os.lseek(fd3, 0, os.SEEK_CUR), h(os.read(fd3, 10)), os.lseek(fd, 0, os.SEEK_CUR)]
+import socket
+a, b = socket.socketpair()
+fd5 = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+socket.send_fds(a, [b"x"], [fd5])
+_, fds, _, _ = socket.recv_fds(b, 10, 1)
+res["scm_rights"] = [link(fd5) == p, link(fds[0]) == p]
+# sendfile (shutil's copy) and locks act on the file itself: the stand-in becomes real first.
+import fcntl, shutil, tempfile
+dst = os.path.join(tempfile.mkdtemp(), "copy")
+shutil.copyfile(p, dst)
+res["copyfile"] = h(open(dst, "rb").read())
+fd6 = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+os.lseek(fd6, 7, os.SEEK_SET)
+before = link(fd6) == arena
+fcntl.flock(fd6, fcntl.LOCK_SH)
+res["flock"] = [before, link(fd6) == p, os.lseek(fd6, 0, os.SEEK_CUR), os.get_inheritable(fd6)]
+with open(p, "rb") as f:
+    res["stdin_child"] = hashlib.sha256(subprocess.run(["cat"], stdin=f, capture_output=True, check=True).stdout).hexdigest()
+res["counters"] = counters()
+print(json.dumps(res))
+"""
+)
+
+
+def test_standin_open_answers_for_the_dataset_file(built, dataset, start_agent):
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    p = dataset / "a" / "x.bin"
+    d = p.read_bytes()
+    r = run([sys.executable, "-c", STANDIN, str(p), str(agent.state / "arena")], env)
+    assert r.returncode == 0, r.stderr.decode()
+    res = json.loads(r.stdout)
+    s = p.stat()
+    want = [s.st_size, s.st_ino, s.st_dev, s.st_mode, s.st_mtime_ns, s.st_ctime_ns, s.st_nlink]
+    assert res["link"] == str(agent.state / "arena"), "the open did not make a stand-in"
+    assert res["fstat"] == want and res["stat_fd"] == want and res["file_fstat"] == want, res
+    assert res["seek_end"] == [len(d), len(d), 0], res["seek_end"]
+    assert res["tail"] == sha(d[-10:])
+    assert res["lseek_end"] == [len(d), len(d) - 7, sha(d[-7:])]
+    assert res["seek_data"] == [5, len(d)]
+    import errno
+
+    assert res["seek_errors"] == [errno.ENXIO, errno.ENXIO, errno.EINVAL], res["seek_errors"]
+    assert res["statx"] == [0, len(d), s.st_ino] and res["fstatat"] == [0, len(d), s.st_ino], res
+    assert res["fromfile"] == sha(d) and res["fromfile_obj"] == [sha(d[3:53]), 53]
+    assert res["mmap"] == [sha(d), len(d), str(agent.state / "arena")], res["mmap"]
+    assert res["dup_cloexec"] == [True, sha(d[10:30]), 30], res["dup_cloexec"]
+    assert res["fork"] == [0, 60, sha(d[60:65])], res["fork"]
+    assert res["dup_plain"] == [True, True, False, 100, sha(d[100:110]), 110], res["dup_plain"]
+    assert res["stdin_child"] == sha(d)
+    assert res["scm_rights"] == [True, True], "an fd sent to another process is the file itself"
+    assert res["copyfile"] == sha(d)
+    assert res["flock"] == [True, True, 7, False], res["flock"]
+    c = res["counters"]
+    assert c["standins"] >= 5 and c["direct_reads"] == 0 and c["corrupt"] == 0 and c["stale"] == 0, c
+    assert agent.counters()["standins"] >= c["standins"]
+
+
+FLIP = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, sys
+p, arena, off = sys.argv[1], sys.argv[2], int(sys.argv[3])
+h = lambda b: hashlib.sha256(bytes(b)).hexdigest()
+fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+before = os.readlink(f"/proc/self/fd/{fd}")
+os.lseek(fd, 10, os.SEEK_SET)
+with open(arena, "r+b") as g:  # outside the root: a plain write
+    g.seek(off)
+    b = g.read(1)
+    g.seek(off)
+    g.write(bytes([b[0] ^ 0x40]))
+first = os.read(fd, 5)
+rest = os.read(fd, 1 << 20)
+print(json.dumps({"before": before, "after": os.readlink(f"/proc/self/fd/{fd}"), "cloexec": not os.get_inheritable(fd),
+                  "first": h(first), "rest": h(rest), "counters": counters()}))
+"""
+)
+
+
+def test_flipped_arena_byte_after_a_standin_open_reads_the_file(built, dataset, start_agent):
+    agent = start_agent("dir")
+    off, size = agent.manifest()["a/x.bin"]
+    p = dataset / "a" / "x.bin"
+    d = p.read_bytes()
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-c", FLIP, str(p), str(agent.state / "arena"), str(off + size // 2)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    res = json.loads(r.stdout)
+    assert res["before"] == str(agent.state / "arena"), res
+    assert res["after"] == str(p) and res["cloexec"], "the fallback replaces the fd by the file, keeping O_CLOEXEC"
+    assert res["first"] == sha(d[10:15]) and res["rest"] == sha(d[15:]), "the fallback continues at the position"
+    c = res["counters"]
+    assert c["corrupt"] >= 1 and c["direct_reads"] >= 1 and c["standins"] == 1, c
+    assert b"fail their checksum" in r.stderr
+
+
+KEPT = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, sys
+p, alias = sys.argv[1], sys.argv[2]
+h = lambda b: hashlib.sha256(bytes(b)).hexdigest()
+f = open(p, "rb", buffering=0)
+first = f.read(100)
+with open(alias, "r+b") as g:
+    g.seek(50000); g.write(b"CHANGED!")
+rest = f.read()
+f.close()
+print(json.dumps({"first": h(first), "rest": h(rest), "again": h(open(p, "rb").read()), "counters": counters()}))
+"""
+)
+
+
+def test_standin_keeps_the_bytes_of_the_open_and_a_later_open_sees_the_change(built, dataset, start_agent, tmp_path):
+    p = dataset / "a" / "x.bin"
+    alias = tmp_path / "alias.bin"
+    os.link(p, alias)  # before the snapshot: the link changes the file's ctime
+    agent = start_agent("dir")
+    old = p.read_bytes()
+    time.sleep(0.01)  # a later change time than the snapshot's
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-c", KEPT, str(p), str(alias)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    new = p.read_bytes()
+    assert new != old
+    # Opened before the change: the bytes as of the open (a read-only copy); opened after: new.
+    assert out["first"] == sha(old[:100]) and out["rest"] == sha(old[100:]) and out["again"] == sha(new)
+    c = out["counters"]
+    assert c["standins"] == 1 and c["stale"] >= 1, c
+
+
+LOCAL_FS = {
+    "ef53",
+    "58465342",
+    "9123683e",
+    "1021994",
+    "858458f6",
+    "794c7630",
+    "f2f52010",
+    "2fc12fc1",
+    "ca451a4e",
+    "3153464a",
+    "52654973",
+    "73717368",
+}
+
+
+@pytest.mark.parametrize("setting", ["0", "auto"])
+def test_standin_opens_can_be_turned_off(built, dataset, start_agent, setting):
+    if setting == "auto":
+        fs = subprocess.run(["stat", "-f", "-c", "%t", str(dataset)], capture_output=True, text=True)
+        if fs.returncode != 0 or fs.stdout.strip() not in LOCAL_FS:
+            pytest.skip(f"the dataset's file system (statfs type {fs.stdout.strip()!r}) is not a local one: auto uses stand-ins there")
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    if setting == "auto":
+        del env["CLAIRVOYANT_STANDIN"]
+    else:
+        env["CLAIRVOYANT_STANDIN"] = setting
+    r = run([sys.executable, "-c", READER, str(dataset), *FILES], env)
+    assert r.returncode == 0, r.stderr.decode()
+    out = json.loads(r.stdout)
+    check_reader_output(dataset, out)
+    c = out["counters"]
+    assert c["standins"] == 0 and c["cached_reads"] > 0 and c["direct_reads"] == 0, c

@@ -29,6 +29,7 @@ COUNTERS = (
     "stale",
     "mmaps",
     "lookups",
+    "standins",
 )
 
 

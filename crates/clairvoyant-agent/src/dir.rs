@@ -60,8 +60,10 @@ pub mod counter {
     pub const MMAPS: usize = 10;
     /// Round trips to the agent.
     pub const LOOKUPS: usize = 11;
+    /// Opens served by a stand-in (the arena file) without opening the dataset file.
+    pub const STANDINS: usize = 12;
     /// Names of the counters above, in index order (for stats output).
-    pub const NAMES: [&str; 12] = [
+    pub const NAMES: [&str; 13] = [
         "opens",
         "cached_reads",
         "cached_bytes",
@@ -74,6 +76,7 @@ pub mod counter {
         "stale",
         "mmaps",
         "lookups",
+        "standins",
     ];
 }
 

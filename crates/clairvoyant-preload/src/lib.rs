@@ -8,6 +8,11 @@
 //! keeping the real file offset in step with `lseek`. Before serving it checks that the fd
 //! still names the same file and that the file has not changed, and verifies the cached bytes'
 //! checksum once per open. Any doubt or failure: the call goes to the real file.
+//!
+//! Stand-in opens (the `standin` section below): a read-only open of a file whose cached copy
+//! is current is not an open of the file at all; the fd is an open of the arena file, recorded
+//! as a stand-in, and every call that would otherwise reveal the arena is answered for the
+//! dataset file, or first turns the stand-in into a real open of the file (`make_real`).
 
 mod client;
 mod paths;
@@ -21,7 +26,7 @@ use paths::{Config, Place};
 use real::{errno, set_errno};
 use std::cell::Cell;
 use std::ffi::CStr;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use table::Table;
@@ -61,15 +66,17 @@ impl Drop for Guard {
 /// or the body panics, run `pass` (the real call) instead.
 macro_rules! guarded {
     ($pass:expr, $body:expr) => {{
-        match Guard::enter() {
+        match $crate::Guard::enter() {
             None => $pass,
-            Some(_g) => match catch_unwind(AssertUnwindSafe(|| $body)) {
+            Some(_g) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| $body)) {
                 Ok(v) => v,
                 Err(_) => $pass,
             },
         }
     }};
 }
+
+mod standin;
 
 /// Print `msg` on stderr once per process per `key`.
 pub(crate) fn notice_once(key: &str, msg: &str) {
@@ -82,11 +89,16 @@ pub(crate) fn notice_once(key: &str, msg: &str) {
 }
 
 extern "C" fn fork_child() {
+    // SAFETY: getpid has no preconditions.
+    table::OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
     TABLE.after_fork();
+    standin::REAL_LOCK.store(false, Ordering::Relaxed);
     client::fork_child();
 }
 
 extern "C" fn init() {
+    // SAFETY: getpid has no preconditions.
+    table::OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
     // SAFETY: registering fork handlers; they live as long as the process (never unloaded).
     unsafe { libc::pthread_atfork(Some(client::fork_prepare), Some(client::fork_parent), Some(fork_child)) };
     if let Some(_g) = Guard::enter() {
@@ -112,7 +124,18 @@ enum Src {
     Direct,
 }
 
+/// What a stand-in fd stands for.
+struct StandIn {
+    /// The dataset file's `stat` at open (what `fstat` of the fd answers).
+    st: libc::stat,
+    /// The path as opened, made absolute at open (the fallback opens it).
+    path: std::ffi::CString,
+    /// The open's flags without `O_CLOEXEC`.
+    flags: c_int,
+}
+
 struct FdInfo {
+    /// The device and inode the fd names: the dataset file's, or for a stand-in the arena's.
     dev: u64,
     ino: u64,
     size: u64,
@@ -122,6 +145,8 @@ struct FdInfo {
     src: Src,
     session: Option<Arc<Session>>,
     state: AtomicU8,
+    /// Set when the fd is an open of the arena standing in for the dataset file.
+    standin: Option<StandIn>,
 }
 
 static TABLE: Table<FdInfo> = Table::new();
@@ -147,10 +172,18 @@ fn last_change_ns(st: &libc::stat) -> u64 {
     ns(st.st_mtime, st.st_mtime_nsec).max(ns(st.st_ctime, st.st_ctime_nsec))
 }
 
-fn fstat(fd: c_int) -> Option<libc::stat> {
-    // SAFETY: plain fstat into a zeroed struct (fstat is not interposed).
+/// The real `fstat` of `fd` (never the stand-in answer).
+pub(crate) fn real_fstat(fd: c_int) -> Option<libc::stat> {
+    // SAFETY: plain fstat into a zeroed struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
+    let mut r = unsafe { real::fstat(fd, &mut st) };
+    if r != 0 && errno() == libc::ENOSYS {
+        // glibc before 2.33 exports no `fstat` symbol, only `__fxstat`.
+        const STAT_VER: c_int = if cfg!(target_arch = "x86_64") { 1 } else { 0 };
+        // SAFETY: as above.
+        r = unsafe { real::__fxstat(STAT_VER, fd, &mut st) };
+    }
+    (r == 0).then_some(st)
 }
 
 impl FdInfo {
@@ -168,13 +201,20 @@ impl FdInfo {
         if !self.is_cached() || self.state.load(Ordering::Relaxed) == DROPPED {
             return None;
         }
-        let st = fstat(fd)?;
+        let st = real_fstat(fd)?;
         if st.st_dev != self.dev || st.st_ino != self.ino {
             // The fd was closed behind our back and now names another file.
             TABLE.remove_if(fd, self);
             return None;
         }
-        if st.st_size as u64 != self.size || last_change_ns(&st) != self.change_ns {
+        if let (Some(_), Src::Arena(e)) = (&self.standin, &self.src) {
+            // A stand-in keeps the bytes of the open; only a truncated arena stops it.
+            if (st.st_size as u64) < e.offset.saturating_add(e.size) {
+                self.state.store(DROPPED, Ordering::Relaxed);
+                self.count(counter::CORRUPT, 1);
+                return None;
+            }
+        } else if st.st_size as u64 != self.size || last_change_ns(&st) != self.change_ns {
             self.state.store(DROPPED, Ordering::Relaxed);
             self.count(counter::STALE, 1);
             return None;
@@ -305,7 +345,7 @@ fn track(cfg: &Config, fd: c_int, rel: Vec<u8>, flags: c_int) {
     if fd < 0 || fd as usize >= table::MAX_FD || flags & (libc::O_PATH | libc::O_DIRECT) != 0 {
         return;
     }
-    let Some(st) = fstat(fd) else { return };
+    let Some(st) = real_fstat(fd) else { return };
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return;
     }
@@ -355,6 +395,7 @@ fn track(cfg: &Config, fd: c_int, rel: Vec<u8>, flags: c_int) {
         src,
         session,
         state: AtomicU8::new(UNVERIFIED),
+        standin: None,
     };
     TABLE.set(fd, Some(Arc::new(info)));
 }
@@ -385,6 +426,10 @@ unsafe fn open_common(dirfd: c_int, path: *const c_char, flags: c_int, call: imp
             Place::Under(_) if is_write(flags) => refuse_write(p),
             Place::Under(rel) => {
                 let saved = errno();
+                if let Some(fd) = standin::open(cfg, dirfd, path, p, &rel, flags) {
+                    set_errno(saved);
+                    return fd;
+                }
                 let fd = call();
                 if fd >= 0 {
                     track(cfg, fd, rel, flags);
@@ -500,7 +545,7 @@ fn serve(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>) -> Option<(ss
         Some(p) if p < 0 => return Some((-2, info)),
         Some(p) => p,
         // SAFETY: lseek is not interposed; fd is open.
-        None => unsafe { libc::lseek(fd, 0, libc::SEEK_CUR) },
+        None => unsafe { real::lseek(fd, 0, libc::SEEK_CUR) },
     };
     if at < 0 {
         return Some((-2, info));
@@ -508,7 +553,7 @@ fn serve(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>) -> Option<(ss
     let got = copy_out(bytes, at as u64, bufs);
     if pos.is_none() {
         // SAFETY: as above.
-        if unsafe { libc::lseek(fd, at + got as off_t, libc::SEEK_SET) } < 0 {
+        if unsafe { real::lseek(fd, at + got as off_t, libc::SEEK_SET) } < 0 {
             return Some((-2, info));
         }
     }
@@ -522,10 +567,16 @@ fn read_common(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>, call: i
     if !TABLE.has(fd) {
         return call();
     }
-    guarded!(call(), {
+    guarded!(standin::pass(fd, &call), {
         match serve(fd, bufs, pos) {
             Some((r, _)) if r >= 0 => r,
             Some((_, info)) => {
+                // A stand-in that cannot be served becomes a real open first: bytes never come
+                // from the arena file through a real read.
+                if !standin::make_real(fd, &info) {
+                    set_errno(libc::EIO);
+                    return -1;
+                }
                 let r = call();
                 info.count_direct(r);
                 r
@@ -667,10 +718,36 @@ fn copy_slot(old: c_int, new: c_int) {
     }
 }
 
+/// Before a call that would give the fd's open file description to an exec'd program (a copy
+/// without `O_CLOEXEC`) or act on it as a file: a stand-in `fd` becomes a real open of the
+/// dataset file. False (errno `EIO`) when that fails; the call must then not be made.
+fn real_before(fd: c_int) -> bool {
+    if !TABLE.has(fd) {
+        return true;
+    }
+    guarded!(true, {
+        match TABLE.get(fd) {
+            Some(info) if info.standin.is_some() => {
+                let ok = standin::make_real(fd, &info);
+                if !ok {
+                    set_errno(libc::EIO);
+                }
+                ok
+            }
+            _ => true,
+        }
+    })
+}
+
 /// # Safety
 /// C's `dup`.
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // The copy has no O_CLOEXEC: stand-ins stay close-on-exec, so the source becomes real and
+    // the copy shares its offset as the kernel's dup does.
+    if !real_before(fd) {
+        return -1;
+    }
     let r = unsafe { real::dup(fd) };
     copy_slot(fd, r);
     r
@@ -680,6 +757,9 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// C's `dup2`.
 #[no_mangle]
 pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    if fd != new && !real_before(fd) {
+        return -1;
+    }
     let r = unsafe { real::dup2(fd, new) };
     copy_slot(fd, r);
     r
@@ -689,15 +769,31 @@ pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
 /// C's `dup3`.
 #[no_mangle]
 pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    if fd != new && flags & libc::O_CLOEXEC == 0 && !real_before(fd) {
+        return -1;
+    }
     let r = unsafe { real::dup3(fd, new, flags) };
     copy_slot(fd, r);
     r
+}
+
+/// Whether `fcntl(fd, cmd, arg)` on a stand-in needs the real file first: everything except
+/// reading the flags, making a close-on-exec copy and setting close-on-exec.
+fn fcntl_needs_real(cmd: c_int, arg: c_ulong) -> bool {
+    match cmd {
+        libc::F_GETFD | libc::F_GETFL | libc::F_DUPFD_CLOEXEC => false,
+        libc::F_SETFD => arg as c_int & libc::FD_CLOEXEC == 0,
+        _ => true,
+    }
 }
 
 /// # Safety
 /// C's `fcntl` (the third argument is passed on as it came).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if fcntl_needs_real(cmd, arg) && !real_before(fd) {
+        return -1;
+    }
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         copy_slot(fd, r);
@@ -709,6 +805,9 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// glibc's `fcntl64`.
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if fcntl_needs_real(cmd, arg) && !real_before(fd) {
+        return -1;
+    }
     let r = unsafe { real::fcntl64(fd, cmd, arg) };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         copy_slot(fd, r);
@@ -768,7 +867,10 @@ pub unsafe extern "C" fn mmap(
     if fd < 0 || !TABLE.has(fd) {
         return call();
     }
-    guarded!(call(), map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(call))
+    guarded!(
+        standin::pass_map(fd, &call),
+        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, &call))
+    )
 }
 
 /// # Safety
@@ -786,7 +888,10 @@ pub unsafe extern "C" fn mmap64(
     if fd < 0 || !TABLE.has(fd) {
         return call();
     }
-    guarded!(call(), map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(call))
+    guarded!(
+        standin::pass_map(fd, &call),
+        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, &call))
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -824,7 +929,8 @@ unsafe extern "C" fn ck_read(c: *mut c_void, buf: *mut c_char, n: size_t) -> ssi
 unsafe extern "C" fn ck_seek(c: *mut c_void, pos: *mut i64, whence: c_int) -> c_int {
     // SAFETY: as in ck_read; pos is stdio's in/out offset.
     let fd = unsafe { (*(c as *const Cookie)).fd };
-    let r = unsafe { libc::lseek(fd, *pos, whence) };
+    // Through the interposed lseek: SEEK_END of a stand-in is the dataset file's end.
+    let r = unsafe { standin::lseek(fd, *pos, whence) };
     if r < 0 {
         return -1;
     }
@@ -897,12 +1003,18 @@ unsafe fn fopen_common(path: *const c_char, mode: *const c_char, call: impl Fn()
             Place::Under(rel) => {
                 let flags = libc::O_RDONLY | if m.contains(&b'e') { libc::O_CLOEXEC } else { 0 };
                 let saved = errno();
-                // SAFETY: path is the caller's C string.
-                let fd = unsafe { real::open(path, flags, 0) };
-                if fd < 0 {
-                    return std::ptr::null_mut();
-                }
-                track(cfg, fd, rel, flags);
+                let fd = match standin::open(cfg, libc::AT_FDCWD, path, p, &rel, flags) {
+                    Some(fd) => fd,
+                    None => {
+                        // SAFETY: path is the caller's C string.
+                        let fd = unsafe { real::open(path, flags, 0) };
+                        if fd < 0 {
+                            return std::ptr::null_mut();
+                        }
+                        track(cfg, fd, rel, flags);
+                        fd
+                    }
+                };
                 let f = if TABLE.has(fd) {
                     cookie_stream(fd, mode)
                 } else {

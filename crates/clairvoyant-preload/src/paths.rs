@@ -15,6 +15,46 @@ pub const ENV_TIMEOUT_MS: &str = "CLAIRVOYANT_AGENT_TIMEOUT_MS";
 /// `open` (default): verify a cached file's checksum once per open; `process`: once per process
 /// and cached copy (a later open of the same file in the same process skips it).
 pub const ENV_VERIFY: &str = "CLAIRVOYANT_VERIFY";
+/// Stand-in opens (docs/transparent.md, "Stand-in opens"): `1` always, `0` never, anything else
+/// or unset (`auto`): unless the root is on a local file system, where a real open costs less
+/// than the `stat` plus arena open of a stand-in.
+pub const ENV_STANDIN: &str = "CLAIRVOYANT_STANDIN";
+
+/// `statfs` magic numbers of local file systems (linux/magic.h): ext2/3/4, XFS, Btrfs, tmpfs,
+/// ramfs, overlayfs, F2FS, ZFS, bcachefs, JFS, ReiserFS, squashfs.
+const LOCAL_FS: [i64; 12] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x8584_58F6,
+    0x794C_7630,
+    0xF2F5_2010,
+    0x2FC1_2FC1,
+    0xCA45_1A4E,
+    0x3153_464A,
+    0x5265_4973,
+    0x7371_7368,
+];
+
+/// Whether stand-in opens are used for `root` given the value of `CLAIRVOYANT_STANDIN`.
+fn standin_for(root: &[u8], var: Option<&OsStr>) -> bool {
+    match var.map(|v| v.as_bytes()) {
+        Some(b"0") => false,
+        Some(b"1") => true,
+        _ => {
+            let Ok(c) = std::ffi::CString::new(root) else {
+                return false;
+            };
+            // SAFETY: statfs into a zeroed struct; c is a C string.
+            let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+            if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
+                return false;
+            }
+            !LOCAL_FS.contains(&(fs.f_type as i64))
+        }
+    }
+}
 /// After a failed round trip, how long the agent is not asked again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -26,6 +66,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Verify each cached copy once per process instead of once per open.
     pub verify_per_process: bool,
+    /// Serve read-only opens of cached files without opening the file itself (`ENV_STANDIN`).
+    pub standin: bool,
 }
 
 impl Config {
@@ -54,11 +96,13 @@ impl Config {
             }
         }
         let verify_per_process = std::env::var_os(ENV_VERIFY).is_some_and(|v| v == "process");
+        let standin = standin_for(root, std::env::var_os(ENV_STANDIN).as_deref());
         Some(Config {
             roots,
             agent: PathBuf::from(agent),
             timeout,
             verify_per_process,
+            standin,
         })
     }
 }
@@ -150,6 +194,16 @@ pub fn classify_from(roots: &[Vec<u8>], base: &[u8], path: &[u8]) -> Place {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn standin_setting() {
+        let on = Some(OsStr::new("1"));
+        let off = Some(OsStr::new("0"));
+        assert!(standin_for(b"/no/such/root", on) && !standin_for(b"/", off));
+        assert!(!standin_for(b"/no/such/root", None), "statfs fails: real opens");
+        // /proc is no local disk file system: auto uses stand-ins there.
+        assert!(standin_for(b"/proc", None) && standin_for(b"/proc", Some(OsStr::new("auto"))));
+    }
 
     fn roots() -> Vec<Vec<u8>> {
         vec![b"/pfs/data".to_vec(), b"/mnt/real/data".to_vec()]

@@ -1,6 +1,6 @@
 //! The libc functions this library interposes, found once with `dlsym(RTLD_NEXT, ...)`.
 
-use libc::{c_char, c_int, c_ulong, c_void, iovec, mode_t, off_t, size_t, ssize_t, FILE};
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, iovec, mode_t, off_t, size_t, ssize_t, FILE};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The value a call returns when its libc function cannot be found (never in practice).
@@ -13,6 +13,11 @@ impl Fail for c_int {
     }
 }
 impl Fail for ssize_t {
+    fn fail() -> Self {
+        -1
+    }
+}
+impl Fail for i64 {
     fn fail() -> Self {
         -1
     }
@@ -96,6 +101,7 @@ reals_variadic! {
     openat64: fn(dirfd: c_int, path: *const c_char, flags: c_int; mode) -> c_int;
     fcntl: fn(fd: c_int, cmd: c_int; arg) -> c_int;
     fcntl64: fn(fd: c_int, cmd: c_int; arg) -> c_int;
+    ioctl: fn(fd: c_int, req: c_ulong; arg) -> c_int;
 }
 
 reals! {
@@ -125,4 +131,36 @@ reals! {
     dup3: fn(fd: c_int, new: c_int, flags: c_int) -> c_int;
     mmap: fn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
     mmap64: fn(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
+    fstat: fn(fd: c_int, buf: *mut libc::stat) -> c_int;
+    fstat64: fn(fd: c_int, buf: *mut libc::stat64) -> c_int;
+    __fxstat: fn(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int;
+    __fxstat64: fn(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int;
+    fstatat: fn(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int;
+    fstatat64: fn(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int;
+    __fxstatat: fn(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int;
+    __fxstatat64: fn(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int;
+    statx: fn(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int;
+    lseek: fn(fd: c_int, off: off_t, whence: c_int) -> off_t;
+    lseek64: fn(fd: c_int, off: off_t, whence: c_int) -> off_t;
+    sendfile: fn(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t;
+    sendfile64: fn(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t;
+    copy_file_range: fn(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
+    splice: fn(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
+    preadv2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    preadv64v2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    fchmod: fn(fd: c_int, mode: mode_t) -> c_int;
+    fchown: fn(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int;
+    futimens: fn(fd: c_int, times: *const libc::timespec) -> c_int;
+    flock: fn(fd: c_int, op: c_int) -> c_int;
+    fgetxattr: fn(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t;
+    fsetxattr: fn(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int;
+    flistxattr: fn(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t;
+    fremovexattr: fn(fd: c_int, name: *const c_char) -> c_int;
+    fstatfs: fn(fd: c_int, buf: *mut c_void) -> c_int;
+    fstatfs64: fn(fd: c_int, buf: *mut c_void) -> c_int;
+    fstatvfs: fn(fd: c_int, buf: *mut c_void) -> c_int;
+    fstatvfs64: fn(fd: c_int, buf: *mut c_void) -> c_int;
+    fexecve: fn(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    posix_spawn_file_actions_adddup2: fn(fa: *mut c_void, fd: c_int, newfd: c_int) -> c_int;
+    sendmsg: fn(sock: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t;
 }

@@ -6,8 +6,20 @@
 //! thread held a slot's lock can clear all lock bits ([`Table::after_fork`]) and find every
 //! pointer intact.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// The pid of the process the table describes (set at load and in a forked child; 0: unknown).
+pub static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+
+/// False in a child that shares the parent's memory without having gone through the fork
+/// handlers (`vfork`, `clone(CLONE_VM)`): its fds are its own but the table is the parent's, so
+/// it must not change the table (and must not make stand-ins, which only the table marks).
+pub fn owner() -> bool {
+    let p = OWNER_PID.load(Ordering::Relaxed);
+    // SAFETY: getpid has no preconditions.
+    p == 0 || p == unsafe { libc::getpid() }
+}
 
 /// fds at or above this pass through untracked.
 pub const MAX_FD: usize = 65536;
@@ -78,6 +90,9 @@ impl<T> Table<T> {
         if v.is_none() && s.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        if !owner() {
+            return None;
+        }
         let new = v.map_or(0, |a| Arc::into_raw(a) as usize);
         let old = Self::lock(s);
         s.store(new, Ordering::Release);
@@ -88,6 +103,9 @@ impl<T> Table<T> {
     /// Clear `fd` only if it still holds `expect`.
     pub fn remove_if(&self, fd: i32, expect: &Arc<T>) {
         let Some(s) = self.slot(fd) else { return };
+        if !owner() {
+            return;
+        }
         let old = Self::lock(s);
         if old == Arc::as_ptr(expect) as usize {
             s.store(0, Ordering::Release);

@@ -1,0 +1,669 @@
+//! Stand-in opens: a read-only open of a dataset file whose cached copy is current does not
+//! open the file. The fd is an open of the arena file (own open file description), recorded in
+//! the fd table as a stand-in with the dataset file's `stat`; its kernel file offset holds the
+//! position in the dataset file (lseek of a regular file accepts any offset), so `serve`'s
+//! read/lseek logic, dup and fork keep working unchanged.
+//!
+//! Every call that would otherwise reveal the arena is answered for the dataset file (`fstat`
+//! family, `statx`/`fstatat` on the fd, `lseek` with `SEEK_END`/`SEEK_DATA`/`SEEK_HOLE`) or first
+//! turns the stand-in into a real open of the file ([`make_real`]): a mapping that cannot be
+//! served, a read that cannot be served (checksum, truncated arena, mapping lost), a copy without
+//! close-on-exec, locks, ioctls, xattrs, `sendfile`/`splice`/`copy_file_range`/`preadv2`.
+//! Stand-ins are close-on-exec only (opens with `O_CLOEXEC`, and copies made with it), so an
+//! exec'd program never inherits one.
+
+use crate::client::{self, count};
+use crate::paths::Config;
+use crate::real::{self, errno, set_errno};
+use crate::{base_dir, last_change_ns, notice_once, real_fstat, FdInfo, Src, StandIn, DROPPED, TABLE, UNVERIFIED};
+use clairvoyant_agent::dir::{counter, path_key};
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, off_t, size_t, ssize_t};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// The open flags a stand-in accepts (besides `O_RDONLY`, which is 0); any other flag: a real open.
+const FLAGS: c_int = libc::O_CLOEXEC | libc::O_LARGEFILE | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_NOATIME;
+
+/// Whether this process may read a file of this `stat` by its mode bits. `false` is also the
+/// inconclusive answer (too many groups): the caller then makes the real open, whose errno is
+/// exact.
+fn readable(st: &libc::stat) -> bool {
+    let mut groups = [0 as libc::gid_t; 256];
+    // SAFETY: id getters have no preconditions; the buffer holds `groups.len()` entries.
+    let (euid, egid, n) = unsafe {
+        (
+            libc::geteuid(),
+            libc::getegid(),
+            libc::getgroups(groups.len() as c_int, groups.as_mut_ptr()),
+        )
+    };
+    if n < 0 {
+        return euid == 0;
+    }
+    readable_by(st, euid, egid, &groups[..n as usize])
+}
+
+/// The kernel's read permission check by mode bits alone (no ACLs, no security modules).
+fn readable_by(st: &libc::stat, euid: libc::uid_t, egid: libc::gid_t, groups: &[libc::gid_t]) -> bool {
+    if euid == 0 {
+        return true;
+    }
+    let bit = if st.st_uid == euid {
+        libc::S_IRUSR
+    } else if st.st_gid == egid || groups.contains(&st.st_gid) {
+        libc::S_IRGRP
+    } else {
+        libc::S_IROTH
+    };
+    st.st_mode & bit != 0
+}
+
+/// The absolute form of the path an open was given (relative to the cwd or `dirfd`).
+fn absolute(dirfd: c_int, p: &[u8]) -> Option<CString> {
+    if p.first() == Some(&b'/') {
+        return CString::new(p).ok();
+    }
+    let mut buf = [0u8; 4096];
+    let n = base_dir(dirfd, &mut buf)?;
+    let mut v = Vec::with_capacity(n + 1 + p.len());
+    v.extend_from_slice(&buf[..n]);
+    v.push(b'/');
+    v.extend_from_slice(p);
+    CString::new(v).ok()
+}
+
+/// Try a stand-in open of the dataset file `rel` opened as `path` (`p`, relative to `dirfd`)
+/// with `flags`. `None`: make the real open (errno may have been changed; the caller restores
+/// it on success).
+pub(crate) fn open(
+    cfg: &Config,
+    dirfd: c_int,
+    path: *const c_char,
+    p: &[u8],
+    rel: &[u8],
+    flags: c_int,
+) -> Option<c_int> {
+    if !cfg.standin
+        || !crate::table::owner()
+        || flags & libc::O_CLOEXEC == 0
+        || flags & !FLAGS != 0
+        || flags & libc::O_ACCMODE != libc::O_RDONLY
+    {
+        return None;
+    }
+    let session = client::session(cfg)?;
+    let arena = session.arena.as_ref()?;
+    let e = session.dir.as_ref()?.lookup(path_key(rel))?;
+    arena.slice(e.offset, e.size)?;
+    // The file's metadata only: it resolves the path as the open would (symlinks followed).
+    // SAFETY: a plain stat into a zeroed struct; path is the caller's C string.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { real::fstatat(dirfd, path, &mut st, 0) } != 0 {
+        return None;
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 != e.size || last_change_ns(&st) != e.mtime_ns {
+        return None;
+    }
+    if !readable(&st) {
+        return None;
+    }
+    // O_NOATIME: EPERM unless the owner (or privileged): let the real open answer.
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if flags & libc::O_NOATIME != 0 && euid != 0 && euid != st.st_uid {
+        return None;
+    }
+    let abs = absolute(dirfd, p)?;
+    // SAFETY: the arena's path is a C string; the flags are the caller's (read-only).
+    let fd = unsafe { real::open(arena.path.as_ptr(), flags, 0) };
+    if fd < 0 {
+        return None;
+    }
+    let same = real_fstat(fd).filter(|a| a.st_dev == arena.dev && a.st_ino == arena.ino);
+    let Some(ast) = same.filter(|_| (fd as usize) < crate::table::MAX_FD) else {
+        // SAFETY: our own fd, not yet handed out.
+        unsafe { real::close(fd) };
+        return None;
+    };
+    count(Some(&session), counter::OPENS, 1);
+    count(Some(&session), counter::STANDINS, 1);
+    let info = FdInfo {
+        dev: ast.st_dev,
+        ino: ast.st_ino,
+        size: e.size,
+        change_ns: e.mtime_ns,
+        rel: rel.into(),
+        src: Src::Arena(e),
+        session: Some(session.clone()),
+        state: AtomicU8::new(UNVERIFIED),
+        standin: Some(StandIn {
+            st,
+            path: abs,
+            flags: flags & !libc::O_CLOEXEC,
+        }),
+    };
+    TABLE.set(fd, Some(Arc::new(info)));
+    Some(fd)
+}
+
+/// Held while a stand-in becomes real (released in a forked child).
+pub(crate) static REAL_LOCK: AtomicBool = AtomicBool::new(false);
+
+struct RealLock;
+
+impl RealLock {
+    fn take() -> RealLock {
+        while REAL_LOCK
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            // Held for one open + dup3 by another thread.
+            std::thread::yield_now();
+        }
+        RealLock
+    }
+}
+
+impl Drop for RealLock {
+    fn drop(&mut self) {
+        REAL_LOCK.store(false, Ordering::Release);
+    }
+}
+
+/// Whether `fd` still is the stand-in `info` (not closed behind our back, not made real).
+fn still_standin(fd: c_int, info: &FdInfo) -> bool {
+    info.standin.is_some() && real_fstat(fd).is_some_and(|st| st.st_dev == info.dev && st.st_ino == info.ino)
+}
+
+/// Turn the stand-in `fd` into a real open of the dataset file: open the file, `dup3` it onto
+/// `fd` (keeping its close-on-exec state), set its offset to the stand-in's position, close the
+/// temporary fd, and replace the table entry by a direct one (still served from the cache unless
+/// the cached copy was dropped). True when `fd` no longer is a stand-in; false when the file
+/// cannot be opened (errno untouched; the caller reports `EIO`).
+pub(crate) fn make_real(fd: c_int, info: &Arc<FdInfo>) -> bool {
+    let Some(si) = &info.standin else { return true };
+    let _l = RealLock::take();
+    if !still_standin(fd, info) {
+        return true; // another thread made it real, or the fd names something else now
+    }
+    let saved = errno();
+    let fail = |why: String| {
+        notice_once(
+            "standin-real",
+            &format!(
+                "clairvoyant: cannot open {} to replace its cached stand-in ({why}); the read fails with EIO",
+                si.path.to_string_lossy()
+            ),
+        );
+        set_errno(saved);
+        false
+    };
+    // SAFETY: fcntl/lseek on an open fd.
+    let fdflags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    let pos = unsafe { real::lseek(fd, 0, libc::SEEK_CUR) };
+    if fdflags < 0 || pos < 0 {
+        return fail(std::io::Error::last_os_error().to_string());
+    }
+    // SAFETY: the recorded absolute path; read-only flags of the original open.
+    let tmp = unsafe { real::open(si.path.as_ptr(), si.flags | libc::O_CLOEXEC, 0) };
+    if tmp < 0 {
+        return fail(std::io::Error::last_os_error().to_string());
+    }
+    let Some(st) = real_fstat(tmp) else {
+        // SAFETY: our temporary fd.
+        unsafe { real::close(tmp) };
+        return fail("fstat failed".into());
+    };
+    let cloexec = if fdflags & libc::FD_CLOEXEC != 0 {
+        libc::O_CLOEXEC
+    } else {
+        0
+    };
+    // SAFETY: both fds are open; fd's old description (the arena) is closed by dup3.
+    if unsafe { real::dup3(tmp, fd, cloexec) } < 0 {
+        let e = std::io::Error::last_os_error().to_string();
+        unsafe { real::close(tmp) };
+        return fail(e);
+    }
+    // SAFETY: fd is now the real file.
+    unsafe {
+        real::lseek(fd, pos, libc::SEEK_SET);
+        real::close(tmp);
+    }
+    let dropped = info.state.load(Ordering::Relaxed) == DROPPED;
+    let src = match &info.src {
+        Src::Arena(e) if !dropped => Src::Arena(*e),
+        _ => Src::Direct,
+    };
+    let state = if dropped {
+        UNVERIFIED
+    } else {
+        info.state.load(Ordering::Acquire)
+    };
+    let real_info = FdInfo {
+        dev: st.st_dev,
+        ino: st.st_ino,
+        size: info.size,
+        change_ns: info.change_ns,
+        rel: info.rel.clone(),
+        src,
+        session: info.session.clone(),
+        state: AtomicU8::new(state),
+        standin: None,
+    };
+    TABLE.set(fd, Some(Arc::new(real_info)));
+    set_errno(saved);
+    true
+}
+
+/// The pass-through of a read when the library cannot run (a panic): a stand-in fails with
+/// `EIO` instead of reading the arena.
+pub(crate) fn pass(fd: c_int, call: &dyn Fn() -> ssize_t) -> ssize_t {
+    match TABLE.get(fd) {
+        Some(info) if still_standin(fd, &info) => {
+            set_errno(libc::EIO);
+            -1
+        }
+        _ => call(),
+    }
+}
+
+/// The same for `mmap`.
+pub(crate) fn pass_map(fd: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
+    match TABLE.get(fd) {
+        Some(info) if still_standin(fd, &info) => {
+            set_errno(libc::EIO);
+            libc::MAP_FAILED
+        }
+        _ => call(),
+    }
+}
+
+/// A mapping the cache cannot serve: never of the arena; a stand-in becomes real first.
+pub(crate) fn map_real(fd: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
+    match TABLE.get(fd) {
+        Some(info) if info.standin.is_some() && !make_real(fd, &info) => {
+            set_errno(libc::EIO);
+            libc::MAP_FAILED
+        }
+        _ => call(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What reveals the arena: stat of the fd, lseek from the end
+
+/// The dataset file's `stat` when `fd` is a stand-in.
+fn stat_of(fd: c_int) -> Option<libc::stat> {
+    if !TABLE.has(fd) {
+        return None;
+    }
+    let info = TABLE.get(fd)?;
+    let si = info.standin.as_ref()?;
+    still_standin(fd, &info).then_some(si.st)
+}
+
+/// Run `body` with the stand-in `stat` of `fd` inside the guard, or return `None`.
+fn with_stat<R>(fd: c_int, body: impl FnOnce(&libc::stat) -> R) -> Option<R> {
+    if !TABLE.has(fd) {
+        return None;
+    }
+    guarded!(None, stat_of(fd).map(|st| body(&st)))
+}
+
+const _: () = assert!(std::mem::size_of::<libc::stat>() == std::mem::size_of::<libc::stat64>());
+
+/// # Safety
+/// `buf` points to a writable `struct stat` (or `stat64`: the same layout here).
+unsafe fn put_stat(st: &libc::stat, buf: *mut c_void) -> c_int {
+    // SAFETY: per the caller.
+    unsafe { std::ptr::write_unaligned(buf as *mut libc::stat, *st) };
+    0
+}
+
+fn empty_path(path: *const c_char, flags: c_int) -> bool {
+    // SAFETY: a non-NULL C string from the caller.
+    flags & libc::AT_EMPTY_PATH != 0 && !path.is_null() && unsafe { *path } == 0
+}
+
+/// # Safety
+/// C's `fstat`.
+#[no_mangle]
+pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
+    with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) }).unwrap_or_else(|| unsafe { real::fstat(fd, buf) })
+}
+
+/// # Safety
+/// C's `fstat64`.
+#[no_mangle]
+pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int {
+    with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) }).unwrap_or_else(|| unsafe { real::fstat64(fd, buf) })
+}
+
+/// # Safety
+/// glibc's old `fstat` entry point.
+#[no_mangle]
+pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
+    with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) })
+        .unwrap_or_else(|| unsafe { real::__fxstat(ver, fd, buf) })
+}
+
+/// # Safety
+/// glibc's old `fstat64` entry point.
+#[no_mangle]
+pub unsafe extern "C" fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int {
+    with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) })
+        .unwrap_or_else(|| unsafe { real::__fxstat64(ver, fd, buf) })
+}
+
+/// # Safety
+/// C's `fstatat`.
+#[no_mangle]
+pub unsafe extern "C" fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
+    if empty_path(path, flags) {
+        if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
+            return r;
+        }
+    }
+    unsafe { real::fstatat(dirfd, path, buf, flags) }
+}
+
+/// # Safety
+/// C's `fstatat64`.
+#[no_mangle]
+pub unsafe extern "C" fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int {
+    if empty_path(path, flags) {
+        if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
+            return r;
+        }
+    }
+    unsafe { real::fstatat64(dirfd, path, buf, flags) }
+}
+
+/// # Safety
+/// glibc's old `fstatat` entry point.
+#[no_mangle]
+pub unsafe extern "C" fn __fxstatat(
+    ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    if empty_path(path, flags) {
+        if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
+            return r;
+        }
+    }
+    unsafe { real::__fxstatat(ver, dirfd, path, buf, flags) }
+}
+
+/// # Safety
+/// glibc's old `fstatat64` entry point.
+#[no_mangle]
+pub unsafe extern "C" fn __fxstatat64(
+    ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut libc::stat64,
+    flags: c_int,
+) -> c_int {
+    if empty_path(path, flags) {
+        if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
+            return r;
+        }
+    }
+    unsafe { real::__fxstatat64(ver, dirfd, path, buf, flags) }
+}
+
+/// The `statx` answer built from a `stat`: the basic fields (`stx_mask` says which).
+fn statx_of(st: &libc::stat) -> libc::statx {
+    // SAFETY: statx is plain data; all-zero is a valid value.
+    let mut x: libc::statx = unsafe { std::mem::zeroed() };
+    let ts = |s: i64, ns: i64| {
+        // SAFETY: as above.
+        let mut t: libc::statx_timestamp = unsafe { std::mem::zeroed() };
+        t.tv_sec = s;
+        t.tv_nsec = ns as u32;
+        t
+    };
+    x.stx_mask = libc::STATX_BASIC_STATS;
+    x.stx_blksize = st.st_blksize as u32;
+    x.stx_nlink = st.st_nlink as u32;
+    x.stx_uid = st.st_uid;
+    x.stx_gid = st.st_gid;
+    x.stx_mode = st.st_mode as u16;
+    x.stx_ino = st.st_ino;
+    x.stx_size = st.st_size as u64;
+    x.stx_blocks = st.st_blocks as u64;
+    x.stx_atime = ts(st.st_atime, st.st_atime_nsec);
+    x.stx_mtime = ts(st.st_mtime, st.st_mtime_nsec);
+    x.stx_ctime = ts(st.st_ctime, st.st_ctime_nsec);
+    x.stx_rdev_major = libc::major(st.st_rdev);
+    x.stx_rdev_minor = libc::minor(st.st_rdev);
+    x.stx_dev_major = libc::major(st.st_dev);
+    x.stx_dev_minor = libc::minor(st.st_dev);
+    x
+}
+
+/// # Safety
+/// C's `statx`.
+#[no_mangle]
+pub unsafe extern "C" fn statx(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mask: c_uint,
+    buf: *mut libc::statx,
+) -> c_int {
+    if empty_path(path, flags) && !buf.is_null() {
+        // SAFETY: the caller's writable statx.
+        if let Some(r) = with_stat(dirfd, |st| unsafe {
+            std::ptr::write_unaligned(buf, statx_of(st));
+            0
+        }) {
+            return r;
+        }
+    }
+    unsafe { real::statx(dirfd, path, flags, mask, buf) }
+}
+
+/// `lseek` of a stand-in for the whences that depend on the file's size.
+fn seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
+    let size = with_stat(fd, |st| st.st_size)?;
+    let target = match whence {
+        libc::SEEK_END => off.checked_add(size).filter(|t| *t >= 0),
+        // A file without holes: data everywhere before the end, the one hole at the end.
+        libc::SEEK_DATA | libc::SEEK_HOLE if off < 0 || off >= size => {
+            set_errno(libc::ENXIO);
+            return Some(-1);
+        }
+        libc::SEEK_DATA => Some(off),
+        _ => Some(size),
+    };
+    let Some(t) = target else {
+        set_errno(libc::EINVAL);
+        return Some(-1);
+    };
+    // SAFETY: lseek on an open fd.
+    Some(unsafe { real::lseek(fd, t, libc::SEEK_SET) })
+}
+
+fn size_whence(whence: c_int) -> bool {
+    matches!(whence, libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE)
+}
+
+/// # Safety
+/// C's `lseek`.
+#[no_mangle]
+pub unsafe extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    if size_whence(whence) {
+        if let Some(r) = seek(fd, off, whence) {
+            return r;
+        }
+    }
+    unsafe { real::lseek(fd, off, whence) }
+}
+
+/// # Safety
+/// C's `lseek64`.
+#[no_mangle]
+pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    if size_whence(whence) {
+        if let Some(r) = seek(fd, off, whence) {
+            return r;
+        }
+    }
+    unsafe { real::lseek64(fd, off, whence) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls that act on the open file itself: a stand-in becomes real first
+
+/// Make `fd` real when it is a stand-in; false (errno `EIO`) when that failed.
+fn ready(fd: c_int) -> bool {
+    crate::real_before(fd)
+}
+
+macro_rules! real_first {
+    ($( $name:ident ( $($a:ident : $t:ty),* ) -> $r:ty [$fd:ident] ; )*) => {
+        $(
+            /// # Safety
+            /// The C function of this name; a stand-in fd becomes a real open first.
+            #[no_mangle]
+            pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+                if !ready($fd) {
+                    return <$r as real::Fail>::fail();
+                }
+                unsafe { real::$name($($a),*) }
+            }
+        )*
+    };
+}
+
+real_first! {
+    sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t [in_fd];
+    sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t [in_fd];
+    copy_file_range(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t [fd];
+    splice(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t [fd];
+    preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t [fd];
+    preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t [fd];
+    fchmod(fd: c_int, mode: libc::mode_t) -> c_int [fd];
+    fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int [fd];
+    futimens(fd: c_int, times: *const libc::timespec) -> c_int [fd];
+    flock(fd: c_int, op: c_int) -> c_int [fd];
+    fgetxattr(fd: c_int, name: *const c_char, value: *mut c_void, size: size_t) -> ssize_t [fd];
+    fsetxattr(fd: c_int, name: *const c_char, value: *const c_void, size: size_t, flags: c_int) -> c_int [fd];
+    flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t [fd];
+    fremovexattr(fd: c_int, name: *const c_char) -> c_int [fd];
+    fstatfs(fd: c_int, buf: *mut c_void) -> c_int [fd];
+    fstatfs64(fd: c_int, buf: *mut c_void) -> c_int [fd];
+    fstatvfs(fd: c_int, buf: *mut c_void) -> c_int [fd];
+    fstatvfs64(fd: c_int, buf: *mut c_void) -> c_int [fd];
+    fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int [fd];
+}
+
+/// # Safety
+/// C's `ioctl` (the third argument is passed on as it came). `FIOCLEX` keeps a stand-in; any
+/// other request makes it real first.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
+    if req != libc::FIOCLEX && !ready(fd) {
+        return -1;
+    }
+    unsafe { real::ioctl(fd, req, arg) }
+}
+
+/// # Safety
+/// C's `sendmsg`: fds passed to another process (`SCM_RIGHTS`) are never stand-ins; each one
+/// becomes real first.
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(sock: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: the caller's msghdr and its control buffer, walked with the libc CMSG macros.
+    unsafe {
+        if !msg.is_null() && !(*msg).msg_control.is_null() {
+            let mut c = libc::CMSG_FIRSTHDR(msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(c) as *const c_int;
+                    let n = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize) / 4;
+                    for i in 0..n {
+                        if !ready(std::ptr::read_unaligned(data.add(i))) {
+                            return -1;
+                        }
+                    }
+                }
+                c = libc::CMSG_NXTHDR(msg, c);
+            }
+        }
+        real::sendmsg(sock, msg, flags)
+    }
+}
+
+/// # Safety
+/// C's `posix_spawn_file_actions_adddup2`: the spawned program gets `fd` without close-on-exec,
+/// so a stand-in becomes real first.
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(fa: *mut c_void, fd: c_int, newfd: c_int) -> c_int {
+    if !ready(fd) {
+        return libc::EIO;
+    }
+    unsafe { real::posix_spawn_file_actions_adddup2(fa, fd, newfd) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statx_carries_the_stat_fields() {
+        // SAFETY: zeroed plain data.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        st.st_size = 110_000;
+        st.st_mode = libc::S_IFREG | 0o640;
+        st.st_ino = 77;
+        st.st_dev = libc::makedev(8, 3);
+        st.st_mtime = 1_700_000_000;
+        st.st_mtime_nsec = 123;
+        let x = statx_of(&st);
+        assert_eq!(
+            (x.stx_size, x.stx_ino, x.stx_mode as u32),
+            (110_000, 77, libc::S_IFREG | 0o640)
+        );
+        assert_eq!((x.stx_dev_major, x.stx_dev_minor), (8, 3));
+        assert_eq!((x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec), (1_700_000_000, 123));
+        assert_eq!(x.stx_mask, libc::STATX_BASIC_STATS);
+    }
+
+    #[test]
+    fn read_permission_by_mode_bits() {
+        // SAFETY: zeroed plain data.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        st.st_uid = 1000;
+        st.st_gid = 100;
+        st.st_mode = libc::S_IFREG | 0o044; // group and others, not the owner
+        assert!(
+            !readable_by(&st, 1000, 100, &[]),
+            "the owner class decides for the owner"
+        );
+        assert!(readable_by(&st, 1001, 100, &[]), "group by egid");
+        assert!(readable_by(&st, 1001, 5, &[7, 100]), "group by a supplementary group");
+        assert!(readable_by(&st, 1001, 5, &[]), "others");
+        st.st_mode = libc::S_IFREG | 0o600;
+        assert!(readable_by(&st, 1000, 5, &[]));
+        assert!(!readable_by(&st, 1001, 100, &[100]));
+        assert!(!readable_by(&st, 1001, 5, &[]));
+        st.st_mode = libc::S_IFREG;
+        assert!(readable_by(&st, 0, 0, &[]), "root reads any regular file");
+    }
+
+    #[test]
+    fn empty_path_needs_the_flag() {
+        let e = c"";
+        assert!(empty_path(e.as_ptr(), libc::AT_EMPTY_PATH));
+        assert!(!empty_path(e.as_ptr(), 0));
+        assert!(!empty_path(c"x".as_ptr(), libc::AT_EMPTY_PATH));
+        assert!(!empty_path(std::ptr::null(), libc::AT_EMPTY_PATH));
+    }
+}
