@@ -23,11 +23,6 @@ pub static LOCAL: [AtomicU64; 32] = [const { AtomicU64::new(0) }; 32];
 pub struct Arena {
     ptr: *const u8,
     len: usize,
-    /// The arena's path and identity: stand-in opens open this file and check it is the one
-    /// mapped here.
-    pub path: std::ffi::CString,
-    pub dev: u64,
-    pub ino: u64,
 }
 
 // SAFETY: a read-only shared mapping, unmapped only on drop.
@@ -56,15 +51,10 @@ impl Arena {
                 "arena is {flen} bytes, the agent announced {len}"
             )));
         }
-        let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| io::Error::other("arena path contains a NUL byte"))?;
         if len == 0 {
             return Ok(Arena {
                 ptr: std::ptr::null(),
                 len: 0,
-                path: cpath,
-                dev: meta.dev(),
-                ino: meta.ino(),
             });
         }
         // SAFETY: a fresh read-only shared mapping of an open file; the file can be closed after.
@@ -84,9 +74,6 @@ impl Arena {
         Ok(Arena {
             ptr: p as *const u8,
             len: len as usize,
-            path: cpath,
-            dev: meta.dev(),
-            ino: meta.ino(),
         })
     }
 

@@ -113,8 +113,8 @@ static INIT: extern "C" fn() = init;
 // ---------------------------------------------------------------------------------------------
 // The fd table
 
-const UNVERIFIED: u8 = 0;
-const VERIFIED: u8 = 1;
+pub(crate) const UNVERIFIED: u8 = 0;
+pub(crate) const VERIFIED: u8 = 1;
 /// Read the real file from now on (stale or corrupt).
 const DROPPED: u8 = 2;
 
@@ -208,8 +208,8 @@ impl FdInfo {
             return None;
         }
         if let (Some(_), Src::Arena(e)) = (&self.standin, &self.src) {
-            // A stand-in keeps the bytes of the open; only a truncated arena stops it.
-            if (st.st_size as u64) < e.offset.saturating_add(e.size) {
+            // A stand-in is a sealed copy of the bytes of the open: it cannot change size.
+            if st.st_size as u64 != e.size {
                 self.state.store(DROPPED, Ordering::Relaxed);
                 self.count(counter::CORRUPT, 1);
                 return None;
@@ -537,6 +537,10 @@ fn copy_out(bytes: &[u8], pos: u64, bufs: &[(*mut u8, usize)]) -> usize {
 /// return `None` to make the caller do the real call (counting it as a direct read).
 fn serve(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>) -> Option<(ssize_t, Arc<FdInfo>)> {
     let info = TABLE.get(fd)?;
+    if info.standin.is_some() {
+        // The stand-in is the file's verified copy: the kernel reads it, no arena involved.
+        return Some((STANDIN_READ, info));
+    }
     let Some(bytes) = info.bytes(fd) else {
         return Some((-2, info));
     };
@@ -562,6 +566,9 @@ fn serve(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>) -> Option<(ss
     Some((got as ssize_t, info))
 }
 
+/// What `serve` answers for a stand-in: make the real call, on the copy.
+const STANDIN_READ: ssize_t = -3;
+
 /// The read-family template: serve from the cache, or make the real call.
 fn read_common(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>, call: impl Fn() -> ssize_t) -> ssize_t {
     if !TABLE.has(fd) {
@@ -570,13 +577,14 @@ fn read_common(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>, call: i
     guarded!(standin::pass(fd, &call), {
         match serve(fd, bufs, pos) {
             Some((r, _)) if r >= 0 => r,
-            Some((_, info)) => {
-                // A stand-in that cannot be served becomes a real open first: bytes never come
-                // from the arena file through a real read.
-                if !standin::make_real(fd, &info) {
-                    set_errno(libc::EIO);
-                    return -1;
+            Some((STANDIN_READ, info)) => {
+                let r = call();
+                if r >= 0 {
+                    info.count_served(r as usize);
                 }
+                r
+            }
+            Some((_, info)) => {
                 let r = call();
                 info.count_direct(r);
                 r
@@ -822,6 +830,9 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 /// the cache. `None`: make the real call.
 fn map_cached(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> Option<*mut c_void> {
     let info = TABLE.get(fd)?;
+    if info.standin.is_some() {
+        return None; // the copy itself is mapped (`standin::map_real`)
+    }
     let shared = matches!(flags & 0x03, libc::MAP_SHARED | libc::MAP_SHARED_VALIDATE);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1) as off_t;
@@ -869,7 +880,7 @@ pub unsafe extern "C" fn mmap(
     }
     guarded!(
         standin::pass_map(fd, &call),
-        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, &call))
+        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, prot, flags, &call))
     )
 }
 
@@ -890,7 +901,7 @@ pub unsafe extern "C" fn mmap64(
     }
     guarded!(
         standin::pass_map(fd, &call),
-        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, &call))
+        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, prot, flags, &call))
     )
 }
 

@@ -1,21 +1,25 @@
 //! Stand-in opens: a read-only open of a dataset file whose cached copy is current does not
-//! open the file. The fd is an open of the arena file (own open file description), recorded in
-//! the fd table as a stand-in with the dataset file's `stat`; its kernel file offset holds the
-//! position in the dataset file (lseek of a regular file accepts any offset), so `serve`'s
-//! read/lseek logic, dup and fork keep working unchanged.
+//! open the file. The fd is a sealed in-memory copy of the file (`memfd`, its own open file
+//! description, the copy's checksum verified when made), recorded in the fd table as a stand-in
+//! with the dataset file's `stat`. Its size, contents and offsets are the file's, so what the
+//! library does not see (io_uring, raw system calls, `sendfile`, a mapping made by another
+//! library) still reads the file's bytes; reads the library sees are served from the arena as
+//! for any cached open, and dup and fork keep working unchanged.
 //!
-//! Every call that would otherwise reveal the arena is answered for the dataset file (`fstat`
-//! family, `statx`/`fstatat` on the fd, `lseek` with `SEEK_END`/`SEEK_DATA`/`SEEK_HOLE`) or first
-//! turns the stand-in into a real open of the file ([`make_real`]): a mapping that cannot be
-//! served, a read that cannot be served (checksum, truncated arena, mapping lost), a copy without
-//! close-on-exec, locks, ioctls, xattrs, `sendfile`/`splice`/`copy_file_range`/`preadv2`.
+//! Calls that would reveal the copy's own metadata are answered for the dataset file (`fstat`
+//! family, `statx`/`fstatat` on the fd, `lseek` with `SEEK_DATA`/`SEEK_HOLE`) or first turn the
+//! stand-in into a real open of the file ([`make_real`]): a read that cannot be served, a copy
+//! without close-on-exec, locks, ioctls, xattrs, `sendfile`/`splice`/`copy_file_range`/`preadv2`.
 //! Stand-ins are close-on-exec only (opens with `O_CLOEXEC`, and copies made with it), so an
-//! exec'd program never inherits one.
+//! exec'd program never inherits one. Files over 64 MiB are opened for real (each open stand-in
+//! holds a copy).
 
 use crate::client::{self, count};
 use crate::paths::Config;
 use crate::real::{self, errno, set_errno};
-use crate::{base_dir, last_change_ns, notice_once, real_fstat, FdInfo, Src, StandIn, DROPPED, TABLE, UNVERIFIED};
+use crate::{
+    base_dir, last_change_ns, notice_once, real_fstat, FdInfo, Src, StandIn, DROPPED, TABLE, UNVERIFIED, VERIFIED,
+};
 use clairvoyant_agent::dir::{counter, path_key};
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, off_t, size_t, ssize_t};
 use std::ffi::CString;
@@ -115,13 +119,13 @@ pub(crate) fn open(
         return None;
     }
     let abs = absolute(dirfd, p)?;
-    // SAFETY: the arena's path is a C string; the flags are the caller's (read-only).
-    let fd = unsafe { real::open(arena.path.as_ptr(), flags, 0) };
-    if fd < 0 {
-        return None;
+    let bytes = arena.slice(e.offset, e.size)?;
+    if clairvoyant_agent::checksum(bytes) != e.checksum {
+        count(Some(&session), counter::CORRUPT, 1);
+        return None; // the real open; its reads go to the file system
     }
-    let same = real_fstat(fd).filter(|a| a.st_dev == arena.dev && a.st_ino == arena.ino);
-    let Some(ast) = same.filter(|_| (fd as usize) < crate::table::MAX_FD) else {
+    let fd = copy_fd(&abs, bytes)?;
+    let Some(ast) = real_fstat(fd).filter(|_| (fd as usize) < crate::table::MAX_FD) else {
         // SAFETY: our own fd, not yet handed out.
         unsafe { real::close(fd) };
         return None;
@@ -136,7 +140,7 @@ pub(crate) fn open(
         rel: rel.into(),
         src: Src::Arena(e),
         session: Some(session.clone()),
-        state: AtomicU8::new(UNVERIFIED),
+        state: AtomicU8::new(VERIFIED),
         standin: Some(StandIn {
             st,
             path: abs,
@@ -144,6 +148,42 @@ pub(crate) fn open(
         }),
     };
     TABLE.set(fd, Some(Arc::new(info)));
+    Some(fd)
+}
+
+/// The largest file served by a stand-in (each open stand-in holds a copy of its file).
+const MAX_COPY: usize = 64 << 20;
+
+/// A sealed in-memory file (`memfd`, close-on-exec) holding exactly `bytes`, offset 0: whatever
+/// reaches it unseen (io_uring, raw system calls, `sendfile`, a mapping) reads the dataset
+/// file's bytes.
+fn copy_fd(path: &CString, bytes: &[u8]) -> Option<c_int> {
+    if bytes.len() > MAX_COPY {
+        return None;
+    }
+    let base = path.as_bytes().rsplit(|&b| b == b'/').next().unwrap_or(b"");
+    let mut name = b"clairvoyant:".to_vec();
+    name.extend_from_slice(&base[..base.len().min(200)]);
+    let name = CString::new(name).ok()?;
+    // SAFETY: a valid C string; flags are constants.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return None;
+    }
+    let mut at = 0usize;
+    while at < bytes.len() {
+        // SAFETY: writing from an in-bounds slice to our own fd.
+        let n = unsafe { libc::pwrite(fd, bytes[at..].as_ptr() as *const c_void, bytes.len() - at, at as off_t) };
+        if n <= 0 {
+            // SAFETY: our own fd.
+            unsafe { real::close(fd) };
+            return None;
+        }
+        at += n as usize;
+    }
+    let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on our own fd.
+    unsafe { real::fcntl(fd, libc::F_ADD_SEALS, seals as c_ulong) };
     Some(fd)
 }
 
@@ -259,33 +299,31 @@ pub(crate) fn make_real(fd: c_int, info: &Arc<FdInfo>) -> bool {
 
 /// The pass-through of a read when the library cannot run (a panic): a stand-in fails with
 /// `EIO` instead of reading the arena.
-pub(crate) fn pass(fd: c_int, call: &dyn Fn() -> ssize_t) -> ssize_t {
-    match TABLE.get(fd) {
-        Some(info) if still_standin(fd, &info) => {
-            set_errno(libc::EIO);
-            -1
-        }
-        _ => call(),
-    }
+pub(crate) fn pass(_fd: c_int, call: &dyn Fn() -> ssize_t) -> ssize_t {
+    call() // a stand-in is the file's copy: the real call reads the right bytes
 }
 
 /// The same for `mmap`.
-pub(crate) fn pass_map(fd: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
+pub(crate) fn pass_map(_fd: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
+    call()
+}
+
+/// A mapping the cache does not serve: a stand-in's copy is mapped itself, except a writable
+/// shared mapping (the sealed copy refuses it with another errno than the file would): the
+/// stand-in becomes real first.
+pub(crate) fn map_real(fd: c_int, prot: c_int, flags: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
+    let shared = matches!(flags & 0x03, libc::MAP_SHARED | libc::MAP_SHARED_VALIDATE);
     match TABLE.get(fd) {
-        Some(info) if still_standin(fd, &info) => {
+        Some(info) if info.standin.is_some() && shared && prot & libc::PROT_WRITE != 0 && !make_real(fd, &info) => {
             set_errno(libc::EIO);
             libc::MAP_FAILED
         }
-        _ => call(),
-    }
-}
-
-/// A mapping the cache cannot serve: never of the arena; a stand-in becomes real first.
-pub(crate) fn map_real(fd: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
-    match TABLE.get(fd) {
-        Some(info) if info.standin.is_some() && !make_real(fd, &info) => {
-            set_errno(libc::EIO);
-            libc::MAP_FAILED
+        Some(info) if info.standin.is_some() => {
+            let p = call();
+            if p != libc::MAP_FAILED {
+                info.count(counter::MMAPS, 1);
+            }
+            p
         }
         _ => call(),
     }
