@@ -661,18 +661,32 @@ unsafe fn iovs(iov: *const iovec, cnt: c_int) -> Option<Vec<(*mut u8, usize)>> {
     (total <= isize::MAX as usize).then(|| v.iter().map(|i| (i.iov_base as *mut u8, i.iov_len)).collect())
 }
 
+/// The vectored reads: served like `read`/`pread` into the caller's buffers.
+///
+/// # Safety
+/// `iov` holds `cnt` iovecs (the caller's contract with libc).
+unsafe fn vectored(
+    fd: c_int,
+    iov: *const iovec,
+    cnt: c_int,
+    pos: Option<off_t>,
+    call: impl Fn() -> ssize_t,
+) -> ssize_t {
+    if !TABLE.has(fd) {
+        return call();
+    }
+    match unsafe { iovs(iov, cnt) } {
+        Some(b) => read_common(fd, &b, pos, call),
+        None => call(),
+    }
+}
+
 /// # Safety
 /// C's `readv`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     let call = || unsafe { real::readv(fd, iov, cnt) };
-    if !TABLE.has(fd) {
-        return call();
-    }
-    match unsafe { iovs(iov, cnt) } {
-        Some(b) => read_common(fd, &b, None, call),
-        None => call(),
-    }
+    unsafe { vectored(fd, iov, cnt, None, call) }
 }
 
 /// # Safety
@@ -680,13 +694,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 #[no_mangle]
 pub unsafe extern "C" fn preadv(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
     let call = || unsafe { real::preadv(fd, iov, cnt, off) };
-    if !TABLE.has(fd) {
-        return call();
-    }
-    match unsafe { iovs(iov, cnt) } {
-        Some(b) => read_common(fd, &b, Some(off), call),
-        None => call(),
-    }
+    unsafe { vectored(fd, iov, cnt, Some(off), call) }
 }
 
 /// # Safety
@@ -694,13 +702,7 @@ pub unsafe extern "C" fn preadv(fd: c_int, iov: *const iovec, cnt: c_int, off: o
 #[no_mangle]
 pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
     let call = || unsafe { real::preadv64(fd, iov, cnt, off) };
-    if !TABLE.has(fd) {
-        return call();
-    }
-    match unsafe { iovs(iov, cnt) } {
-        Some(b) => read_common(fd, &b, Some(off), call),
-        None => call(),
-    }
+    unsafe { vectored(fd, iov, cnt, Some(off), call) }
 }
 
 // ---------------------------------------------------------------------------------------------
