@@ -1,0 +1,73 @@
+"""`clairvoyant run`'s launcher logic without starting anything: nodes and run ids from each
+launcher's variables, order files, access counts, the stats line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clairvoyant import _native
+from clairvoyant._agent import access_counts, read_order_file, relative
+from clairvoyant._run import format_stats, nodes_of, run_id_of
+
+
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, (1, 0)),
+        ({"SLURM_NNODES": "4", "SLURM_NODEID": "2"}, (4, 2)),
+        ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "3"}, (4, 3)),
+        ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "2", "RANK": "5"}, (4, 2)),
+        ({"OMPI_COMM_WORLD_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_SIZE": "3", "OMPI_COMM_WORLD_RANK": "4"}, (2, 1)),
+        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "RANK": "3"}, (1, 0)),
+        ({"CLAIRVOYANT_NODES": "3", "CLAIRVOYANT_NODE_RANK": "1", "SLURM_NNODES": "9"}, (3, 1)),
+    ],
+)
+def test_nodes_come_from_the_launchers_variables(env, want):
+    assert nodes_of(env) == want
+
+
+def test_explicit_nodes_win_and_a_bad_index_is_an_error():
+    assert nodes_of({"SLURM_NNODES": "4", "SLURM_NODEID": "1"}, 2, 1) == (2, 1)
+    with pytest.raises(_native.ConfigError, match="outside the job's 2 nodes"):
+        nodes_of({"CLAIRVOYANT_NODES": "2", "CLAIRVOYANT_NODE_RANK": "2"})
+
+
+def test_run_id_precedence():
+    assert run_id_of({}) == ""
+    assert run_id_of({"TORCHELASTIC_RUN_ID": "none"}) == ""
+    assert run_id_of({"TORCHELASTIC_RUN_ID": "abc", "SLURM_JOB_ID": "77"}) == "77"
+    assert run_id_of({"CLAIRVOYANT_RUN_ID": "mine", "SLURM_JOB_ID": "77"}) == "mine"
+
+
+def test_relative_paths_stay_inside_the_root(tmp_path):
+    root = str(tmp_path)
+    assert relative(f"{root}/a/b.jpg", root) == "a/b.jpg"
+    assert relative("a/./c/../b.jpg", root) == "a/b.jpg"
+    assert relative(f"{root}/../x", root) is None
+    assert relative(root, root) is None
+
+
+def test_order_files_and_access_counts(tmp_path):
+    order = tmp_path / "order.txt"
+    order.write_text("b\na\n\n# epoch 1\nc\nb\n")
+    epochs = read_order_file(str(order), str(tmp_path), {"a": 0, "b": 1, "c": 2})
+    assert [list(e) for e in epochs] == [[1, 0], [2, 1]]
+    counts, first = access_counts(epochs, 4)
+    assert counts.tolist() == [1, 2, 1, 0]
+    assert first[1] == 0 and first[0] == 1 and first[2] == (1 << 32) and first[3] == np.iinfo(np.uint64).max
+    order.write_text("\n\n")
+    with pytest.raises(_native.ConfigError, match="names no files"):
+        read_order_file(str(order), str(tmp_path), {})
+
+
+def test_the_stats_line_shows_each_source_since_the_last():
+    prev = {"reads": {"cached_reads": 1, "cached_bytes": 10}, "pfs_bytes": 5, "agent_cpu_s": 0.5}
+    now = {
+        "reads": {"cached_reads": 4, "cached_bytes": 3_000_010, "inline_reads": 2, "inline_bytes": 2_000_000, "direct_reads": 1},
+        "pfs_bytes": 1_000_005,
+        "agent_cpu_s": 1.25,
+    }
+    line = format_stats(now, prev, 12.0)
+    assert "node cache 3 reads (3.0 MB)" in line and "peers 2 (2.0 MB)" in line
+    assert "file system 1 direct" in line and "+ 1.0 MB by the agent" in line and "agent CPU 0.75 s" in line
