@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use super::index::{default_index_dir, now_ns, put_bytes, Fnv1a, Freshness, Reader};
+use super::index::{begin_file, default_index_dir, now_ns, open_file, put_bytes, seal_file, Fnv1a, Freshness, Reader};
 use super::Source;
 use crate::error::{Error, Result};
 
@@ -184,9 +184,7 @@ impl ContainerIndex {
     /// start and end, then a u64 FNV-1a of everything before it. Strings and paths are u32
     /// length + bytes as the OS gives them (a path need not be UTF-8).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut w = Vec::with_capacity(128 + self.records.len() * 48);
-        w.extend_from_slice(MAGIC);
-        w.extend_from_slice(&CONTAINER_INDEX_VERSION.to_le_bytes());
+        let mut w = begin_file(MAGIC, CONTAINER_INDEX_VERSION, 128 + self.records.len() * 48);
         put_bytes(&mut w, self.identity.as_bytes());
         for list in [&self.files, &self.dirs] {
             w.extend_from_slice(&(list.len() as u64).to_le_bytes());
@@ -212,10 +210,7 @@ impl ContainerIndex {
         w.extend_from_slice(&self.aux);
         w.extend_from_slice(&self.scan_start_ns.to_le_bytes());
         w.extend_from_slice(&self.built_ns.to_le_bytes());
-        let mut h = Fnv1a::default();
-        h.write(&w);
-        w.extend_from_slice(&h.finish().to_le_bytes());
-        w
+        seal_file(w)
     }
 
     /// Parses what [`to_bytes`](Self::to_bytes) wrote; damage is `BadIndex` naming `index`.
@@ -224,25 +219,7 @@ impl ContainerIndex {
             index: index.to_path_buf(),
             reason: reason.to_string(),
         };
-        if bytes.len() < MAGIC.len() + 12 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(bad("is not a container index (bad magic)"));
-        }
-        let (body, sum) = bytes.split_at(bytes.len() - 8);
-        let mut h = Fnv1a::default();
-        h.write(body);
-        if h.finish().to_le_bytes() != sum {
-            return Err(bad("is damaged (checksum mismatch)"));
-        }
-        let mut r = Reader {
-            buf: body,
-            pos: MAGIC.len(),
-        };
-        let version = r.u32().ok_or_else(|| bad("is truncated"))?;
-        if version != CONTAINER_INDEX_VERSION {
-            return Err(bad(&format!(
-                "has format version {version}, expected {CONTAINER_INDEX_VERSION}"
-            )));
-        }
+        let mut r = open_file(bytes, index, MAGIC, CONTAINER_INDEX_VERSION, "a container index")?;
         let parse = |r: &mut Reader| -> Option<ContainerIndex> {
             let identity = String::from_utf8(r.bytes()?.to_vec()).ok()?;
             let mut lists = [Vec::new(), Vec::new()];

@@ -154,9 +154,7 @@ impl Index {
     /// Strings are u32 length + their bytes as the OS gives them (file names need not be UTF-8);
     /// lists are u64 count + items.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut w = Vec::with_capacity(64 + self.entries.len() * 48);
-        w.extend_from_slice(MAGIC);
-        w.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        let mut w = begin_file(MAGIC, FORMAT_VERSION, 64 + self.entries.len() * 48);
         put_str(&mut w, &self.identity);
         w.extend_from_slice(&(self.classes.len() as u64).to_le_bytes());
         for c in &self.classes {
@@ -175,36 +173,13 @@ impl Index {
         }
         w.extend_from_slice(&self.scan_start_ns.to_le_bytes());
         w.extend_from_slice(&self.built_ns.to_le_bytes());
-        let mut h = Fnv1a::default();
-        h.write(&w);
-        w.extend_from_slice(&h.finish().to_le_bytes());
-        w
+        seal_file(w)
     }
 
     /// Parses `bytes`; any damage (bad magic, version, checksum, truncation) is `BadIndex`
     /// naming `index`.
     pub fn from_bytes(bytes: &[u8], index: &Path) -> Result<Index> {
-        let bad = |reason: &str| Error::BadIndex {
-            index: index.to_path_buf(),
-            reason: reason.to_string(),
-        };
-        if bytes.len() < MAGIC.len() + 4 + 8 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(bad("is not a clairvoyant index (bad magic)"));
-        }
-        let (body, sum) = bytes.split_at(bytes.len() - 8);
-        let mut h = Fnv1a::default();
-        h.write(body);
-        if h.finish().to_le_bytes() != sum {
-            return Err(bad("is damaged (checksum mismatch)"));
-        }
-        let mut r = Reader {
-            buf: body,
-            pos: MAGIC.len(),
-        };
-        let version = r.u32().ok_or_else(|| bad("is truncated"))?;
-        if version != FORMAT_VERSION {
-            return Err(bad(&format!("has format version {version}, expected {FORMAT_VERSION}")));
-        }
+        let mut r = open_file(bytes, index, MAGIC, FORMAT_VERSION, "a clairvoyant index")?;
         let parse = |r: &mut Reader| -> Option<Index> {
             let identity = r.string()?;
             let classes = (0..r.count(1)?).map(|_| r.string()).collect::<Option<Vec<_>>>()?;
@@ -242,7 +217,10 @@ impl Index {
                 built_ns,
             })
         };
-        parse(&mut r).ok_or_else(|| bad("is malformed (lengths do not add up)"))
+        parse(&mut r).ok_or_else(|| Error::BadIndex {
+            index: index.to_path_buf(),
+            reason: "is malformed (lengths do not add up)".into(),
+        })
     }
 
     /// Reads and parses an index file.
@@ -296,6 +274,56 @@ impl Index {
 
 fn put_str(w: &mut Vec<u8>, s: &OsStr) {
     put_bytes(w, s.as_bytes());
+}
+
+/// The start of an index file: its magic and format version.
+pub(crate) fn begin_file(magic: &[u8], version: u32, capacity: usize) -> Vec<u8> {
+    let mut w = Vec::with_capacity(capacity);
+    w.extend_from_slice(magic);
+    w.extend_from_slice(&version.to_le_bytes());
+    w
+}
+
+/// The end of an index file: the FNV-1a of everything before it.
+pub(crate) fn seal_file(mut w: Vec<u8>) -> Vec<u8> {
+    let mut h = Fnv1a::default();
+    h.write(&w);
+    w.extend_from_slice(&h.finish().to_le_bytes());
+    w
+}
+
+/// Check what [`begin_file`] and [`seal_file`] framed (magic, checksum, version) and return a
+/// reader of the body after the version; damage is `BadIndex` naming `index` (`what`: "a
+/// clairvoyant index", "a container index").
+pub(crate) fn open_file<'a>(
+    bytes: &'a [u8],
+    index: &Path,
+    magic: &[u8],
+    version: u32,
+    what: &str,
+) -> Result<Reader<'a>> {
+    let bad = |reason: String| Error::BadIndex {
+        index: index.to_path_buf(),
+        reason,
+    };
+    if bytes.len() < magic.len() + 4 + 8 || &bytes[..magic.len()] != magic {
+        return Err(bad(format!("is not {what} (bad magic)")));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    let mut h = Fnv1a::default();
+    h.write(body);
+    if h.finish().to_le_bytes() != sum {
+        return Err(bad("is damaged (checksum mismatch)".into()));
+    }
+    let mut r = Reader {
+        buf: body,
+        pos: magic.len(),
+    };
+    let found = r.u32().ok_or_else(|| bad("is truncated".into()))?;
+    if found != version {
+        return Err(bad(format!("has format version {found}, expected {version}")));
+    }
+    Ok(r)
 }
 
 /// A length-prefixed (u32, little-endian) byte string, as [`Reader::bytes`] reads it back.
