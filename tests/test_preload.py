@@ -902,7 +902,7 @@ fd5 = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
 socket.send_fds(a, [b"x"], [fd5])
 _, fds, _, _ = socket.recv_fds(b, 10, 1)
 res["scm_rights"] = [link(fd5) == p, link(fds[0]) == p]
-# sendfile (shutil's copy) and locks act on the file itself: the stand-in becomes real first.
+# sendfile (shutil's copy) reads the copy; locks act on the file itself: the stand-in becomes real first.
 import fcntl, shutil, tempfile
 dst = os.path.join(tempfile.mkdtemp(), "copy")
 shutil.copyfile(p, dst)

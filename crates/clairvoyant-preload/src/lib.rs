@@ -574,7 +574,7 @@ fn read_common(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>, call: i
     if !TABLE.has(fd) {
         return call();
     }
-    guarded!(standin::pass(fd, &call), {
+    guarded!(call(), {
         match serve(fd, bufs, pos) {
             Some((r, _)) if r >= 0 => r,
             Some((STANDIN_READ, info)) => {
@@ -865,6 +865,26 @@ fn map_cached(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_i
     Some(p)
 }
 
+/// `mmap` and `mmap64`: a private or read-only mapping of a cached file is filled from the
+/// cache; a stand-in's copy is mapped itself; anything else is the real call.
+fn map_common(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+    call: impl Fn() -> *mut c_void,
+) -> *mut c_void {
+    if fd < 0 || !TABLE.has(fd) {
+        return call();
+    }
+    guarded!(
+        call(),
+        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, prot, flags, &call))
+    )
+}
+
 /// # Safety
 /// C's `mmap`.
 #[no_mangle]
@@ -876,14 +896,9 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    let call = || unsafe { real::mmap(addr, len, prot, flags, fd, off) };
-    if fd < 0 || !TABLE.has(fd) {
-        return call();
-    }
-    guarded!(
-        standin::pass_map(fd, &call),
-        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, prot, flags, &call))
-    )
+    map_common(addr, len, prot, flags, fd, off, || unsafe {
+        real::mmap(addr, len, prot, flags, fd, off)
+    })
 }
 
 /// # Safety
@@ -897,14 +912,9 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    let call = || unsafe { real::mmap64(addr, len, prot, flags, fd, off) };
-    if fd < 0 || !TABLE.has(fd) {
-        return call();
-    }
-    guarded!(
-        standin::pass_map(fd, &call),
-        map_cached(addr, len, prot, flags, fd, off).unwrap_or_else(|| standin::map_real(fd, prot, flags, &call))
-    )
+    map_common(addr, len, prot, flags, fd, off, || unsafe {
+        real::mmap64(addr, len, prot, flags, fd, off)
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -942,8 +952,8 @@ unsafe extern "C" fn ck_read(c: *mut c_void, buf: *mut c_char, n: size_t) -> ssi
 unsafe extern "C" fn ck_seek(c: *mut c_void, pos: *mut i64, whence: c_int) -> c_int {
     // SAFETY: as in ck_read; pos is stdio's in/out offset.
     let fd = unsafe { (*(c as *const Cookie)).fd };
-    // Through the interposed lseek: SEEK_END of a stand-in is the dataset file's end.
-    let r = unsafe { standin::lseek(fd, *pos, whence) };
+    // SEEK_END of a stand-in is the dataset file's end too: the copy has the file's size.
+    let r = unsafe { real::lseek(fd, *pos, whence) };
     if r < 0 {
         return -1;
     }

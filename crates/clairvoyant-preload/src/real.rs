@@ -141,13 +141,6 @@ reals! {
     __fxstatat64: fn(ver: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int;
     statx: fn(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int;
     lseek: fn(fd: c_int, off: off_t, whence: c_int) -> off_t;
-    lseek64: fn(fd: c_int, off: off_t, whence: c_int) -> off_t;
-    sendfile: fn(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t;
-    sendfile64: fn(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t;
-    copy_file_range: fn(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
-    splice: fn(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
-    preadv2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
-    preadv64v2: fn(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
     fchmod: fn(fd: c_int, mode: mode_t) -> c_int;
     fchown: fn(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int;
     futimens: fn(fd: c_int, times: *const libc::timespec) -> c_int;

@@ -3,13 +3,14 @@
 //! description, the copy's checksum verified when made), recorded in the fd table as a stand-in
 //! with the dataset file's `stat`. Its size, contents and offsets are the file's, so what the
 //! library does not see (io_uring, raw system calls, `sendfile`, a mapping made by another
-//! library) still reads the file's bytes; reads the library sees are served from the arena as
-//! for any cached open, and dup and fork keep working unchanged.
+//! library) still reads the file's bytes, the kernel serves reads, offsets and mappings of it,
+//! and dup and fork keep working unchanged.
 //!
 //! Calls that would reveal the copy's own metadata are answered for the dataset file (`fstat`
-//! family, `statx`/`fstatat` on the fd, `lseek` with `SEEK_DATA`/`SEEK_HOLE`) or first turn the
-//! stand-in into a real open of the file ([`make_real`]): a read that cannot be served, a copy
-//! without close-on-exec, locks, ioctls, xattrs, `sendfile`/`splice`/`copy_file_range`/`preadv2`.
+//! family, `statx`/`fstatat` on the fd; `lseek` needs nothing: the copy's size is the file's).
+//! Calls that act on the open file itself first turn the stand-in into a real open of the file
+//! ([`make_real`]): a copy without close-on-exec, locks, ioctls, xattrs, file-system statistics.
+//! Reads of any kind (`sendfile`, `splice`, `preadv2`) need nothing: the copy holds the bytes.
 //! Stand-ins are close-on-exec only (opens with `O_CLOEXEC`, and copies made with it), so an
 //! exec'd program never inherits one. Files over 64 MiB are opened for real (each open stand-in
 //! holds a copy).
@@ -99,7 +100,7 @@ pub(crate) fn open(
     let session = client::session(cfg)?;
     let arena = session.arena.as_ref()?;
     let e = session.dir.as_ref()?.lookup(path_key(rel))?;
-    arena.slice(e.offset, e.size)?;
+    let bytes = arena.slice(e.offset, e.size)?;
     // The file's metadata only: it resolves the path as the open would (symlinks followed).
     // SAFETY: a plain stat into a zeroed struct; path is the caller's C string.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -119,7 +120,6 @@ pub(crate) fn open(
         return None;
     }
     let abs = absolute(dirfd, p)?;
-    let bytes = arena.slice(e.offset, e.size)?;
     if clairvoyant_agent::checksum(bytes) != e.checksum {
         count(Some(&session), counter::CORRUPT, 1);
         return None; // the real open; its reads go to the file system
@@ -260,7 +260,7 @@ pub(crate) fn make_real(fd: c_int, info: &Arc<FdInfo>) -> bool {
     } else {
         0
     };
-    // SAFETY: both fds are open; fd's old description (the arena) is closed by dup3.
+    // SAFETY: both fds are open; fd's old description (the copy) is closed by dup3.
     if unsafe { real::dup3(tmp, fd, cloexec) } < 0 {
         let e = std::io::Error::last_os_error().to_string();
         unsafe { real::close(tmp) };
@@ -297,17 +297,6 @@ pub(crate) fn make_real(fd: c_int, info: &Arc<FdInfo>) -> bool {
     true
 }
 
-/// The pass-through of a read when the library cannot run (a panic): a stand-in fails with
-/// `EIO` instead of reading the arena.
-pub(crate) fn pass(_fd: c_int, call: &dyn Fn() -> ssize_t) -> ssize_t {
-    call() // a stand-in is the file's copy: the real call reads the right bytes
-}
-
-/// The same for `mmap`.
-pub(crate) fn pass_map(_fd: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
-    call()
-}
-
 /// A mapping the cache does not serve: a stand-in's copy is mapped itself, except a writable
 /// shared mapping (the sealed copy refuses it with another errno than the file would): the
 /// stand-in becomes real first.
@@ -330,7 +319,7 @@ pub(crate) fn map_real(fd: c_int, prot: c_int, flags: c_int, call: &dyn Fn() -> 
 }
 
 // ---------------------------------------------------------------------------------------------
-// What reveals the arena: stat of the fd, lseek from the end
+// What reveals the copy: stat of the fd
 
 /// The dataset file's `stat` when `fd` is a stand-in.
 fn stat_of(fd: c_int) -> Option<libc::stat> {
@@ -507,55 +496,6 @@ pub unsafe extern "C" fn statx(
     unsafe { real::statx(dirfd, path, flags, mask, buf) }
 }
 
-/// `lseek` of a stand-in for the whences that depend on the file's size.
-fn seek(fd: c_int, off: off_t, whence: c_int) -> Option<off_t> {
-    let size = with_stat(fd, |st| st.st_size)?;
-    let target = match whence {
-        libc::SEEK_END => off.checked_add(size).filter(|t| *t >= 0),
-        // A file without holes: data everywhere before the end, the one hole at the end.
-        libc::SEEK_DATA | libc::SEEK_HOLE if off < 0 || off >= size => {
-            set_errno(libc::ENXIO);
-            return Some(-1);
-        }
-        libc::SEEK_DATA => Some(off),
-        _ => Some(size),
-    };
-    let Some(t) = target else {
-        set_errno(libc::EINVAL);
-        return Some(-1);
-    };
-    // SAFETY: lseek on an open fd.
-    Some(unsafe { real::lseek(fd, t, libc::SEEK_SET) })
-}
-
-fn size_whence(whence: c_int) -> bool {
-    matches!(whence, libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE)
-}
-
-/// # Safety
-/// C's `lseek`.
-#[no_mangle]
-pub unsafe extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
-    if size_whence(whence) {
-        if let Some(r) = seek(fd, off, whence) {
-            return r;
-        }
-    }
-    unsafe { real::lseek(fd, off, whence) }
-}
-
-/// # Safety
-/// C's `lseek64`.
-#[no_mangle]
-pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
-    if size_whence(whence) {
-        if let Some(r) = seek(fd, off, whence) {
-            return r;
-        }
-    }
-    unsafe { real::lseek64(fd, off, whence) }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Calls that act on the open file itself: a stand-in becomes real first
 
@@ -581,12 +521,6 @@ macro_rules! real_first {
 }
 
 real_first! {
-    sendfile(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t [in_fd];
-    sendfile64(out_fd: c_int, in_fd: c_int, off: *mut off_t, count: size_t) -> ssize_t [in_fd];
-    copy_file_range(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t [fd];
-    splice(fd: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t [fd];
-    preadv2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t [fd];
-    preadv64v2(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t [fd];
     fchmod(fd: c_int, mode: libc::mode_t) -> c_int [fd];
     fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int [fd];
     futimens(fd: c_int, times: *const libc::timespec) -> c_int [fd];
