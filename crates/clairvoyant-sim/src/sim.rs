@@ -771,58 +771,14 @@ impl<'r, 'a> Sim<'r, 'a> {
                     for (n, ((acc, lists), classes)) in
                         counts.into_iter().zip(plan.fill_order).zip(plan.class_of).enumerate()
                     {
-                        for (j, list) in lists.into_iter().enumerate() {
-                            if !list.is_empty() {
-                                fills.push(FillList {
-                                    node: n as u32,
-                                    class: j,
-                                    need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
-                                    order: list,
-                                    cursor: 0,
-                                });
-                            }
-                        }
-                        drop(acc);
-                        let mut slots = huge_vec(
-                            f,
-                            Slot {
-                                avail: f64::INFINITY,
-                                class: UNCACHED,
-                            },
-                        );
-                        for (slot, class) in slots.iter_mut().zip(classes) {
-                            slot.class = class;
-                        }
-                        local.push(slots);
+                        local.push(node_slots(n as u32, acc, lists, classes, f, &mut fills));
                     }
                 } else {
                     // Each node on its own: the engine's one-node placement.
                     for (n, acc) in counts.into_iter().enumerate() {
                         check_cancel(run.progress)?;
                         let p = Placement::compute(&acc, |k| run.sizes[k as usize], &caps);
-                        for (j, list) in p.fill_order.into_iter().enumerate() {
-                            if !list.is_empty() {
-                                fills.push(FillList {
-                                    node: n as u32,
-                                    class: j,
-                                    need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
-                                    order: list,
-                                    cursor: 0,
-                                });
-                            }
-                        }
-                        drop(acc);
-                        let mut slots = huge_vec(
-                            f,
-                            Slot {
-                                avail: f64::INFINITY,
-                                class: UNCACHED,
-                            },
-                        );
-                        for (slot, class) in slots.iter_mut().zip(p.class_of) {
-                            slot.class = class;
-                        }
-                        local.push(slots);
+                        local.push(node_slots(n as u32, acc, p.fill_order, p.class_of, f, &mut fills));
                     }
                 }
                 Cache::Placed { local, first }
@@ -1597,6 +1553,41 @@ impl Sim<'_, '_> {
 /// `vec![value; n]` backed by transparent huge pages where the system allows it: the caches
 /// are indexed by random sample numbers, and with 4 KiB pages nearly every lookup would also
 /// miss the TLB.
+/// One node's placement in the simulation: its classes' fill lists (in first-need order, with
+/// each sample's first need) appended to `fills`, and its `f` slots, each in its class.
+fn node_slots(
+    node: u32,
+    acc: AccessCounts,
+    fill_order: Vec<Vec<u32>>,
+    class_of: Vec<u8>,
+    f: usize,
+    fills: &mut Vec<FillList>,
+) -> Vec<Slot> {
+    for (j, list) in fill_order.into_iter().enumerate() {
+        if !list.is_empty() {
+            fills.push(FillList {
+                node,
+                class: j,
+                need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
+                order: list,
+                cursor: 0,
+            });
+        }
+    }
+    drop(acc);
+    let mut slots = huge_vec(
+        f,
+        Slot {
+            avail: f64::INFINITY,
+            class: UNCACHED,
+        },
+    );
+    for (slot, class) in slots.iter_mut().zip(class_of) {
+        slot.class = class;
+    }
+    slots
+}
+
 pub(crate) fn huge_vec<T: Clone>(n: usize, value: T) -> Vec<T> {
     let mut v: Vec<T> = Vec::with_capacity(n);
     #[cfg(target_os = "linux")]
