@@ -10,27 +10,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import _native
+
 LIBRARY_NAME = "libclairvoyant_preload.so"
 ENV_ROOT = "CLAIRVOYANT_ROOT"
 ENV_AGENT = "CLAIRVOYANT_AGENT"
 ENV_TIMEOUT_MS = "CLAIRVOYANT_AGENT_TIMEOUT_MS"
 
-# Order of the counters in the agent's shared directory and in clairvoyant_preload_counter(i).
-COUNTERS = (
-    "opens",
-    "cached_reads",
-    "cached_bytes",
-    "inline_reads",
-    "inline_bytes",
-    "direct_reads",
-    "direct_bytes",
-    "fallbacks",
-    "corrupt",
-    "stale",
-    "mmaps",
-    "lookups",
-    "standins",
-)
+# Order of the counters in the agent's shared directory and in clairvoyant_preload_counter(i)
+# (`clairvoyant_agent::dir::counter::NAMES`).
+COUNTERS = tuple(_native.AGENT_COUNTERS)
 
 
 def preload_library() -> str:
@@ -60,11 +49,6 @@ def preload_env(root: str | os.PathLike, agent: str | os.PathLike, env: dict | N
 
 
 def read_counters(dir_path: str | os.PathLike) -> dict:
-    """The shared counters of an agent's directory file (summed over every interposed process)."""
-    import struct
-
-    with open(dir_path, "rb") as f:
-        head = f.read(64 + 8 * len(COUNTERS))
-    if head[:8] != b"CVDIR001" or len(head) < 64 + 8 * len(COUNTERS):
-        raise ValueError(f"{dir_path}: not a clairvoyant cache directory (magic {head[:8]!r})")
-    return dict(zip(COUNTERS, struct.unpack_from(f"<{len(COUNTERS)}Q", head, 64)))
+    """The shared counters of an agent's directory file (summed over every interposed process);
+    ValueError naming the file when it is not one."""
+    return dict(_native.agent_dir_counters(os.fspath(dir_path)))

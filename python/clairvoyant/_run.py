@@ -79,12 +79,6 @@ def _short_dir(key: str) -> str:
     return _cluster._private_dir(d, create=False)
 
 
-def preload_library() -> str:
-    from . import _preload
-
-    return _preload.preload_library()
-
-
 class Agent:
     """This launcher's attachment to the node agent (started here when none runs)."""
 
@@ -213,19 +207,18 @@ def main(args) -> int:
         raise _native.ConfigError(f"--dataset {args.dataset}: not a directory")
     order_file = os.path.abspath(args.order_file) if args.order_file else None
     nodes, node = nodes_of(os.environ, args.nodes, args.node_rank)
+    from ._preload import preload_env, preload_library
+
     lib = preload_library()
     if order_file and args.sampler_order:
         raise _native.ConfigError("--order-file and --sampler-order both give the order: use one")
     agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order)
-    env = dict(os.environ)
+    env = preload_env(root, agent.socket, library=lib)
     if args.sampler_order:
         hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hook")
         env["PYTHONPATH"] = os.pathsep.join(x for x in (hook, env.get("PYTHONPATH", "")) if x)
         env["CLAIRVOYANT_SAMPLER_ORDER"] = "1"
         env["CLAIRVOYANT_NODES"] = str(nodes)
-    env["LD_PRELOAD"] = " ".join(x for x in (lib, env.get("LD_PRELOAD", "")) if x)
-    env["CLAIRVOYANT_ROOT"] = root
-    env["CLAIRVOYANT_AGENT"] = agent.socket
     started = time.monotonic()
     stop = threading.Event()
     lock = threading.Lock()

@@ -609,7 +609,22 @@ fn unexpected(r: &Reply) -> PyErr {
     pyo3::exceptions::PyConnectionError::new_err(format!("agent: unexpected reply {r:?}"))
 }
 
+/// The shared counters of an agent's directory file, by name (summed over every interposed
+/// process).
+#[pyfunction]
+fn agent_dir_counters(path: PathBuf) -> PyResult<Vec<(&'static str, u64)>> {
+    let d = clairvoyant_agent::dir::DirReader::open(&path)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(counter::NAMES
+        .iter()
+        .zip(d.counters().iter())
+        .map(|(n, c)| (*n, c.load(Ordering::Relaxed)))
+        .collect())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(agent_dir_counters, m)?)?;
+    m.add("AGENT_COUNTERS", counter::NAMES.to_vec())?;
     m.add_class::<PyAgentServer>()?;
     m.add_class::<PyAgentClient>()?;
     Ok(())
