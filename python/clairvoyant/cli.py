@@ -106,9 +106,10 @@ def _cluster_plan(args) -> int:
     per_node = args.world_size // args.nodes
     nodes = [list(range(i * per_node, (i + 1) * per_node)) for i in range(args.nodes)]
     classes = [("memory", args.memory), ("ssd", args.ssd)]
+    node = min(args.rank // max(per_node, 1), args.nodes - 1)
     report = json.loads(
         _native.cluster_plan_report(
-            args.samples, args.world_size, args.epochs, args.batch_size, args.seed, nodes, [args.sample_bytes], classes, args.drop_last
+            args.samples, args.world_size, args.epochs, args.batch_size, args.seed, nodes, [args.sample_bytes], classes, args.drop_last, node
         )
     )
     if args.json:
@@ -117,24 +118,33 @@ def _cluster_plan(args) -> int:
         return 0
     gb = 1e9
     total = report["dataset_bytes"]
+    room = sum(n["replica_room_bytes"] for n in report["per_node"])
     print(
         f"plan for {args.nodes} nodes x {per_node} ranks: {args.samples:,} samples ({total / gb:.2f} GB), {args.epochs} epochs, "
         f"batch {args.batch_size}, seed {args.seed}; computed in {report['seconds']:.2f} s"
     )
     print(
         f"aggregate capacity {report['aggregate_capacity'] / gb:.2f} GB: coverage {report['coverage']:.1%} of the dataset, "
-        f"replication {report['replication']:.2f}x"
+        f"{room / gb:.2f} GB left on the nodes for replicas of their own most used samples"
     )
     print(
         f"expected file-system reads over the run: {report['expected_fs_bytes'] / gb:.2f} GB "
-        f"({report['expected_fs_bytes'] / max(total, 1):.2f}x the dataset; minimum {report['minimum_fs_bytes'] / gb:.2f} GB; "
-        f"every node caching alone {report['expected_fs_bytes_nodes_alone'] / gb:.2f} GB)"
+        f"({report['expected_fs_bytes'] / max(total, 1):.2f}x the dataset; minimum {report['minimum_fs_bytes'] / gb:.2f} GB)"
     )
-    for n in report["per_node"]:
+    mine = report["node"]
+    print(
+        f"node {mine['node']} (ranks {mine['ranks'][0]}-{mine['ranks'][-1]}) holds {mine['samples']:,} samples, {mine['bytes'] / gb:.2f} GB: "
+        f"{mine['primary_bytes'] / gb:.2f} GB it serves, {mine['replica_bytes'] / gb:.2f} GB replicas; "
+        f"caching alone it would read {mine['expected_fs_bytes_alone'] / gb:.2f} GB from the file system"
+    )
+    shown = report["per_node"] if len(report["per_node"]) <= 16 else report["per_node"][:8] + report["per_node"][-4:]
+    for n in shown:
         print(
-            f"node {n['node']:<3} ranks {n['ranks'][0]}-{n['ranks'][-1]}: {n['samples']:>10,} samples {n['bytes'] / gb:>8.2f} GB, "
-            f"primary for {n['primary_samples']:,}"
+            f"node {n['node']:<4} ranks {n['ranks'][0]}-{n['ranks'][-1]}: primary for {n['primary_samples']:>10,} samples "
+            f"{n['primary_bytes'] / gb:>8.2f} GB, {n['replica_room_bytes'] / gb:.2f} GB left for replicas"
         )
+    if len(shown) < len(report["per_node"]):
+        print(f"... {len(report['per_node']) - len(shown)} more nodes in --json")
     return 0
 
 
@@ -352,7 +362,7 @@ def main(argv=None) -> int:
     pl.add_argument("--epochs", type=_count(1), required=True, help="epochs E")
     pl.add_argument("--batch-size", type=_count(1), required=True, help="per-rank batch size")
     pl.add_argument("--seed", type=_count(0), default=0)
-    pl.add_argument("--rank", type=_count(0), default=0, help="rank to plan for, 0..world size - 1 (default 0)")
+    pl.add_argument("--rank", type=_count(0), default=0, help="rank to plan for, 0..world size - 1 (default 0); with --nodes, its node's placement is shown")
     pl.add_argument("--local-ranks", type=_count(1), default=1, help="ranks per node sharing the cache (default 1)")
     pl.add_argument(
         "--nodes", type=_count(1), default=None, help="plan across this many nodes (world size split evenly; capacities per node)"

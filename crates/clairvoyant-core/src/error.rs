@@ -96,6 +96,15 @@ pub enum Error {
     #[error("the job was shut down")]
     Cancelled,
 
+    /// A plan would need more memory than the machine has available: refused before allocating.
+    #[error("the plan of {what} needs about {} of memory, but {} is available; {hint}", crate::model::format_bytes(*need), crate::model::format_bytes(*available))]
+    PlanTooLarge {
+        what: String,
+        need: u64,
+        available: u64,
+        hint: String,
+    },
+
     /// A node-shared file or directory is not private to this user (a symlink, a file of another
     /// user, group or world access): it is never read, written or truncated.
     #[error("refusing {path}: {reason}")]

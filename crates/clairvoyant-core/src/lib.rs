@@ -3,6 +3,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod mem;
 pub mod model;
 pub mod plan;
 pub mod probe;

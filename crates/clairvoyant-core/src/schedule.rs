@@ -42,12 +42,30 @@ fn bounded(rng: &mut Lcg128Xsl64, n: u64) -> u64 {
 
 /// The global order of one epoch: a Fisher-Yates shuffle of `0..num_samples`
 /// (for i from n-1 down to 1: swap(i, bounded(i+1))).
+///
+/// The draws do not depend on the data, so each swap's random partner is drawn a few steps
+/// ahead and its cache line prefetched: the same draws, in the same order, with the memory
+/// latency of the random accesses overlapped.
 pub fn epoch_permutation(num_samples: u32, seed: u64, epoch: u64) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..num_samples).collect();
+    const AHEAD: usize = 16;
+    let mut order = crate::mem::huge_iota(num_samples);
     let mut rng = epoch_rng(seed, epoch);
-    for i in (1..order.len()).rev() {
-        let j = bounded(&mut rng, i as u64 + 1) as usize;
-        order.swap(i, j);
+    let steps = order.len().saturating_sub(1);
+    let n = order.len();
+    // Step s swaps position i = n-1-s with its partner, drawn from 0..=i.
+    let mut partner = [0usize; AHEAD];
+    for (s, slot) in partner.iter_mut().enumerate().take(steps) {
+        *slot = bounded(&mut rng, (n - s) as u64) as usize;
+        crate::mem::prefetch(&order, *slot);
+    }
+    for s in 0..steps {
+        let j = partner[s % AHEAD];
+        if s + AHEAD < steps {
+            let ahead = bounded(&mut rng, (n - s - AHEAD) as u64) as usize;
+            partner[s % AHEAD] = ahead;
+            crate::mem::prefetch(&order, ahead);
+        }
+        order.swap(n - 1 - s, j);
     }
     order
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clairvoyant_core::engine::{ClusterSpec, Engine, JobSpec, PeerFetch, PeerReply, PeerService, Serve, Src};
 use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
-use clairvoyant_core::plan::{AccessCounts, ClusterPlacement};
+use clairvoyant_core::plan::{node_access, ClusterAccess, ClusterPlacement};
 use clairvoyant_core::schedule::Schedule;
 use clairvoyant_core::source::Source;
 use clairvoyant_core::tier::checksum;
@@ -248,10 +248,10 @@ impl Run {
         out
     }
 
-    fn placement(&self) -> (Vec<AccessCounts>, ClusterPlacement) {
-        let access = AccessCounts::compute_groups(&self.schedule, &self.nodes).unwrap();
+    fn placement(&self) -> (ClusterAccess, ClusterPlacement) {
+        let (access, _, _) = node_access(&self.schedule, &self.nodes, 0, 0, &[]).unwrap();
         let caps = vec![vec![self.capacity]; self.nodes.len()];
-        let p = ClusterPlacement::compute(&access, |k| self.data.size(k), &caps);
+        let p = ClusterPlacement::compute(&access, |k| self.data.size(k), &caps, &[]);
         (access, p)
     }
 }
@@ -279,7 +279,7 @@ fn aggregate_memory_below_the_dataset_reads_the_minimum() {
     let run = Run::new(1200, 4, 2, 4, 0.125, 2);
     run.run(|_, _| {});
     let (access, p) = run.placement();
-    let expected = p.expected_storage_bytes(&access, |k| run.data.size(k));
+    let expected = access.expected_storage_bytes(&p.primary, |k| run.data.size(k));
     let (s, c) = (run.data.total(), p.covered_bytes(|k| run.data.size(k)));
     assert_eq!(expected, s + 3 * (s - c), "the placement reaches S + (E-1)(S-C)");
     assert_eq!(run.data.bytes_read(), expected, "the dataset read exactly as planned");
@@ -315,12 +315,13 @@ fn damaged_peer_replies_are_read_from_the_dataset() {
 /// Node agents (transparent mode): one engine per node, no consumer of its own, serving random
 /// reads through `Engine::local`; placement by hashed owners (no known order).
 fn start_agents(data: &Arc<Dataset>, peers: &Arc<InProcess>, nodes: usize, capacity: u64, run: &str) -> Vec<Engine> {
-    use clairvoyant_core::engine::AgentSpec;
-    use clairvoyant_core::plan::hashed_counts;
+    use clairvoyant_core::engine::{AgentCounts, AgentSpec};
+    use clairvoyant_core::plan::{hashed_access, hashed_counts, hashed_owners};
     let keys: Vec<u64> = (0..data.len() as u32)
         .map(|k| checksum(data.path(k).to_string_lossy().as_bytes()))
         .collect();
-    let counts = hashed_counts(&keys, nodes);
+    let owners = hashed_owners(&keys, nodes);
+    let access = Arc::new(hashed_access(&keys, &owners, nodes));
     let groups: Vec<Vec<u32>> = (0..nodes as u32).map(|i| vec![i]).collect();
     (0..nodes)
         .map(|i| {
@@ -338,10 +339,9 @@ fn start_agents(data: &Arc<Dataset>, peers: &Arc<InProcess>, nodes: usize, capac
                     peer_wait: Duration::from_secs(5),
                 }),
                 agent: Some(AgentSpec {
-                    counts: Some(if nodes > 1 {
-                        counts.clone()
-                    } else {
-                        vec![counts[0].clone()]
+                    counts: Some(AgentCounts {
+                        own: hashed_counts(&keys, &owners, i),
+                        cluster: (nodes > 1).then(|| access.clone()),
                     }),
                     prefill: false,
                 }),

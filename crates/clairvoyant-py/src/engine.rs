@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clairvoyant_core::engine::{AgentSpec, ClusterSpec, Engine, JobSpec, Lease, Region, SOURCE_NAMES};
-use clairvoyant_core::plan::{hashed_counts, AccessCounts};
+use clairvoyant_core::engine::{AgentCounts, AgentSpec, ClusterSpec, Engine, JobSpec, Lease, Region, SOURCE_NAMES};
+use clairvoyant_core::plan::{hashed_access, hashed_counts, hashed_owners, AccessCounts, ClusterAccess};
 use clairvoyant_core::schedule::Schedule;
 use numpy::ndarray::ArrayView1;
 use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
@@ -167,8 +167,8 @@ impl PyEngine {
             peers = client;
         }
         if let Some(a) = agent {
-            let nodes = spec.cluster.as_ref().map_or(1, |c| c.nodes.len());
-            spec.agent = Some(agent_spec(a, src.as_ref(), nodes)?);
+            let (nodes, node) = spec.cluster.as_ref().map_or((1, 0), |c| (c.nodes.len(), c.node));
+            spec.agent = Some(agent_spec(a, src.as_ref(), nodes, node)?);
         }
         let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
         Ok(PyEngine {
@@ -371,11 +371,12 @@ impl PyEngine {
 /// handshake), optional `connections` per peer and `peer_wait` seconds.
 /// A node agent's job from Python: `{"prefill": bool, "hashed": root}` (owners by hashing each
 /// file's path relative to `root`) or `{"prefill": bool, "counts": [(counts, first_need), ...]}`
-/// (one pair of arrays per node).
+/// (one pair of arrays per node); `node` is this node's index among `nodes`.
 fn agent_spec(
     a: &Bound<'_, PyDict>,
     source: &dyn clairvoyant_core::source::Source,
     nodes: usize,
+    node: usize,
 ) -> PyResult<AgentSpec> {
     let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(a.get_item(key)?.filter(|v| !v.is_none())) };
     let bad = |key: &str, e: PyErr| pyo3::exceptions::PyTypeError::new_err(format!("agent['{key}']: {e}"));
@@ -392,7 +393,11 @@ fn agent_spec(
                 clairvoyant_core::tier::checksum(rel.as_os_str().as_encoded_bytes())
             })
             .collect();
-        Some(hashed_counts(&keys, nodes))
+        let owners = hashed_owners(&keys, nodes);
+        Some(AgentCounts {
+            own: hashed_counts(&keys, &owners, node),
+            cluster: (nodes > 1).then(|| Arc::new(hashed_access(&keys, &owners, nodes))),
+        })
     } else if let Some(c) = item("counts")? {
         let pairs: Vec<(Vec<u32>, Vec<u64>)> = c.extract().map_err(|e| bad("counts", e))?;
         if pairs.len() != nodes
@@ -405,12 +410,19 @@ fn agent_spec(
                 source.len()
             )));
         }
-        Some(
-            pairs
-                .into_iter()
-                .map(|(counts, first_need)| AccessCounts { counts, first_need })
-                .collect(),
-        )
+        let all: Vec<AccessCounts> = pairs
+            .into_iter()
+            .map(|(counts, first_need)| AccessCounts { counts, first_need })
+            .collect();
+        let cluster = if nodes > 1 {
+            Some(Arc::new(ClusterAccess::from_nodes(&all).py_err()?))
+        } else {
+            None
+        };
+        Some(AgentCounts {
+            own: all.into_iter().nth(node).expect("checked length"),
+            cluster,
+        })
     } else {
         None
     };

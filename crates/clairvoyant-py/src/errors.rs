@@ -63,7 +63,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::BadIndex { .. } => IndexMismatchError::new_err(msg),
         Error::Corrupt { .. } => CorruptError::new_err(msg),
         Error::NotNodeCache { path } => os_error(Some(libc::EEXIST), msg, &path),
-        Error::TooLarge { .. } => CapacityError::new_err(msg),
+        Error::TooLarge { .. } | Error::PlanTooLarge { .. } => CapacityError::new_err(msg),
         Error::Exhausted { .. } => ExhaustedError::new_err(msg),
         Error::EpochPastEnd { .. } | Error::EpochBeforeStart { .. } => EpochOutOfRangeError::new_err(msg),
         Error::EpochConsumed { .. } | Error::EpochDropped { .. } => EpochConsumedError::new_err(msg),

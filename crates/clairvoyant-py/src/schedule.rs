@@ -250,9 +250,10 @@ pub fn plan_report(
 }
 
 /// JSON report of the cluster-wide placement for `nodes` (each node's ranks), every node with
-/// the capacities `classes`: coverage, replication, expected file-system reads.
+/// the capacities `classes`: coverage, expected file-system reads, every node's primary share and
+/// node `node`'s full placement.
 #[pyfunction]
-#[pyo3(signature = (num_samples, world_size, epochs, batch_size, seed, nodes, sample_bytes, classes, drop_last=false))]
+#[pyo3(signature = (num_samples, world_size, epochs, batch_size, seed, nodes, sample_bytes, classes, drop_last=false, node=0))]
 #[allow(clippy::too_many_arguments)]
 pub fn cluster_plan_report(
     py: Python<'_>,
@@ -265,6 +266,7 @@ pub fn cluster_plan_report(
     sample_bytes: &Bound<'_, PyAny>,
     classes: Vec<(String, Bound<'_, PyAny>)>,
     drop_last: bool,
+    node: usize,
 ) -> PyResult<String> {
     let args = PlanArgs::parse(
         num_samples,
@@ -287,7 +289,9 @@ pub fn cluster_plan_report(
         },
     )?;
     let v = py
-        .detach(|| clairvoyant_core::plan::cluster_report(&args.schedule, &nodes, |k| args.size(k), &args.classes))
+        .detach(|| {
+            clairvoyant_core::plan::cluster_report(&args.schedule, &nodes, node, |k| args.size(k), &args.classes)
+        })
         .py_err()?;
     Ok(v.to_string())
 }

@@ -760,7 +760,13 @@ impl<'r, 'a> Sim<'r, 'a> {
                 );
                 if nodes > 1 && m.interconnect_mbps.is_some() {
                     // Peers: one placement for the whole cluster (coverage, then replicas).
-                    let plan = crate::cluster::cluster_placement(&counts, |k| run.sizes[k as usize], &caps);
+                    let plan = crate::cluster::cluster_placement(
+                        &run.schedule,
+                        &groups,
+                        &counts,
+                        |k| run.sizes[k as usize],
+                        &caps,
+                    )?;
                     check_cancel(run.progress)?;
                     for (k, (c, &h)) in first.iter_mut().zip(&plan.home).enumerate() {
                         if h != NONE {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::model::{ClassKind, SystemModel};
-use crate::plan::{AccessCounts, ClusterPlacement, Placement, UNCACHED};
+use crate::plan::{AccessCounts, ClusterAccess, ClusterPlacement, Placement, UNCACHED};
 use crate::readahead::Gate;
 use crate::schedule::Schedule;
 use crate::source::Source;
@@ -88,12 +88,20 @@ pub struct JobSpec {
 /// How a node agent places and fills (see [`JobSpec::agent`]).
 #[derive(Clone, Debug)]
 pub struct AgentSpec {
-    /// Access counts to place by instead of the schedule's: one per node of the cluster (one
-    /// alone on a single node). Transparent mode without a known order places by these.
-    pub counts: Option<Vec<AccessCounts>>,
+    /// Access counts to place by instead of the schedule's (transparent mode without a known
+    /// order places by these).
+    pub counts: Option<AgentCounts>,
     /// Fill the placed samples ahead of use, in order of first need (the order is known); else
     /// each is filled when a program first reads it.
     pub prefill: bool,
+}
+
+/// The access counts a node agent places by: its node's own, and on a cluster the summaries
+/// of every node's (see [`crate::plan::ClusterAccess`]).
+#[derive(Clone, Debug)]
+pub struct AgentCounts {
+    pub own: AccessCounts,
+    pub cluster: Option<Arc<ClusterAccess>>,
 }
 
 /// A consumed sample: valid until released.
@@ -474,16 +482,16 @@ impl Engine {
         let capacities = cache.setup(&requests, ring_reserve)?;
         let (placement, cluster) = match &spec.cluster {
             None => {
-                let given = spec
-                    .agent
-                    .as_ref()
-                    .and_then(|a| a.counts.as_ref())
-                    .and_then(|c| c.first());
+                let given = spec.agent.as_ref().and_then(|a| a.counts.as_ref()).map(|c| &c.own);
+                let computed;
                 let access = match given {
-                    Some(a) => a.clone(),
-                    None => AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?,
+                    Some(a) => a,
+                    None => {
+                        computed = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
+                        &computed
+                    }
                 };
-                (Placement::compute(&access, |k| source.size(k), &capacities), None)
+                (Placement::compute(access, |k| source.size(k), &capacities), None)
             }
             Some(c) => {
                 for (r, &got) in requests.iter().zip(&capacities) {
@@ -499,18 +507,29 @@ impl Engine {
                         );
                     }
                 }
-                let access = match spec.agent.as_ref().and_then(|a| a.counts.clone()) {
-                    Some(a) if a.len() == c.nodes.len() => a,
-                    Some(a) => {
+                let f_samples = source.len() as u64;
+                let computed;
+                let (access, own) = match spec.agent.as_ref().and_then(|a| a.counts.as_ref()) {
+                    Some(AgentCounts {
+                        own,
+                        cluster: Some(cluster),
+                    }) if cluster.samples.len() == f => (&**cluster, own),
+                    Some(_) => {
                         return Err(Error::config(
                             "agent.counts",
-                            format!("{} nodes' access counts for {} nodes", a.len(), c.nodes.len()),
+                            format!("the cluster's summaries for {f} samples are missing or of another size"),
                         ))
                     }
-                    None => AccessCounts::compute_groups_from(sched, &c.nodes, spec.first_epoch)?,
+                    None => {
+                        crate::plan::check_plan_memory(f_samples, &format!("{f} samples on {} nodes", c.nodes.len()))?;
+                        let (access, own, _) =
+                            crate::plan::node_access(sched, &c.nodes, c.node, spec.first_epoch, &[])?;
+                        computed = (access, own);
+                        (&computed.0, &computed.1)
+                    }
                 };
-                let mut all = ClusterPlacement::compute(&access, |k| source.size(k), &c.capacities);
-                let placement = all.nodes.swap_remove(c.node);
+                let mut all = ClusterPlacement::compute(access, |k| source.size(k), &c.capacities, &[(c.node, own)]);
+                let placement = all.nodes.swap_remove(0);
                 let share = ClusterShare {
                     node: c.node,
                     primary: all.primary,

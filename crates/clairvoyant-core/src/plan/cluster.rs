@@ -1,0 +1,946 @@
+//! Placement across the nodes of a cluster (NoPFS Sec. 4; Lemma 1 makes the nodes' most
+//! frequently used samples largely complementary), in memory that grows with the samples and
+//! the nodes, never with their product: a process of a 1,024-node job keeps one small record
+//! per sample for the whole cluster ([`SampleSummary`]) and full detail only for its own node.
+//!
+//! The placement is computed the same way on every node from the same inputs, with no
+//! communication: every node streams over the run's epochs once ([`ClusterAccess::compute`]),
+//! then places the samples ([`ClusterPlacement::compute`]):
+//!
+//! 1. **Coverage.** Every sample some rank reads goes to one node, its *primary*: the node that
+//!    reads it most (by the per-sample summary below), or, when that node is full, the next of
+//!    its top readers with room, or else the node with the most room left. Samples go in order of
+//!    their highest count (descending), then first need, then index, each into the fastest class
+//!    with room. So the cluster caches the whole dataset whenever the sum of the nodes'
+//!    capacities allows, and with less the storage is read the minimum S + (E-1)(S-C).
+//! 2. **Replication.** The room a node has left takes its own most frequently read samples it
+//!    does not hold yet (by its own exact counts, which only that node computes).
+//!
+//! The primary is the one node that reads a sample from the dataset's storage; every other node
+//! gets it from the primary, so with enough aggregate capacity the dataset is read once per run.
+//!
+//! "The node that reads it most" would need a count per node and sample. Instead each sample
+//! keeps a Space-Saving summary (Metwally et al., 2005) of its readers: [`TOP`] slots of (node,
+//! count), updated in epoch order. It is exact whenever at most [`TOP`] nodes read a sample (so
+//! for clusters of up to four nodes it is the exact per-node count), always names nodes that
+//! read the sample, and keeps every node that reads it more than E/[`TOP`] times. Ties between
+//! nodes are broken by a hash of (sample, node), which spreads ties evenly over the nodes.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rayon::prelude::*;
+
+use super::{AccessCounts, Placement, UNCACHED};
+use crate::error::{Error, Result};
+use crate::mem::{huge_vec, prefetch};
+use crate::schedule::{splitmix64, Schedule};
+
+/// Sentinel for "no node holds it" in [`ClusterPlacement::primary`].
+pub const NO_NODE: u16 = u16::MAX;
+
+/// Reader slots kept per sample.
+pub const TOP: usize = 4;
+
+/// What the cluster placement knows of one sample, over every node of the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C)]
+pub struct SampleSummary {
+    /// Earliest need by any node (`epoch << 32 | position in that rank's epoch stream`;
+    /// `u64::MAX`: never read).
+    pub first_need: u64,
+    /// Reads by all nodes over the run (saturating).
+    pub total: u32,
+    /// Its most frequent readers (Space-Saving summary): node and count; count 0 is an empty
+    /// slot. Counts are exact while at most [`TOP`] nodes read the sample, else upper bounds.
+    pub node: [u16; TOP],
+    pub count: [u16; TOP],
+}
+
+impl SampleSummary {
+    pub const EMPTY: SampleSummary = SampleSummary {
+        first_need: u64::MAX,
+        total: 0,
+        node: [NO_NODE; TOP],
+        count: [0; TOP],
+    };
+
+    /// Record `weight` reads by `node`, the first of them at `need`.
+    #[inline]
+    pub fn add(&mut self, node: u16, weight: u16, need: u64) {
+        self.total = self.total.saturating_add(weight as u32);
+        self.first_need = self.first_need.min(need);
+        if let Some(i) = (0..TOP).find(|&i| self.count[i] > 0 && self.node[i] == node) {
+            self.count[i] = self.count[i].saturating_add(weight);
+            return;
+        }
+        // An empty slot, else the slot with the least count (the first of equals) is taken
+        // over and keeps its count as the newcomer's error bound.
+        let mut slot = 0;
+        for i in 1..TOP {
+            if self.count[i] < self.count[slot] {
+                slot = i;
+            }
+        }
+        self.node[slot] = node;
+        self.count[slot] = self.count[slot].saturating_add(weight);
+    }
+
+    /// The slots in order of preference: highest count first, ties by a hash of (sample, node).
+    pub fn ranked(&self, sample: u32) -> impl Iterator<Item = (u16, u16)> + '_ {
+        let mut tried = 0u8;
+        std::iter::from_fn(move || {
+            let i = self.next_slot(sample, tried)?;
+            tried |= 1 << i;
+            Some((self.node[i], self.count[i]))
+        })
+    }
+
+    /// The first node in [`SampleSummary::ranked`] order that `ok` accepts.
+    #[inline]
+    pub fn first_ranked(&self, sample: u32, ok: impl Fn(u16) -> bool) -> Option<u16> {
+        let mut tried = 0u8;
+        while let Some(i) = self.next_slot(sample, tried) {
+            if ok(self.node[i]) {
+                return Some(self.node[i]);
+            }
+            tried |= 1 << i;
+        }
+        None
+    }
+
+    /// The most preferred slot not in `tried` (a bit per slot); hashes only to break ties.
+    #[inline]
+    fn next_slot(&self, sample: u32, tried: u8) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for i in 0..TOP {
+            if self.count[i] == 0 || tried & (1 << i) != 0 {
+                continue;
+            }
+            best = match best {
+                Some(b)
+                    if self.count[i] < self.count[b]
+                        || (self.count[i] == self.count[b]
+                            && tie(sample, self.node[i]) > tie(sample, self.node[b])) =>
+                {
+                    Some(b)
+                }
+                _ => Some(i),
+            };
+        }
+        best
+    }
+
+    /// The highest count of any node.
+    pub fn top_count(&self) -> u16 {
+        self.count.iter().copied().max().unwrap_or(0)
+    }
+}
+
+fn tie(sample: u32, node: u16) -> u64 {
+    splitmix64(((sample as u64) << 32) | node as u64)
+}
+
+/// Per sample, its [`SampleSummary`] over every node of the cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterAccess {
+    pub samples: Vec<SampleSummary>,
+}
+
+/// A run of consecutive positions of an epoch's global order that one rank reads.
+#[derive(Clone, Copy)]
+struct Segment {
+    start: u32,
+    end: u32,
+    node: u16,
+    /// Position of `start` in the rank's epoch stream.
+    pos: u32,
+}
+
+fn segments(schedule: &Schedule, epoch: u32, node_of_rank: &[u16]) -> Result<Vec<Segment>> {
+    let layout = schedule.layout(epoch)?;
+    let mut out = Vec::new();
+    for (r, &node) in node_of_rank.iter().enumerate() {
+        let mut pos = 0u32;
+        for b in layout.rank_batches(r as u32) {
+            out.push(Segment {
+                start: b.start as u32,
+                end: b.end as u32,
+                node,
+                pos,
+            });
+            pos += (b.end - b.start) as u32;
+        }
+    }
+    out.sort_unstable_by_key(|s| s.start);
+    Ok(out)
+}
+
+impl ClusterAccess {
+    /// Stream over epochs `first..` of `schedule` (rank `r` lives on node `node_of_rank[r]`),
+    /// one epoch at a time: the next epochs are shuffled while this one is counted, and
+    /// `visit(epoch, global order)` sees every epoch in order (for the node's own streams and
+    /// counts). Memory: one summary per sample and a few epochs' orders.
+    pub fn compute(
+        schedule: &Schedule,
+        node_of_rank: &[u16],
+        first: u32,
+        mut visit: impl FnMut(u32, &[u32]) -> Result<()> + Send,
+    ) -> Result<ClusterAccess> {
+        if node_of_rank.len() != schedule.world_size as usize {
+            return Err(Error::config(
+                "nodes",
+                format!(
+                    "{} ranks placed on nodes, but the world size is {}",
+                    node_of_rank.len(),
+                    schedule.world_size
+                ),
+            ));
+        }
+        if node_of_rank.iter().any(|&n| n == NO_NODE) {
+            return Err(Error::config("nodes", format!("at most {} nodes", NO_NODE)));
+        }
+        let f = schedule.num_samples() as usize;
+        for e in 0..schedule.epochs {
+            schedule.layout(e)?;
+        }
+        let mut out = huge_vec(f, SampleSummary::EMPTY);
+        let distinct = matches!(schedule.order, crate::schedule::Order::Shuffle { .. });
+        let ahead = rayon::current_num_threads().saturating_sub(1).max(1) as u32;
+        let shuffle = |from: u32| -> Vec<(u32, Vec<u32>)> {
+            (from..(from + ahead).min(schedule.epochs))
+                .into_par_iter()
+                .map(|e| (e, schedule.global_order(e)))
+                .collect()
+        };
+        let mut segs: Option<(u64, Vec<Segment>)> = None;
+        let mut next = first.min(schedule.epochs);
+        let mut batch = shuffle(next);
+        next += batch.len() as u32;
+        while !batch.is_empty() {
+            // Shuffle the next epochs while counting these.
+            let (upcoming, counted) = rayon::join(
+                || shuffle(next),
+                || -> Result<()> {
+                    for (e, global) in &batch {
+                        let len = global.len() as u64;
+                        if segs.as_ref().is_none_or(|s| s.0 != len) {
+                            segs = Some((len, segments(schedule, *e, node_of_rank)?));
+                        }
+                        let segs = &segs.as_ref().expect("just set").1;
+                        count_epoch(&mut out, *e, global, segs, distinct);
+                        visit(*e, global)?;
+                    }
+                    Ok(())
+                },
+            );
+            counted?;
+            next += upcoming.len() as u32;
+            batch = upcoming;
+        }
+        Ok(ClusterAccess { samples: out })
+    }
+
+    /// From every node's exact counts (node by node, in index order), for placements given
+    /// counts rather than a schedule.
+    pub fn from_nodes(access: &[AccessCounts]) -> Result<ClusterAccess> {
+        if access.len() >= NO_NODE as usize {
+            return Err(Error::config("nodes", format!("at most {} nodes", NO_NODE)));
+        }
+        let f = access.first().map_or(0, |a| a.counts.len());
+        if let Some(i) = access
+            .iter()
+            .position(|a| a.counts.len() != f || a.first_need.len() != f)
+        {
+            return Err(Error::config(
+                "counts",
+                format!("node {i}'s counts do not cover the {f} samples of node 0's"),
+            ));
+        }
+        let mut out = huge_vec(f, SampleSummary::EMPTY);
+        out.par_iter_mut().enumerate().for_each(|(k, s)| {
+            for (n, a) in access.iter().enumerate() {
+                let c = a.counts[k];
+                if c > 0 {
+                    s.add(n as u16, c.min(u16::MAX as u32) as u16, a.first_need[k]);
+                }
+            }
+        });
+        Ok(ClusterAccess { samples: out })
+    }
+
+    /// Bytes the dataset's storage is expected to deliver over the run with `primary`: a cached
+    /// sample once (by its primary), an uncached one at every access.
+    pub fn expected_storage_bytes(&self, primary: &[u16], size: impl Fn(u32) -> u64 + Sync) -> u64 {
+        self.samples
+            .par_iter()
+            .zip(primary)
+            .enumerate()
+            .map(|(k, (s, &p))| {
+                if p != NO_NODE {
+                    size(k as u32)
+                } else {
+                    s.total as u64 * size(k as u32)
+                }
+            })
+            .sum()
+    }
+}
+
+/// Count one epoch into the summaries. An update depends on the updates of the same sample
+/// before it, so a sample's updates must be applied in order. Where every sample occurs at most
+/// once in the epoch (`distinct`: a permutation), the positions are split among the threads:
+/// disjoint positions name disjoint samples, and the result is the sequential one. Otherwise
+/// one thread counts the positions in order.
+fn count_epoch(out: &mut [SampleSummary], epoch: u32, global: &[u32], segs: &[Segment], distinct: bool) {
+    let parts = if distinct {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    };
+    if parts == 1 {
+        count_segments(out.as_mut_ptr(), out.len(), epoch, global, segs);
+        return;
+    }
+    struct Table(*mut SampleSummary, usize);
+    // SAFETY: shared among the threads below, which write disjoint elements (see there).
+    unsafe impl Sync for Table {}
+    let table = Table(out.as_mut_ptr(), out.len());
+    let table = &table;
+    segs.par_chunks(segs.len().div_ceil(parts).max(1)).for_each(|chunk| {
+        // Each chunk holds disjoint positions of a permutation, so no two threads write the
+        // same summary; the epoch ends (the join) before the next epoch's updates start.
+        count_segments(table.0, table.1, epoch, global, chunk);
+    });
+}
+
+/// Count the positions of `segs` into the `len` summaries at `out`. The caller guarantees that
+/// no other thread writes the summaries of the samples at these positions meanwhile.
+fn count_segments(out: *mut SampleSummary, len: usize, epoch: u32, global: &[u32], segs: &[Segment]) {
+    const AHEAD: usize = 32;
+    let base = (epoch as u64) << 32;
+    for s in segs {
+        for p in s.start..s.end {
+            let p = p as usize;
+            if let Some(&ahead) = global.get(p + AHEAD) {
+                if (ahead as usize) < len {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: a prefetch hint for an address inside the table; it changes nothing.
+                    unsafe {
+                        std::arch::x86_64::_mm_prefetch(
+                            out.add(ahead as usize) as *const i8,
+                            std::arch::x86_64::_MM_HINT_T0,
+                        );
+                    }
+                }
+            }
+            let k = global[p] as usize;
+            assert!(k < len, "sample {k} outside the {len} summaries");
+            // SAFETY: in bounds (checked), and no other thread writes this summary now (the
+            // caller's guarantee).
+            let slot = unsafe { &mut *out.add(k) };
+            slot.add(s.node, 1, base | (s.pos + (p as u32 - s.start)) as u64);
+        }
+    }
+}
+
+/// Owners for a job whose order is not known (transparent mode): every node reads every sample
+/// once per pass in some random order. Each sample's owner among `nodes` nodes is chosen by
+/// rendezvous (highest-random-weight) hashing of its key (a hash of its path): no metadata
+/// server, every node computes the same owners, and adding or removing a node moves only the
+/// samples it owns.
+pub fn hashed_owners(keys: &[u64], nodes: usize) -> Vec<u16> {
+    let nodes = nodes.clamp(1, NO_NODE as usize - 1);
+    keys.par_iter()
+        .map(|&k| {
+            (0..nodes)
+                .max_by_key(|&n| (splitmix64(k ^ splitmix64(n as u64 + 1)), n))
+                .unwrap_or(0) as u16
+        })
+        .collect()
+}
+
+/// The summaries of hashed ownership: the owner counts each sample twice, every node once, so
+/// coverage puts each sample on its owner while the owner has room, then on the node with most
+/// room. Ties in need are broken by the key, so which samples a full cache keeps is a fixed,
+/// pseudo-random subset: for uniformly random orders every subset of the same size has the same
+/// expected hit rate, and a fixed one does not thrash as LRU does.
+pub fn hashed_access(keys: &[u64], owners: &[u16], nodes: usize) -> ClusterAccess {
+    let samples = keys
+        .par_iter()
+        .zip(owners)
+        .map(|(&k, &o)| {
+            let mut s = SampleSummary::EMPTY;
+            s.add(o, 2, splitmix64(k) >> 1);
+            s.total = nodes as u32 + 1;
+            s
+        })
+        .collect();
+    ClusterAccess { samples }
+}
+
+/// Node `node`'s own counts under hashed ownership (see [`hashed_access`]).
+pub fn hashed_counts(keys: &[u64], owners: &[u16], node: usize) -> AccessCounts {
+    AccessCounts {
+        counts: owners.iter().map(|&o| if o as usize == node { 2 } else { 1 }).collect(),
+        first_need: keys.iter().map(|&k| splitmix64(k) >> 1).collect(),
+    }
+}
+
+/// Approximate peak bytes of computing one node's plan for `samples` samples with `threads`
+/// shuffling threads: the summaries, the coverage order, the node's own counts and placement,
+/// the primary table and the epochs' orders in flight.
+pub fn plan_memory(samples: u64, threads: usize) -> u64 {
+    let per_sample = std::mem::size_of::<SampleSummary>() as u64 // summaries
+        + 16 // coverage sort keys
+        + 12 // own counts and first needs
+        + 16 // own replica sort keys (at most one per sample)
+        + 1 + 8 + 2 + 4 // class, offset, primary, fill order
+        + 4 * (threads as u64 + 2); // epoch orders in flight
+    samples * per_sample
+}
+
+/// Fail before allocating when a plan of `samples` samples would not fit the memory available.
+pub fn check_plan_memory(samples: u64, what: &str) -> Result<()> {
+    let need = plan_memory(samples, rayon::current_num_threads());
+    let available = crate::sysinfo::Machine::detect().mem_available;
+    match available {
+        Some(a) if need > a => Err(Error::PlanTooLarge {
+            what: what.to_string(),
+            need,
+            available: a,
+            hint: "run fewer processes per machine, free memory, or plan on a machine with more".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Where every sample is cached across the cluster, and the detail of the nodes asked for.
+#[derive(Clone, Debug)]
+pub struct ClusterPlacement {
+    /// Per sample, the node that reads it from the dataset and serves it ([`NO_NODE`]: no node
+    /// covers it; a node may still keep a replica it reads itself).
+    pub primary: Vec<u16>,
+    /// Per node, bytes per class of the samples it is primary for.
+    pub coverage_used: Vec<Vec<u64>>,
+    /// Per node, samples it is primary for.
+    pub primary_samples: Vec<u64>,
+    /// The placements of the nodes asked for (coverage and replicas), in the order asked: classes'
+    /// contents, offsets and fill orders (a node fills what it serves by the earliest need of any
+    /// node, its replicas by its own first need).
+    pub nodes: Vec<Placement>,
+}
+
+impl ClusterPlacement {
+    /// `capacities[i]`: node i's classes (fastest first). `detail`: the nodes whose placement
+    /// to lay out, each with its own exact access counts. Deterministic: every node computes
+    /// the same primaries and the same placement for itself as any other node computes for it.
+    pub fn compute(
+        access: &ClusterAccess,
+        size: impl Fn(u32) -> u64 + Sync,
+        capacities: &[Vec<u64>],
+        detail: &[(usize, &AccessCounts)],
+    ) -> ClusterPlacement {
+        let m = capacities.len();
+        assert!(m < NO_NODE as usize);
+        let f = access.samples.len();
+        let mut keyed: Vec<(Reverse<u16>, u64, u32)> = access
+            .samples
+            .par_iter()
+            .enumerate()
+            .filter(|(_, s)| s.total > 0)
+            .map(|(k, s)| (Reverse(s.top_count()), s.first_need, k as u32))
+            .collect();
+        keyed.par_sort_unstable();
+
+        let mut used: Vec<Vec<u64>> = capacities.iter().map(|c| vec![0u64; c.len()]).collect();
+        let mut primary_samples = vec![0u64; m];
+        let mut primary = huge_vec(f, NO_NODE);
+        // Detail nodes: their class and offset per sample.
+        let mut slot_of = vec![usize::MAX; m];
+        for (d, &(i, _)) in detail.iter().enumerate() {
+            slot_of[i] = d;
+        }
+        let mut class_of: Vec<Vec<u8>> = detail.iter().map(|_| huge_vec(f, UNCACHED)).collect();
+        let mut offset: Vec<Vec<u64>> = detail.iter().map(|_| huge_vec(f, 0u64)).collect();
+        let room = |used: &[u64], caps: &[u64]| -> u64 { caps.iter().zip(used).map(|(c, u)| c - u).sum() };
+        let fits = |i: usize, s: u64, used: &[Vec<u64>]| capacities[i].iter().zip(&used[i]).any(|(c, u)| u + s <= *c);
+        // Nodes by room left (max first), refreshed lazily.
+        let mut by_room: BinaryHeap<(u64, Reverse<u16>)> = (0..m)
+            .map(|i| (room(&used[i], &capacities[i]), Reverse(i as u16)))
+            .collect();
+        const AHEAD: usize = 8;
+        for (at, &(_, _, k)) in keyed.iter().enumerate() {
+            if let Some(&(_, _, ahead)) = keyed.get(at + AHEAD) {
+                prefetch(&access.samples, ahead as usize);
+                prefetch(&primary, ahead as usize);
+            }
+            let s = size(k);
+            let summary = &access.samples[k as usize];
+            // Its top readers, most first, then the node with the most room left.
+            let mut chosen = summary
+                .first_ranked(k, |n| (n as usize) < m && fits(n as usize, s, &used))
+                .map(|n| n as usize);
+            if chosen.is_none() {
+                while let Some((r, Reverse(i))) = by_room.pop() {
+                    let now = room(&used[i as usize], &capacities[i as usize]);
+                    if now != r {
+                        by_room.push((now, Reverse(i)));
+                        continue;
+                    }
+                    if fits(i as usize, s, &used) {
+                        chosen = Some(i as usize);
+                    }
+                    break;
+                }
+            }
+            let Some(i) = chosen else { continue };
+            let j = capacities[i]
+                .iter()
+                .zip(&used[i])
+                .position(|(c, u)| u + s <= *c)
+                .expect("fits");
+            if slot_of[i] != usize::MAX {
+                class_of[slot_of[i]][k as usize] = j as u8;
+                offset[slot_of[i]][k as usize] = used[i][j];
+            }
+            used[i][j] += s;
+            primary[k as usize] = i as u16;
+            primary_samples[i] += 1;
+            by_room.push((room(&used[i], &capacities[i]), Reverse(i as u16)));
+        }
+        drop(keyed);
+        let coverage_used = used.clone();
+
+        let nodes = detail
+            .iter()
+            .zip(class_of)
+            .zip(offset)
+            .map(|((&(i, own), mut class_of), mut offset)| {
+                let caps = &capacities[i];
+                let mut used = used[i].clone();
+                let mut samples = vec![0u64; caps.len()];
+                for &c in class_of.iter() {
+                    if c != UNCACHED {
+                        samples[c as usize] += 1;
+                    }
+                }
+                // Replication: its own most used samples it does not hold yet.
+                let mut replicas: Vec<(Reverse<u32>, u64, u32)> = (0..f as u32)
+                    .into_par_iter()
+                    .filter(|&k| own.counts[k as usize] > 0 && class_of[k as usize] == UNCACHED)
+                    .map(|k| (Reverse(own.counts[k as usize]), own.first_need[k as usize], k))
+                    .collect();
+                replicas.par_sort_unstable();
+                let mut left = room(&used, caps);
+                for (_, _, k) in replicas {
+                    if left == 0 {
+                        break;
+                    }
+                    let s = size(k);
+                    if let Some(j) = caps.iter().zip(&used).position(|(c, u)| u + s <= *c) {
+                        class_of[k as usize] = j as u8;
+                        offset[k as usize] = used[j];
+                        used[j] += s;
+                        samples[j] += 1;
+                        left -= s;
+                    }
+                }
+                let mut fill: Vec<Vec<(u64, u32)>> = vec![Vec::new(); caps.len()];
+                for (k, &j) in class_of.iter().enumerate() {
+                    if j != UNCACHED {
+                        let t = if primary[k] as usize == i {
+                            access.samples[k].first_need
+                        } else {
+                            own.first_need[k]
+                        };
+                        fill[j as usize].push((t, k as u32));
+                    }
+                }
+                let fill_order = fill
+                    .into_iter()
+                    .map(|mut v| {
+                        v.par_sort_unstable();
+                        v.into_iter().map(|(_, k)| k).collect()
+                    })
+                    .collect();
+                Placement {
+                    class_of,
+                    offset,
+                    used,
+                    samples,
+                    fill_order,
+                }
+            })
+            .collect();
+        ClusterPlacement {
+            primary,
+            coverage_used,
+            primary_samples,
+            nodes,
+        }
+    }
+
+    /// Bytes of distinct samples the cluster covers (each counted once).
+    pub fn covered_bytes(&self, size: impl Fn(u32) -> u64 + Sync) -> u64 {
+        self.primary
+            .par_iter()
+            .enumerate()
+            .filter(|(_, &n)| n != NO_NODE)
+            .map(|(k, _)| size(k as u32))
+            .sum()
+    }
+}
+
+/// Each node's part of a cluster: `node_of_rank[r]` from every node's ranks.
+pub fn node_of_rank(nodes: &[Vec<u32>], world_size: u32) -> Result<Vec<u16>> {
+    if nodes.len() >= NO_NODE as usize {
+        return Err(Error::config(
+            "nodes",
+            format!("{} nodes; at most {}", nodes.len(), NO_NODE - 1),
+        ));
+    }
+    let mut out = vec![NO_NODE; world_size as usize];
+    for (i, ranks) in nodes.iter().enumerate() {
+        for &r in ranks {
+            match out.get_mut(r as usize) {
+                Some(slot) if *slot == NO_NODE => *slot = i as u16,
+                Some(_) => return Err(Error::config("nodes", format!("rank {r} is on two nodes"))),
+                None => {
+                    return Err(Error::config(
+                        "nodes",
+                        format!("rank {r} is outside world size {world_size}"),
+                    ))
+                }
+            }
+        }
+    }
+    if let Some(r) = out.iter().position(|&n| n == NO_NODE) {
+        return Err(Error::config("nodes", format!("rank {r} is on no node")));
+    }
+    Ok(out)
+}
+
+/// One node's plan from the schedule: the cluster summaries, the node's own counts and the
+/// streams of `keep` ranks (epochs `first..`), in one pass over the epochs.
+pub fn node_access(
+    schedule: &Schedule,
+    nodes: &[Vec<u32>],
+    node: usize,
+    first: u32,
+    keep: &[u32],
+) -> Result<(ClusterAccess, AccessCounts, Vec<Vec<crate::schedule::RankEpoch>>)> {
+    let owner = node_of_rank(nodes, schedule.world_size)?;
+    let f = schedule.num_samples() as usize;
+    let mut own = AccessCounts {
+        counts: huge_vec(f, 0u32),
+        first_need: huge_vec(f, u64::MAX),
+    };
+    let mine = &nodes[node];
+    let mut streams = Vec::new();
+    let access = ClusterAccess::compute(schedule, &owner, first, |e, global| {
+        let split = schedule.split(e, global, mine)?;
+        for stream in &split {
+            for (pos, &k) in stream.samples.iter().enumerate() {
+                own.counts[k as usize] += 1;
+                let t = ((e as u64) << 32) | pos as u64;
+                let slot = &mut own.first_need[k as usize];
+                *slot = (*slot).min(t);
+            }
+        }
+        if !keep.is_empty() {
+            streams.push(
+                split
+                    .into_iter()
+                    .zip(mine)
+                    .filter(|(_, r)| keep.contains(r))
+                    .map(|(s, _)| s)
+                    .collect(),
+            );
+        }
+        Ok(())
+    })?;
+    Ok((access, own, streams))
+}
+
+/// The cluster `plan` report: `nodes` (each node's ranks) caching in `classes` (name and
+/// capacity per node, fastest first): coverage and the file-system reads expected over the run
+/// with the cluster-wide placement, every node's primary share, and node `detail`'s full
+/// placement (replicas included) as that node computes it at start.
+pub fn cluster_report(
+    schedule: &Schedule,
+    nodes: &[Vec<u32>],
+    detail: usize,
+    size: impl Fn(u32) -> u64 + Sync,
+    classes: &[(String, u64)],
+) -> Result<serde_json::Value> {
+    let t0 = std::time::Instant::now();
+    if detail >= nodes.len() {
+        return Err(Error::config(
+            "node",
+            format!("node {detail} is outside the {} nodes", nodes.len()),
+        ));
+    }
+    let f = schedule.num_samples() as usize;
+    check_plan_memory(f as u64, &format!("{f} samples on {} nodes", nodes.len()))?;
+    let (access, own, _) = node_access(schedule, nodes, detail, 0, &[])?;
+    let capacities: Vec<Vec<u64>> = nodes.iter().map(|_| classes.iter().map(|c| c.1).collect()).collect();
+    let cluster = ClusterPlacement::compute(&access, &size, &capacities, &[(detail, &own)]);
+    let seconds = t0.elapsed().as_secs_f64();
+    let total: u64 = (0..f as u32).into_par_iter().map(&size).sum();
+    let covered = cluster.covered_bytes(&size);
+    let fs_cluster = access.expected_storage_bytes(&cluster.primary, &size);
+    let mine = &cluster.nodes[0];
+    // The detail node caching alone: what it caches is read once, the rest at every access.
+    let alone = Placement::compute(&own, &size, &capacities[detail]);
+    let fs_alone: u64 = (0..f)
+        .into_par_iter()
+        .map(|k| {
+            let n = own.counts[k] as u64;
+            if n == 0 {
+                0
+            } else if alone.class_of[k] != UNCACHED {
+                size(k as u32)
+            } else {
+                n * size(k as u32)
+            }
+        })
+        .sum();
+    let mut primary_bytes = vec![0u64; nodes.len()];
+    for (i, u) in cluster.coverage_used.iter().enumerate() {
+        primary_bytes[i] = u.iter().sum();
+    }
+    let per_node: Vec<serde_json::Value> = (0..nodes.len())
+        .map(|i| {
+            let cap: u64 = capacities[i].iter().sum();
+            serde_json::json!({
+                "node": i,
+                "ranks": nodes[i],
+                "primary_samples": cluster.primary_samples[i],
+                "primary_bytes": primary_bytes[i],
+                "replica_room_bytes": cap - primary_bytes[i],
+            })
+        })
+        .collect();
+    let held = mine.used.iter().sum::<u64>();
+    Ok(serde_json::json!({
+        "samples": f,
+        "world_size": schedule.world_size,
+        "epochs": schedule.epochs,
+        "nodes": nodes.len(),
+        "dataset_bytes": total,
+        "aggregate_capacity": capacities.iter().flatten().sum::<u64>(),
+        "coverage": if total == 0 { 1.0 } else { covered as f64 / total as f64 },
+        "covered_bytes": covered,
+        "expected_fs_bytes": fs_cluster,
+        "minimum_fs_bytes": total + (schedule.epochs as u64).saturating_sub(1) * (total - covered.min(total)),
+        "per_node": per_node,
+        "node": {
+            "node": detail,
+            "ranks": nodes[detail],
+            "samples": mine.samples.iter().sum::<u64>(),
+            "bytes": held,
+            "primary_samples": cluster.primary_samples[detail],
+            "primary_bytes": primary_bytes[detail],
+            "replica_bytes": held - primary_bytes[detail],
+            "expected_fs_bytes_alone": fs_alone,
+            "classes": classes.iter().enumerate().map(|(j, (name, cap))| serde_json::json!({"class": name, "capacity": cap, "samples": mine.samples[j], "bytes": mine.used[j]})).collect::<Vec<_>>(),
+        },
+        "estimated_memory_bytes": plan_memory(f as u64, rayon::current_num_threads()),
+        "seconds": seconds,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn groups(nodes: u32, per_node: u32) -> Vec<Vec<u32>> {
+        (0..nodes)
+            .map(|i| (i * per_node..(i + 1) * per_node).collect())
+            .collect()
+    }
+
+    /// Every node's detail, as a small cluster's tests want it.
+    fn cluster(
+        n: u64,
+        nodes: u32,
+        per_node: u32,
+        epochs: u32,
+        seed: u64,
+        cap: u64,
+    ) -> (Vec<AccessCounts>, ClusterAccess, ClusterPlacement) {
+        let s = Schedule::shuffle(n, nodes * per_node, 4, epochs, seed, false).unwrap();
+        let g = groups(nodes, per_node);
+        let access = AccessCounts::compute_groups(&s, &g).unwrap();
+        let (summary, own0, _) = node_access(&s, &g, 0, 0, &[]).unwrap();
+        assert_eq!(own0.counts, access[0].counts);
+        assert_eq!(own0.first_need, access[0].first_need);
+        let caps = vec![vec![cap]; nodes as usize];
+        let detail: Vec<(usize, &AccessCounts)> = access.iter().enumerate().collect();
+        let p = ClusterPlacement::compute(&summary, |_| 100, &caps, &detail);
+        (access, summary, p)
+    }
+
+    #[test]
+    fn summary_is_exact_up_to_four_readers() {
+        let mut s = SampleSummary::EMPTY;
+        for (n, w) in [(3u16, 1u16), (1, 2), (3, 1), (7, 1), (0, 4)] {
+            s.add(n, w, 10);
+        }
+        let ranked: Vec<(u16, u16)> = s.ranked(5).collect();
+        assert_eq!(ranked[0], (0, 4));
+        assert!(ranked.contains(&(3, 2)) && ranked.contains(&(1, 2)) && ranked.contains(&(7, 1)));
+        assert_eq!(s.total, 9);
+        // A fifth reader takes over the least slot and keeps its count as an upper bound.
+        s.add(9, 1, 2);
+        assert_eq!(s.first_need, 2);
+        assert!(s.ranked(5).any(|x| x == (9, 2)));
+        assert!(!s.ranked(5).any(|(n, _)| n == 7));
+    }
+
+    #[test]
+    fn summaries_match_exact_counts_for_four_nodes() {
+        let s = Schedule::shuffle(3000, 8, 4, 6, 5, false).unwrap();
+        let g = groups(4, 2);
+        let exact = AccessCounts::compute_groups(&s, &g).unwrap();
+        let (summary, _, _) = node_access(&s, &g, 2, 0, &[]).unwrap();
+        let from = ClusterAccess::from_nodes(&exact).unwrap();
+        for k in 0..3000usize {
+            let top = exact.iter().map(|a| a.counts[k]).max().unwrap();
+            let first = exact.iter().map(|a| a.first_need[k]).min().unwrap();
+            let sm = &summary.samples[k];
+            assert_eq!(sm.top_count() as u32, top, "sample {k}");
+            assert_eq!(sm.first_need, first);
+            assert_eq!(sm.total, 6);
+            for (n, c) in sm.ranked(k as u32) {
+                assert_eq!(exact[n as usize].counts[k], c as u32);
+            }
+            assert_eq!(from.samples[k].top_count(), sm.top_count());
+        }
+    }
+
+    #[test]
+    fn cluster_covers_the_dataset_when_capacity_allows() {
+        // 4 nodes at 30 % of 2,000 samples each: 120 % in all.
+        let (access, summary, p) = cluster(2000, 4, 2, 4, 7, 600 * 100);
+        assert!(p.primary.iter().all(|&n| n != NO_NODE), "every sample has a primary");
+        for (i, node) in p.nodes.iter().enumerate() {
+            assert!(node.used[0] <= 600 * 100);
+            for k in 0..2000 {
+                if p.primary[k] == i as u16 {
+                    assert_ne!(node.class_of[k], UNCACHED, "a primary holds its sample");
+                }
+                if node.class_of[k] != UNCACHED && p.primary[k] != i as u16 {
+                    assert!(access[i].counts[k] > 0, "a replica is a sample the node reads");
+                }
+            }
+        }
+        // The room beyond coverage holds replicas of each node's own frequent samples.
+        let held: u64 = p.nodes.iter().map(|n| n.samples[0]).sum();
+        assert!(held > 2000 && held <= 2400, "{held}");
+        assert_eq!(summary.expected_storage_bytes(&p.primary, |_| 100), 2000 * 100);
+        assert_eq!(p.covered_bytes(|_| 100), 2000 * 100);
+        assert_eq!(p.primary_samples.iter().sum::<u64>(), 2000);
+    }
+
+    #[test]
+    fn cluster_below_dataset_reaches_the_minimum_storage_reads() {
+        // 4 nodes at 12.5 %: half the dataset cached; S + (E-1)(S-C) is the least the storage
+        // can deliver over E epochs.
+        let (access, summary, p) = cluster(2000, 4, 2, 4, 3, 250 * 100);
+        assert_eq!(p.covered_bytes(|_| 100), 1000 * 100);
+        let (s, c, e) = (2000u64 * 100, 1000u64 * 100, 4u64);
+        assert_eq!(
+            summary.expected_storage_bytes(&p.primary, |_| 100),
+            s + (e - 1) * (s - c)
+        );
+        // The primary of a cached sample is a node that reads it, mostly one that reads it most.
+        let (mut cached, mut top_count) = (0, 0);
+        for k in 0..2000usize {
+            let n = p.primary[k];
+            if n != NO_NODE {
+                let top = access.iter().map(|a| a.counts[k]).max().unwrap();
+                assert!(access[n as usize].counts[k] > 0, "sample {k}");
+                cached += 1;
+                top_count += (access[n as usize].counts[k] == top) as u32;
+            }
+        }
+        assert!(top_count as f64 >= 0.9 * cached as f64, "{top_count} of {cached}");
+    }
+
+    #[test]
+    fn many_nodes_cover_and_place_on_readers() {
+        // 40 nodes (more than the summary's slots) at 3 % each: 120 % in all.
+        let (access, summary, p) = cluster(4000, 40, 1, 5, 13, 120 * 100);
+        assert!(p.primary.iter().all(|&n| n != NO_NODE));
+        assert_eq!(summary.expected_storage_bytes(&p.primary, |_| 100), 4000 * 100);
+        let on_reader = (0..4000)
+            .filter(|&k| access[p.primary[k] as usize].counts[k] > 0)
+            .count();
+        assert!(on_reader >= 3600, "{on_reader} of 4000 primaries read their sample");
+        // Primaries are spread: no node serves more than its capacity, none is idle.
+        assert!(
+            p.primary_samples.iter().all(|&n| (1..=120).contains(&n)),
+            "{:?}",
+            p.primary_samples
+        );
+    }
+
+    #[test]
+    fn every_node_computes_the_same_plan_for_itself() {
+        // Node 1's placement as node 1 computes it (own detail only) equals its placement in a
+        // computation that lays out every node.
+        let (_, _, all) = cluster(1500, 3, 2, 3, 11, 400 * 100);
+        let s = Schedule::shuffle(1500, 6, 4, 3, 11, false).unwrap();
+        let g = groups(3, 2);
+        let (summary, own, streams) = node_access(&s, &g, 1, 0, &[2, 3]).unwrap();
+        let one = ClusterPlacement::compute(&summary, |_| 100, &vec![vec![400 * 100]; 3], &[(1, &own)]);
+        assert_eq!(one.primary, all.primary);
+        assert_eq!(one.nodes[0].class_of, all.nodes[1].class_of);
+        assert_eq!(one.nodes[0].offset, all.nodes[1].offset);
+        assert_eq!(one.nodes[0].fill_order, all.nodes[1].fill_order);
+        // The streams kept are the ranks' own.
+        assert_eq!(streams.len(), 3);
+        assert_eq!(streams[1][1], s.rank_epoch(3, 1).unwrap());
+    }
+
+    #[test]
+    fn one_node_matches_placement() {
+        let s = Schedule::shuffle(1500, 2, 4, 3, 5, false).unwrap();
+        let acc = AccessCounts::compute(&s, &[0, 1]).unwrap();
+        let one = Placement::compute(&acc, |_| 100, &[300 * 100]);
+        let (summary, own, _) = node_access(&s, &[vec![0, 1]], 0, 0, &[]).unwrap();
+        let c = ClusterPlacement::compute(&summary, |_| 100, &[vec![300 * 100]], &[(0, &own)]);
+        let set = |cl: &[u8]| -> Vec<usize> { (0..cl.len()).filter(|&k| cl[k] != UNCACHED).collect() };
+        assert_eq!(set(&one.class_of), set(&c.nodes[0].class_of));
+    }
+
+    #[test]
+    fn hashed_owners_are_spread_and_stable() {
+        let keys: Vec<u64> = (0..4000u64).map(|i| splitmix64(i * 7 + 1)).collect();
+        let owners = hashed_owners(&keys, 4);
+        let access = hashed_access(&keys, &owners, 4);
+        let p = ClusterPlacement::compute(&access, |_| 10, &vec![vec![20_000]; 4], &[]);
+        assert_eq!(p.primary, owners, "each file on its owner while it has room");
+        // Removing node 3 moves only its files.
+        let three = hashed_owners(&keys, 3);
+        assert!((0..4000).all(|k| owners[k] == 3 || three[k] == owners[k]));
+    }
+
+    #[test]
+    fn node_table_errors_name_the_rank() {
+        assert!(node_of_rank(&[vec![0, 1], vec![1]], 2)
+            .unwrap_err()
+            .to_string()
+            .contains("rank 1 is on two nodes"));
+        assert!(node_of_rank(&[vec![0]], 2)
+            .unwrap_err()
+            .to_string()
+            .contains("rank 1 is on no node"));
+        assert!(node_of_rank(&[vec![0, 5]], 2)
+            .unwrap_err()
+            .to_string()
+            .contains("rank 5 is outside"));
+    }
+}
