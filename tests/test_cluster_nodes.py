@@ -57,9 +57,11 @@ def _rank(ctx, list_file, config, expect_crc):
         ctx.sync()
     stats = job.stats()
     peers = job.peer_stats()
+    engine = job._open_engine()
+    plan = {"origin": engine.plan_origin(), "placement": engine.placement()}
     ctx.sync()  # every node is done before any server stops
     job.close()
-    return {"seen": seen, "stats": stats, "peers": peers}
+    return {"seen": seen, "stats": stats, "peers": peers, "plan": plan}
 
 
 def _run(tmp_path, nodes, per_node, fraction):
@@ -101,6 +103,35 @@ def test_four_nodes_read_the_dataset_once(tmp_path):
     servers = [r["peers"]["server"] for r in out if "server" in r["peers"]]
     assert len(servers) == 4, "one server per node"
     assert sum(s["served"] for s in servers) >= peer
+
+
+def test_sixteen_nodes_read_the_dataset_once(tmp_path):
+    # 16 nodes at 10 % of the dataset each (160 % in all): every sample covered by one node,
+    # the file system read once over the run, most samples from other nodes.
+    out, total = _run(tmp_path, nodes=16, per_node=1, fraction=0.10)
+    _check_exactly_once(out, 16)
+    fs = sum(s["pfs_bytes_read"] for r in out for s in r["stats"])
+    peer = sum(s["sources"]["peer"]["samples"] for r in out for s in r["stats"])
+    samples = sum(s["samples"] for r in out for s in r["stats"])
+    print(f"16 nodes: file-system bytes {fs} of {total} ({fs / total:.3f}x); from peers {peer} of {samples} samples")
+    assert fs <= total * 1.02, f"the cluster read {fs / total:.3f}x the dataset"
+    assert peer >= samples // 2, "most samples of a rank are on other nodes"
+    servers = [r["peers"]["server"] for r in out if "server" in r["peers"]]
+    assert len(servers) == 16, "one server per node"
+
+
+def test_one_plan_per_node(tmp_path):
+    # 2 nodes x 3 ranks: on each node one rank computes the node's plan, the others read it,
+    # and all three hold the same placement.
+    out, total = _run(tmp_path, nodes=2, per_node=3, fraction=0.6)
+    _check_exactly_once(out, 6)
+    for node in range(2):
+        ranks = out[node * 3 : node * 3 + 3]
+        origins = sorted(r["plan"]["origin"] for r in ranks)
+        assert origins == ["computed", "shared", "shared"], origins
+        assert all(r["plan"]["placement"] == ranks[0]["plan"]["placement"] for r in ranks)
+    fs = sum(s["pfs_bytes_read"] for r in out for s in r["stats"])
+    assert fs <= total * 1.02, f"the cluster read {fs / total:.3f}x the dataset"
 
 
 def test_two_nodes_below_the_dataset_read_the_minimum(tmp_path):

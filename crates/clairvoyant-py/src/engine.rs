@@ -296,6 +296,12 @@ impl PyEngine {
     }
 
     /// (class name, samples, bytes) per storage class of this node's placement.
+    /// Where this rank's node plan came from: "computed", "shared" (read from the node's first
+    /// rank) or "process" (another job of this process).
+    fn plan_origin(&self) -> &'static str {
+        self.engine.plan_origin().name()
+    }
+
     fn placement(&self) -> Vec<(String, u64, u64)> {
         self.engine.placement_summary().to_vec()
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::model::{ClassKind, SystemModel};
-use crate::plan::{AccessCounts, ClusterAccess, ClusterPlacement, Placement, UNCACHED};
+use crate::plan::{AccessCounts, ClusterAccess, NodePlan, UNCACHED};
 use crate::readahead::Gate;
 use crate::schedule::Schedule;
 use crate::source::Source;
@@ -23,6 +23,7 @@ use crate::tier::{ClassRequest, NodeCache};
 
 mod key;
 mod local;
+mod node_plan;
 mod peer;
 mod pid;
 mod prefetch;
@@ -32,6 +33,8 @@ mod stats;
 
 use key::node_key;
 pub use local::Local;
+use node_plan::shared_plan;
+pub use node_plan::PlanOrigin;
 use peer::ClusterShare;
 pub use peer::{ClusterSpec, PeerFetch, PeerReply, PeerService, Serve};
 use staging::{Group, RingBuf, StagingState};
@@ -228,6 +231,7 @@ pub struct Engine {
     inner: Arc<Inner>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     placement_summary: Vec<(String, u64, u64)>,
+    plan_origin: PlanOrigin,
     first_epoch: u32,
     /// The schedule the job started with and this rank: its epochs' samples can be derived again
     /// once dropped from the stream (appended passes cannot).
@@ -270,41 +274,51 @@ impl Engine {
                 format!("{} is not below the job's {} epochs", spec.first_epoch, sched.epochs),
             ));
         }
-        let streams = sched.streams_from(&[spec.rank], spec.first_epoch)?;
-        let mut stream = VecDeque::new();
-        let mut epoch_starts = vec![0u64; spec.first_epoch as usize + 1];
-        let mut batch_ends: Vec<Arc<[u32]>> = vec![Arc::from(Vec::new()); spec.first_epoch as usize];
-        for epoch in streams {
-            let e = epoch.into_iter().next().expect("one rank");
-            stream.extend(e.samples.iter().copied());
-            epoch_starts.push(stream.len() as u64);
-            batch_ends.push(Arc::from(e.batch_ends));
-        }
-
         let f = source.len();
         let total_bytes = source.total_bytes();
         let typical = if f == 0 { 0 } else { total_bytes / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
         let fingerprint = source.fingerprint();
-        let (node, fill_order) = match join_share(fingerprint, f, &spec.local_ranks) {
+        let (node, fill_order, mine, plan_origin) = match join_share(fingerprint, f, &spec.local_ranks) {
             Some(node) => {
                 let mut ranks = node.ranks.lock().unwrap_or_else(|p| p.into_inner());
                 if !ranks.contains(&spec.rank) {
                     ranks.push(spec.rank);
                 }
                 drop(ranks);
-                (node, None)
+                (node, None, None, PlanOrigin::Process)
             }
             None => {
-                let (node, fill_order) = Self::node_share(&source, model, &spec, &useful, total_bytes)?;
+                let (node, fill_order, mine, origin) = Self::node_share(&source, model, &spec, &useful, total_bytes)?;
                 let node = Arc::new(node);
                 NODE_SHARES
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(Arc::downgrade(&node));
-                (node, Some(fill_order))
+                (node, Some(fill_order), mine, origin)
             }
         };
+        // This rank's stream over the whole run: from the node's plan, else shuffled here.
+        let streams: Vec<crate::schedule::RankEpoch> = match mine {
+            Some(s) => s,
+            None => match sched.streams_from(&[spec.rank], spec.first_epoch) {
+                Ok(s) => s.into_iter().map(|e| e.into_iter().next().expect("one rank")).collect(),
+                Err(e) => {
+                    if node.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
+                        node.cache.detach();
+                    }
+                    return Err(e);
+                }
+            },
+        };
+        let mut stream = VecDeque::new();
+        let mut epoch_starts = vec![0u64; spec.first_epoch as usize + 1];
+        let mut batch_ends: Vec<Arc<[u32]>> = vec![Arc::from(Vec::new()); spec.first_epoch as usize];
+        for e in streams {
+            stream.extend(e.samples.iter().copied());
+            epoch_starts.push(stream.len() as u64);
+            batch_ends.push(Arc::from(e.batch_ends));
+        }
         let placement_summary = node.summary.clone();
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
 
@@ -438,6 +452,7 @@ impl Engine {
             inner,
             threads: Mutex::new(threads),
             placement_summary,
+            plan_origin,
             first_epoch: spec.first_epoch,
             schedule: spec.schedule,
             rank: spec.rank,
@@ -451,17 +466,24 @@ impl Engine {
         }
     }
 
-    /// Attach to this run's node cache, agree on capacities and compute the placement.
+    /// Attach to this run's node cache, agree on capacities and get the node's plan: the first
+    /// local rank computes it and shares it through the node cache; the others read it.
+    /// Returns the share, the fill orders and this rank's stream when the plan carried it.
+    #[allow(clippy::type_complexity)]
     fn node_share(
         source: &Arc<dyn Source>,
         model: &SystemModel,
         spec: &JobSpec,
         useful: &[usize],
         total_bytes: u64,
-    ) -> Result<(NodeShare, Vec<Vec<u32>>)> {
-        let sched = &spec.schedule;
+    ) -> Result<(
+        NodeShare,
+        Vec<Vec<u32>>,
+        Option<Vec<crate::schedule::RankEpoch>>,
+        PlanOrigin,
+    )> {
         // The node cache: every local rank derives the same key, agrees on the capacities the
-        // first rank decided, and so computes the very same placement.
+        // first rank decided, and so shares the very same plan.
         let f = source.len();
         let mut requests = class_requests(model, useful, total_bytes);
         if let Some(c) = &spec.cluster {
@@ -480,65 +502,35 @@ impl Engine {
             model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64)
         };
         let capacities = cache.setup(&requests, ring_reserve)?;
-        let (placement, cluster) = match &spec.cluster {
-            None => {
-                let given = spec.agent.as_ref().and_then(|a| a.counts.as_ref()).map(|c| &c.own);
-                let computed;
-                let access = match given {
-                    Some(a) => a,
-                    None => {
-                        computed = AccessCounts::compute_from(sched, &spec.local_ranks, spec.first_epoch)?;
-                        &computed
-                    }
-                };
-                (Placement::compute(access, |k| source.size(k), &capacities), None)
-            }
-            Some(c) => {
-                for (r, &got) in requests.iter().zip(&capacities) {
-                    if got < r.capacity {
-                        crate::tier::warn_once(
-                            &format!("cluster-capacity:{}", r.name),
-                            &format!(
-                                "storage class '{}' got {} of the {} this node announced; samples that do not fit are read from their origin",
-                                r.name,
-                                crate::model::format_bytes(got),
-                                crate::model::format_bytes(r.capacity)
-                            ),
-                        );
-                    }
+        if let Some(c) = &spec.cluster {
+            for (r, &got) in requests.iter().zip(&capacities) {
+                if got < r.capacity {
+                    crate::tier::warn_once(
+                        &format!("cluster-capacity:{}", r.name),
+                        &format!(
+                            "storage class '{}' got {} of the {} this node announced; samples that do not fit are read from their origin",
+                            r.name,
+                            crate::model::format_bytes(got),
+                            crate::model::format_bytes(r.capacity)
+                        ),
+                    );
                 }
-                let f_samples = source.len() as u64;
-                let computed;
-                let (access, own) = match spec.agent.as_ref().and_then(|a| a.counts.as_ref()) {
-                    Some(AgentCounts {
-                        own,
-                        cluster: Some(cluster),
-                    }) if cluster.samples.len() == f => (&**cluster, own),
-                    Some(_) => {
-                        return Err(Error::config(
-                            "agent.counts",
-                            format!("the cluster's summaries for {f} samples are missing or of another size"),
-                        ))
-                    }
-                    None => {
-                        crate::plan::check_plan_memory(f_samples, &format!("{f} samples on {} nodes", c.nodes.len()))?;
-                        let (access, own, _) =
-                            crate::plan::node_access(sched, &c.nodes, c.node, spec.first_epoch, &[])?;
-                        computed = (access, own);
-                        (&computed.0, &computed.1)
-                    }
-                };
-                let mut all = ClusterPlacement::compute(access, |k| source.size(k), &c.capacities, &[(c.node, own)]);
-                let placement = all.nodes.swap_remove(0);
-                let share = ClusterShare {
-                    node: c.node,
-                    primary: all.primary,
-                    peers: c.peers.clone(),
-                    peer_wait: c.peer_wait,
-                };
-                (placement, Some(share))
             }
-        };
+            if c.nodes.len() >= crate::plan::NO_NODE as usize {
+                return Err(Error::config(
+                    "nodes",
+                    format!("{} nodes; at most {}", c.nodes.len(), crate::plan::NO_NODE - 1),
+                ));
+            }
+        }
+        let (plan, mine, origin) = shared_plan(&cache, source, spec, &capacities)?;
+        let NodePlan { placement, primary, .. } = plan;
+        let cluster = spec.cluster.as_ref().map(|c| ClusterShare {
+            node: c.node,
+            primary: primary.unwrap_or_default(),
+            peers: c.peers.clone(),
+            peer_wait: c.peer_wait,
+        });
 
         let mut stores = Vec::new();
         let mut placement_summary = Vec::new();
@@ -568,7 +560,7 @@ impl Engine {
             engines: AtomicUsize::new(1),
             cluster,
         };
-        Ok((node, placement.fill_order))
+        Ok((node, placement.fill_order, mine, origin))
     }
 
     /// Samples of `epoch` for this rank, in order. The stream drops a pass's samples once it is
@@ -694,6 +686,11 @@ impl Engine {
     }
 
     /// (class name, samples, bytes) placed per class on this node.
+    /// Where this rank's plan came from (the node's first rank computes it; the others read it).
+    pub fn plan_origin(&self) -> PlanOrigin {
+        self.plan_origin
+    }
+
     pub fn placement_summary(&self) -> &[(String, u64, u64)] {
         &self.placement_summary
     }

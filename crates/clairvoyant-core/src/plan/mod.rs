@@ -10,7 +10,9 @@ use crate::error::Result;
 use crate::schedule::Schedule;
 
 mod cluster;
+mod shared;
 pub use cluster::*;
+pub use shared::*;
 
 /// Sentinel for "not cached in any class".
 pub const UNCACHED: u8 = u8::MAX;
@@ -65,6 +67,37 @@ impl AccessCounts {
                 Ok(a)
             })?;
         Ok(merged)
+    }
+
+    /// The counts of given streams: `streams[e][i]` is rank i's stream in epoch `first + e`.
+    pub fn from_streams(samples: usize, first: u32, streams: &[Vec<crate::schedule::RankEpoch>]) -> Self {
+        let empty = || AccessCounts {
+            counts: vec![0; samples],
+            first_need: vec![u64::MAX; samples],
+        };
+        streams
+            .par_iter()
+            .enumerate()
+            .fold(empty, |mut acc, (e, ranks)| {
+                let epoch = first as u64 + e as u64;
+                for stream in ranks {
+                    for (pos, &k) in stream.samples.iter().enumerate() {
+                        acc.counts[k as usize] += 1;
+                        let slot = &mut acc.first_need[k as usize];
+                        *slot = (*slot).min((epoch << 32) | pos as u64);
+                    }
+                }
+                acc
+            })
+            .reduce(empty, |mut a, b| {
+                for (x, y) in a.counts.iter_mut().zip(b.counts) {
+                    *x += y;
+                }
+                for (x, y) in a.first_need.iter_mut().zip(b.first_need) {
+                    *x = (*x).min(y);
+                }
+                a
+            })
     }
 
     /// [`AccessCounts::compute`] for several groups of ranks at once (for example every node of a
@@ -151,7 +184,7 @@ pub fn expected_histogram(num_samples: u64, epochs: u32, world_size: u32, local_
 /// Where every sample is cached: `class_of[k]` is an index into the capacities given to
 /// [`Placement::compute`] (fastest first) or [`UNCACHED`]; `offset[k]` is the sample's byte
 /// offset inside its class (classes are laid out statically, as sizes are known in advance).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Placement {
     pub class_of: Vec<u8>,
     pub offset: Vec<u64>,

@@ -469,6 +469,7 @@ impl NodeCache {
         {
             let _ = std::fs::remove_file(self.state.path());
             let _ = std::fs::remove_file(self.dir.join(format!("{}.layout", self.stem)));
+            let _ = std::fs::remove_file(self.dir.join(format!("{}.plan", self.stem)));
             for t in &self.tiers {
                 t.remove();
             }
@@ -522,6 +523,8 @@ fn remove_dead_caches(dir: &Path) {
         }
         if let Some(stem) = name.strip_suffix(".state") {
             if state::all_dead(&path) {
+                // The node's plan is of no use to another run.
+                let _ = std::fs::remove_file(dir.join(format!("{stem}.plan")));
                 // Kept for the next run over the same dataset when it has a layout.
                 if salvage::keep(dir, stem) {
                     continue;

@@ -40,6 +40,7 @@ const H_NCAP: usize = 32;
 const H_ARENA_AT: usize = 36;
 const H_CAPS: usize = 40; // MAX_CLASSES u64
 const H_CREATED: usize = 104; // wall-clock ns when the segment was created
+const H_PLAN: usize = 112; // the node plan's turn (see `plan_turn`)
 const H_PROCS: usize = 128; // MAX_PROCESSES x (pid u32, status u32, start u64)
 const H_RANKS: usize = H_PROCS + MAX_PROCESSES * 16; // MAX_LOCAL_RANKS x u64 holder token
 const _: () = assert!(H_RANKS + MAX_LOCAL_RANKS * 8 <= HEADER_BYTES);
@@ -357,38 +358,19 @@ impl StateSegment {
     /// Agree on class capacities: the first caller runs `decide` (which may create the memory
     /// arena) and publishes what it returns; everyone gets the published values.
     pub fn agree(&self, decide: impl FnOnce() -> Result<(Vec<u64>, ArenaAt)>) -> Result<(Vec<u64>, ArenaAt)> {
-        let flag = self.u32(H_AGREE);
-        let mine = 1 | ((self.slot + 1) << 8);
-        let mut decide = Some(decide);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let cur = flag.load(Ordering::Acquire);
-            if cur == 2 {
-                break;
-            }
-            if cur == 0 {
-                if flag
-                    .compare_exchange(0, mine, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-                {
-                    continue;
-                }
-                let decided = match decide.take() {
-                    Some(d) => d(),
-                    None => Err(Error::io(
-                        &self.path,
-                        std::io::Error::other("setting up the node cache twice"),
-                    )),
-                };
-                let (caps, at) = match decided {
+        let mut failed = None;
+        let turn = self.turn(
+            H_AGREE,
+            Duration::from_secs(120),
+            "another local rank to finish setting up this node cache",
+            || {
+                let (caps, at) = match decide() {
                     Ok(v) if v.0.len() <= MAX_CLASSES => v,
                     other => {
-                        // Give the turn back: another local rank may manage.
-                        flag.store(0, Ordering::Release);
-                        futex::wake_all(flag);
-                        return Err(other.err().unwrap_or_else(|| {
+                        failed = Some(other.err().unwrap_or_else(|| {
                             Error::config("class", format!("at most {MAX_CLASSES} storage classes are supported"))
                         }));
+                        return None;
                     }
                 };
                 self.u32(H_NCAP).store(caps.len() as u32, Ordering::Relaxed);
@@ -396,24 +378,12 @@ impl StateSegment {
                 for (i, &c) in caps.iter().enumerate() {
                     self.u64(H_CAPS + 8 * i).store(c, Ordering::Relaxed);
                 }
-                flag.store(2, Ordering::Release);
-                futex::wake_all(flag);
-                break;
-            }
-            // Another rank is deciding; if it died doing so, take its turn.
-            if self.slot_dead((cur >> 8).saturating_sub(1)) {
-                let _ = flag.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Acquire);
-                continue;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::TimedOut {
-                    path: self.path.clone(),
-                    what: "another local rank to finish setting up this node cache".into(),
-                    seconds: 120,
-                });
-            }
-            futex::wait(flag, cur, (deadline - now).min(WAIT_SLICE));
+                Some(2)
+            },
+        )?;
+        if turn.is_none() {
+            return Err(failed
+                .unwrap_or_else(|| Error::io(&self.path, std::io::Error::other("setting up the node cache twice"))));
         }
         let n = self.u32(H_NCAP).load(Ordering::Relaxed) as usize;
         let caps = (0..n.min(MAX_CLASSES))
@@ -425,6 +395,73 @@ impl StateSegment {
             _ => ArenaAt::None,
         };
         Ok((caps, at))
+    }
+
+    /// The node plan's turn: the first local rank runs `decide` (computing the plan and writing
+    /// it for the others) and publishes its outcome (a code from 2 to 255); the others wait for
+    /// it, as long as the deciding process lives, up to `timeout`. Returns the outcome and
+    /// whether this caller decided. A decider that dies hands the turn to the next rank.
+    pub fn plan_turn(&self, timeout: Duration, decide: impl FnOnce() -> u8) -> Result<(u8, bool)> {
+        let mut decided = false;
+        let code = self.turn(H_PLAN, timeout, "another local rank to compute the node's plan", || {
+            decided = true;
+            Some(decide().max(2) as u32)
+        })?;
+        Ok((code.unwrap_or(2) as u8, decided))
+    }
+
+    /// One decision among the local ranks, in the header word at `off`: 0 (open), `1 | (slot +
+    /// 1) << 8` (being decided by that process slot), or the published outcome (2..=255). The
+    /// first caller runs `decide`: `Some(code)` publishes it, `None` gives the turn back (another
+    /// rank may manage) and returns `Ok(None)`. The others wait for the outcome while the
+    /// decider lives, up to `timeout`.
+    fn turn(
+        &self,
+        off: usize,
+        timeout: Duration,
+        what: &str,
+        decide: impl FnOnce() -> Option<u32>,
+    ) -> Result<Option<u32>> {
+        let flag = self.u32(off);
+        let mine = 1 | ((self.slot + 1) << 8);
+        let mut decide = Some(decide);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let cur = flag.load(Ordering::Acquire);
+            if cur & 0xff >= 2 {
+                return Ok(Some(cur));
+            }
+            if cur == 0 {
+                let Some(d) = decide.take() else {
+                    return Ok(None);
+                };
+                if flag
+                    .compare_exchange(0, mine, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    decide = Some(d);
+                    continue;
+                }
+                let outcome = d();
+                flag.store(outcome.map_or(0, |c| c.clamp(2, 255)), Ordering::Release);
+                futex::wake_all(flag);
+                return Ok(outcome.map(|c| c.clamp(2, 255)));
+            }
+            // Another rank is deciding; if it died doing so, take its turn.
+            if self.slot_dead((cur >> 8).saturating_sub(1)) {
+                let _ = flag.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Acquire);
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::TimedOut {
+                    path: self.path.clone(),
+                    what: what.into(),
+                    seconds: timeout.as_secs(),
+                });
+            }
+            futex::wait(flag, cur, (deadline - now).min(WAIT_SLICE));
+        }
     }
 
     fn mine(&self) -> u32 {
