@@ -186,3 +186,12 @@ def test_plan_across_nodes_reports_coverage_and_file_system_reads():
 def test_plan_nodes_must_divide_the_world_size():
     r = run("plan", "--samples", "100", "--world-size", "6", "--epochs", "1", "--batch-size", "4", "--nodes", "4")
     assert r.returncode == 2 and "--nodes 4" in r.stderr
+
+
+def test_a_plan_larger_than_the_machine_is_refused_before_it_starts():
+    # 4 billion samples would need hundreds of GB (the counts alone 48 GB): refused with the
+    # sizes, for one node and across nodes, instead of being killed for memory.
+    for extra in ([], ["--nodes", "4"]):
+        r = run("plan", "--samples", "4000000000", "--world-size", "8", "--epochs", "2", "--batch-size", "32", *extra)
+        assert r.returncode != 0
+        assert "the plan of 4000000000 samples" in r.stderr and "needs about" in r.stderr and "is available" in r.stderr, r.stderr

@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _bench_formats, _bench_transparent, _report, demo
+from . import _bench_formats, _bench_scale, _bench_transparent, _report, demo
 
 TARGETS = {
     "utilization_epochs_ge1": 0.95,  # clairvoyant, every epoch >= 1 (at least)
@@ -64,6 +64,7 @@ TARGETS = {
 }
 TARGETS.update(_bench_formats.TARGETS)
 TARGETS.update(_bench_transparent.TARGETS)
+TARGETS.update(_bench_scale.TARGETS)
 
 
 # -- (a) the demo comparison, larger ---------------------------------------------------------
@@ -625,6 +626,7 @@ _LABELS = {
 }
 _LABELS.update(_bench_formats.LABELS)
 _LABELS.update(_bench_transparent.LABELS)
+_LABELS.update(_bench_scale.LABELS)
 
 
 def fuse_markdown(fuse: dict) -> list:
@@ -752,9 +754,11 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--formats-parts", default="lmdb,hdf5,tar", help="which container formats to benchmark (comma-separated: lmdb, hdf5, tar)")
     ap.add_argument(
         "--only",
-        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent"],
+        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent", "scale"],
         help="run one benchmark only",
     )
+    ap.add_argument("--scale-nodes", default=",".join(map(str, _bench_scale.NODES)), help="node counts of the scale benchmark (comma-separated)")
+    ap.add_argument("--scale-datasets", default=",".join(_bench_scale.DATASETS), help="dataset sizes of the scale benchmark: imagenet-1k, imagenet-22k")
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -780,6 +784,10 @@ def main(argv: Optional[list] = None) -> int:
     transparent = None
     if args.only in (None, "transparent"):
         transparent = _bench_transparent.bench_transparent(out, log)
+    scale = None
+    if args.only in (None, "scale"):
+        nodes = tuple(int(n) for n in args.scale_nodes.split(","))
+        scale = _bench_scale.bench_scale(out, log, nodes, tuple(args.scale_datasets.split(",")))
     validation = None
     if training is not None:
         try:
@@ -793,6 +801,8 @@ def main(argv: Optional[list] = None) -> int:
         targets += _bench_formats.evaluate(formats, _target)
     if transparent is not None:
         targets += _bench_transparent.evaluate(transparent, _target)
+    if scale is not None:
+        targets += _bench_scale.evaluate(scale, _target)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -807,6 +817,7 @@ def main(argv: Optional[list] = None) -> int:
         "cluster": cluster,
         "decode": decode,
         "transparent": transparent,
+        "scale": scale,
         "simulator_validation": validation,
         "targets": targets,
     }
@@ -841,6 +852,9 @@ def main(argv: Optional[list] = None) -> int:
         if transparent is not None:
             print()
             print("\n".join(_bench_transparent.markdown(transparent)))
+        if scale is not None:
+            print()
+            print("\n".join(_bench_scale.markdown(scale)))
     return 0 if all(t["met"] for t in targets) else 1
 
 

@@ -152,7 +152,10 @@ fn compute_plan(source: &Arc<dyn Source>, spec: &JobSpec, capacities: &[u64], al
                     let epochs = sched.streams_from(&keep, first)?;
                     (AccessCounts::from_streams(f, first, &epochs), by_rank(epochs))
                 }
-                None => (AccessCounts::compute_from(sched, &spec.local_ranks, first)?, Vec::new()),
+                None => {
+                    crate::plan::check_plan_memory(f as u64, false, &format!("{f} samples"))?;
+                    (AccessCounts::compute_from(sched, &spec.local_ranks, first)?, Vec::new())
+                }
             };
             Ok(NodePlan {
                 placement: Placement::compute(&access, size, capacities),
@@ -174,7 +177,7 @@ fn compute_plan(source: &Arc<dyn Source>, spec: &JobSpec, capacities: &[u64], al
                     ))
                 }
                 None => {
-                    crate::plan::check_plan_memory(f as u64, &format!("{f} samples on {} nodes", c.nodes.len()))?;
+                    crate::plan::check_plan_memory(f as u64, true, &format!("{f} samples on {} nodes", c.nodes.len()))?;
                     let (access, own, epochs) = crate::plan::node_access(sched, &c.nodes, c.node, first, &keep)?;
                     computed = (access, own);
                     (&computed.0, &computed.1, by_rank(epochs))

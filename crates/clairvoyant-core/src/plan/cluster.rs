@@ -388,21 +388,22 @@ pub fn hashed_counts(keys: &[u64], owners: &[u16], node: usize) -> AccessCounts 
 }
 
 /// Approximate peak bytes of computing one node's plan for `samples` samples with `threads`
-/// shuffling threads: the summaries, the coverage order, the node's own counts and placement,
-/// the primary table and the epochs' orders in flight.
-pub fn plan_memory(samples: u64, threads: usize) -> u64 {
-    let per_sample = std::mem::size_of::<SampleSummary>() as u64 // summaries
-        + 16 // coverage sort keys
-        + 12 // own counts and first needs
-        + 16 // own replica sort keys (at most one per sample)
-        + 1 + 8 + 2 + 4 // class, offset, primary, fill order
+/// shuffling threads: the node's own counts, sort keys and placement and the epochs' orders in
+/// flight, and for a cluster (`cluster`) the summaries and the primary table.
+pub fn plan_memory(samples: u64, threads: usize, cluster: bool) -> u64 {
+    let mut per_sample = 12 // own counts and first needs
+        + 16 // sort keys (at most one per sample)
+        + 1 + 8 + 4 // class, offset, fill order
         + 4 * (threads as u64 + 2); // epoch orders in flight
+    if cluster {
+        per_sample += std::mem::size_of::<SampleSummary>() as u64 + 16 + 2; // summaries, coverage keys, primary
+    }
     samples * per_sample
 }
 
 /// Fail before allocating when a plan of `samples` samples would not fit the memory available.
-pub fn check_plan_memory(samples: u64, what: &str) -> Result<()> {
-    let need = plan_memory(samples, rayon::current_num_threads());
+pub fn check_plan_memory(samples: u64, cluster: bool, what: &str) -> Result<()> {
+    let need = plan_memory(samples, rayon::current_num_threads(), cluster);
     let available = crate::sysinfo::Machine::detect().mem_available;
     match available {
         Some(a) if need > a => Err(Error::PlanTooLarge {
@@ -682,7 +683,7 @@ pub fn cluster_report(
         ));
     }
     let f = schedule.num_samples() as usize;
-    check_plan_memory(f as u64, &format!("{f} samples on {} nodes", nodes.len()))?;
+    check_plan_memory(f as u64, true, &format!("{f} samples on {} nodes", nodes.len()))?;
     let (access, own, _) = node_access(schedule, nodes, detail, 0, &[])?;
     let capacities: Vec<Vec<u64>> = nodes.iter().map(|_| classes.iter().map(|c| c.1).collect()).collect();
     let cluster = ClusterPlacement::compute(&access, &size, &capacities, &[(detail, &own)]);
@@ -746,7 +747,7 @@ pub fn cluster_report(
             "expected_fs_bytes_alone": fs_alone,
             "classes": classes.iter().enumerate().map(|(j, (name, cap))| serde_json::json!({"class": name, "capacity": cap, "samples": mine.samples[j], "bytes": mine.used[j]})).collect::<Vec<_>>(),
         },
-        "estimated_memory_bytes": plan_memory(f as u64, rayon::current_num_threads()),
+        "estimated_memory_bytes": plan_memory(f as u64, rayon::current_num_threads(), true),
         "seconds": seconds,
     }))
 }

@@ -275,11 +275,12 @@ pub fn report(
     classes: &[(String, u64)],
 ) -> Result<serde_json::Value> {
     let t0 = std::time::Instant::now();
+    let f = schedule.num_samples() as u64;
+    check_plan_memory(f, false, &format!("{f} samples"))?;
     let access = AccessCounts::compute(schedule, ranks)?;
     let capacities: Vec<u64> = classes.iter().map(|c| c.1).collect();
     let placement = Placement::compute(&access, &size, &capacities);
     let seconds = t0.elapsed().as_secs_f64();
-    let f = schedule.num_samples() as u64;
     let measured: serde_json::Map<String, serde_json::Value> = access
         .histogram()
         .into_iter()
