@@ -45,6 +45,18 @@ impl Provider for Late {
             Serve::Failed(m) => Served::Failed(m),
         }
     }
+
+    /// Without waiting: a sample already filled, not held, or failed; `None` (ask `serve` on a
+    /// waiting thread) before the engine is attached or while the sample is not filled yet.
+    fn serve_now(&self, sample: u32) -> Option<Served> {
+        let service = self.service.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+        match service.serve(sample, Duration::ZERO) {
+            Serve::Ready { bytes, checksum } => Some(Served::Ready { bytes, checksum }),
+            Serve::NotYet => None,
+            Serve::NotHeld => Some(Served::NotHeld),
+            Serve::Failed(m) => Some(Served::Failed(m)),
+        }
+    }
 }
 
 pub(crate) fn secret(bytes: &[u8]) -> PyResult<Secret> {
@@ -70,14 +82,24 @@ pub struct PyPeerServer {
 #[pymethods]
 impl PyPeerServer {
     #[new]
-    #[pyo3(signature = (bind, secret, job, max_connections=256, io_timeout=5.0))]
-    fn new(bind: &str, secret: &[u8], job: u64, max_connections: usize, io_timeout: f64) -> PyResult<Self> {
+    /// Connections cost no thread (`workers` threads answer all of them, as many again wait
+    /// for imminent fills), so the cap allows every rank of a 256-node job a few connections.
+    #[pyo3(signature = (bind, secret, job, max_connections=8192, io_timeout=5.0, workers=4))]
+    fn new(
+        bind: &str,
+        secret: &[u8],
+        job: u64,
+        max_connections: usize,
+        io_timeout: f64,
+        workers: usize,
+    ) -> PyResult<Self> {
         let cfg = ServerConfig {
             bind: addr(bind, "listen")?,
             secret: self::secret(secret)?,
             job,
             max_connections,
             io_timeout: Duration::from_secs_f64(io_timeout.max(0.01)),
+            workers: workers.max(1),
         };
         let late = Arc::new(Late::default());
         let server = Server::start(cfg, late.clone()).map_err(|e| {
