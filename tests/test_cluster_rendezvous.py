@@ -622,3 +622,46 @@ def test_listen_address_when_the_master_name_resolves_to_loopback(monkeypatch, c
     else:
         assert addr == default and not ipaddress.ip_address(addr).is_loopback
         assert "set CLAIRVOYANT_LISTEN" in capsys.readouterr().err
+
+
+def test_store_backend_1024_ranks(tcp_store):
+    """1,024 ranks (8 processes of 128 threads, each thread its own TCPStore client, as every rank
+    of a job has) meet through one real TCPStore: every rank gets every payload. Prints the time
+    from the start signal until the slowest rank returned."""
+    store, port = tcp_store
+    world, procs_n, size = 1024, 8, 256
+    per = world // procs_n
+    env = clean_env()
+    procs = []
+    try:
+        for p in range(procs_n):
+            args = {"port": port, "world": world, "ranks": [p * per, (p + 1) * per], "size": size, "run": "scale", "timeout": 120.0}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(ROOT / "tests" / "rendezvous_ranks.py"), json.dumps(args)],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [json.loads(p.stdout.readline()) for p in procs]
+        took = time.monotonic() - t0
+        for p in procs:
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    errors = {r: e for o in outs for r, e in o["errors"].items()}
+    assert errors == {}
+    assert sorted(r for o in outs for r in o["ok"]) == list(range(world)), "every rank got every payload"
+    assert not store.check(["clairvoyant/scale/0/0"]), "the last reader removed the keys"
+    print(f"{world} store ranks ({procs_n} processes x {per} threads, {size}-byte payloads): {took:.2f} s, slowest rank {max(o['slowest'] for o in outs):.2f} s")
