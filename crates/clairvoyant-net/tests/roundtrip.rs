@@ -200,7 +200,7 @@ fn requests_waiting_for_a_fill_do_not_delay_ready_ones() {
         assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
     }
     let ready = t0.elapsed();
-    assert!(ready < Duration::from_millis(400), "ready answers waited: {ready:?}");
+    assert!(ready < Duration::from_millis(600), "ready answers waited: {ready:?}");
     for t in waiting {
         let (f, took) = t.join().unwrap();
         assert_eq!(f, Fetch::NotYet);
