@@ -765,3 +765,14 @@ def test_store_backend_names_rank_0_when_it_never_publishes(monkeypatch):
     out = _threads_allgather(_DictStore(), [0, 2], 3, 0.5, monkeypatch)
     for r in (0, 2):
         assert isinstance(out[r], _cluster.RendezvousError) and out[r].missing == [1], out[r]
+
+
+def test_store_backend_combined_value_round_trips_compressible_or_not():
+    for values in ([b"same record " * 20] * 50, [os.urandom(n) for n in (0, 1, 100, 5000)], [b""]):
+        blob = _cluster._pack(values)
+        assert blob[:1] in (b"z", b"r")
+        assert _cluster._unpack(blob, len(values)) == values
+    assert _cluster._pack([b"same record " * 20] * 50)[:1] == b"z"
+    assert _cluster._pack([os.urandom(5000)])[:1] == b"r"
+    with pytest.raises(ValueError):
+        _cluster._unpack(_cluster._pack([b"a", b"b"]), 3)

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 from .errors import ClairvoyantError, ConfigError
 
@@ -317,11 +318,20 @@ def _wait_keys(store, keys, deadline, step_done, on_timeout):
 
 
 def _pack(values: list) -> bytes:
-    """Payloads in one value: count, lengths, bytes (little-endian 64-bit integers)."""
-    return struct.pack(f"<Q{len(values)}Q", len(values), *(len(v) for v in values)) + b"".join(values)
+    """Payloads in one value: count, lengths, bytes (little-endian 64-bit integers), deflated
+    (zlib level 1) when that is smaller: every rank reads this value, so the store sends it
+    world_size times. The first byte says which."""
+    raw = struct.pack(f"<Q{len(values)}Q", len(values), *(len(v) for v in values)) + b"".join(values)
+    packed = zlib.compress(raw, 1)
+    return b"z" + packed if len(packed) < len(raw) else b"r" + raw
 
 
 def _unpack(blob: bytes, world_size: int) -> list:
+    kind, blob = blob[:1], blob[1:]
+    if kind == b"z":
+        blob = zlib.decompress(blob)
+    elif kind != b"r":
+        raise ValueError(f"unknown encoding {kind!r}")
     view = memoryview(blob)
     (n,) = struct.unpack_from("<Q", view)
     if n != world_size:
