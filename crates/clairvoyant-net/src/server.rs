@@ -54,6 +54,14 @@ pub trait Provider: Send + Sync + 'static {
         let _ = sample;
         None
     }
+
+    /// [`Provider::serve`] for a request received `queued` ago (it waited that long for a
+    /// waiting thread): what the server calls. The default takes `queued` off the wait; a
+    /// provider with waits of its own (e.g. for being set up) takes it off those too, so a
+    /// queue of requests drains instead of each waiting in full.
+    fn serve_queued(&self, sample: u32, wait: Duration, queued: Duration) -> Served {
+        self.serve(sample, wait.saturating_sub(queued))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -609,8 +617,8 @@ fn worker(sh: &Shared, waits: bool) {
         let sample = job.sample;
         let provider = &*sh.provider;
         let served = if waits {
-            let wait = job.wait.saturating_sub(job.since.elapsed());
-            Some(guarded(sample, || provider.serve(sample, wait)))
+            let queued = job.since.elapsed();
+            Some(guarded(sample, || provider.serve_queued(sample, job.wait, queued)))
         } else {
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| provider.serve_now(sample))) {
                 Ok(s) => s,

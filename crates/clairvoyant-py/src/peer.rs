@@ -27,12 +27,19 @@ struct Late {
 
 impl Provider for Late {
     fn serve(&self, sample: u32, wait: Duration) -> Served {
+        self.serve_queued(sample, wait, Duration::ZERO)
+    }
+
+    /// A request waits for the engine at most 5 s (or its own wait, up to 30 s) from when it
+    /// was received: time spent queued for a waiting thread counts, so requests that arrive
+    /// before the engine is attached drain in about that time whatever their number.
+    fn serve_queued(&self, sample: u32, wait: Duration, queued: Duration) -> Served {
+        let attach_wait = ATTACH_WAIT.min(wait.max(Duration::from_secs(5))).saturating_sub(queued);
+        let wait = wait.saturating_sub(queued);
         let guard = self.service.lock().unwrap_or_else(|p| p.into_inner());
         let (guard, _) = self
             .attached
-            .wait_timeout_while(guard, ATTACH_WAIT.min(wait.max(Duration::from_secs(5))), |s| {
-                s.is_none()
-            })
+            .wait_timeout_while(guard, attach_wait, |s| s.is_none())
             .unwrap_or_else(|p| p.into_inner());
         let Some(service) = guard.clone() else {
             return Served::NotYet;
