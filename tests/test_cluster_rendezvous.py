@@ -622,3 +622,157 @@ def test_listen_address_when_the_master_name_resolves_to_loopback(monkeypatch, c
     else:
         assert addr == default and not ipaddress.ip_address(addr).is_loopback
         assert "set CLAIRVOYANT_LISTEN" in capsys.readouterr().err
+
+
+def test_store_backend_1024_ranks(tcp_store):
+    """1,024 ranks (8 processes of 128 threads, each thread its own TCPStore client, as every rank
+    of a job has) meet through one real TCPStore: every rank gets every payload. Prints the time
+    from the start signal until the slowest rank returned."""
+    store, port = tcp_store
+    world, procs_n, size = 1024, 8, 256
+    per = world // procs_n
+    env = clean_env()
+    procs = []
+    try:
+        for p in range(procs_n):
+            args = {"port": port, "world": world, "ranks": [p * per, (p + 1) * per], "size": size, "run": "scale", "timeout": 120.0}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(ROOT / "tests" / "rendezvous_ranks.py"), json.dumps(args)],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        t0 = time.monotonic()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [json.loads(p.stdout.readline()) for p in procs]
+        took = time.monotonic() - t0
+        for p in procs:
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    errors = {r: e for o in outs for r, e in o["errors"].items()}
+    assert errors == {}
+    assert sorted(r for o in outs for r in o["ok"]) == list(range(world)), "every rank got every payload"
+    assert not store.check(["clairvoyant/scale/0/0"]), "the last reader removed the keys"
+    print(f"{world} store ranks ({procs_n} processes x {per} threads, {size}-byte payloads): {took:.2f} s, slowest rank {max(o['slowest'] for o in outs):.2f} s")
+
+
+class _DictStore:
+    """The part of TCPStore's interface the store backend uses, in memory, thread-safe; counts
+    the keys each rank's requests name."""
+
+    def __init__(self):
+        import threading
+
+        self.data, self.cv, self.requests = {}, threading.Condition(), {}
+
+    def _count(self, keys=1):
+        import threading
+
+        name = threading.current_thread().name
+        self.requests[name] = self.requests.get(name, 0) + keys
+
+    def set(self, k, v):
+        with self.cv:
+            self._count()
+            self.data[k] = bytes(v)
+            self.cv.notify_all()
+
+    def get(self, k):
+        with self.cv:
+            self._count()
+            return self.data[k]
+
+    def multi_get(self, keys):
+        with self.cv:
+            self._count(len(keys))
+            return [self.data[k] for k in keys]
+
+    def check(self, keys):
+        with self.cv:
+            self._count(len(keys))
+            return all(k in self.data for k in keys)
+
+    def wait(self, keys, timeout):
+        with self.cv:
+            self._count(len(keys))
+            if not self.cv.wait_for(lambda: all(k in self.data for k in keys), timeout.total_seconds()):
+                raise RuntimeError("wait timed out")
+
+    def add(self, k, n):
+        with self.cv:
+            self._count()
+            self.data[k] = str(int(self.data.get(k, b"0")) + n).encode()
+            return int(self.data[k])
+
+    def delete_key(self, k):
+        with self.cv:
+            self._count()
+            return self.data.pop(k, None) is not None
+
+
+def _threads_allgather(store, ranks, world, timeout, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(_cluster, "_store", lambda rank, timeout: (store, "memory"))
+    out = {}
+
+    def one(r):
+        try:
+            out[r] = _cluster._allgather_store(f"p{r}".encode() * 3, r, world, "mem", 0, timeout)
+        except Exception as e:
+            out[r] = e
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"rank-{r}") for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_store_backend_requests_per_rank_do_not_grow_with_the_world(monkeypatch):
+    """Rank 0 gathers, the others read one value: a rank other than 0 names the same few keys in
+    its requests whatever the world size (not every other rank's); every key is gone afterwards."""
+    for world in (4, 64):
+        store = _DictStore()
+        out = _threads_allgather(store, range(world), world, 10.0, monkeypatch)
+        for r in range(world):
+            assert out[r] == [f"p{x}".encode() * 3 for x in range(world)], r
+        others = {n for r, n in store.requests.items() if r != "rank-0"}
+        assert max(others) <= 6, store.requests  # set, wait, get, add (+ 2 deletes by the last)
+        assert store.data == {}
+
+
+def test_store_backend_names_rank_0_when_it_never_publishes(monkeypatch):
+    """Every rank wrote its key but rank 0 (the one gathering) never published: the others say so."""
+    store = _DictStore()
+    store.set("clairvoyant/mem/0/0", b"x")
+    out = _threads_allgather(store, [1, 2], 3, 0.5, monkeypatch)
+    for r in (1, 2):
+        assert isinstance(out[r], _cluster.RendezvousError), out[r]
+        assert out[r].missing == [0] and "rank 0 of 3 did not join" in str(out[r])
+    out = _threads_allgather(_DictStore(), [0, 2], 3, 0.5, monkeypatch)
+    for r in (0, 2):
+        assert isinstance(out[r], _cluster.RendezvousError) and out[r].missing == [1], out[r]
+
+
+def test_store_backend_combined_value_round_trips_compressible_or_not():
+    for values in ([b"same record " * 20] * 50, [os.urandom(n) for n in (0, 1, 100, 5000)], [b""]):
+        blob = _cluster._pack(values)
+        assert blob[:1] in (b"z", b"r")
+        assert _cluster._unpack(blob, len(values)) == values
+    assert _cluster._pack([b"same record " * 20] * 50)[:1] == b"z"
+    assert _cluster._pack([os.urandom(5000)])[:1] == b"r"
+    with pytest.raises(ValueError):
+        _cluster._unpack(_cluster._pack([b"a", b"b"]), 3)

@@ -10,7 +10,9 @@ Nothing here starts a service: every function reuses what the launcher already r
              ``torch.distributed`` process group. This process hosts the store itself only
              when ``CLAIRVOYANT_STORE_MASTER=1``, it is rank 0 and nothing listens on that port
              yet (a later ``init_process_group`` on the same port would then fail, hence opt-in).
-             Keys live under ``clairvoyant/<run>/<generation>/``; the last rank to read deletes them.
+             Keys live under ``clairvoyant/<run>/<generation>/``: every rank writes its own,
+             rank 0 gathers them into one value that the others read (a constant number of
+             requests per rank); rank 0 and the last rank to read delete them.
   ``mpi``    ``mpi4py`` is importable, an MPI launcher started this process (or ``mpi4py.MPI`` is
              already imported) and ``COMM_WORLD`` has this rank and world size.
   ``file``   a shared directory: ``CLAIRVOYANT_SHARED_DIR``, else ``~/.cache/clairvoyant/rendezvous``
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 from .errors import ClairvoyantError, ConfigError
 
@@ -296,51 +299,135 @@ def _store(rank: int, timeout: float):
     return store, where
 
 
+def _wait_keys(store, keys, deadline, step_done, on_timeout):
+    """Wait until every key of ``keys`` exists, in steps of at most PROGRESS_AFTER_S: after each
+    step that times out ``step_done()`` may say the wait is over, else ``on_timeout(left)``
+    reports progress (or raises). One ``wait`` request covers all the keys."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            on_timeout(0.0)
+            return
+        try:
+            store.wait(keys, datetime.timedelta(seconds=min(left, PROGRESS_AFTER_S)))
+            return
+        except Exception:  # timed out (or the store went away: on_timeout's checks say which)
+            if step_done():
+                return
+            on_timeout(deadline - time.monotonic())
+
+
+def _pack(values: list) -> bytes:
+    """Payloads in one value: count, lengths, bytes (little-endian 64-bit integers), deflated
+    (zlib level 1) when that is smaller: every rank reads this value, so the store sends it
+    world_size times. The first byte says which."""
+    raw = struct.pack(f"<Q{len(values)}Q", len(values), *(len(v) for v in values)) + b"".join(values)
+    packed = zlib.compress(raw, 1)
+    return b"z" + packed if len(packed) < len(raw) else b"r" + raw
+
+
+def _unpack(blob: bytes, world_size: int) -> list:
+    kind, blob = blob[:1], blob[1:]
+    if kind == b"z":
+        blob = zlib.decompress(blob)
+    elif kind != b"r":
+        raise ValueError(f"unknown encoding {kind!r}")
+    view = memoryview(blob)
+    (n,) = struct.unpack_from("<Q", view)
+    if n != world_size:
+        raise ValueError(f"{n} payloads for world size {world_size}")
+    lengths = struct.unpack_from(f"<{n}Q", view, 8)
+    out, at = [], 8 + 8 * n
+    for length in lengths:
+        out.append(bytes(view[at : at + length]))
+        at += length
+    if at != len(blob):
+        raise ValueError(f"{len(blob)} bytes, the lengths announce {at}")
+    return out
+
+
 def _allgather_store(payload, rank, world_size, run, generation, timeout):
+    """Every rank writes its key; rank 0 waits for all of them (one ``wait`` on every key), reads
+    them with one ``multi_get``, publishes them as one value (``all``) and removes the per-rank
+    keys; every other rank waits for and reads that one value. Per rank a constant number of
+    requests, instead of every rank asking for every other rank's key; the store serves
+    world_size values once, and the combined value world_size times."""
     deadline = time.monotonic() + timeout
     store, place = _store(rank, timeout)
     prefix = f"clairvoyant/{run}/{generation}/"
     where = f"{place}, key {prefix}"
     keys = [f"{prefix}{r}" for r in range(world_size)]
+    combined = f"{prefix}all"
+    progress = _Progress(rank, world_size, "store", where)
+
+    def lost(exc, what):
+        return RendezvousError(f"rank {rank}: lost the store at {place} while {what}: {exc}", backend="store", where=where)
+
+    def missing_ranks() -> list:
+        # Only after a step timed out: one request per rank, to name who is missing.
+        return [r for r in range(world_size) if r != rank and not store.check([keys[r]])]
+
     try:
         store.set(keys[rank], payload)
     except Exception as exc:
         raise RendezvousError(f"rank {rank}: could not write {keys[rank]} to {place}: {exc}", backend="store", where=where) from exc
-    progress = _Progress(rank, world_size, "store", where)
-    missing = [r for r in range(world_size) if r != rank]
-    while missing:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise _timeout_error(missing, world_size, timeout, "store", where)
-        step = min(left, PROGRESS_AFTER_S)
-        try:
-            store.wait([keys[r] for r in missing], datetime.timedelta(seconds=step))
-            missing = []
-        except Exception:  # timed out (or the store went away: check says which)
+
+    if rank == 0:
+
+        def aggregator_timeout(left):
             try:
-                missing = [r for r in missing if not store.check([keys[r]])]
+                missing = missing_ranks()
             except Exception as exc:
-                raise RendezvousError(
-                    f"rank {rank}: lost the store at {place} while waiting for {_ranks_text(missing, world_size)}: {exc}",
-                    missing=missing,
-                    backend="store",
-                    where=where,
-                ) from exc
+                raise lost(exc, "waiting for the other ranks") from exc
+            if left <= 0:
+                raise _timeout_error(missing, world_size, timeout, "store", where)
             progress.tick(missing)
-    others = [keys[r] for r in range(world_size)]
-    try:
-        values = list(store.multi_get(others)) if hasattr(store, "multi_get") else [store.get(k) for k in others]
-    except Exception as exc:
-        raise RendezvousError(f"rank {rank}: could not read {prefix}* from {place}: {exc}", backend="store", where=where) from exc
+
+        _wait_keys(store, keys, deadline, lambda: False, aggregator_timeout)
+        try:
+            values = [bytes(v) for v in store.multi_get(keys)] if hasattr(store, "multi_get") else [bytes(store.get(k)) for k in keys]
+            store.set(combined, _pack(values))
+        except Exception as exc:
+            raise RendezvousError(f"rank {rank}: could not gather {prefix}* at {place}: {exc}", backend="store", where=where) from exc
+        # Nobody reads the per-rank keys any more: remove them (a store without delete_key keeps them).
+        try:
+            for k in keys:
+                store.delete_key(k)
+        except Exception:
+            pass
+    else:
+
+        def published() -> bool:
+            try:
+                return store.check([combined])
+            except Exception:
+                return False
+
+        def member_timeout(left):
+            try:
+                missing = missing_ranks()
+            except Exception as exc:
+                raise lost(exc, "waiting for rank 0 to gather every rank") from exc
+            # Everyone wrote, yet nothing was published: rank 0, the one gathering, is stuck.
+            missing = missing or [0]
+            if left <= 0:
+                raise _timeout_error(missing, world_size, timeout, "store", where)
+            progress.tick(missing)
+
+        _wait_keys(store, [combined], deadline, published, member_timeout)
+        try:
+            values = _unpack(bytes(store.get(combined)), world_size)
+        except Exception as exc:
+            raise RendezvousError(f"rank {rank}: could not read {combined} from {place}: {exc}", backend="store", where=where) from exc
     values[rank] = payload
-    # The last rank to have read removes the keys, so a long run does not fill the store.
+    # The last rank to have read removes the combined value, so a long run does not fill the store.
     try:
         if store.add(f"{prefix}done", 1) == world_size:
-            for k in keys + [f"{prefix}done"]:
-                store.delete_key(k)
+            store.delete_key(combined)
+            store.delete_key(f"{prefix}done")
     except Exception:  # a store without delete_key keeps them; harmless
         pass
-    return [bytes(v) for v in values]
+    return values
 
 
 # mpi ------------------------------------------------------------------------------------------

@@ -43,6 +43,10 @@ impl Provider for ArenaProvider {
             checksum: self.0.sums[i],
         }
     }
+
+    fn serve_now(&self, sample: u32) -> Option<Served> {
+        Some(self.serve(sample, Duration::ZERO))
+    }
 }
 
 fn arg(args: &[String], name: &str, default: usize) -> usize {
@@ -183,6 +187,7 @@ fn main() {
                 job: 1,
                 max_connections: 256,
                 io_timeout: Duration::from_secs(5),
+                workers: 4,
             };
             Server::start(cfg, Arc::new(ArenaProvider(arena.clone()))).unwrap()
         })

@@ -4,7 +4,7 @@
 use crate::client::{handshake, parse_challenge, HandshakeError};
 use crate::frame::{decode, decode_frame, HEADER_LEN};
 use crate::secret::Secret;
-use crate::server::{counters, Provider, Served, Session};
+use crate::server::{answer, counters, End, Proto, Provider, Served, Step};
 use crate::wire::Wire;
 use std::io::{self, Read, Write};
 use std::time::Duration;
@@ -21,36 +21,53 @@ pub fn frame(data: &[u8]) {
     let _ = parse_challenge(data);
 }
 
-/// The server's handshake and request loop over arbitrary client bytes (first byte picks
-/// whether the session starts before or after authentication): never panics, never writes
-/// more than one reply per request.
+/// The server's protocol (handshake and requests, the code its poller runs) over arbitrary
+/// client bytes, fed in pieces of every size the input picks (first byte: bit 0 starts before or
+/// after authentication, the rest sizes the pieces): never panics, never authenticates a random
+/// client, never writes more than one reply per request.
 pub fn server_session(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
     let secret = Secret::from_bytes(b"fuzzing secret, fixed").unwrap();
     let c = counters();
-    let mut s = Mock {
-        input: rest,
-        pos: 0,
-        out: Vec::new(),
+    let authenticated = mode & 1 == 1;
+    let piece = 1 + (mode >> 1) as usize;
+    let mut p = if authenticated {
+        Proto::authenticated()
+    } else {
+        Proto::new()
     };
-    let mut session = Session {
-        secret: &secret,
-        job: 1,
-        io_timeout: Duration::from_millis(1),
-        idle: Duration::from_millis(1),
-        counters: &c,
-    };
-    if mode & 1 == 0 {
-        // A random client cannot know the MAC: the handshake must fail.
-        assert!(session.handshake(&mut s).is_err());
-        return;
-    }
+    let mut input = rest;
+    let mut out = Vec::new();
     let mut replies = 0;
-    while session.one_request(&mut s, &FuzzProvider).is_ok() {
-        replies += 1;
-        assert!(replies <= rest.len() / HEADER_LEN, "more replies than requests");
+    loop {
+        let want = p.want();
+        let n = want.len().min(input.len()).min(piece);
+        if n == 0 {
+            return;
+        }
+        want[..n].copy_from_slice(&input[..n]);
+        input = &input[n..];
+        match p.got(n, &secret, 1, &c) {
+            Step::More => {}
+            Step::Reply => {
+                // A random client cannot know the MAC: no handshake completes.
+                assert!(authenticated || !p.ready(), "a random client was authenticated");
+                assert!(p.out.flush(&mut out).unwrap());
+            }
+            Step::Get { sample, wait } => {
+                assert!(authenticated, "a request before authentication was answered");
+                answer(&mut p.out, sample, FuzzProvider.serve(sample, wait), &c);
+                assert!(p.out.flush(&mut out).unwrap());
+                replies += 1;
+                assert!(replies <= rest.len() / HEADER_LEN, "more replies than requests");
+            }
+            Step::Close(why) => {
+                assert!(matches!(why, End::Frame | End::Auth));
+                return;
+            }
+        }
     }
 }
 
@@ -115,4 +132,9 @@ impl Wire for Mock<'_> {
     fn set_read_limit(&mut self, _d: Duration) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// The client's handshake on a socket (tests use it to hold authenticated raw connections).
+pub fn authenticate(s: &mut std::net::TcpStream, secret: &Secret, job: u64) -> bool {
+    handshake(s, secret, job).is_ok()
 }

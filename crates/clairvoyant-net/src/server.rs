@@ -1,17 +1,30 @@
-//! One server per node: an accept thread and one thread per authenticated connection, each
-//! answering one `Get` at a time from the node's [`Provider`]. Blocking sockets with timeouts;
-//! nothing polls.
+//! One server per node. One poller thread multiplexes every connection (`mio`: epoll on Linux,
+//! kqueue elsewhere): it accepts, runs the handshake, reads requests and finishes replies that
+//! did not fit the socket buffer, all without blocking. A complete `Get` goes to a small fixed
+//! pool of worker threads that asks the node's [`Provider`] and writes the reply (non-blocking;
+//! what is left goes back to the poller). A provider answer that may wait for an imminent fill
+//! is asked on a second pool of the same size, so waits never delay answers that are ready.
+//!
+//! Threads: 1 + 2 x `workers`, whatever the number of connections. An idle or slow connection
+//! holds no thread, only its socket and a few hundred bytes of state: silent or trickling
+//! connections (a slowloris) cannot starve the others, and time out on the poller's clock.
+//!
+//! `mio` rather than hand-written epoll: it is the readiness layer under tokio (widely used and
+//! maintained), small (no runtime, no async), portable, and keeps `unsafe` out of this crate.
 
 use crate::error::NetError;
 use crate::frame::{self, Header, Kind, HEADER_LEN, MAC_LEN, MAX_DATA, MAX_MESSAGE, MAX_WAIT_MICROS, NONCE_LEN};
 use crate::secret::{nonce, Secret};
-use crate::wire::{read_full, thread_cpu_nanos, write_two, Wire};
-use std::collections::HashMap;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use crate::wire::thread_cpu_nanos;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a node's provider answers for one sample.
 pub enum Served {
@@ -31,8 +44,24 @@ pub enum Served {
 
 /// The node's cache as the server sees it.
 pub trait Provider: Send + Sync + 'static {
-    /// May block up to `wait` (an imminent fill). Called from server threads.
+    /// May block up to `wait` (an imminent fill). Called from the server's waiting threads.
     fn serve(&self, sample: u32, wait: Duration) -> Served;
+
+    /// The answer when it is known without waiting, else `None` (then [`Provider::serve`] is
+    /// called with the request's wait, on a waiting thread). Must not block. The default always
+    /// defers to `serve`.
+    fn serve_now(&self, sample: u32) -> Option<Served> {
+        let _ = sample;
+        None
+    }
+
+    /// [`Provider::serve`] for a request received `queued` ago (it waited that long for a
+    /// waiting thread): what the server calls. The default takes `queued` off the wait; a
+    /// provider with waits of its own (e.g. for being set up) takes it off those too, so a
+    /// queue of requests drains instead of each waiting in full.
+    fn serve_queued(&self, sample: u32, wait: Duration, queued: Duration) -> Served {
+        self.serve(sample, wait.saturating_sub(queued))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -44,11 +73,14 @@ pub struct ServerConfig {
     pub job: u64,
     /// Connections served at once; more are accepted and closed at once (counted).
     pub max_connections: usize,
-    /// Longest silence tolerated inside a handshake or a frame, and for a write to drain.
+    /// Longest time a handshake step or a request frame may take once begun, and longest
+    /// silence while a reply drains.
     pub io_timeout: Duration,
+    /// Threads answering requests; as many again may wait for imminent fills (at least 1).
+    pub workers: usize,
 }
 
-/// Counters since start. `cpu_seconds` is the CPU time of the connection threads (Linux).
+/// Counters since start. `cpu_seconds` is the CPU time of the server's threads (Linux).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServerStats {
     pub served: u64,
@@ -72,8 +104,13 @@ pub struct ServerStats {
 /// A connection idle between requests longer than this is closed (a client that vanished
 /// without a FIN must not hold a slot for ever); clients reopen transparently.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// How long `shutdown` waits for threads (each is woken by closing its socket).
+/// How long `shutdown` waits for the worker threads (one stuck in the provider is left).
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// After accept fails (out of descriptors), wait this long before accepting again.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(20);
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const WAKER: Token = Token(usize::MAX);
 
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -90,15 +127,330 @@ pub(crate) struct Counters {
     cpu_nanos: AtomicU64,
 }
 
+// -- the protocol of one connection, without I/O (the poller and fuzzing drive it) ------------
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Hello,
+    /// Challenge sent: (server nonce, client nonce).
+    Auth([u8; NONCE_LEN], [u8; NONCE_LEN]),
+    Ready,
+}
+
+/// What the bytes received so far call for.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// The frame is not complete yet.
+    More,
+    /// A handshake reply was queued in the output.
+    Reply,
+    /// A complete request: answer it (and queue the reply with [`answer`]).
+    Get { sample: u32, wait: Duration },
+    /// Close the connection.
+    Close(End),
+}
+
+/// Why a connection ended (only used to decide what to count).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum End {
+    Frame,
+    Auth,
+}
+
+enum Body {
+    Empty,
+    Provided(Box<dyn AsRef<[u8]> + Send>),
+    Message(Vec<u8>),
+}
+
+impl Body {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Body::Empty => &[],
+            Body::Provided(b) => (**b).as_ref(),
+            Body::Message(m) => m,
+        }
+    }
+}
+
+/// A reply being written: header (plus a handshake payload), then the body, from `pos` on.
+pub(crate) struct Out {
+    head: [u8; HEADER_LEN + NONCE_LEN + MAC_LEN],
+    head_len: usize,
+    body: Body,
+    pos: usize,
+}
+
+impl Out {
+    fn new() -> Out {
+        Out {
+            head: [0; HEADER_LEN + NONCE_LEN + MAC_LEN],
+            head_len: 0,
+            body: Body::Empty,
+            pos: 0,
+        }
+    }
+
+    fn set(&mut self, h: Header, extra: &[u8], body: Body) {
+        self.head[..HEADER_LEN].copy_from_slice(&h.encode());
+        self.head[HEADER_LEN..HEADER_LEN + extra.len()].copy_from_slice(extra);
+        self.head_len = HEADER_LEN + extra.len();
+        self.body = body;
+        self.pos = 0;
+    }
+
+    pub(crate) fn pending(&self) -> bool {
+        self.pos < self.head_len + self.body.bytes().len()
+    }
+
+    /// Write what is left with as few `writev` calls as the socket takes: `Ok(true)` when all
+    /// is written, `Ok(false)` when the socket is full (non-blocking), `Err` when it broke.
+    pub(crate) fn flush<W: Write>(&mut self, w: &mut W) -> io::Result<bool> {
+        while self.pending() {
+            let head = &self.head[self.pos.min(self.head_len)..self.head_len];
+            let body = &self.body.bytes()[self.pos.saturating_sub(self.head_len)..];
+            match w.write_vectored(&[IoSlice::new(head), IoSlice::new(body)]) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => self.pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Written: let go of the provider's bytes now.
+        self.body = Body::Empty;
+        Ok(true)
+    }
+}
+
+/// One connection's protocol state: the frame being received and the reply being sent.
+pub(crate) struct Proto {
+    phase: Phase,
+    inbuf: [u8; HEADER_LEN + NONCE_LEN],
+    inlen: usize,
+    /// Bytes of the current frame: `HEADER_LEN` until its header is decoded.
+    need: usize,
+    head: Option<Header>,
+    pub(crate) out: Out,
+}
+
+impl Proto {
+    pub(crate) fn new() -> Proto {
+        Proto {
+            phase: Phase::Hello,
+            inbuf: [0; HEADER_LEN + NONCE_LEN],
+            inlen: 0,
+            need: HEADER_LEN,
+            head: None,
+            out: Out::new(),
+        }
+    }
+
+    /// Past the handshake (fuzzing starts sessions here too).
+    pub(crate) fn authenticated() -> Proto {
+        Proto {
+            phase: Phase::Ready,
+            ..Proto::new()
+        }
+    }
+
+    pub(crate) fn ready(&self) -> bool {
+        matches!(self.phase, Phase::Ready)
+    }
+
+    /// Part of a frame has arrived.
+    fn partial(&self) -> bool {
+        self.inlen > 0
+    }
+
+    /// Where the next received bytes go: never past the current frame.
+    pub(crate) fn want(&mut self) -> &mut [u8] {
+        &mut self.inbuf[self.inlen..self.need]
+    }
+
+    /// `n` bytes were received into [`Proto::want`].
+    pub(crate) fn got(&mut self, n: usize, secret: &Secret, job: u64, c: &Counters) -> Step {
+        self.inlen += n;
+        if self.inlen < self.need {
+            return Step::More;
+        }
+        let h = match self.head {
+            Some(h) => h,
+            None => {
+                let expected = match self.phase {
+                    Phase::Hello => Kind::Hello,
+                    Phase::Auth(..) => Kind::Auth,
+                    Phase::Ready => Kind::Get,
+                };
+                // The kind's length limits are checked before any payload byte is read.
+                let h = match frame::decode(&self.inbuf[..HEADER_LEN]) {
+                    Ok(h) if h.kind == expected => h,
+                    _ => {
+                        c.rejected_frames.fetch_add(1, Relaxed);
+                        return Step::Close(End::Frame);
+                    }
+                };
+                if h.len > 0 {
+                    self.head = Some(h);
+                    self.need = HEADER_LEN + h.len as usize;
+                    return Step::More;
+                }
+                h
+            }
+        };
+        let mut payload = [0u8; NONCE_LEN];
+        payload[..h.len as usize].copy_from_slice(&self.inbuf[HEADER_LEN..self.need]);
+        self.inlen = 0;
+        self.need = HEADER_LEN;
+        self.head = None;
+        match (self.phase, h.kind) {
+            (Phase::Hello, Kind::Hello) => {
+                if h.arg != job {
+                    c.auth_failures.fetch_add(1, Relaxed);
+                    return Step::Close(End::Auth);
+                }
+                let sn = nonce();
+                let mut body = [0u8; NONCE_LEN + MAC_LEN];
+                body[..NONCE_LEN].copy_from_slice(&sn);
+                body[NONCE_LEN..].copy_from_slice(&secret.server_mac(job, &payload, &sn));
+                self.out.set(
+                    Header::new(Kind::Challenge, 0, body.len() as u32, 0),
+                    &body,
+                    Body::Empty,
+                );
+                self.phase = Phase::Auth(sn, payload);
+                Step::Reply
+            }
+            (Phase::Auth(sn, cn), Kind::Auth) => {
+                // Constant-time comparison (hmac's verify_slice).
+                if !secret.verify_client(job, &sn, &cn, &payload) {
+                    c.auth_failures.fetch_add(1, Relaxed);
+                    return Step::Close(End::Auth);
+                }
+                self.out.set(Header::new(Kind::AuthOk, 0, 0, 0), &[], Body::Empty);
+                self.phase = Phase::Ready;
+                Step::Reply
+            }
+            (Phase::Ready, Kind::Get) => Step::Get {
+                sample: h.sample,
+                wait: Duration::from_micros(h.arg.min(MAX_WAIT_MICROS)),
+            },
+            // `decode` returned the expected kind above.
+            _ => Step::Close(End::Frame),
+        }
+    }
+}
+
+/// Queue the reply to a `Get` for `sample` into `out`, counting it.
+pub(crate) fn answer(out: &mut Out, sample: u32, served: Served, c: &Counters) {
+    match served {
+        Served::Ready { bytes, checksum } => {
+            let len = (*bytes).as_ref().len();
+            if len > MAX_DATA as usize {
+                let msg = format!("sample {sample}: {len} bytes exceed the frame limit of {MAX_DATA}");
+                return failed(out, sample, &msg, c);
+            }
+            c.served.fetch_add(1, Relaxed);
+            c.bytes.fetch_add(len as u64, Relaxed);
+            out.set(
+                Header::new(Kind::Data, sample, len as u32, checksum),
+                &[],
+                Body::Provided(bytes),
+            );
+        }
+        Served::NotYet => {
+            c.not_yet.fetch_add(1, Relaxed);
+            out.set(Header::new(Kind::NotYet, sample, 0, 0), &[], Body::Empty);
+        }
+        Served::NotHeld => {
+            c.not_held.fetch_add(1, Relaxed);
+            out.set(Header::new(Kind::NotHeld, sample, 0, 0), &[], Body::Empty);
+        }
+        Served::Failed(msg) => failed(out, sample, &msg, c),
+    }
+}
+
+fn failed(out: &mut Out, sample: u32, msg: &str, c: &Counters) {
+    c.failed.fetch_add(1, Relaxed);
+    let mut end = msg.len().min(MAX_MESSAGE as usize);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    let m = msg.as_bytes()[..end].to_vec();
+    out.set(
+        Header::new(Kind::Failed, sample, m.len() as u32, 0),
+        &[],
+        Body::Message(m),
+    );
+}
+
+/// A fresh set of counters (for fuzzing the protocol without a server).
+pub(crate) fn counters() -> Counters {
+    Counters::default()
+}
+
+// -- the server -------------------------------------------------------------------------------
+
+struct Conn {
+    stream: TcpStream,
+    proto: Proto,
+    /// Closed by the poller when this passes (handshake step, partial frame, reply, idleness).
+    deadline: Instant,
+}
+
+struct Job {
+    token: usize,
+    conn: Box<Conn>,
+    sample: u32,
+    wait: Duration,
+    /// When the request was complete: time queued counts against its wait.
+    since: Instant,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<VecDeque<Job>>,
+    cv: Condvar,
+}
+
+impl Queue {
+    fn push(&self, job: Job) {
+        lock(&self.jobs).push_back(job);
+        self.cv.notify_one();
+    }
+
+    fn pop(&self, stop: &AtomicBool) -> Option<Job> {
+        let mut q = lock(&self.jobs);
+        loop {
+            if stop.load(Relaxed) {
+                return None;
+            }
+            if let Some(j) = q.pop_front() {
+                return Some(j);
+            }
+            q = self.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn wake_all(&self) {
+        let _g = lock(&self.jobs);
+        self.cv.notify_all();
+    }
+}
+
 struct Shared {
     cfg: ServerConfig,
     provider: Arc<dyn Provider>,
     stop: AtomicBool,
     counters: Counters,
-    /// Open connections by id, so shutdown can close them and wake their threads.
-    conns: Mutex<HashMap<u64, TcpStream>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Connection threads still running, so shutdown can wait for them with a timeout.
+    /// Complete requests, answered by the worker threads.
+    quick: Queue,
+    /// Requests whose answer may need waiting, answered by the waiting threads.
+    waiting: Queue,
+    /// Connections handed back by the workers (None: closed), with the poller's waker.
+    returns: Mutex<Vec<(usize, Option<Box<Conn>>)>>,
+    waker: Waker,
+    /// Worker threads still running, so shutdown can wait for them with a timeout.
     live: Mutex<usize>,
     live_cv: Condvar,
 }
@@ -106,10 +458,8 @@ struct Shared {
 pub struct Server {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    accept: Option<JoinHandle<()>>,
-    /// A duplicate of the listening socket, to wake the accept thread at shutdown.
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-    listener: TcpListener,
+    poller: Option<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
 }
 
 impl Server {
@@ -126,33 +476,65 @@ impl Server {
                 reason: "must be above zero".into(),
             });
         }
+        if cfg.workers == 0 {
+            return Err(NetError::Config {
+                key: "workers",
+                reason: "must be at least 1".into(),
+            });
+        }
         let bind = cfg.bind;
-        let listener = TcpListener::bind(bind).map_err(|source| NetError::Bind { addr: bind, source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| NetError::Bind { addr: bind, source })?;
+        let bind_err = |source| NetError::Bind { addr: bind, source };
+        let mut listener = TcpListener::bind(bind).map_err(bind_err)?;
+        let addr = listener.local_addr().map_err(bind_err)?;
+        let poll = Poll::new().map_err(bind_err)?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .map_err(bind_err)?;
+        let waker = Waker::new(poll.registry(), WAKER).map_err(bind_err)?;
+        let workers = cfg.workers;
         let shared = Arc::new(Shared {
             cfg,
             provider,
             stop: AtomicBool::new(false),
             counters: Counters::default(),
-            conns: Mutex::new(HashMap::new()),
-            threads: Mutex::new(Vec::new()),
+            quick: Queue::default(),
+            waiting: Queue::default(),
+            returns: Mutex::new(Vec::new()),
+            waker,
             live: Mutex::new(0),
             live_cv: Condvar::new(),
         });
-        let dup = listener.try_clone().map_err(|source| NetError::Bind { addr, source })?;
-        let sh = shared.clone();
-        let accept = std::thread::Builder::new()
-            .name("cv-net-accept".into())
-            .spawn(move || accept_loop(listener, sh))
-            .map_err(|source| NetError::Bind { addr, source })?;
-        Ok(Server {
-            shared,
+        let mut server = Server {
+            shared: shared.clone(),
             addr,
-            accept: Some(accept),
-            listener: dup,
-        })
+            poller: None,
+            workers: Vec::new(),
+        };
+        for i in 0..2 * workers {
+            let sh = shared.clone();
+            let waits = i >= workers;
+            *lock(&shared.live) += 1;
+            let spawned = std::thread::Builder::new()
+                .name(if waits { "cv-net-wait" } else { "cv-net-work" }.into())
+                .spawn(move || {
+                    let _live = LiveGuard(&sh);
+                    worker(&sh, waits);
+                });
+            match spawned {
+                Ok(t) => server.workers.push(t),
+                Err(source) => {
+                    *lock(&shared.live) -= 1;
+                    return Err(NetError::Bind { addr, source }); // `server` drops: stops the rest
+                }
+            }
+        }
+        let sh = shared.clone();
+        let poller = std::thread::Builder::new()
+            .name("cv-net-poll".into())
+            .spawn(move || poller(poll, listener, &sh))
+            .map_err(|source| NetError::Bind { addr, source })?;
+        server.poller = Some(poller);
+        Ok(server)
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -176,47 +558,35 @@ impl Server {
         }
     }
 
-    /// Stop accepting, close every connection and join all threads (bounded: a thread stuck in
-    /// the provider past the join timeout is left detached).
+    /// Stop accepting, close every connection and join all threads (bounded: a worker stuck in
+    /// the provider past the join timeout is left detached, and closes its connection when it
+    /// returns).
     pub fn shutdown(mut self) {
         self.stop_now();
     }
 
     fn stop_now(&mut self) {
-        let Some(accept) = self.accept.take() else { return };
-        self.shared.stop.store(true, Relaxed);
-        // Wake the blocking accept: on Linux shutting the listening socket down makes accept
-        // fail at once; elsewhere, connect to it.
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: `self.listener` is our own duplicate of the listening socket, open until
-            // `self` drops, so the descriptor cannot have been closed or reused.
-            unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        let sh = &self.shared;
+        if sh.stop.swap(true, Relaxed) {
+            return;
         }
-        #[cfg(not(target_os = "linux"))]
-        {
-            let mut wake = self.addr;
-            if wake.ip().is_unspecified() {
-                wake.set_ip(match wake {
-                    SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                    SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-                });
-            }
-            let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        let _ = sh.waker.wake();
+        sh.quick.wake_all();
+        sh.waiting.wake_all();
+        if let Some(p) = self.poller.take() {
+            let _ = p.join();
         }
-        let _ = accept.join();
-        for s in lock(&self.shared.conns).values() {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        let live = lock(&self.shared.live);
-        let _ = self.shared.live_cv.wait_timeout_while(live, JOIN_TIMEOUT, |n| *n > 0);
-        for t in std::mem::take(&mut *lock(&self.shared.threads)) {
-            // A thread still stuck in the provider past the timeout is left detached.
+        // Queued requests: their connections close here.
+        lock(&sh.quick.jobs).clear();
+        lock(&sh.waiting.jobs).clear();
+        let live = lock(&sh.live);
+        let _ = sh.live_cv.wait_timeout_while(live, JOIN_TIMEOUT, |n| *n > 0);
+        for t in std::mem::take(&mut self.workers) {
             if t.is_finished() {
                 let _ = t.join();
             }
         }
+        lock(&sh.returns).clear();
     }
 }
 
@@ -230,202 +600,266 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Unregisters a connection and counts its thread as ended when dropped (also on a panic).
-struct LiveGuard<'a>(&'a Shared, u64);
+/// Counts a worker thread as ended when dropped (also on a panic).
+struct LiveGuard<'a>(&'a Shared);
 
 impl Drop for LiveGuard<'_> {
     fn drop(&mut self) {
-        lock(&self.0.conns).remove(&self.1);
-        self.0.counters.open.fetch_sub(1, Relaxed);
         *lock(&self.0.live) -= 1;
         self.0.live_cv.notify_all();
     }
 }
 
-fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
-    let mut next_id = 0u64;
-    for stream in listener.incoming() {
+fn worker(sh: &Shared, waits: bool) {
+    let queue = if waits { &sh.waiting } else { &sh.quick };
+    while let Some(mut job) = queue.pop(&sh.stop) {
+        let cpu = thread_cpu_nanos();
+        let sample = job.sample;
+        let provider = &*sh.provider;
+        let served = if waits {
+            let queued = job.since.elapsed();
+            Some(guarded(sample, || provider.serve_queued(sample, job.wait, queued)))
+        } else {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| provider.serve_now(sample))) {
+                Ok(s) => s,
+                Err(_) => Some(panicked(sample)),
+            }
+        };
+        let Some(served) = served else {
+            sh.waiting.push(job);
+            sh.counters
+                .cpu_nanos
+                .fetch_add(thread_cpu_nanos().saturating_sub(cpu), Relaxed);
+            continue;
+        };
+        answer(&mut job.conn.proto.out, sample, served, &sh.counters);
+        // Non-blocking: what the socket does not take now, the poller finishes.
+        let keep = job.conn.proto.out.flush(&mut job.conn.stream).is_ok() && !sh.stop.load(Relaxed);
+        lock(&sh.returns).push((job.token, keep.then_some(job.conn)));
+        let _ = sh.waker.wake();
+        sh.counters
+            .cpu_nanos
+            .fetch_add(thread_cpu_nanos().saturating_sub(cpu), Relaxed);
+    }
+}
+
+fn guarded(sample: u32, f: impl FnOnce() -> Served) -> Served {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| panicked(sample))
+}
+
+fn panicked(sample: u32) -> Served {
+    Served::Failed(format!("sample {sample}: the node's provider panicked"))
+}
+
+enum Slot {
+    Free,
+    Here(Box<Conn>),
+    /// With a worker.
+    Busy,
+}
+
+struct Poller<'a> {
+    sh: &'a Shared,
+    registry: &'a mio::Registry,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+}
+
+impl Poller<'_> {
+    fn close(&mut self, i: usize, handshaking: bool) {
+        self.slots[i] = Slot::Free;
+        self.free.push(i);
+        self.sh.counters.open.fetch_sub(1, Relaxed);
+        if handshaking {
+            self.sh.counters.rejected_connections.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Accept until none is pending; `false` when accept failed (out of descriptors).
+    fn accept(&mut self, listener: &TcpListener) -> bool {
+        let c = &self.sh.counters;
+        loop {
+            let mut stream = match listener.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return false,
+            };
+            c.connections.fetch_add(1, Relaxed);
+            if c.open.load(Relaxed) as usize >= self.sh.cfg.max_connections {
+                c.rejected_connections.fetch_add(1, Relaxed);
+                continue; // dropped: closed
+            }
+            let i = self.free.pop().unwrap_or_else(|| {
+                self.slots.push(Slot::Free);
+                self.slots.len() - 1
+            });
+            let _ = stream.set_nodelay(true);
+            let interest = Interest::READABLE | Interest::WRITABLE;
+            if self.registry.register(&mut stream, Token(i), interest).is_err() {
+                self.free.push(i);
+                c.rejected_connections.fetch_add(1, Relaxed);
+                continue;
+            }
+            c.open.fetch_add(1, Relaxed);
+            self.slots[i] = Slot::Here(Box::new(Conn {
+                stream,
+                proto: Proto::new(),
+                deadline: Instant::now() + self.sh.cfg.io_timeout,
+            }));
+            // The Hello may be there already.
+            self.drive(i);
+        }
+    }
+
+    /// Make all the progress connection `i` allows without blocking: finish its reply, read
+    /// and act on what arrived, until the socket has nothing more or a request goes to a worker.
+    fn drive(&mut self, i: usize) {
+        let Slot::Here(conn) = &mut self.slots[i] else { return };
+        let (io_timeout, sh) = (self.sh.cfg.io_timeout, self.sh);
+        loop {
+            if conn.proto.out.pending() {
+                match conn.proto.out.flush(&mut conn.stream) {
+                    Ok(true) => {
+                        conn.deadline = Instant::now() + if conn.proto.ready() { IDLE_TIMEOUT } else { io_timeout };
+                    }
+                    Ok(false) => {
+                        conn.deadline = Instant::now() + io_timeout;
+                        return;
+                    }
+                    Err(_) => {
+                        let handshaking = !conn.proto.ready();
+                        return self.close(i, handshaking);
+                    }
+                }
+            }
+            let began = conn.proto.partial();
+            let n = match conn.stream.read(conn.proto.want()) {
+                Ok(0) => {
+                    let handshaking = !conn.proto.ready();
+                    return self.close(i, handshaking);
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    let handshaking = !conn.proto.ready();
+                    return self.close(i, handshaking);
+                }
+            };
+            let handshaking = !conn.proto.ready();
+            match conn.proto.got(n, &sh.cfg.secret, sh.cfg.job, &sh.counters) {
+                Step::More => {
+                    // A request frame, once begun, must complete within io_timeout (trickled
+                    // bytes do not extend it); handshake steps are timed from the last one.
+                    if !began && !handshaking {
+                        conn.deadline = Instant::now() + io_timeout;
+                    }
+                }
+                Step::Reply => conn.deadline = Instant::now() + io_timeout,
+                Step::Get { sample, wait } => {
+                    let Slot::Here(conn) = std::mem::replace(&mut self.slots[i], Slot::Busy) else {
+                        unreachable!("slot {i} holds the connection being driven")
+                    };
+                    sh.quick.push(Job {
+                        token: i,
+                        conn,
+                        sample,
+                        wait,
+                        since: Instant::now(),
+                    });
+                    return;
+                }
+                Step::Close(_) => return self.close(i, handshaking),
+            }
+        }
+    }
+
+    /// Close connections whose deadline passed.
+    fn sweep(&mut self, now: Instant) {
+        for i in 0..self.slots.len() {
+            if let Slot::Here(c) = &self.slots[i] {
+                if c.deadline <= now {
+                    let handshaking = !c.proto.ready();
+                    self.close(i, handshaking);
+                }
+            }
+        }
+    }
+}
+
+fn poller(mut poll: Poll, listener: TcpListener, sh: &Shared) {
+    let registry = poll.registry().try_clone().expect("cloning the poll registry");
+    let mut p = Poller {
+        sh,
+        registry: &registry,
+        slots: Vec::new(),
+        free: Vec::new(),
+    };
+    let mut events = Events::with_capacity(256);
+    // Deadlines are checked this often (a timeout closes at most one tick late).
+    let tick = (sh.cfg.io_timeout / 4).clamp(Duration::from_millis(5), Duration::from_millis(250));
+    let mut next_sweep = Instant::now() + tick;
+    let mut accept_paused: Option<Instant> = None;
+    let mut cpu = thread_cpu_nanos();
+    while !sh.stop.load(Relaxed) {
+        let now = Instant::now();
+        let until = accept_paused.map_or(next_sweep, |t| t.min(next_sweep));
+        if let Err(e) = poll.poll(&mut events, Some(until.saturating_duration_since(now))) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                // The poll itself failed: nothing can be served; stop rather than spin.
+                break;
+            }
+        }
         if sh.stop.load(Relaxed) {
             break;
         }
-        let Ok(stream) = stream else {
-            // Out of descriptors or memory: wait a little rather than spin on the error.
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        };
-        let c = &sh.counters;
-        c.connections.fetch_add(1, Relaxed);
-        lock(&sh.threads).retain(|t| !t.is_finished());
-        if c.open.load(Relaxed) as usize >= sh.cfg.max_connections {
-            c.rejected_connections.fetch_add(1, Relaxed);
-            continue; // dropped: closed
-        }
-        let Ok(registered) = stream.try_clone() else {
-            c.rejected_connections.fetch_add(1, Relaxed);
-            continue;
-        };
-        let id = next_id;
-        next_id += 1;
-        c.open.fetch_add(1, Relaxed);
-        lock(&sh.conns).insert(id, registered);
-        *lock(&sh.live) += 1;
-        let sh2 = sh.clone();
-        let spawned = std::thread::Builder::new().name("cv-net-conn".into()).spawn(move || {
-            let _live = LiveGuard(&sh2, id);
-            connection(stream, &sh2);
-        });
-        match spawned {
-            Ok(t) => lock(&sh.threads).push(t),
-            Err(_) => {
-                *lock(&sh.live) -= 1;
-                lock(&sh.conns).remove(&id);
-                c.open.fetch_sub(1, Relaxed);
-                c.rejected_connections.fetch_add(1, Relaxed);
-            }
-        }
-    }
-}
-
-fn connection(mut stream: TcpStream, sh: &Shared) {
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(sh.cfg.io_timeout));
-    let mut cpu = thread_cpu_nanos();
-    let mut session = Session {
-        secret: &sh.cfg.secret,
-        job: sh.cfg.job,
-        io_timeout: sh.cfg.io_timeout,
-        idle: IDLE_TIMEOUT,
-        counters: &sh.counters,
-    };
-    if session.handshake(&mut stream).is_err() {
-        sh.counters.rejected_connections.fetch_add(1, Relaxed);
-        return;
-    }
-    while !sh.stop.load(Relaxed) {
-        let r = session.one_request(&mut stream, &*sh.provider);
-        let now = thread_cpu_nanos();
-        sh.counters.cpu_nanos.fetch_add(now.saturating_sub(cpu), Relaxed);
-        cpu = now;
-        if r.is_err() {
-            break;
-        }
-    }
-}
-
-/// Why a connection ended (only used to decide what to count).
-#[derive(Debug)]
-pub(crate) enum End {
-    Io,
-    Frame,
-    Auth,
-}
-
-/// The server side of one connection, generic over the byte stream so fuzzing can drive it.
-pub(crate) struct Session<'a> {
-    pub secret: &'a Secret,
-    pub job: u64,
-    pub io_timeout: Duration,
-    pub idle: Duration,
-    pub counters: &'a Counters,
-}
-
-impl Session<'_> {
-    fn read_frame_header<W: Wire>(&self, s: &mut W) -> Result<Header, End> {
-        let mut hb = [0u8; HEADER_LEN];
-        read_full(s, &mut hb).map_err(|_| End::Io)?;
-        frame::decode(&hb).map_err(|_| {
-            self.counters.rejected_frames.fetch_add(1, Relaxed);
-            End::Frame
-        })
-    }
-
-    fn expect<W: Wire>(&self, s: &mut W, kind: Kind) -> Result<Header, End> {
-        let h = self.read_frame_header(s)?;
-        if h.kind != kind {
-            self.counters.rejected_frames.fetch_add(1, Relaxed);
-            return Err(End::Frame);
-        }
-        Ok(h)
-    }
-
-    /// Hello -> Challenge -> Auth -> AuthOk, every read limited by `io_timeout`; afterwards
-    /// reads wait up to `idle` (a pooled connection may be quiet between requests; one
-    /// timeout for a whole request keeps the per-request path at one read and one writev).
-    pub(crate) fn handshake<W: Wire>(&mut self, s: &mut W) -> Result<(), End> {
-        s.set_read_limit(self.io_timeout).map_err(|_| End::Io)?;
-        let hello = self.expect(s, Kind::Hello)?;
-        let mut cn = [0u8; NONCE_LEN];
-        read_full(s, &mut cn).map_err(|_| End::Io)?;
-        if hello.arg != self.job {
-            self.counters.auth_failures.fetch_add(1, Relaxed);
-            return Err(End::Auth);
-        }
-        let sn = nonce();
-        let mut body = [0u8; NONCE_LEN + MAC_LEN];
-        body[..NONCE_LEN].copy_from_slice(&sn);
-        body[NONCE_LEN..].copy_from_slice(&self.secret.server_mac(self.job, &cn, &sn));
-        let h = Header::new(Kind::Challenge, 0, body.len() as u32, 0);
-        write_two(s, &h.encode(), &body).map_err(|_| End::Io)?;
-        self.expect(s, Kind::Auth)?;
-        let mut mac = [0u8; MAC_LEN];
-        read_full(s, &mut mac).map_err(|_| End::Io)?;
-        if !self.secret.verify_client(self.job, &sn, &cn, &mac) {
-            self.counters.auth_failures.fetch_add(1, Relaxed);
-            return Err(End::Auth);
-        }
-        write_two(s, &Header::new(Kind::AuthOk, 0, 0, 0).encode(), &[]).map_err(|_| End::Io)?;
-        s.set_read_limit(self.idle).map_err(|_| End::Io)
-    }
-
-    /// Read one `Get` and write its reply: header and payload in one `writev`, the payload
-    /// straight from the provider's bytes.
-    pub(crate) fn one_request<W: Wire>(&mut self, s: &mut W, provider: &dyn Provider) -> Result<(), End> {
-        let get = self.expect(s, Kind::Get)?;
-        let wait = Duration::from_micros(get.arg.min(MAX_WAIT_MICROS));
-        let sample = get.sample;
-        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| provider.serve(sample, wait)))
-            .unwrap_or_else(|_| Served::Failed(format!("sample {sample}: the node's provider panicked")));
-        let c = self.counters;
-        match served {
-            Served::Ready { bytes, checksum } => {
-                let b = (*bytes).as_ref();
-                if b.len() > MAX_DATA as usize {
-                    let msg = format!(
-                        "sample {sample}: {} bytes exceed the frame limit of {MAX_DATA}",
-                        b.len()
-                    );
-                    return self.failed(s, sample, &msg);
+        for ev in events.iter() {
+            match ev.token() {
+                LISTENER => {
+                    if accept_paused.is_none() && !p.accept(&listener) {
+                        accept_paused = Some(Instant::now() + ACCEPT_PAUSE);
+                    }
                 }
-                let h = Header::new(Kind::Data, sample, b.len() as u32, checksum);
-                write_two(s, &h.encode(), b).map_err(|_| End::Io)?;
-                c.served.fetch_add(1, Relaxed);
-                c.bytes.fetch_add(b.len() as u64, Relaxed);
-                Ok(())
+                WAKER => {}
+                Token(i) => p.drive(i),
             }
-            Served::NotYet => {
-                c.not_yet.fetch_add(1, Relaxed);
-                write_two(s, &Header::new(Kind::NotYet, sample, 0, 0).encode(), &[]).map_err(|_| End::Io)
-            }
-            Served::NotHeld => {
-                c.not_held.fetch_add(1, Relaxed);
-                write_two(s, &Header::new(Kind::NotHeld, sample, 0, 0).encode(), &[]).map_err(|_| End::Io)
-            }
-            Served::Failed(msg) => self.failed(s, sample, &msg),
         }
-    }
-
-    fn failed<W: Wire>(&self, s: &mut W, sample: u32, msg: &str) -> Result<(), End> {
-        self.counters.failed.fetch_add(1, Relaxed);
-        let mut end = msg.len().min(MAX_MESSAGE as usize);
-        while !msg.is_char_boundary(end) {
-            end -= 1;
+        let returned = std::mem::take(&mut *lock(&sh.returns));
+        for (i, conn) in returned {
+            match conn {
+                Some(mut conn) => {
+                    conn.deadline = Instant::now()
+                        + if conn.proto.out.pending() {
+                            sh.cfg.io_timeout
+                        } else {
+                            IDLE_TIMEOUT
+                        };
+                    p.slots[i] = Slot::Here(conn);
+                    // The next request may have arrived while the worker had it.
+                    p.drive(i);
+                }
+                None => p.close(i, false),
+            }
         }
-        let m = &msg.as_bytes()[..end];
-        write_two(s, &Header::new(Kind::Failed, sample, m.len() as u32, 0).encode(), m).map_err(|_| End::Io)
+        let now = Instant::now();
+        if accept_paused.is_some_and(|t| now >= t) {
+            // Edge-triggered: connections that waited while paused raise no new event.
+            accept_paused = if p.accept(&listener) {
+                None
+            } else {
+                Some(now + ACCEPT_PAUSE)
+            };
+        }
+        if now >= next_sweep {
+            p.sweep(now);
+            next_sweep = now + tick;
+        }
+        let t = thread_cpu_nanos();
+        sh.counters.cpu_nanos.fetch_add(t.saturating_sub(cpu), Relaxed);
+        cpu = t;
     }
-}
-
-/// A fresh set of counters (for fuzzing the session without a server).
-pub(crate) fn counters() -> Counters {
-    Counters::default()
+    // Every connection here closes as `p` drops; those with workers close when they return.
+    let open = p.slots.iter().filter(|s| matches!(s, Slot::Here(_))).count();
+    sh.counters.open.fetch_sub(open as u64, Relaxed);
 }

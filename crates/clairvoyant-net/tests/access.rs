@@ -161,3 +161,50 @@ fn connections_over_the_limit_are_closed_and_counted() {
     let mut dst = vec![0u8; 10];
     assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
 }
+
+#[test]
+fn silent_trickling_and_slow_reading_connections_do_not_starve_others() {
+    let mut cfg = server_cfg(7);
+    cfg.max_connections = 512;
+    cfg.io_timeout = Duration::from_secs(5);
+    cfg.workers = 2;
+    let big = 8 << 20;
+    let server = Server::start(cfg, Arc::new(MemProvider::with_sizes(&[(1, 4096), (2, big)]))).unwrap();
+    let addr = server.local_addr();
+    // 200 unauthenticated connections: silent, or half a Hello and then silence.
+    let hello = Header::new(Kind::Hello, 0, 32, 7).encode();
+    let silent: Vec<TcpStream> = (0..200)
+        .map(|i| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            if i % 2 == 0 {
+                s.write_all(&hello[..10]).unwrap();
+            }
+            s
+        })
+        .collect();
+    // More authenticated peers than workers ask for 8 MiB each and never read the reply.
+    let slow: Vec<TcpStream> = (0..6)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            assert!(clairvoyant_net::fuzzing::authenticate(&mut s, &secret(), 7));
+            s.write_all(&Header::new(Kind::Get, 2, 0, 0).encode()).unwrap();
+            s
+        })
+        .collect();
+    stats_until(&server, |st| st.served >= 6);
+    let client = Client::new(client_cfg(7), vec![addr]);
+    let mut dst = vec![0u8; 4096];
+    let t0 = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    }
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "20 fetches next to 200 silent and 6 stalled readers took {took:?}"
+    );
+    let st = server.stats();
+    assert_eq!(st.open_connections, 200 + 6 + 1, "{st:?}");
+    eprintln!("20 fetches beside 200 silent connections and 6 stalled readers: {took:?}");
+    drop((silent, slow));
+}

@@ -171,3 +171,41 @@ fn a_panicking_provider_answers_failed_and_the_server_goes_on() {
     assert_eq!((client.stats().failed, server.stats().failed), (1, 1));
     assert!(!client.is_down(0));
 }
+
+#[test]
+fn requests_waiting_for_a_fill_do_not_delay_ready_ones() {
+    let mut p = MemProvider::with_sizes(&[(1, 1000)]);
+    p.entries.insert(2, Entry::NotYet);
+    let mut cfg = server_cfg(7);
+    cfg.workers = 2;
+    let server = clairvoyant_net::Server::start(cfg, Arc::new(p)).unwrap();
+    let addr = server.local_addr();
+    // More waiting requests than waiting threads, each granted 800 ms.
+    let waiting: Vec<_> = (0..4)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let client = Client::new(client_cfg(7), vec![addr]);
+                let mut dst = vec![0u8; 10];
+                let t0 = std::time::Instant::now();
+                let f = client.fetch(0, 2, Duration::from_millis(800), &mut dst).unwrap();
+                (f, t0.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let client = Client::new(client_cfg(7), vec![addr]);
+    let mut dst = vec![0u8; 1000];
+    let t0 = std::time::Instant::now();
+    for _ in 0..10 {
+        assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    }
+    let ready = t0.elapsed();
+    assert!(ready < Duration::from_millis(600), "ready answers waited: {ready:?}");
+    for t in waiting {
+        let (f, took) = t.join().unwrap();
+        assert_eq!(f, Fetch::NotYet);
+        // Time queued behind other waits counts against the wait granted.
+        assert!(took < Duration::from_millis(1500), "a waiting request took {took:?}");
+    }
+    eprintln!("10 ready fetches beside 4 waiting ones: {ready:?}");
+}

@@ -27,12 +27,19 @@ struct Late {
 
 impl Provider for Late {
     fn serve(&self, sample: u32, wait: Duration) -> Served {
+        self.serve_queued(sample, wait, Duration::ZERO)
+    }
+
+    /// A request waits for the engine at most 5 s (or its own wait, up to 30 s) from when it
+    /// was received: time spent queued for a waiting thread counts, so requests that arrive
+    /// before the engine is attached drain in about that time whatever their number.
+    fn serve_queued(&self, sample: u32, wait: Duration, queued: Duration) -> Served {
+        let attach_wait = ATTACH_WAIT.min(wait.max(Duration::from_secs(5))).saturating_sub(queued);
+        let wait = wait.saturating_sub(queued);
         let guard = self.service.lock().unwrap_or_else(|p| p.into_inner());
         let (guard, _) = self
             .attached
-            .wait_timeout_while(guard, ATTACH_WAIT.min(wait.max(Duration::from_secs(5))), |s| {
-                s.is_none()
-            })
+            .wait_timeout_while(guard, attach_wait, |s| s.is_none())
             .unwrap_or_else(|p| p.into_inner());
         let Some(service) = guard.clone() else {
             return Served::NotYet;
@@ -43,6 +50,18 @@ impl Provider for Late {
             Serve::NotYet => Served::NotYet,
             Serve::NotHeld => Served::NotHeld,
             Serve::Failed(m) => Served::Failed(m),
+        }
+    }
+
+    /// Without waiting: a sample already filled, not held, or failed; `None` (ask `serve` on a
+    /// waiting thread) before the engine is attached or while the sample is not filled yet.
+    fn serve_now(&self, sample: u32) -> Option<Served> {
+        let service = self.service.lock().unwrap_or_else(|p| p.into_inner()).clone()?;
+        match service.serve(sample, Duration::ZERO) {
+            Serve::Ready { bytes, checksum } => Some(Served::Ready { bytes, checksum }),
+            Serve::NotYet => None,
+            Serve::NotHeld => Some(Served::NotHeld),
+            Serve::Failed(m) => Some(Served::Failed(m)),
         }
     }
 }
@@ -70,14 +89,24 @@ pub struct PyPeerServer {
 #[pymethods]
 impl PyPeerServer {
     #[new]
-    #[pyo3(signature = (bind, secret, job, max_connections=256, io_timeout=5.0))]
-    fn new(bind: &str, secret: &[u8], job: u64, max_connections: usize, io_timeout: f64) -> PyResult<Self> {
+    /// Connections cost no thread (`workers` threads answer all of them, as many again wait
+    /// for imminent fills), so the cap allows every rank of a 256-node job a few connections.
+    #[pyo3(signature = (bind, secret, job, max_connections=8192, io_timeout=5.0, workers=4))]
+    fn new(
+        bind: &str,
+        secret: &[u8],
+        job: u64,
+        max_connections: usize,
+        io_timeout: f64,
+        workers: usize,
+    ) -> PyResult<Self> {
         let cfg = ServerConfig {
             bind: addr(bind, "listen")?,
             secret: self::secret(secret)?,
             job,
             max_connections,
             io_timeout: Duration::from_secs_f64(io_timeout.max(0.01)),
+            workers: workers.max(1),
         };
         let late = Arc::new(Late::default());
         let server = Server::start(cfg, late.clone()).map_err(|e| {

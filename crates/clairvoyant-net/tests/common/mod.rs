@@ -55,8 +55,18 @@ impl MemProvider {
 }
 
 impl Provider for MemProvider {
-    fn serve(&self, sample: u32, _wait: Duration) -> Served {
-        match self.entries.get(&sample) {
+    fn serve(&self, sample: u32, wait: Duration) -> Served {
+        match self.serve_now(sample) {
+            Some(s) => s,
+            None => {
+                std::thread::sleep(wait);
+                Served::NotYet
+            }
+        }
+    }
+
+    fn serve_now(&self, sample: u32) -> Option<Served> {
+        Some(match self.entries.get(&sample) {
             None => Served::NotHeld,
             Some(Entry::Bytes(b)) => Served::Ready {
                 checksum: xxh(b),
@@ -66,9 +76,9 @@ impl Provider for MemProvider {
                 checksum: xxh(b) ^ 1,
                 bytes: Box::new(Slice(b.clone())),
             },
-            Some(Entry::NotYet) => Served::NotYet,
+            Some(Entry::NotYet) => return None,
             Some(Entry::Failed(m)) => Served::Failed(m.clone()),
-        }
+        })
     }
 }
 
@@ -83,6 +93,7 @@ pub fn server_cfg(job: u64) -> ServerConfig {
         job,
         max_connections: 64,
         io_timeout: Duration::from_millis(500),
+        workers: 4,
     }
 }
 
