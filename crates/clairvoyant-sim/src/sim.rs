@@ -256,32 +256,6 @@ impl EpochData {
         EpochData { order, sizes }
     }
 
-    /// The workers' streams under the engine's layout (copies of ranges: no lookups).
-    /// `spare` streams' buffers are reused (no fresh pages to fault in every epoch).
-    fn streams(&self, batches: &[Vec<std::ops::Range<u64>>], spare: &mut Vec<Stream>) -> Vec<Stream> {
-        batches
-            .iter()
-            .map(|rank| {
-                let mut st = spare.pop().unwrap_or_else(|| Stream {
-                    samples: Vec::new(),
-                    sizes: Vec::new(),
-                    batch_ends: Vec::new(),
-                    known: Vec::new(),
-                });
-                st.samples.clear();
-                st.sizes.clear();
-                st.batch_ends.clear();
-                for b in rank {
-                    let (lo, hi) = (b.start as usize, b.end as usize);
-                    st.samples.extend_from_slice(&self.order[lo..hi]);
-                    st.sizes.extend_from_slice(&self.sizes[lo..hi]);
-                    st.batch_ends.push(st.samples.len() as u32);
-                }
-                st
-            })
-            .collect()
-    }
-
     /// The epoch with no stalls: the sum over iterations of the largest batch's compute time.
     fn perfect_seconds(&self, batches: &[Vec<std::ops::Range<u64>>], compute_bps: f64) -> f64 {
         let nb = batches.first().map_or(0, |b| b.len());
@@ -446,22 +420,52 @@ struct FillList {
     cursor: usize,
 }
 
-/// One worker's stream for one epoch, with the sizes gathered in access order (the event loop
-/// then reads them sequentially; gathering many at once overlaps the cache misses).
+/// Where a worker's samples for one epoch come from.
+enum Source {
+    /// Its batches (`Sim::batches`) of the epoch's global order, which all policies share.
+    Global(Arc<EpochData>),
+    /// A list of its own (a reordered or sharded stream).
+    Own(Vec<u32>),
+}
+
+/// How many positions of a stream are gathered at a time.
+const WINDOW: usize = 2048;
+
+/// One worker's stream for one epoch. The next `WINDOW` positions are gathered at a time:
+/// samples, sizes and cache entries in access order (the event loop then reads them
+/// sequentially; gathering many at once overlaps the cache misses), so a stream holds no
+/// per-sample table of its own beyond an `Own` list.
 struct Stream {
+    src: Source,
+    batch_ends: Vec<u32>,
+    /// The window holds positions `lo..lo + samples.len()`.
+    lo: usize,
     samples: Vec<u32>,
     sizes: Vec<u64>,
-    batch_ends: Vec<u32>,
-    /// Per position, the sample's cache entry as it was when the stream was made (empty for
-    /// policies without a cache). An entry with a finite `avail` is final (a copy, once
-    /// written, stays), so most lookups need not touch the cache's big random-access arrays.
+    /// Per position of the window, the sample's cache entry as it was when the window was
+    /// gathered (empty for policies without a cache). An entry with a finite `avail` is final
+    /// (a copy, once written, stays, and a final entry decides a fetch as the live cache
+    /// would), so most lookups need not touch the cache's big random-access arrays.
     known: Vec<Held>,
+}
+
+impl Stream {
+    fn new(src: Source, batch_ends: Vec<u32>) -> Box<Self> {
+        Box::new(Stream {
+            src,
+            batch_ends,
+            lo: 0,
+            samples: Vec::new(),
+            sizes: Vec::new(),
+            known: Vec::new(),
+        })
+    }
 }
 
 /// The staging side of one worker.
 struct Fetcher {
     epoch: u32,
-    stream: Option<Arc<Vec<Stream>>>,
+    stream: Option<Box<Stream>>,
     pos: usize,
     batch: usize,
     iter_base: usize,
@@ -515,10 +519,8 @@ struct Sim<'r, 'a> {
     fills: Vec<FillList>,
     /// The thread slots of each fill list.
     fill_slots: Vec<std::ops::Range<usize>>,
-    /// Epoch streams handed out, with the number of workers that have not left the epoch.
-    streams: HashMap<u32, (Arc<Vec<Stream>>, usize)>,
-    /// Buffers of streams no worker uses any more.
-    spare: Vec<Stream>,
+    /// Epoch streams made and not yet taken by their workers.
+    streams: HashMap<u32, Vec<Option<Box<Stream>>>>,
     /// Every worker's batches (ranges of an epoch's global order) under the engine's layout.
     batches: Vec<Vec<std::ops::Range<u64>>>,
     /// Epochs' global orders handed in by the driver and not yet made into streams.
@@ -847,7 +849,6 @@ impl<'r, 'a> Sim<'r, 'a> {
             fill_slots,
             streams: HashMap::new(),
             epoch_data: HashMap::new(),
-            spare: Vec::new(),
             batches: {
                 let layout = run.layout();
                 (0..sc.workers).map(|r| layout.rank_batches(r)).collect()
@@ -1013,27 +1014,7 @@ impl Sim<'_, '_> {
     /// Start worker `w` on epoch `e` (or mark it finished after the last epoch).
     fn enter_epoch(&mut self, w: usize, e: u32) {
         let f = &mut self.fetchers[w];
-        let prev = f.stream.take();
-        let left_epoch = prev.is_some();
-        drop(prev);
-        if left_epoch {
-            let left = self.fetchers[w].epoch;
-            if let Some(entry) = self.streams.get_mut(&left) {
-                entry.1 -= 1;
-                if entry.1 == 0 {
-                    // Every worker has left the epoch: keep its buffers for a later one.
-                    if let Some((arc, _)) = self.streams.remove(&left) {
-                        let reuses = matches!(self.order, Order::Global | Order::Opportunistic);
-                        if let (true, Ok(streams)) = (reuses, Arc::try_unwrap(arc)) {
-                            let room = self.workers.saturating_sub(self.spare.len());
-                            self.spare.extend(streams.into_iter().take(room));
-                        }
-                    }
-                }
-            }
-        }
-        let f = &mut self.fetchers[w];
-        if left_epoch {
+        if f.stream.take().is_some() {
             f.iter_base += self.iters_per_epoch;
         }
         f.epoch = e;
@@ -1049,43 +1030,51 @@ impl Sim<'_, '_> {
             let Some(data) = self.epoch_data.remove(&e) else {
                 return false;
             };
-            let mut streams = self.make_epoch(e, &data);
-            for (w, st) in streams.iter_mut().enumerate() {
-                let mut known = std::mem::take(&mut st.known);
-                self.known(w / self.wpn, &st.samples, &mut known);
-                st.known = known;
-            }
-            self.streams.insert(e, (Arc::new(streams), self.workers));
+            let streams = self.make_epoch(e, data);
+            self.streams.insert(e, streams.into_iter().map(Some).collect());
         }
-        self.fetchers[w].stream = Some(self.streams[&e].0.clone());
+        let pending = self.streams.get_mut(&e).expect("made");
+        self.fetchers[w].stream = pending[w].take();
+        if pending.iter().all(Option::is_none) {
+            self.streams.remove(&e);
+        }
         true
     }
 
     /// Every worker's stream for epoch `e` under this policy's order.
-    fn make_epoch(&mut self, e: u32, data: &EpochData) -> Vec<Stream> {
+    fn make_epoch(&mut self, e: u32, data: Arc<EpochData>) -> Vec<Box<Stream>> {
         let run = self.run;
         let sc = run.scenario;
         let ranks = run.all_ranks();
-        let with_sizes = |streams: Vec<RankEpoch>| -> Vec<Stream> {
+        let own = |streams: Vec<RankEpoch>| -> Vec<Box<Stream>> {
             streams
                 .into_iter()
-                .map(|r| Stream {
-                    sizes: r.samples.iter().map(|&k| run.sizes[k as usize]).collect(),
-                    samples: r.samples,
-                    batch_ends: r.batch_ends,
-                    known: Vec::new(),
-                })
+                .map(|r| Stream::new(Source::Own(r.samples), r.batch_ends))
                 .collect()
         };
         match &self.order {
-            Order::Global | Order::Opportunistic => data.streams(&self.batches, &mut self.spare),
+            Order::Global | Order::Opportunistic => self
+                .batches
+                .iter()
+                .map(|rank| {
+                    let mut end = 0u32;
+                    let batch_ends = rank
+                        .iter()
+                        .map(|b| {
+                            end += (b.end - b.start) as u32;
+                            end
+                        })
+                        .collect();
+                    Stream::new(Source::Global(data.clone()), batch_ends)
+                })
+                .collect(),
 
             Order::Locality => {
                 let streams = run.schedule.split(e, &data.order, &ranks).expect("validated layout");
                 let Cache::Single { held, .. } = &self.cache else {
-                    return with_sizes(streams);
+                    return own(streams);
                 };
-                with_sizes(locality_reassign(&streams, held, self.wpn))
+                own(locality_reassign(&streams, held, self.wpn))
             }
             Order::Shards { stored, len } => {
                 let b = sc.batch_size as usize;
@@ -1098,12 +1087,9 @@ impl Sim<'_, '_> {
                         let samples: Vec<u32> = perm[..*len].iter().map(|&i| shard[i as usize]).collect();
                         let used = if n_batches * b < *len { n_batches * b } else { *len };
                         let batch_ends = (1..=n_batches).map(|i| (i * b).min(used) as u32).collect();
-                        Stream {
-                            sizes: samples[..used].iter().map(|&k| run.sizes[k as usize]).collect(),
-                            samples: samples[..used].to_vec(),
-                            batch_ends,
-                            known: Vec::new(),
-                        }
+                        let mut samples = samples;
+                        samples.truncate(used);
+                        Stream::new(Source::Own(samples), batch_ends)
                     })
                     .collect()
             }
@@ -1122,9 +1108,12 @@ impl Sim<'_, '_> {
                 return Ok(Step::Pause);
             }
         }
-        // Borrow the stream without touching its reference count (no atomics per sample).
-        let stream = self.fetchers[w].stream.take().expect("loaded");
-        let r = self.stage_one(w, t, &stream[w]);
+        let mut stream = self.fetchers[w].stream.take().expect("loaded");
+        let pos = self.fetchers[w].pos;
+        if pos >= stream.lo + stream.samples.len() {
+            self.gather(w, &mut stream);
+        }
+        let r = self.stage_one(w, t, &stream);
         self.fetchers[w].stream = Some(stream);
         let (step, finished_epoch) = r?;
         if let Some(epoch) = finished_epoch {
@@ -1139,9 +1128,10 @@ impl Sim<'_, '_> {
         let slots = w * self.threads..(w + 1) * self.threads;
         let id = self.next_thread[w];
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
-        let (mut k, mut s) = (mine.samples[pos], mine.sizes[pos]);
+        let at = pos - mine.lo;
+        let (mut k, mut s) = (mine.samples[at], mine.sizes[at]);
         if epoch > 0 && matches!(self.order, Order::Opportunistic) {
-            let known = mine.known.get(pos).copied();
+            let known = mine.known.get(at).copied();
             if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos, known) {
                 (k, s) = (other, self.run.sizes[other as usize]);
                 self.substituted += 1;
@@ -1175,8 +1165,8 @@ impl Sim<'_, '_> {
         }
         let epoch = f.epoch;
         let node = w / self.wpn;
-        let known = if k == mine.samples[pos] {
-            mine.known.get(pos).copied()
+        let known = if k == mine.samples[at] {
+            mine.known.get(at).copied()
         } else {
             None
         };
@@ -1390,13 +1380,42 @@ impl Sim<'_, '_> {
         (LOC_PFS, self.pfs_read(t, s))
     }
 
-    /// The cache entries of `samples` for `node` now (gathered in one pass, which overlaps the
-    /// memory accesses).
-    fn known(&self, node: usize, samples: &[u32], out: &mut Vec<Held>) {
-        out.clear();
+    /// Fill `st`'s window with the positions from worker `w`'s current one on: samples and
+    /// sizes in access order, and their cache entries for the worker's node now (gathered in
+    /// one pass, which overlaps the memory accesses).
+    fn gather(&self, w: usize, st: &mut Stream) {
+        let pos = self.fetchers[w].pos;
+        let end = (pos + WINDOW).min(st.batch_ends.last().map_or(0, |&e| e as usize));
+        st.lo = pos;
+        st.samples.clear();
+        st.sizes.clear();
+        match &st.src {
+            Source::Global(data) => {
+                // From the current batch on, batch by batch.
+                let mut b = self.fetchers[w].batch;
+                let mut at = pos;
+                while at < end {
+                    let first = if b == 0 { 0 } else { st.batch_ends[b - 1] as usize };
+                    let range = &self.batches[w][b];
+                    let lo = range.start as usize + (at - first);
+                    let hi = lo + (st.batch_ends[b] as usize).min(end) - at;
+                    st.samples.extend_from_slice(&data.order[lo..hi]);
+                    st.sizes.extend_from_slice(&data.sizes[lo..hi]);
+                    at += hi - lo;
+                    b += 1;
+                }
+            }
+            Source::Own(list) => {
+                st.samples.extend_from_slice(&list[pos..end]);
+                let sizes = self.run.sizes;
+                st.sizes.extend(st.samples.iter().map(|&k| sizes[k as usize]));
+            }
+        }
+        let node = w / self.wpn;
+        st.known.clear();
         match &self.cache {
-            Cache::Single { held, .. } => out.extend(samples.iter().map(|&k| held[k as usize])),
-            Cache::Placed { local, .. } => out.extend(samples.iter().map(|&k| {
+            Cache::Single { held, .. } => st.known.extend(st.samples.iter().map(|&k| held[k as usize])),
+            Cache::Placed { local, .. } => st.known.extend(st.samples.iter().map(|&k| {
                 let slot = local[node][k as usize];
                 Held {
                     avail: slot.avail,
