@@ -1130,6 +1130,7 @@ impl Sim<'_, '_> {
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
         let at = pos - mine.lo;
         let (mut k, mut s) = (mine.samples[at], mine.sizes[at]);
+        self.prefetch_ahead(w, mine, at);
         if epoch > 0 && matches!(self.order, Order::Opportunistic) {
             let known = mine.known.get(at).copied();
             if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos, known) {
@@ -1485,14 +1486,42 @@ impl Sim<'_, '_> {
         if owner == node as u32 || (owner != NONE && peers) {
             return None;
         }
-        let h = splitmix64(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
-        let pool: Vec<&Vec<u32>> = if peers {
-            cached.iter().filter(|c| !c.is_empty()).collect()
-        } else {
-            vec![&cached[node]].into_iter().filter(|c| !c.is_empty()).collect()
+        let (list, i) = substitute_pick(cached, peers, node, epoch, pos)?;
+        Some(list[i])
+    }
+
+    /// Start loading what staging the sample `ahead` positions after worker `w`'s current one
+    /// will look up: its cache entry when the window's is not final, and under the
+    /// opportunistic order the entries of the sample that would replace it (a hint: the
+    /// choice is made again when the sample is staged).
+    #[inline(always)]
+    fn prefetch_ahead(&self, w: usize, mine: &Stream, at: usize) {
+        let i = at + PREFETCH_AHEAD;
+        let Some(&k) = mine.samples.get(i) else {
+            return;
         };
-        let list = pool.get((h % pool.len().max(1) as u64) as usize)?;
-        Some(list[(splitmix64(h) % list.len() as u64) as usize])
+        if mine.known.get(i).is_some_and(|h| h.avail.is_finite()) {
+            return;
+        }
+        let node = w / self.wpn;
+        self.prefetch_cache(node, k);
+        let epoch = self.fetchers[w].epoch;
+        if epoch == 0 || !matches!(self.order, Order::Opportunistic) {
+            return;
+        }
+        let Cache::Single { held, cached, .. } = &self.cache else {
+            return;
+        };
+        let peers = self.run.scenario.system.interconnect_mbps.is_some();
+        let pos = mine.lo + i;
+        if let Some((list, j)) = substitute_pick(cached, peers, node, epoch, pos) {
+            let other = list[j] as usize;
+            prefetch(held, other);
+            prefetch(self.run.sizes, other);
+        }
+        if let Some((list, j)) = substitute_pick(cached, peers, node, epoch, pos + PREFETCH_AHEAD) {
+            prefetch(list, j);
+        }
     }
 
     /// Start loading the cache entries a fetch of `k` by `node` will read.
@@ -1756,6 +1785,21 @@ fn prefetch<T>(v: &[T], i: usize) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (v, i);
+}
+
+/// DeepIO's opportunistic choice for `node` at (`epoch`, `pos`): a list of cached samples (any
+/// node's with peers, else the node's own) and an index in it, by a hash of the three.
+#[inline]
+fn substitute_pick(cached: &[Vec<u32>], peers: bool, node: usize, epoch: u32, pos: usize) -> Option<(&[u32], usize)> {
+    let h = splitmix64(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
+    let list = if peers {
+        let lists = || cached.iter().filter(|c| !c.is_empty());
+        let n = lists().count();
+        lists().nth((h % n.max(1) as u64) as usize)?
+    } else {
+        Some(&cached[node]).filter(|c| !c.is_empty())?
+    };
+    Some((list, (splitmix64(h) % list.len() as u64) as usize))
 }
 
 /// Yang and Cong's reordering: every global batch keeps its samples and every worker its batch
