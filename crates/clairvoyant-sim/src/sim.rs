@@ -130,6 +130,8 @@ pub struct Run<'a> {
     pub sizes: &'a [u64],
     pub schedule: Schedule,
     pub progress: &'a Progress,
+    /// Every sample size fits in 32 bits (epochs' sizes are then kept in 4 bytes each).
+    narrow_sizes: bool,
 }
 
 impl<'a> Run<'a> {
@@ -147,6 +149,7 @@ impl<'a> Run<'a> {
             sizes,
             schedule,
             progress,
+            narrow_sizes: sizes.iter().all(|&s| s <= u32::MAX as u64),
         })
     }
 
@@ -178,23 +181,40 @@ impl<'a> Run<'a> {
     /// orders are held at a time). Policies are set up and advanced on all cores.
     pub fn simulate_all(&self, policies: &[Policy]) -> Result<Vec<PolicyResult>> {
         enum Slot<'r, 'a> {
+            /// Set up when first advanced (so that the longest set-up overlaps the other
+            /// policies' first epoch instead of holding them back).
+            Pending(Policy),
             Sim(Box<Sim<'r, 'a>>),
             Done(PolicyResult),
             Perfect,
         }
-        let mut slots: Vec<Slot> = crate::run_all(
-            policies,
-            |&p| crate::cost(p),
-            |&p| {
-                Ok(match p {
-                    Policy::Perfect => Slot::Perfect,
-                    _ => match Sim::build(self, p)? {
+        impl<'r, 'a> Slot<'r, 'a> {
+            fn build(&mut self, run: &'r Run<'a>) -> Result<()> {
+                if let Slot::Pending(p) = *self {
+                    *self = match Sim::build(run, p)? {
                         Ok(sim) => Slot::Sim(Box::new(sim)),
                         Err(reason) => Slot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
-                    },
-                })
-            },
-        )?;
+                    };
+                }
+                Ok(())
+            }
+
+            fn policy(&self) -> Policy {
+                match self {
+                    Slot::Pending(p) => *p,
+                    Slot::Sim(sim) => sim.policy,
+                    Slot::Done(r) => r.policy,
+                    Slot::Perfect => Policy::Perfect,
+                }
+            }
+        }
+        let mut slots: Vec<Slot> = policies
+            .iter()
+            .map(|&p| match p {
+                Policy::Perfect => Slot::Perfect,
+                _ => Slot::Pending(p),
+            })
+            .collect();
         let layout = self.layout();
         let batches: Vec<Vec<std::ops::Range<u64>>> =
             (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
@@ -203,15 +223,12 @@ impl<'a> Run<'a> {
         let want_perfect = slots.iter().any(|s| matches!(s, Slot::Perfect));
         // Advance the costliest simulations first so that none starts last and runs alone; the
         // next epoch's order is shuffled meanwhile.
-        let mut busy: Vec<(usize, &mut Box<Sim>)> = slots
+        let mut busy: Vec<(usize, &mut Slot)> = slots
             .iter_mut()
             .enumerate()
-            .filter_map(|(i, s)| match s {
-                Slot::Sim(sim) => Some((i, sim)),
-                _ => None,
-            })
+            .filter(|(_, s)| matches!(s, Slot::Pending(_)))
             .collect();
-        busy.sort_by_key(|(i, sim)| (std::cmp::Reverse(crate::cost(sim.policy)), *i));
+        busy.sort_by_key(|(i, s)| (std::cmp::Reverse(crate::cost(s.policy())), *i));
         let mut next = (self.scenario.epochs > 0).then(|| EpochData::new(self, 0));
         for e in 0..self.scenario.epochs {
             check_cancel(self.progress)?;
@@ -222,15 +239,24 @@ impl<'a> Run<'a> {
             }
             let (advanced, prepared) = rayon::join(
                 || {
-                    busy.par_iter_mut()
-                        .with_max_len(1)
-                        .try_for_each(|(_, sim)| sim.advance(e, data.clone()))
+                    busy.par_iter_mut().with_max_len(1).try_for_each(|(_, slot)| {
+                        slot.build(self)?;
+                        match slot {
+                            Slot::Sim(sim) => sim.advance(e, data.clone()),
+                            _ => Ok(()),
+                        }
+                    })
                 },
                 || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
             );
             advanced?;
             next = prepared;
+            busy.retain(|(_, s)| matches!(s, Slot::Sim(_)));
         }
+        // Without epochs nothing was advanced: set up what is left (for its errors).
+        busy.par_iter_mut()
+            .with_max_len(1)
+            .try_for_each(|(_, slot)| slot.build(self))?;
         drop(busy);
         slots
             .into_iter()
@@ -238,6 +264,7 @@ impl<'a> Run<'a> {
                 Slot::Sim(sim) => sim.finish(),
                 Slot::Done(r) => Ok(r),
                 Slot::Perfect => Ok(PolicyResult::perfect(perfect.clone())),
+                Slot::Pending(_) => unreachable!("every policy was set up"),
             })
             .collect()
     }
@@ -246,13 +273,42 @@ impl<'a> Run<'a> {
 /// One epoch's global order and the sizes in that order, shared by all policies.
 pub struct EpochData {
     order: Vec<u32>,
-    sizes: Vec<u64>,
+    sizes: EpochSizes,
+}
+
+/// Sizes in an epoch's order: 4 bytes each when every size fits.
+enum EpochSizes {
+    Narrow(Vec<u32>),
+    Wide(Vec<u64>),
+}
+
+impl EpochSizes {
+    /// Append the sizes of positions `lo..hi`.
+    #[inline]
+    fn extend_into(&self, out: &mut Vec<u64>, lo: usize, hi: usize) {
+        match self {
+            EpochSizes::Narrow(v) => out.extend(v[lo..hi].iter().map(|&s| s as u64)),
+            EpochSizes::Wide(v) => out.extend_from_slice(&v[lo..hi]),
+        }
+    }
+
+    /// The sum of the sizes of positions `lo..hi`.
+    fn sum(&self, lo: usize, hi: usize) -> u64 {
+        match self {
+            EpochSizes::Narrow(v) => v[lo..hi].iter().map(|&s| s as u64).sum(),
+            EpochSizes::Wide(v) => v[lo..hi].iter().sum(),
+        }
+    }
 }
 
 impl EpochData {
     fn new(run: &Run, e: u32) -> Self {
         let order = run.schedule.global_order(e);
-        let sizes = order.iter().map(|&k| run.sizes[k as usize]).collect();
+        let sizes = if run.narrow_sizes {
+            EpochSizes::Narrow(order.iter().map(|&k| run.sizes[k as usize] as u32).collect())
+        } else {
+            EpochSizes::Wide(order.iter().map(|&k| run.sizes[k as usize]).collect())
+        };
         EpochData { order, sizes }
     }
 
@@ -263,7 +319,7 @@ impl EpochData {
             .map(|i| {
                 batches
                     .iter()
-                    .map(|b| self.sizes[b[i].start as usize..b[i].end as usize].iter().sum::<u64>())
+                    .map(|b| self.sizes.sum(b[i].start as usize, b[i].end as usize))
                     .max()
                     .unwrap_or(0) as f64
                     / compute_bps
@@ -372,20 +428,54 @@ enum Cache {
 }
 
 /// A sample's place in a node: its class (or UNCACHED) and from when it is there (infinite
-/// until written or being written).
+/// until written or being written). Packed to 12 bytes: one per node and sample.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
 struct Slot {
     avail: f64,
     class: u8,
 }
 
 /// The one copy of a sample under a single-copy cache: its node (NONE: not cached), class,
-/// and from when it is there (infinite until written).
+/// and from when it is there (infinite until written). Packed to 12 bytes (node and class in
+/// one word): one per sample.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
 struct Held {
     avail: f64,
-    owner: u32,
-    class: u8,
+    /// `node << 8 | class`, the node's 24 bits all set for NONE.
+    place: u32,
+}
+
+/// Nodes a `Held` can name (its 24 bits, all set meaning none).
+const MAX_NODES: usize = (1 << 24) - 1;
+
+impl Held {
+    #[inline]
+    fn new(avail: f64, owner: u32, class: u8) -> Held {
+        Held {
+            avail,
+            place: (owner << 8) | class as u32,
+        }
+    }
+
+    #[inline]
+    fn owner(self) -> u32 {
+        match self.place >> 8 {
+            o if o as usize == MAX_NODES => NONE,
+            o => o,
+        }
+    }
+
+    #[inline]
+    fn class(self) -> u8 {
+        self.place as u8
+    }
+
+    #[inline]
+    fn set(&mut self, owner: u32, class: u8) {
+        self.place = (owner << 8) | class as u32;
+    }
 }
 
 /// The earliest copy of a sample on any node.
@@ -555,6 +645,12 @@ impl<'r, 'a> Sim<'r, 'a> {
         let m = &sc.system;
         let workers = sc.workers as usize;
         let nodes = sc.nodes() as usize;
+        if nodes > MAX_NODES {
+            return Err(Error::config(
+                "workers",
+                format!("{nodes} nodes; the simulator models at most {MAX_NODES}"),
+            ));
+        }
         let f = run.sizes.len();
         let total_bytes: u64 = run.sizes.iter().sum();
         let per_thread = |curve: &clairvoyant_core::model::Curve, p: u32| {
@@ -590,14 +686,7 @@ impl<'r, 'a> Sim<'r, 'a> {
         let memory = m.memory_class().filter(|&j| m.classes[j].enabled());
         let enabled: Vec<usize> = (0..m.classes.len()).filter(|&j| m.classes[j].enabled()).collect();
         let single = |admit_to: Vec<usize>, admit: Admit, remote: bool| Cache::Single {
-            held: huge_vec(
-                f,
-                Held {
-                    avail: f64::INFINITY,
-                    owner: NONE,
-                    class: UNCACHED,
-                },
-            ),
+            held: huge_vec(f, Held::new(f64::INFINITY, NONE, UNCACHED)),
             cached: vec![Vec::new(); nodes],
             used: vec![vec![0; m.classes.len()]; nodes],
             admit_to,
@@ -655,8 +744,7 @@ impl<'r, 'a> Sim<'r, 'a> {
                     let mut lists: Vec<Vec<u32>> = vec![Vec::new(); nodes];
                     for (k, (h, &size)) in held.iter_mut().zip(run.sizes).enumerate() {
                         let n = k % nodes;
-                        h.owner = n as u32;
-                        h.class = mem as u8;
+                        h.set(n as u32, mem as u8);
                         used[n][mem] += size;
                         lists[n].push(k as u32);
                     }
@@ -711,8 +799,7 @@ impl<'r, 'a> Sim<'r, 'a> {
                         if let Some(j) = room {
                             mine[j] += s;
                             used[n][j] += s;
-                            held[k as usize].owner = n as u32;
-                            held[k as usize].class = j as u8;
+                            held[k as usize].set(n as u32, j as u8);
                             shard.push(k);
                             lists.entry((n, j)).or_default().push(k);
                         }
@@ -1285,18 +1372,18 @@ impl Sim<'_, '_> {
                 remote,
             } => {
                 let h = held[ku];
-                let remote_spb = if h.owner != NONE && *remote && h.avail <= t {
-                    self.remote_spb[h.class as usize]
+                let remote_spb = if h.owner() != NONE && *remote && h.avail <= t {
+                    self.remote_spb[h.class() as usize]
                 } else {
                     None
                 };
-                if h.owner == node as u32 {
-                    let j = h.class as usize;
+                if h.owner() == node as u32 {
+                    let j = h.class() as usize;
                     Then::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
                 } else if let Some(spb) = remote_spb {
                     Then::Done(LOC_REMOTE, t + self.peer_latency + sf * spb)
                 } else {
-                    let admit_now = h.owner == NONE
+                    let admit_now = h.owner() == NONE
                         && match admit {
                             Admit::Never => false,
                             Admit::FirstEpoch => epoch == 0,
@@ -1309,8 +1396,7 @@ impl Sim<'_, '_> {
                         .find(|&j| admit_now && used[node][j] + s <= caps[j].capacity);
                     if let Some(j) = slot {
                         used[node][j] += s;
-                        held[ku].owner = node as u32;
-                        held[ku].class = j as u8;
+                        held[ku].set(node as u32, j as u8);
                         cached[node].push(k);
                     }
                     Then::Pfs(slot)
@@ -1401,7 +1487,7 @@ impl Sim<'_, '_> {
                     let lo = range.start as usize + (at - first);
                     let hi = lo + (st.batch_ends[b] as usize).min(end) - at;
                     st.samples.extend_from_slice(&data.order[lo..hi]);
-                    st.sizes.extend_from_slice(&data.sizes[lo..hi]);
+                    data.sizes.extend_into(&mut st.sizes, lo, hi);
                     at += hi - lo;
                     b += 1;
                 }
@@ -1418,11 +1504,7 @@ impl Sim<'_, '_> {
             Cache::Single { held, .. } => st.known.extend(st.samples.iter().map(|&k| held[k as usize])),
             Cache::Placed { local, .. } => st.known.extend(st.samples.iter().map(|&k| {
                 let slot = local[node][k as usize];
-                Held {
-                    avail: slot.avail,
-                    owner: node as u32,
-                    class: slot.class,
-                }
+                Held::new(slot.avail, node as u32, slot.class)
             })),
             _ => {}
         }
@@ -1436,8 +1518,8 @@ impl Sim<'_, '_> {
             return None;
         }
         let sf = s as f64;
-        let j = h.class as usize;
-        if h.owner == node as u32 {
+        let j = h.class() as usize;
+        if h.owner() == node as u32 {
             return Some((LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j]));
         }
         match &self.cache {
@@ -1479,8 +1561,8 @@ impl Sim<'_, '_> {
         }
         // A final known entry spares the lookup in the cache (an owner, once set, stays).
         let owner = match known {
-            Some(h) if h.avail.is_finite() => h.owner,
-            _ => held[k as usize].owner,
+            Some(h) if h.avail.is_finite() => h.owner(),
+            _ => held[k as usize].owner(),
         };
         let peers = self.run.scenario.system.interconnect_mbps.is_some();
         if owner == node as u32 || (owner != NONE && peers) {
@@ -1577,7 +1659,10 @@ impl Sim<'_, '_> {
         let k = loop {
             let fl = &mut self.fills[li];
             let Some(&k) = fl.order.get(fl.cursor) else {
-                return None; // list done: the thread retires
+                // List done: the thread retires, and the list's memory goes.
+                fl.order = Vec::new();
+                fl.need = Vec::new();
+                return None;
             };
             fl.cursor += 1;
             let taken = match &self.cache {
@@ -1818,7 +1903,7 @@ fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<Ra
     // Owners gathered first, in one pass (the lookups are random; this way they overlap).
     let owners: Vec<Vec<u32>> = streams
         .iter()
-        .map(|s| s.samples.iter().map(|&k| held[k as usize].owner).collect())
+        .map(|s| s.samples.iter().map(|&k| held[k as usize].owner()).collect())
         .collect();
     let mut room = vec![0usize; workers];
     let mut rest = Vec::new();
