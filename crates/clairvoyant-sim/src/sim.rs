@@ -540,15 +540,15 @@ struct Stream {
 }
 
 impl Stream {
-    fn new(src: Source, batch_ends: Vec<u32>) -> Box<Self> {
-        Box::new(Stream {
+    fn new(src: Source, batch_ends: Vec<u32>) -> Self {
+        Stream {
             src,
             batch_ends,
             lo: 0,
             samples: Vec::new(),
             sizes: Vec::new(),
             known: Vec::new(),
-        })
+        }
     }
 }
 
@@ -1118,7 +1118,9 @@ impl Sim<'_, '_> {
                 return false;
             };
             let streams = self.make_epoch(e, data);
-            self.streams.insert(e, streams.into_iter().map(Some).collect());
+            // Boxed: a worker's stream moves out of and back into its fetcher every step.
+            self.streams
+                .insert(e, streams.into_iter().map(|s| Some(Box::new(s))).collect());
         }
         let pending = self.streams.get_mut(&e).expect("made");
         self.fetchers[w].stream = pending[w].take();
@@ -1129,11 +1131,11 @@ impl Sim<'_, '_> {
     }
 
     /// Every worker's stream for epoch `e` under this policy's order.
-    fn make_epoch(&mut self, e: u32, data: Arc<EpochData>) -> Vec<Box<Stream>> {
+    fn make_epoch(&mut self, e: u32, data: Arc<EpochData>) -> Vec<Stream> {
         let run = self.run;
         let sc = run.scenario;
         let ranks = run.all_ranks();
-        let own = |streams: Vec<RankEpoch>| -> Vec<Box<Stream>> {
+        let own = |streams: Vec<RankEpoch>| -> Vec<Stream> {
             streams
                 .into_iter()
                 .map(|r| Stream::new(Source::Own(r.samples), r.batch_ends))
