@@ -130,6 +130,8 @@ pub struct Run<'a> {
     pub sizes: &'a [u64],
     pub schedule: Schedule,
     pub progress: &'a Progress,
+    /// Every sample size fits in 32 bits (epochs' sizes are then kept in 4 bytes each).
+    narrow_sizes: bool,
 }
 
 impl<'a> Run<'a> {
@@ -147,6 +149,7 @@ impl<'a> Run<'a> {
             sizes,
             schedule,
             progress,
+            narrow_sizes: sizes.iter().all(|&s| s <= u32::MAX as u64),
         })
     }
 
@@ -178,23 +181,40 @@ impl<'a> Run<'a> {
     /// orders are held at a time). Policies are set up and advanced on all cores.
     pub fn simulate_all(&self, policies: &[Policy]) -> Result<Vec<PolicyResult>> {
         enum Slot<'r, 'a> {
+            /// Set up when first advanced (so that the longest set-up overlaps the other
+            /// policies' first epoch instead of holding them back).
+            Pending(Policy),
             Sim(Box<Sim<'r, 'a>>),
             Done(PolicyResult),
             Perfect,
         }
-        let mut slots: Vec<Slot> = crate::run_all(
-            policies,
-            |&p| crate::cost(p),
-            |&p| {
-                Ok(match p {
-                    Policy::Perfect => Slot::Perfect,
-                    _ => match Sim::build(self, p)? {
+        impl<'r, 'a> Slot<'r, 'a> {
+            fn build(&mut self, run: &'r Run<'a>) -> Result<()> {
+                if let Slot::Pending(p) = *self {
+                    *self = match Sim::build(run, p)? {
                         Ok(sim) => Slot::Sim(Box::new(sim)),
                         Err(reason) => Slot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
-                    },
-                })
-            },
-        )?;
+                    };
+                }
+                Ok(())
+            }
+
+            fn policy(&self) -> Policy {
+                match self {
+                    Slot::Pending(p) => *p,
+                    Slot::Sim(sim) => sim.policy,
+                    Slot::Done(r) => r.policy,
+                    Slot::Perfect => Policy::Perfect,
+                }
+            }
+        }
+        let mut slots: Vec<Slot> = policies
+            .iter()
+            .map(|&p| match p {
+                Policy::Perfect => Slot::Perfect,
+                _ => Slot::Pending(p),
+            })
+            .collect();
         let layout = self.layout();
         let batches: Vec<Vec<std::ops::Range<u64>>> =
             (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
@@ -203,15 +223,12 @@ impl<'a> Run<'a> {
         let want_perfect = slots.iter().any(|s| matches!(s, Slot::Perfect));
         // Advance the costliest simulations first so that none starts last and runs alone; the
         // next epoch's order is shuffled meanwhile.
-        let mut busy: Vec<(usize, &mut Box<Sim>)> = slots
+        let mut busy: Vec<(usize, &mut Slot)> = slots
             .iter_mut()
             .enumerate()
-            .filter_map(|(i, s)| match s {
-                Slot::Sim(sim) => Some((i, sim)),
-                _ => None,
-            })
+            .filter(|(_, s)| matches!(s, Slot::Pending(_)))
             .collect();
-        busy.sort_by_key(|(i, sim)| (std::cmp::Reverse(crate::cost(sim.policy)), *i));
+        busy.sort_by_key(|(i, s)| (std::cmp::Reverse(crate::cost(s.policy())), *i));
         let mut next = (self.scenario.epochs > 0).then(|| EpochData::new(self, 0));
         for e in 0..self.scenario.epochs {
             check_cancel(self.progress)?;
@@ -222,15 +239,24 @@ impl<'a> Run<'a> {
             }
             let (advanced, prepared) = rayon::join(
                 || {
-                    busy.par_iter_mut()
-                        .with_max_len(1)
-                        .try_for_each(|(_, sim)| sim.advance(e, data.clone()))
+                    busy.par_iter_mut().with_max_len(1).try_for_each(|(_, slot)| {
+                        slot.build(self)?;
+                        match slot {
+                            Slot::Sim(sim) => sim.advance(e, data.clone()),
+                            _ => Ok(()),
+                        }
+                    })
                 },
                 || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
             );
             advanced?;
             next = prepared;
+            busy.retain(|(_, s)| matches!(s, Slot::Sim(_)));
         }
+        // Without epochs nothing was advanced: set up what is left (for its errors).
+        busy.par_iter_mut()
+            .with_max_len(1)
+            .try_for_each(|(_, slot)| slot.build(self))?;
         drop(busy);
         slots
             .into_iter()
@@ -238,6 +264,7 @@ impl<'a> Run<'a> {
                 Slot::Sim(sim) => sim.finish(),
                 Slot::Done(r) => Ok(r),
                 Slot::Perfect => Ok(PolicyResult::perfect(perfect.clone())),
+                Slot::Pending(_) => unreachable!("every policy was set up"),
             })
             .collect()
     }
@@ -246,40 +273,43 @@ impl<'a> Run<'a> {
 /// One epoch's global order and the sizes in that order, shared by all policies.
 pub struct EpochData {
     order: Vec<u32>,
-    sizes: Vec<u64>,
+    sizes: EpochSizes,
+}
+
+/// Sizes in an epoch's order: 4 bytes each when every size fits.
+enum EpochSizes {
+    Narrow(Vec<u32>),
+    Wide(Vec<u64>),
+}
+
+impl EpochSizes {
+    /// Append the sizes of positions `lo..hi`.
+    #[inline]
+    fn extend_into(&self, out: &mut Vec<u64>, lo: usize, hi: usize) {
+        match self {
+            EpochSizes::Narrow(v) => out.extend(v[lo..hi].iter().map(|&s| s as u64)),
+            EpochSizes::Wide(v) => out.extend_from_slice(&v[lo..hi]),
+        }
+    }
+
+    /// The sum of the sizes of positions `lo..hi`.
+    fn sum(&self, lo: usize, hi: usize) -> u64 {
+        match self {
+            EpochSizes::Narrow(v) => v[lo..hi].iter().map(|&s| s as u64).sum(),
+            EpochSizes::Wide(v) => v[lo..hi].iter().sum(),
+        }
+    }
 }
 
 impl EpochData {
     fn new(run: &Run, e: u32) -> Self {
         let order = run.schedule.global_order(e);
-        let sizes = order.iter().map(|&k| run.sizes[k as usize]).collect();
+        let sizes = if run.narrow_sizes {
+            EpochSizes::Narrow(order.iter().map(|&k| run.sizes[k as usize] as u32).collect())
+        } else {
+            EpochSizes::Wide(order.iter().map(|&k| run.sizes[k as usize]).collect())
+        };
         EpochData { order, sizes }
-    }
-
-    /// The workers' streams under the engine's layout (copies of ranges: no lookups).
-    /// `spare` streams' buffers are reused (no fresh pages to fault in every epoch).
-    fn streams(&self, batches: &[Vec<std::ops::Range<u64>>], spare: &mut Vec<Stream>) -> Vec<Stream> {
-        batches
-            .iter()
-            .map(|rank| {
-                let mut st = spare.pop().unwrap_or_else(|| Stream {
-                    samples: Vec::new(),
-                    sizes: Vec::new(),
-                    batch_ends: Vec::new(),
-                    known: Vec::new(),
-                });
-                st.samples.clear();
-                st.sizes.clear();
-                st.batch_ends.clear();
-                for b in rank {
-                    let (lo, hi) = (b.start as usize, b.end as usize);
-                    st.samples.extend_from_slice(&self.order[lo..hi]);
-                    st.sizes.extend_from_slice(&self.sizes[lo..hi]);
-                    st.batch_ends.push(st.samples.len() as u32);
-                }
-                st
-            })
-            .collect()
     }
 
     /// The epoch with no stalls: the sum over iterations of the largest batch's compute time.
@@ -289,7 +319,7 @@ impl EpochData {
             .map(|i| {
                 batches
                     .iter()
-                    .map(|b| self.sizes[b[i].start as usize..b[i].end as usize].iter().sum::<u64>())
+                    .map(|b| self.sizes.sum(b[i].start as usize, b[i].end as usize))
                     .max()
                     .unwrap_or(0) as f64
                     / compute_bps
@@ -398,20 +428,54 @@ enum Cache {
 }
 
 /// A sample's place in a node: its class (or UNCACHED) and from when it is there (infinite
-/// until written or being written).
+/// until written or being written). Packed to 12 bytes: one per node and sample.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
 struct Slot {
     avail: f64,
     class: u8,
 }
 
 /// The one copy of a sample under a single-copy cache: its node (NONE: not cached), class,
-/// and from when it is there (infinite until written).
+/// and from when it is there (infinite until written). Packed to 12 bytes (node and class in
+/// one word): one per sample.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
 struct Held {
     avail: f64,
-    owner: u32,
-    class: u8,
+    /// `node << 8 | class`, the node's 24 bits all set for NONE.
+    place: u32,
+}
+
+/// Nodes a `Held` can name (its 24 bits, all set meaning none).
+const MAX_NODES: usize = (1 << 24) - 1;
+
+impl Held {
+    #[inline]
+    fn new(avail: f64, owner: u32, class: u8) -> Held {
+        Held {
+            avail,
+            place: (owner << 8) | class as u32,
+        }
+    }
+
+    #[inline]
+    fn owner(self) -> u32 {
+        match self.place >> 8 {
+            o if o as usize == MAX_NODES => NONE,
+            o => o,
+        }
+    }
+
+    #[inline]
+    fn class(self) -> u8 {
+        self.place as u8
+    }
+
+    #[inline]
+    fn set(&mut self, owner: u32, class: u8) {
+        self.place = (owner << 8) | class as u32;
+    }
 }
 
 /// The earliest copy of a sample on any node.
@@ -446,22 +510,52 @@ struct FillList {
     cursor: usize,
 }
 
-/// One worker's stream for one epoch, with the sizes gathered in access order (the event loop
-/// then reads them sequentially; gathering many at once overlaps the cache misses).
+/// Where a worker's samples for one epoch come from.
+enum Source {
+    /// Its batches (`Sim::batches`) of the epoch's global order, which all policies share.
+    Global(Arc<EpochData>),
+    /// A list of its own (a reordered or sharded stream).
+    Own(Vec<u32>),
+}
+
+/// How many positions of a stream are gathered at a time.
+const WINDOW: usize = 2048;
+
+/// One worker's stream for one epoch. The next `WINDOW` positions are gathered at a time:
+/// samples, sizes and cache entries in access order (the event loop then reads them
+/// sequentially; gathering many at once overlaps the cache misses), so a stream holds no
+/// per-sample table of its own beyond an `Own` list.
 struct Stream {
+    src: Source,
+    batch_ends: Vec<u32>,
+    /// The window holds positions `lo..lo + samples.len()`.
+    lo: usize,
     samples: Vec<u32>,
     sizes: Vec<u64>,
-    batch_ends: Vec<u32>,
-    /// Per position, the sample's cache entry as it was when the stream was made (empty for
-    /// policies without a cache). An entry with a finite `avail` is final (a copy, once
-    /// written, stays), so most lookups need not touch the cache's big random-access arrays.
+    /// Per position of the window, the sample's cache entry as it was when the window was
+    /// gathered (empty for policies without a cache). An entry with a finite `avail` is final
+    /// (a copy, once written, stays, and a final entry decides a fetch as the live cache
+    /// would), so most lookups need not touch the cache's big random-access arrays.
     known: Vec<Held>,
+}
+
+impl Stream {
+    fn new(src: Source, batch_ends: Vec<u32>) -> Self {
+        Stream {
+            src,
+            batch_ends,
+            lo: 0,
+            samples: Vec::new(),
+            sizes: Vec::new(),
+            known: Vec::new(),
+        }
+    }
 }
 
 /// The staging side of one worker.
 struct Fetcher {
     epoch: u32,
-    stream: Option<Arc<Vec<Stream>>>,
+    stream: Option<Box<Stream>>,
     pos: usize,
     batch: usize,
     iter_base: usize,
@@ -515,10 +609,8 @@ struct Sim<'r, 'a> {
     fills: Vec<FillList>,
     /// The thread slots of each fill list.
     fill_slots: Vec<std::ops::Range<usize>>,
-    /// Epoch streams handed out, with the number of workers that have not left the epoch.
-    streams: HashMap<u32, (Arc<Vec<Stream>>, usize)>,
-    /// Buffers of streams no worker uses any more.
-    spare: Vec<Stream>,
+    /// Epoch streams made and not yet taken by their workers.
+    streams: HashMap<u32, Vec<Option<Box<Stream>>>>,
     /// Every worker's batches (ranges of an epoch's global order) under the engine's layout.
     batches: Vec<Vec<std::ops::Range<u64>>>,
     /// Epochs' global orders handed in by the driver and not yet made into streams.
@@ -553,6 +645,12 @@ impl<'r, 'a> Sim<'r, 'a> {
         let m = &sc.system;
         let workers = sc.workers as usize;
         let nodes = sc.nodes() as usize;
+        if nodes > MAX_NODES {
+            return Err(Error::config(
+                "workers",
+                format!("{nodes} nodes; the simulator models at most {MAX_NODES}"),
+            ));
+        }
         let f = run.sizes.len();
         let total_bytes: u64 = run.sizes.iter().sum();
         let per_thread = |curve: &clairvoyant_core::model::Curve, p: u32| {
@@ -588,14 +686,7 @@ impl<'r, 'a> Sim<'r, 'a> {
         let memory = m.memory_class().filter(|&j| m.classes[j].enabled());
         let enabled: Vec<usize> = (0..m.classes.len()).filter(|&j| m.classes[j].enabled()).collect();
         let single = |admit_to: Vec<usize>, admit: Admit, remote: bool| Cache::Single {
-            held: huge_vec(
-                f,
-                Held {
-                    avail: f64::INFINITY,
-                    owner: NONE,
-                    class: UNCACHED,
-                },
-            ),
+            held: huge_vec(f, Held::new(f64::INFINITY, NONE, UNCACHED)),
             cached: vec![Vec::new(); nodes],
             used: vec![vec![0; m.classes.len()]; nodes],
             admit_to,
@@ -653,8 +744,7 @@ impl<'r, 'a> Sim<'r, 'a> {
                     let mut lists: Vec<Vec<u32>> = vec![Vec::new(); nodes];
                     for (k, (h, &size)) in held.iter_mut().zip(run.sizes).enumerate() {
                         let n = k % nodes;
-                        h.owner = n as u32;
-                        h.class = mem as u8;
+                        h.set(n as u32, mem as u8);
                         used[n][mem] += size;
                         lists[n].push(k as u32);
                     }
@@ -709,8 +799,7 @@ impl<'r, 'a> Sim<'r, 'a> {
                         if let Some(j) = room {
                             mine[j] += s;
                             used[n][j] += s;
-                            held[k as usize].owner = n as u32;
-                            held[k as usize].class = j as u8;
+                            held[k as usize].set(n as u32, j as u8);
                             shard.push(k);
                             lists.entry((n, j)).or_default().push(k);
                         }
@@ -853,7 +942,6 @@ impl<'r, 'a> Sim<'r, 'a> {
             fill_slots,
             streams: HashMap::new(),
             epoch_data: HashMap::new(),
-            spare: Vec::new(),
             batches: {
                 let layout = run.layout();
                 (0..sc.workers).map(|r| layout.rank_batches(r)).collect()
@@ -1019,27 +1107,7 @@ impl Sim<'_, '_> {
     /// Start worker `w` on epoch `e` (or mark it finished after the last epoch).
     fn enter_epoch(&mut self, w: usize, e: u32) {
         let f = &mut self.fetchers[w];
-        let prev = f.stream.take();
-        let left_epoch = prev.is_some();
-        drop(prev);
-        if left_epoch {
-            let left = self.fetchers[w].epoch;
-            if let Some(entry) = self.streams.get_mut(&left) {
-                entry.1 -= 1;
-                if entry.1 == 0 {
-                    // Every worker has left the epoch: keep its buffers for a later one.
-                    if let Some((arc, _)) = self.streams.remove(&left) {
-                        let reuses = matches!(self.order, Order::Global | Order::Opportunistic);
-                        if let (true, Ok(streams)) = (reuses, Arc::try_unwrap(arc)) {
-                            let room = self.workers.saturating_sub(self.spare.len());
-                            self.spare.extend(streams.into_iter().take(room));
-                        }
-                    }
-                }
-            }
-        }
-        let f = &mut self.fetchers[w];
-        if left_epoch {
+        if f.stream.take().is_some() {
             f.iter_base += self.iters_per_epoch;
         }
         f.epoch = e;
@@ -1055,43 +1123,53 @@ impl Sim<'_, '_> {
             let Some(data) = self.epoch_data.remove(&e) else {
                 return false;
             };
-            let mut streams = self.make_epoch(e, &data);
-            for (w, st) in streams.iter_mut().enumerate() {
-                let mut known = std::mem::take(&mut st.known);
-                self.known(w / self.wpn, &st.samples, &mut known);
-                st.known = known;
-            }
-            self.streams.insert(e, (Arc::new(streams), self.workers));
+            let streams = self.make_epoch(e, data);
+            // Boxed: a worker's stream moves out of and back into its fetcher every step.
+            self.streams
+                .insert(e, streams.into_iter().map(|s| Some(Box::new(s))).collect());
         }
-        self.fetchers[w].stream = Some(self.streams[&e].0.clone());
+        let pending = self.streams.get_mut(&e).expect("made");
+        self.fetchers[w].stream = pending[w].take();
+        if pending.iter().all(Option::is_none) {
+            self.streams.remove(&e);
+        }
         true
     }
 
     /// Every worker's stream for epoch `e` under this policy's order.
-    fn make_epoch(&mut self, e: u32, data: &EpochData) -> Vec<Stream> {
+    fn make_epoch(&mut self, e: u32, data: Arc<EpochData>) -> Vec<Stream> {
         let run = self.run;
         let sc = run.scenario;
         let ranks = run.all_ranks();
-        let with_sizes = |streams: Vec<RankEpoch>| -> Vec<Stream> {
+        let own = |streams: Vec<RankEpoch>| -> Vec<Stream> {
             streams
                 .into_iter()
-                .map(|r| Stream {
-                    sizes: r.samples.iter().map(|&k| run.sizes[k as usize]).collect(),
-                    samples: r.samples,
-                    batch_ends: r.batch_ends,
-                    known: Vec::new(),
-                })
+                .map(|r| Stream::new(Source::Own(r.samples), r.batch_ends))
                 .collect()
         };
         match &self.order {
-            Order::Global | Order::Opportunistic => data.streams(&self.batches, &mut self.spare),
+            Order::Global | Order::Opportunistic => self
+                .batches
+                .iter()
+                .map(|rank| {
+                    let mut end = 0u32;
+                    let batch_ends = rank
+                        .iter()
+                        .map(|b| {
+                            end += (b.end - b.start) as u32;
+                            end
+                        })
+                        .collect();
+                    Stream::new(Source::Global(data.clone()), batch_ends)
+                })
+                .collect(),
 
             Order::Locality => {
                 let streams = run.schedule.split(e, &data.order, &ranks).expect("validated layout");
                 let Cache::Single { held, .. } = &self.cache else {
-                    return with_sizes(streams);
+                    return own(streams);
                 };
-                with_sizes(locality_reassign(&streams, held, self.wpn))
+                own(locality_reassign(&streams, held, self.wpn))
             }
             Order::Shards { stored, len } => {
                 let b = sc.batch_size as usize;
@@ -1104,12 +1182,9 @@ impl Sim<'_, '_> {
                         let samples: Vec<u32> = perm[..*len].iter().map(|&i| shard[i as usize]).collect();
                         let used = if n_batches * b < *len { n_batches * b } else { *len };
                         let batch_ends = (1..=n_batches).map(|i| (i * b).min(used) as u32).collect();
-                        Stream {
-                            sizes: samples[..used].iter().map(|&k| run.sizes[k as usize]).collect(),
-                            samples: samples[..used].to_vec(),
-                            batch_ends,
-                            known: Vec::new(),
-                        }
+                        let mut samples = samples;
+                        samples.truncate(used);
+                        Stream::new(Source::Own(samples), batch_ends)
                     })
                     .collect()
             }
@@ -1128,9 +1203,12 @@ impl Sim<'_, '_> {
                 return Ok(Step::Pause);
             }
         }
-        // Borrow the stream without touching its reference count (no atomics per sample).
-        let stream = self.fetchers[w].stream.take().expect("loaded");
-        let r = self.stage_one(w, t, &stream[w]);
+        let mut stream = self.fetchers[w].stream.take().expect("loaded");
+        let pos = self.fetchers[w].pos;
+        if pos >= stream.lo + stream.samples.len() {
+            self.gather(w, &mut stream);
+        }
+        let r = self.stage_one(w, t, &stream);
         self.fetchers[w].stream = Some(stream);
         let (step, finished_epoch) = r?;
         if let Some(epoch) = finished_epoch {
@@ -1145,9 +1223,11 @@ impl Sim<'_, '_> {
         let slots = w * self.threads..(w + 1) * self.threads;
         let id = self.next_thread[w];
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
-        let (mut k, mut s) = (mine.samples[pos], mine.sizes[pos]);
+        let at = pos - mine.lo;
+        let (mut k, mut s) = (mine.samples[at], mine.sizes[at]);
+        self.prefetch_ahead(w, mine, at);
         if epoch > 0 && matches!(self.order, Order::Opportunistic) {
-            let known = mine.known.get(pos).copied();
+            let known = mine.known.get(at).copied();
             if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos, known) {
                 (k, s) = (other, self.run.sizes[other as usize]);
                 self.substituted += 1;
@@ -1181,8 +1261,8 @@ impl Sim<'_, '_> {
         }
         let epoch = f.epoch;
         let node = w / self.wpn;
-        let known = if k == mine.samples[pos] {
-            mine.known.get(pos).copied()
+        let known = if k == mine.samples[at] {
+            mine.known.get(at).copied()
         } else {
             None
         };
@@ -1300,18 +1380,18 @@ impl Sim<'_, '_> {
                 remote,
             } => {
                 let h = held[ku];
-                let remote_spb = if h.owner != NONE && *remote && h.avail <= t {
-                    self.remote_spb[h.class as usize]
+                let remote_spb = if h.owner() != NONE && *remote && h.avail <= t {
+                    self.remote_spb[h.class() as usize]
                 } else {
                     None
                 };
-                if h.owner == node as u32 {
-                    let j = h.class as usize;
+                if h.owner() == node as u32 {
+                    let j = h.class() as usize;
                     Then::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
                 } else if let Some(spb) = remote_spb {
                     Then::Done(LOC_REMOTE, t + self.peer_latency + sf * spb)
                 } else {
-                    let admit_now = h.owner == NONE
+                    let admit_now = h.owner() == NONE
                         && match admit {
                             Admit::Never => false,
                             Admit::FirstEpoch => epoch == 0,
@@ -1324,8 +1404,7 @@ impl Sim<'_, '_> {
                         .find(|&j| admit_now && used[node][j] + s <= caps[j].capacity);
                     if let Some(j) = slot {
                         used[node][j] += s;
-                        held[ku].owner = node as u32;
-                        held[ku].class = j as u8;
+                        held[ku].set(node as u32, j as u8);
                         cached[node].push(k);
                     }
                     Then::Pfs(slot)
@@ -1396,19 +1475,44 @@ impl Sim<'_, '_> {
         (LOC_PFS, self.pfs_read(t, s))
     }
 
-    /// The cache entries of `samples` for `node` now (gathered in one pass, which overlaps the
-    /// memory accesses).
-    fn known(&self, node: usize, samples: &[u32], out: &mut Vec<Held>) {
-        out.clear();
-        match &self.cache {
-            Cache::Single { held, .. } => out.extend(samples.iter().map(|&k| held[k as usize])),
-            Cache::Placed { local, .. } => out.extend(samples.iter().map(|&k| {
-                let slot = local[node][k as usize];
-                Held {
-                    avail: slot.avail,
-                    owner: node as u32,
-                    class: slot.class,
+    /// Fill `st`'s window with the positions from worker `w`'s current one on: samples and
+    /// sizes in access order, and their cache entries for the worker's node now (gathered in
+    /// one pass, which overlaps the memory accesses).
+    fn gather(&self, w: usize, st: &mut Stream) {
+        let pos = self.fetchers[w].pos;
+        let end = (pos + WINDOW).min(st.batch_ends.last().map_or(0, |&e| e as usize));
+        st.lo = pos;
+        st.samples.clear();
+        st.sizes.clear();
+        match &st.src {
+            Source::Global(data) => {
+                // From the current batch on, batch by batch.
+                let mut b = self.fetchers[w].batch;
+                let mut at = pos;
+                while at < end {
+                    let first = if b == 0 { 0 } else { st.batch_ends[b - 1] as usize };
+                    let range = &self.batches[w][b];
+                    let lo = range.start as usize + (at - first);
+                    let hi = lo + (st.batch_ends[b] as usize).min(end) - at;
+                    st.samples.extend_from_slice(&data.order[lo..hi]);
+                    data.sizes.extend_into(&mut st.sizes, lo, hi);
+                    at += hi - lo;
+                    b += 1;
                 }
+            }
+            Source::Own(list) => {
+                st.samples.extend_from_slice(&list[pos..end]);
+                let sizes = self.run.sizes;
+                st.sizes.extend(st.samples.iter().map(|&k| sizes[k as usize]));
+            }
+        }
+        let node = w / self.wpn;
+        st.known.clear();
+        match &self.cache {
+            Cache::Single { held, .. } => st.known.extend(st.samples.iter().map(|&k| held[k as usize])),
+            Cache::Placed { local, .. } => st.known.extend(st.samples.iter().map(|&k| {
+                let slot = local[node][k as usize];
+                Held::new(slot.avail, node as u32, slot.class)
             })),
             _ => {}
         }
@@ -1422,8 +1526,8 @@ impl Sim<'_, '_> {
             return None;
         }
         let sf = s as f64;
-        let j = h.class as usize;
-        if h.owner == node as u32 {
+        let j = h.class() as usize;
+        if h.owner() == node as u32 {
             return Some((LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j]));
         }
         match &self.cache {
@@ -1465,21 +1569,49 @@ impl Sim<'_, '_> {
         }
         // A final known entry spares the lookup in the cache (an owner, once set, stays).
         let owner = match known {
-            Some(h) if h.avail.is_finite() => h.owner,
-            _ => held[k as usize].owner,
+            Some(h) if h.avail.is_finite() => h.owner(),
+            _ => held[k as usize].owner(),
         };
         let peers = self.run.scenario.system.interconnect_mbps.is_some();
         if owner == node as u32 || (owner != NONE && peers) {
             return None;
         }
-        let h = splitmix64(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
-        let pool: Vec<&Vec<u32>> = if peers {
-            cached.iter().filter(|c| !c.is_empty()).collect()
-        } else {
-            vec![&cached[node]].into_iter().filter(|c| !c.is_empty()).collect()
+        let (list, i) = substitute_pick(cached, peers, node, epoch, pos)?;
+        Some(list[i])
+    }
+
+    /// Start loading what staging the sample `ahead` positions after worker `w`'s current one
+    /// will look up: its cache entry when the window's is not final, and under the
+    /// opportunistic order the entries of the sample that would replace it (a hint: the
+    /// choice is made again when the sample is staged).
+    #[inline(always)]
+    fn prefetch_ahead(&self, w: usize, mine: &Stream, at: usize) {
+        let i = at + PREFETCH_AHEAD;
+        let Some(&k) = mine.samples.get(i) else {
+            return;
         };
-        let list = pool.get((h % pool.len().max(1) as u64) as usize)?;
-        Some(list[(splitmix64(h) % list.len() as u64) as usize])
+        if mine.known.get(i).is_some_and(|h| h.avail.is_finite()) {
+            return;
+        }
+        let node = w / self.wpn;
+        self.prefetch_cache(node, k);
+        let epoch = self.fetchers[w].epoch;
+        if epoch == 0 || !matches!(self.order, Order::Opportunistic) {
+            return;
+        }
+        let Cache::Single { held, cached, .. } = &self.cache else {
+            return;
+        };
+        let peers = self.run.scenario.system.interconnect_mbps.is_some();
+        let pos = mine.lo + i;
+        if let Some((list, j)) = substitute_pick(cached, peers, node, epoch, pos) {
+            let other = list[j] as usize;
+            prefetch(held, other);
+            prefetch(self.run.sizes, other);
+        }
+        if let Some((list, j)) = substitute_pick(cached, peers, node, epoch, pos + PREFETCH_AHEAD) {
+            prefetch(list, j);
+        }
     }
 
     /// Start loading the cache entries a fetch of `k` by `node` will read.
@@ -1535,7 +1667,10 @@ impl Sim<'_, '_> {
         let k = loop {
             let fl = &mut self.fills[li];
             let Some(&k) = fl.order.get(fl.cursor) else {
-                return None; // list done: the thread retires
+                // List done: the thread retires, and the list's memory goes.
+                fl.order = Vec::new();
+                fl.need = Vec::new();
+                return None;
             };
             fl.cursor += 1;
             let taken = match &self.cache {
@@ -1745,6 +1880,21 @@ fn prefetch<T>(v: &[T], i: usize) {
     let _ = (v, i);
 }
 
+/// DeepIO's opportunistic choice for `node` at (`epoch`, `pos`): a list of cached samples (any
+/// node's with peers, else the node's own) and an index in it, by a hash of the three.
+#[inline]
+fn substitute_pick(cached: &[Vec<u32>], peers: bool, node: usize, epoch: u32, pos: usize) -> Option<(&[u32], usize)> {
+    let h = splitmix64(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
+    let list = if peers {
+        let lists = || cached.iter().filter(|c| !c.is_empty());
+        let n = lists().count();
+        lists().nth((h % n.max(1) as u64) as usize)?
+    } else {
+        Some(&cached[node]).filter(|c| !c.is_empty())?
+    };
+    Some((list, (splitmix64(h) % list.len() as u64) as usize))
+}
+
 /// Yang and Cong's reordering: every global batch keeps its samples and every worker its batch
 /// size, but a sample cached on a node goes to a worker of that node while it has room; the
 /// rest fill the remaining places in order.
@@ -1761,7 +1911,7 @@ fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<Ra
     // Owners gathered first, in one pass (the lookups are random; this way they overlap).
     let owners: Vec<Vec<u32>> = streams
         .iter()
-        .map(|s| s.samples.iter().map(|&k| held[k as usize].owner).collect())
+        .map(|s| s.samples.iter().map(|&k| held[k as usize].owner()).collect())
         .collect();
     let mut room = vec![0usize; workers];
     let mut rest = Vec::new();
