@@ -74,7 +74,9 @@ fn main() {
         compute_mbps: None,
         preprocess_mbps: None,
     };
-    let groups: Vec<Vec<u32>> = (0..nodes).map(|i| (i * per_node..(i + 1) * per_node).collect()).collect();
+    let groups: Vec<Vec<u32>> = (0..nodes)
+        .map(|i| (i * per_node..(i + 1) * per_node).collect())
+        .collect();
     let spec = JobSpec {
         schedule: Schedule::shuffle(samples, world, 32, epochs, 0, false).expect("schedule"),
         rank: local,
@@ -92,7 +94,10 @@ fn main() {
     };
     let engine = Engine::start(Arc::new(Synthetic(samples as usize)), &model, spec).expect("engine start");
     engine.begin_epoch(0).expect("epoch 0");
-    let lease = engine.next(Duration::from_secs(600)).expect("first sample").expect("a sample");
+    let lease = engine
+        .next(Duration::from_secs(600))
+        .expect("first sample")
+        .expect("a sample");
     let seconds = t0.elapsed().as_secs_f64();
     engine.release(lease.pos);
     let peak = std::fs::read_to_string("/proc/self/status")

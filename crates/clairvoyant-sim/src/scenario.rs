@@ -780,7 +780,7 @@ impl Scenario {
             }
         };
         // Looked up by random sample number all through a simulation: on huge pages.
-        let mut out = crate::sim::huge_vec(sizes.len(), 0u64);
+        let mut out = clairvoyant_core::mem::huge_vec(sizes.len(), 0u64);
         out.copy_from_slice(sizes);
         out
     }

@@ -27,6 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtOrd};
 use std::sync::Arc;
 
+use clairvoyant_core::mem::{huge_vec, prefetch};
 use clairvoyant_core::model::format_bytes;
 use clairvoyant_core::plan::{AccessCounts, Placement, UNCACHED};
 use clairvoyant_core::schedule::{epoch_permutation, splitmix64, Layout, RankEpoch, Schedule};
@@ -1729,25 +1730,6 @@ fn node_slots(
     slots
 }
 
-pub(crate) fn huge_vec<T: Clone>(n: usize, value: T) -> Vec<T> {
-    let mut v: Vec<T> = Vec::with_capacity(n);
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = v.as_ptr() as usize;
-        let len = n * std::mem::size_of::<T>();
-        let aligned = start.next_multiple_of(HUGE);
-        if len >= 2 * HUGE && aligned < start + len {
-            // SAFETY: advice on pages inside this vector's own allocation; it changes no contents.
-            unsafe {
-                libc::madvise(aligned as *mut libc::c_void, start + len - aligned, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    v.resize(n, value);
-    v
-}
-
 /// The index of the earliest of some times (the first on ties, as `Iterator::min_by`) and
 /// that time; written without data-dependent branches (the times are unpredictable).
 #[inline]
@@ -1864,21 +1846,6 @@ fn min_time(v: &[f64]) -> f64 {
 
 /// How many samples ahead of a thread the cache entries of its next samples are prefetched.
 const PREFETCH_AHEAD: usize = 3;
-
-/// Hint the CPU to load `v[i]`: the caches are indexed by random sample numbers, and without
-/// this most of the simulation's time is spent waiting for memory.
-#[inline(always)]
-fn prefetch<T>(v: &[T], i: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if i < v.len() {
-        // SAFETY: prefetching is a hint with no effect on memory; the address is in bounds.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(v.as_ptr().add(i) as *const i8, std::arch::x86_64::_MM_HINT_T0);
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (v, i);
-}
 
 /// DeepIO's opportunistic choice for `node` at (`epoch`, `pos`): a list of cached samples (any
 /// node's with peers, else the node's own) and an index in it, by a hash of the three.
