@@ -226,3 +226,44 @@ fn class_directories_of_dead_caches_go_and_live_ones_stay() {
     assert!(!dead_dir.exists(), "a dead cache's files are removed");
     assert!(live_dir.exists(), "a live cache of another shm directory is kept");
 }
+
+#[test]
+fn the_node_plan_turn_passes_on_from_a_dead_rank_and_is_taken_once() {
+    let base = tempfile::tempdir().unwrap();
+    let c = NodeCache::attach_in(base.path(), &key("plan"), 4, 0, 2).unwrap();
+    // Process slot 30 (never registered: dead) began computing the node's plan.
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(c.state().path()).unwrap();
+        f.write_all_at(&(1u32 | (31 << 8)).to_ne_bytes(), 112).unwrap();
+    }
+    let (code, decided) = c.state().plan_turn(Duration::from_secs(5), || 3).unwrap();
+    assert_eq!((code, decided), (3, true), "the turn came to this rank");
+    // A second local rank gets the published outcome without deciding.
+    let d = NodeCache::attach_in(base.path(), &key("plan"), 4, 1, 2).unwrap();
+    let (code, decided) = d.state().plan_turn(Duration::from_secs(5), || panic!("decided twice")).unwrap();
+    assert_eq!((code, decided), (3, false));
+}
+
+#[test]
+fn a_living_rank_computing_the_plan_is_waited_for() {
+    let base = tempfile::tempdir().unwrap();
+    let c = NodeCache::attach_in(base.path(), &key("plan-wait"), 4, 0, 2).unwrap();
+    let d = NodeCache::attach_in(base.path(), &key("plan-wait"), 4, 1, 2).unwrap();
+    let (inside, entered) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let first = s.spawn(move || {
+            c.state()
+                .plan_turn(Duration::from_secs(30), || {
+                    inside.send(()).unwrap();
+                    std::thread::sleep(Duration::from_millis(300));
+                    2
+                })
+                .unwrap()
+        });
+        entered.recv().unwrap();
+        let (code, decided) = d.state().plan_turn(Duration::from_secs(30), || 9).unwrap();
+        assert_eq!(first.join().unwrap(), (2, true));
+        assert_eq!((code, decided), (2, false), "the second waited for the first's outcome");
+    });
+}
