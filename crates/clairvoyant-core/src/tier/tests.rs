@@ -230,7 +230,8 @@ fn class_directories_of_dead_caches_go_and_live_ones_stay() {
 #[test]
 fn the_node_plan_turn_passes_on_from_a_dead_rank_and_is_taken_once() {
     let base = tempfile::tempdir().unwrap();
-    let c = NodeCache::attach_in(base.path(), &key("plan"), 4, 0, 2).unwrap();
+    let name = key("plan");
+    let c = NodeCache::attach_in(base.path(), &name, 4, 0, 2).unwrap();
     // Process slot 30 (never registered: dead) began computing the node's plan.
     {
         use std::os::unix::fs::FileExt;
@@ -240,7 +241,7 @@ fn the_node_plan_turn_passes_on_from_a_dead_rank_and_is_taken_once() {
     let (code, decided) = c.state().plan_turn(Duration::from_secs(5), || 3).unwrap();
     assert_eq!((code, decided), (3, true), "the turn came to this rank");
     // A second local rank gets the published outcome without deciding.
-    let d = NodeCache::attach_in(base.path(), &key("plan"), 4, 1, 2).unwrap();
+    let d = NodeCache::attach_in(base.path(), &name, 4, 1, 2).unwrap();
     let (code, decided) = d.state().plan_turn(Duration::from_secs(5), || panic!("decided twice")).unwrap();
     assert_eq!((code, decided), (3, false));
 }
@@ -248,8 +249,9 @@ fn the_node_plan_turn_passes_on_from_a_dead_rank_and_is_taken_once() {
 #[test]
 fn a_living_rank_computing_the_plan_is_waited_for() {
     let base = tempfile::tempdir().unwrap();
-    let c = NodeCache::attach_in(base.path(), &key("plan-wait"), 4, 0, 2).unwrap();
-    let d = NodeCache::attach_in(base.path(), &key("plan-wait"), 4, 1, 2).unwrap();
+    let name = key("plan-wait");
+    let c = NodeCache::attach_in(base.path(), &name, 4, 0, 2).unwrap();
+    let d = NodeCache::attach_in(base.path(), &name, 4, 1, 2).unwrap();
     let (inside, entered) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let first = s.spawn(move || {
