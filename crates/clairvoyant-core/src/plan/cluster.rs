@@ -482,15 +482,24 @@ impl ClusterPlacement {
             let mut chosen = summary
                 .first_ranked(k, |n| (n as usize) < m && fits(n as usize, s, &used))
                 .map(|n| n as usize);
-            if chosen.is_none() {
+            let from_heap = chosen.is_none();
+            if from_heap {
+                // The heap holds one entry per node; an entry gone stale (the node took samples
+                // since) is refreshed when it comes to the top.
                 while let Some((r, Reverse(i))) = by_room.pop() {
                     let now = room(&used[i as usize], &capacities[i as usize]);
-                    if now != r {
+                    if now == r && fits(i as usize, s, &used) {
+                        chosen = Some(i as usize);
+                    }
+                    let stale = now != r;
+                    if !stale && chosen.is_none() {
+                        // Not even the roomiest node can take it: keep the node for smaller samples.
+                        by_room.push((now, Reverse(i)));
+                        break;
+                    }
+                    if stale {
                         by_room.push((now, Reverse(i)));
                         continue;
-                    }
-                    if fits(i as usize, s, &used) {
-                        chosen = Some(i as usize);
                     }
                     break;
                 }
@@ -508,7 +517,9 @@ impl ClusterPlacement {
             used[i][j] += s;
             primary[k as usize] = i as u16;
             primary_samples[i] += 1;
-            by_room.push((room(&used[i], &capacities[i]), Reverse(i as u16)));
+            if from_heap {
+                by_room.push((room(&used[i], &capacities[i]), Reverse(i as u16)));
+            }
         }
         drop(keyed);
         let coverage_used = used.clone();

@@ -242,7 +242,10 @@ fn the_node_plan_turn_passes_on_from_a_dead_rank_and_is_taken_once() {
     assert_eq!((code, decided), (3, true), "the turn came to this rank");
     // A second local rank gets the published outcome without deciding.
     let d = NodeCache::attach_in(base.path(), &name, 4, 1, 2).unwrap();
-    let (code, decided) = d.state().plan_turn(Duration::from_secs(5), || panic!("decided twice")).unwrap();
+    let (code, decided) = d
+        .state()
+        .plan_turn(Duration::from_secs(5), || panic!("decided twice"))
+        .unwrap();
     assert_eq!((code, decided), (3, false));
 }
 
