@@ -3,9 +3,8 @@ mod common;
 
 use clairvoyant_net::{Client, Fetch, Server};
 use common::*;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,30 +26,7 @@ fn child_server() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
-struct ChildServer {
-    child: Child,
-    addr: SocketAddr,
-}
-
 impl ChildServer {
-    fn spawn() -> ChildServer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_server", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, "1")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().expect("the child server printed its address").unwrap();
-            // libtest may print "test child_server ... " before it on the same line.
-            if let Some(at) = line.find("LISTENING ") {
-                break line[at + 10..].trim().parse().unwrap();
-            }
-        };
-        ChildServer { child, addr }
-    }
-
     fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
@@ -81,13 +57,6 @@ impl ChildServer {
     }
 }
 
-impl Drop for ChildServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn fast_client(addrs: Vec<SocketAddr>) -> Client {
     let mut cfg = client_cfg(7);
     cfg.io_timeout = Duration::from_millis(300);
@@ -97,7 +66,7 @@ fn fast_client(addrs: Vec<SocketAddr>) -> Client {
 
 #[test]
 fn sigkill_is_detected_at_the_first_failing_request() {
-    let child = ChildServer::spawn();
+    let child = ChildServer::spawn("child_server", CHILD_ENV);
     // A long io_timeout: detection must come from the closed sockets, not from a timeout.
     let client = Client::new(client_cfg(7), vec![child.addr]);
     let mut dst = vec![0u8; 100_000];
@@ -130,7 +99,7 @@ fn sigkill_is_detected_at_the_first_failing_request() {
 
 #[test]
 fn sigstop_is_detected_within_io_timeout() {
-    let child = ChildServer::spawn();
+    let child = ChildServer::spawn("child_server", CHILD_ENV);
     let client = Arc::new(fast_client(vec![child.addr]));
     let mut dst = vec![0u8; 100_000];
     assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);

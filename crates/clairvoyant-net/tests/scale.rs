@@ -4,9 +4,6 @@ mod common;
 
 use clairvoyant_net::{Client, Fetch, Server, ServerConfig};
 use common::*;
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -32,29 +29,7 @@ fn child_scale_server() {
     std::thread::sleep(Duration::from_secs(120));
 }
 
-struct ChildServer {
-    child: Child,
-    addr: SocketAddr,
-}
-
 impl ChildServer {
-    fn spawn() -> ChildServer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_scale_server", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, "1")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().expect("the child server printed its address").unwrap();
-            if let Some(at) = line.find("LISTENING ") {
-                break line[at + 10..].trim().parse().unwrap();
-            }
-        };
-        ChildServer { child, addr }
-    }
-
     /// (threads, resident KiB) of the child process.
     fn usage(&self) -> (usize, u64) {
         let pid = self.child.id();
@@ -70,13 +45,6 @@ impl ChildServer {
     }
 }
 
-impl Drop for ChildServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The server's threads: what a process with one server and nothing else runs at most.
 const THREAD_BOUND: usize = 16;
 /// Growth of the server's resident memory with 255 connections open and served.
@@ -84,7 +52,7 @@ const RSS_GROWTH_BOUND_KIB: u64 = 32 << 10;
 
 #[test]
 fn many_peers_bounded_threads_and_memory() {
-    let server = ChildServer::spawn();
+    let server = ChildServer::spawn("child_scale_server", CHILD_ENV);
     std::thread::sleep(Duration::from_millis(200));
     let (threads0, rss0) = server.usage();
     // 255 peers, each its own client with one connection, all connected at the same time.

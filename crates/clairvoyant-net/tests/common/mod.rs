@@ -112,3 +112,38 @@ pub fn client_cfg(job: u64) -> ClientConfig {
 pub fn start(p: MemProvider) -> Server {
     Server::start(server_cfg(7), Arc::new(p)).unwrap()
 }
+
+/// A server in a child process (this test binary run again as the test `test`, with `env` set),
+/// killed when dropped; its address from the "LISTENING <addr>" line it prints.
+pub struct ChildServer {
+    pub child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl ChildServer {
+    pub fn spawn(test: &str, env: &str) -> ChildServer {
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env(env, "1")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let addr = loop {
+            let line = lines.next().expect("the child server printed its address").unwrap();
+            // libtest may print "test NAME ... " before it on the same line.
+            if let Some(at) = line.find("LISTENING ") {
+                break line[at + 10..].trim().parse().unwrap();
+            }
+        };
+        ChildServer { child, addr }
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
