@@ -197,7 +197,7 @@ impl ClusterAccess {
                 ),
             ));
         }
-        if node_of_rank.iter().any(|&n| n == NO_NODE) {
+        if node_of_rank.contains(&NO_NODE) {
             return Err(Error::config("nodes", format!("at most {} nodes", NO_NODE)));
         }
         let f = schedule.num_samples() as usize;

@@ -242,7 +242,7 @@ impl Reader<'_> {
 
     fn u32s(&mut self, n: usize) -> Result<Vec<u32>> {
         Ok(self
-            .take(n.checked_mul(4).unwrap_or(usize::MAX))?
+            .take(n.saturating_mul(4))?
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
             .collect())
