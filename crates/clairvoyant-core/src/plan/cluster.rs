@@ -569,13 +569,7 @@ impl ClusterPlacement {
                         fill[j as usize].push((t, k as u32));
                     }
                 }
-                let fill_order = fill
-                    .into_iter()
-                    .map(|mut v| {
-                        v.par_sort_unstable();
-                        v.into_iter().map(|(_, k)| k).collect()
-                    })
-                    .collect();
+                let fill_order = fill.into_iter().map(super::by_need).collect();
                 Placement {
                     class_of,
                     offset,
@@ -644,21 +638,13 @@ pub fn node_access(
 ) -> Result<(ClusterAccess, AccessCounts, Vec<Vec<crate::schedule::RankEpoch>>)> {
     let owner = node_of_rank(nodes, schedule.world_size)?;
     let f = schedule.num_samples() as usize;
-    let mut own = AccessCounts {
-        counts: huge_vec(f, 0u32),
-        first_need: huge_vec(f, u64::MAX),
-    };
+    let mut own = AccessCounts::empty(f);
     let mine = &nodes[node];
     let mut streams = Vec::new();
     let access = ClusterAccess::compute(schedule, &owner, first, |e, global| {
         let split = schedule.split(e, global, mine)?;
         for stream in &split {
-            for (pos, &k) in stream.samples.iter().enumerate() {
-                own.counts[k as usize] += 1;
-                let t = ((e as u64) << 32) | pos as u64;
-                let slot = &mut own.first_need[k as usize];
-                *slot = (*slot).min(t);
-            }
+            own.add_stream(e, &stream.samples);
         }
         if !keep.is_empty() {
             streams.push(

@@ -14,6 +14,12 @@ mod shared;
 pub use cluster::*;
 pub use shared::*;
 
+/// Samples in order of need (then index): the order to fill a class in.
+fn by_need(mut keyed: Vec<(u64, u32)>) -> Vec<u32> {
+    keyed.par_sort_unstable();
+    keyed.into_iter().map(|(_, k)| k).collect()
+}
+
 /// Sentinel for "not cached in any class".
 pub const UNCACHED: u8 = u8::MAX;
 
@@ -33,71 +39,71 @@ impl AccessCounts {
         Self::compute_from(schedule, ranks, 0)
     }
 
+    /// No sample read yet, over `samples` samples.
+    pub fn empty(samples: usize) -> Self {
+        AccessCounts {
+            counts: crate::mem::huge_vec(samples, 0),
+            first_need: crate::mem::huge_vec(samples, u64::MAX),
+        }
+    }
+
+    /// Count one rank's stream of `epoch`.
+    #[inline]
+    pub fn add_stream(&mut self, epoch: u32, samples: &[u32]) {
+        for (pos, &k) in samples.iter().enumerate() {
+            self.counts[k as usize] += 1;
+            let slot = &mut self.first_need[k as usize];
+            *slot = (*slot).min(((epoch as u64) << 32) | pos as u64);
+        }
+    }
+
+    /// The counts of both (per-thread counters merged).
+    fn merge(mut self, other: Self) -> Self {
+        for (x, y) in self.counts.iter_mut().zip(other.counts) {
+            *x += y;
+        }
+        for (x, y) in self.first_need.iter_mut().zip(other.first_need) {
+            *x = (*x).min(y);
+        }
+        self
+    }
+
     /// Like [`AccessCounts::compute`] over epochs `first..` only (a resumed run).
     pub fn compute_from(schedule: &Schedule, ranks: &[u32], first: u32) -> Result<Self> {
         let f = schedule.num_samples() as usize;
         for e in 0..schedule.epochs {
             schedule.layout(e)?;
         }
-        let empty = || AccessCounts {
-            counts: vec![0; f],
-            first_need: vec![u64::MAX; f],
-        };
-        let merged = (first.min(schedule.epochs)..schedule.epochs)
+        (first.min(schedule.epochs)..schedule.epochs)
             .into_par_iter()
-            .try_fold(empty, |mut acc, e| -> Result<AccessCounts> {
-                let global = schedule.global_order(e);
-                for stream in schedule.split(e, &global, ranks)? {
-                    for (pos, &k) in stream.samples.iter().enumerate() {
-                        acc.counts[k as usize] += 1;
-                        let t = ((e as u64) << 32) | pos as u64;
-                        let slot = &mut acc.first_need[k as usize];
-                        *slot = (*slot).min(t);
+            .try_fold(
+                || Self::empty(f),
+                |mut acc, e| -> Result<AccessCounts> {
+                    let global = schedule.global_order(e);
+                    for stream in schedule.split(e, &global, ranks)? {
+                        acc.add_stream(e, &stream.samples);
                     }
-                }
-                Ok(acc)
-            })
-            .try_reduce(empty, |mut a, b| {
-                for (x, y) in a.counts.iter_mut().zip(b.counts) {
-                    *x += y;
-                }
-                for (x, y) in a.first_need.iter_mut().zip(b.first_need) {
-                    *x = (*x).min(y);
-                }
-                Ok(a)
-            })?;
-        Ok(merged)
+                    Ok(acc)
+                },
+            )
+            .try_reduce(|| Self::empty(f), |a, b| Ok(a.merge(b)))
     }
 
     /// The counts of given streams: `streams[e][i]` is rank i's stream in epoch `first + e`.
     pub fn from_streams(samples: usize, first: u32, streams: &[Vec<crate::schedule::RankEpoch>]) -> Self {
-        let empty = || AccessCounts {
-            counts: vec![0; samples],
-            first_need: vec![u64::MAX; samples],
-        };
         streams
             .par_iter()
             .enumerate()
-            .fold(empty, |mut acc, (e, ranks)| {
-                let epoch = first as u64 + e as u64;
-                for stream in ranks {
-                    for (pos, &k) in stream.samples.iter().enumerate() {
-                        acc.counts[k as usize] += 1;
-                        let slot = &mut acc.first_need[k as usize];
-                        *slot = (*slot).min((epoch << 32) | pos as u64);
+            .fold(
+                || Self::empty(samples),
+                |mut acc, (e, ranks)| {
+                    for stream in ranks {
+                        acc.add_stream(first + e as u32, &stream.samples);
                     }
-                }
-                acc
-            })
-            .reduce(empty, |mut a, b| {
-                for (x, y) in a.counts.iter_mut().zip(b.counts) {
-                    *x += y;
-                }
-                for (x, y) in a.first_need.iter_mut().zip(b.first_need) {
-                    *x = (*x).min(y);
-                }
-                a
-            })
+                    acc
+                },
+            )
+            .reduce(|| Self::empty(samples), Self::merge)
     }
 
     /// [`AccessCounts::compute`] for several groups of ranks at once (for example every node of a
@@ -113,13 +119,7 @@ impl AccessCounts {
         for e in 0..schedule.epochs {
             schedule.layout(e)?;
         }
-        let mut out: Vec<AccessCounts> = groups
-            .iter()
-            .map(|_| AccessCounts {
-                counts: vec![0; f],
-                first_need: vec![u64::MAX; f],
-            })
-            .collect();
+        let mut out: Vec<AccessCounts> = groups.iter().map(|_| Self::empty(f)).collect();
         let chunk = rayon::current_num_threads().max(1) as u32;
         let mut first = first.min(schedule.epochs);
         while first < schedule.epochs {
@@ -130,11 +130,7 @@ impl AccessCounts {
                 .try_for_each(|(acc, ranks)| -> Result<()> {
                     for (&e, global) in epochs.iter().zip(&orders) {
                         for stream in schedule.split(e, global, ranks)? {
-                            for (pos, &k) in stream.samples.iter().enumerate() {
-                                acc.counts[k as usize] += 1;
-                                let slot = &mut acc.first_need[k as usize];
-                                *slot = (*slot).min(((e as u64) << 32) | pos as u64);
-                            }
+                            acc.add_stream(e, &stream.samples);
                         }
                     }
                     Ok(())
@@ -252,9 +248,7 @@ impl Placement {
             }
         }
         for list in &mut fill_order {
-            let mut keyed: Vec<(u64, u32)> = list.iter().map(|&k| (access.first_need[k as usize], k)).collect();
-            keyed.par_sort_unstable();
-            *list = keyed.into_iter().map(|(_, k)| k).collect();
+            *list = by_need(list.iter().map(|&k| (access.first_need[k as usize], k)).collect());
         }
         Placement {
             class_of,
