@@ -265,6 +265,7 @@ def test_kept_batches_are_never_overwritten_and_dropped_ones_are_reused(folder):
     kept = [(x, x.clone()) for x, _ in loader]  # the loop keeps every batch tensor
     assert all(torch.equal(a, b) for a, b in kept)
     assert len({a.data_ptr() for a, _ in kept}) == len(kept)
+    del kept  # every batch is dropped from here on: the ring's buffers are free again
     ptrs = set()
     for _ in range(2):
         for x, _ in loader:

@@ -107,13 +107,25 @@ class _Buffers:
     """Batch tensors reused batch after batch: a buffer is taken again only when nothing outside
     this ring holds it (no reference to the tensor, no view of its storage), so a batch the
     training loop keeps is never overwritten. Pinned buffers come from torch's caching host
-    allocator instead, which reuses a freed block only once the copies from it have completed."""
+    allocator instead, which reuses a freed block only once the copies from it have completed.
+    One ring serves all of a loader's iterators (epoch after epoch, no new allocations)."""
 
     def __init__(self, shape: tuple, dtype: torch.dtype, pinned: bool, size: int):
         self.shape, self.dtype, self.pinned, self.size = shape, dtype, pinned, size
         self._ring: dict = {}
         self._base: dict = {}
+        self._lock = threading.Lock()  # two iterators of one loader may decode at once
         self._use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+    @classmethod
+    def of(cls, loader, shape: tuple, dtype: torch.dtype, pinned: bool, size: int) -> "_Buffers":
+        """The loader's ring for this batch layout (a new one when the layout changed)."""
+        key = (shape, dtype, pinned, size)
+        got = loader.__dict__.get("_cv_buffers")
+        if got is None or got[0] != key:
+            got = (key, cls(shape, dtype, pinned, size))
+            loader.__dict__["_cv_buffers"] = got
+        return got[1]
 
     def _counts(self, n: int, i: int) -> tuple:
         t = self._ring[n][i]
@@ -123,6 +135,10 @@ class _Buffers:
     def take(self, n: int) -> torch.Tensor:
         if self.pinned:
             return torch.empty((n, *self.shape), dtype=self.dtype, pin_memory=True)
+        with self._lock:  # the returned tensor's reference marks it taken before the lock opens
+            return self._take(n)
+
+    def _take(self, n: int) -> torch.Tensor:
         ring = self._ring.setdefault(n, [])
         base = self._base.setdefault(n, [])
         for i in range(len(ring)):
@@ -227,7 +243,7 @@ class NativeIter(_BaseDataLoaderIter):
         self._depth = max(2, int(view.prefetch_factor or 2))
         plan = setup.plan
         dtype = torch.float32 if plan.output == "float32_chw" else torch.uint8
-        buffers = _Buffers(tuple(setup.pipe.sample_shape), dtype, self._pin_memory, self._depth + 2)
+        buffers = _Buffers.of(self._cv_loader, tuple(setup.pipe.sample_shape), dtype, self._pin_memory, self._depth + 2)
         self._work = _Decoder(setup, view.dataset, buffers)
         self._tasks: queue.Queue = queue.Queue(maxsize=self._depth + 1)
         self._results: queue.Queue = queue.Queue(maxsize=self._depth + 1)
