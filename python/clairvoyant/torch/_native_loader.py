@@ -22,10 +22,12 @@ on the training thread. At most ``depth`` batches are in flight.
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import sys
 import threading
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -39,6 +41,22 @@ __all__ = ["NativeIter", "native_choice", "NativeSetup"]
 
 # How long one wait for a batch lasts before the decode thread's liveness is checked again.
 _POLL_S = 1.0
+
+# Decode threads still running. At exit they are stopped and joined before the interpreter
+# finalizes: a daemon thread inside a torch call that releases the GIL is ended by the
+# interpreter mid-call, and C++ aborts the process ("terminate called without an active
+# exception").
+_LIVE: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
+_THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for stop in list(_LIVE):
+        stop.set()
+    for thread in list(_THREADS):
+        if thread is not threading.current_thread():
+            thread.join(timeout=10)
 
 
 def _env_off() -> bool:
@@ -252,6 +270,8 @@ class NativeIter(_BaseDataLoaderIter):
             target=_decode_loop, args=(self._work, self._tasks, self._results, self._stop), name="clairvoyant-decode", daemon=True
         )
         self._workers = [thread]  # what the loader's epoch change and close() look for
+        _LIVE.add(self._stop)
+        _THREADS.add(thread)
         self._gen = 0
         self._sent = self._rcvd = 0
         self._exhausted = False
