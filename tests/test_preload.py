@@ -1103,3 +1103,39 @@ def test_a_raw_system_call_on_a_standin_reads_the_file(built, dataset, start_age
     assert res["link"].startswith("/memfd:clairvoyant:"), res
     assert res["raw"] == sha(p.read_bytes())
 
+
+THREADS = r"""
+import hashlib, json, sys, threading
+paths = sys.argv[1:]
+start = threading.Barrier(len(paths))
+got = {}
+def read(p):
+    start.wait()
+    with open(p, "rb") as f:
+        got[p] = hashlib.sha256(f.read()).hexdigest()
+ts = [threading.Thread(target=read, args=(p,)) for p in paths]
+[t.start() for t in ts]
+[t.join(60) for t in ts]
+print(json.dumps(got))
+"""
+
+
+def test_the_threads_of_one_process_look_up_at_the_same_time(built, dataset, start_agent):
+    """One process, 8 threads opening 8 files: their 8 lookups are in flight together (the
+    agent holds each until all 8 came; one connection per process would let one through at a
+    time), and every thread reads its own file's bytes."""
+    n = 8
+    files = []
+    for i in range(n):
+        p = dataset / "many" / f"f{i}.bin"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(bytes([i]) * (5000 + i))
+        files.append(p)
+    agent = start_agent(f"gather:{n}")
+    env = env_for(built, dataset, agent.socket)
+    r = run([sys.executable, "-c", THREADS, *map(str, files)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout) == {str(p): sha(p.read_bytes()) for p in files}
+    assert int((agent.state / "max_in_flight").read_text()) == n
+    c = agent.counters()
+    assert c["lookups"] == n and c["cached_reads"] >= n and c["fallbacks"] == 0, c
