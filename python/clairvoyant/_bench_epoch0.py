@@ -136,7 +136,7 @@ def _run(name: str, clairvoyant: bool, mnt: Path, work: Path, fs) -> dict:
     return res
 
 
-def bench_epoch0(out: Path, log, files: int = FILES, repeats: int = 1) -> dict:
+def bench_epoch0(out: Path, log, files: int = FILES, repeats: int = 1, programs=tuple(PROGRAMS)) -> dict:
     from . import _emulation
     from .bench import make_fuse_dataset
 
@@ -157,11 +157,12 @@ def bench_epoch0(out: Path, log, files: int = FILES, repeats: int = 1) -> dict:
         "compute_mbps_per_rank": COMPUTE_MBPS,
         "compute_seconds": compute,
         "bound_seconds": max(compute, total / peak),
+        "repeats": repeats,
         "programs": {},
     }
     work = Path(tempfile.mkdtemp(prefix="cv-epoch0-", dir=out)).resolve()
     with _emulation.FuseMount(data, work / "mnt") as fs:
-        for name in PROGRAMS:
+        for name in programs:
             runs: dict = {"direct": [], "clairvoyant": []}
             for _ in range(repeats):
                 for how in ("direct", "clairvoyant"):

@@ -762,6 +762,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--scale-nodes", default=",".join(map(str, _bench_scale.NODES)), help="node counts of the scale benchmark (comma-separated)")
     ap.add_argument("--scale-datasets", default=",".join(_bench_scale.DATASETS), help="dataset sizes of the scale benchmark: imagenet-1k, imagenet-22k")
     ap.add_argument("--epoch0-files", type=int, default=_bench_epoch0.FILES, help="~110 KB files for the epoch-0 benchmark against direct reads")
+    ap.add_argument("--epoch0-programs", default=",".join(_bench_epoch0.PROGRAMS), help="programs of the epoch-0 benchmark (comma-separated: pool, torch, dropin)")
+    ap.add_argument("--epoch0-repeats", type=int, default=1, help="runs of each program each way (alternated; the best epoch 0 is compared)")
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -787,7 +789,7 @@ def main(argv: Optional[list] = None) -> int:
     transparent = None
     if args.only in (None, "transparent"):
         transparent = _bench_transparent.bench_transparent(out, log)
-    epoch0 = _bench_epoch0.bench_epoch0(out, log, args.epoch0_files) if args.only in (None, "epoch0") else None
+    epoch0 = _bench_epoch0.bench_epoch0(out, log, args.epoch0_files, args.epoch0_repeats, tuple(args.epoch0_programs.split(","))) if args.only in (None, "epoch0") else None
     scale = None
     if args.only in (None, "scale"):
         nodes = tuple(int(n) for n in args.scale_nodes.split(","))
