@@ -120,7 +120,9 @@ def _run(name: str, clairvoyant: bool, mnt: Path, work: Path, fs) -> dict:
     ranks = [json.loads(o.read_text()) for o in outs]
     res = {
         "seconds": [max(r["seconds"][e] for r in ranks) for e in range(EPOCHS)],
-        "first_iter_seconds": [max(r["first_iter_seconds"][e] for r in ranks) for e in range(EPOCHS)] if ranks[0]["first_iter_seconds"] else None,
+        "first_iter_seconds": [max(r["first_iter_seconds"][e] for r in ranks) for e in range(EPOCHS)]
+        if ranks[0]["first_iter_seconds"]
+        else None,
         "job_seconds": wall,
         "fs_bytes": after["bytes"] - before["bytes"],
         "fs_opens": after["opens"] - before["opens"],
