@@ -33,8 +33,9 @@ _TARGET = _REPO / "target" / "release"
 def _binaries() -> tuple[Path, Path, Path]:
     lib, agent, bench = _TARGET / LIBRARY_NAME, _TARGET / "examples" / "fakeagent", _TARGET / "examples" / "preloadbench"
     if not (lib.is_file() and agent.is_file() and bench.is_file()):
-        cmd = ["cargo", "build", "--release", "--quiet", "-p", "clairvoyant-preload", "-p", "clairvoyant-agent", "--lib", "--examples"]
-        subprocess.run(cmd, cwd=_REPO, check=True)
+        # Two builds, as ./dev build does (together, the agent's server would be linked into the library).
+        for cmd in (["-p", "clairvoyant-preload", "--lib", "--examples"], ["-p", "clairvoyant-agent", "--examples"]):
+            subprocess.run(["cargo", "build", "--release", "--quiet", *cmd], cwd=_REPO, check=True)
     return lib, agent, bench
 
 

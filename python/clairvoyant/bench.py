@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _bench_formats, _bench_scale, _bench_transparent, _report, demo
+from . import _bench_epoch0, _bench_formats, _bench_scale, _bench_transparent, _report, demo
 
 TARGETS = {
     "utilization_epochs_ge1": 0.95,  # clairvoyant, every epoch >= 1 (at least)
@@ -64,6 +64,7 @@ TARGETS = {
 }
 TARGETS.update(_bench_formats.TARGETS)
 TARGETS.update(_bench_transparent.TARGETS)
+TARGETS.update(_bench_epoch0.TARGETS)
 TARGETS.update(_bench_scale.TARGETS)
 
 
@@ -626,6 +627,7 @@ _LABELS = {
 }
 _LABELS.update(_bench_formats.LABELS)
 _LABELS.update(_bench_transparent.LABELS)
+_LABELS.update(_bench_epoch0.LABELS)
 _LABELS.update(_bench_scale.LABELS)
 
 
@@ -754,11 +756,14 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--formats-parts", default="lmdb,hdf5,tar", help="which container formats to benchmark (comma-separated: lmdb, hdf5, tar)")
     ap.add_argument(
         "--only",
-        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent", "scale"],
+        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent", "scale", "epoch0"],
         help="run one benchmark only",
     )
     ap.add_argument("--scale-nodes", default=",".join(map(str, _bench_scale.NODES)), help="node counts of the scale benchmark (comma-separated)")
     ap.add_argument("--scale-datasets", default=",".join(_bench_scale.DATASETS), help="dataset sizes of the scale benchmark: imagenet-1k, imagenet-22k")
+    ap.add_argument("--epoch0-files", type=int, default=_bench_epoch0.FILES, help="~110 KB files for the epoch-0 benchmark against direct reads")
+    ap.add_argument("--epoch0-programs", default=",".join(_bench_epoch0.PROGRAMS), help="programs of the epoch-0 benchmark (comma-separated: pool, torch, dropin)")
+    ap.add_argument("--epoch0-repeats", type=int, default=1, help="runs of each program each way (alternated; the best epoch 0 is compared)")
     ap.add_argument("--out", default="out")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -784,6 +789,7 @@ def main(argv: Optional[list] = None) -> int:
     transparent = None
     if args.only in (None, "transparent"):
         transparent = _bench_transparent.bench_transparent(out, log)
+    epoch0 = _bench_epoch0.bench_epoch0(out, log, args.epoch0_files, args.epoch0_repeats, tuple(args.epoch0_programs.split(","))) if args.only in (None, "epoch0") else None
     scale = None
     if args.only in (None, "scale"):
         nodes = tuple(int(n) for n in args.scale_nodes.split(","))
@@ -803,6 +809,8 @@ def main(argv: Optional[list] = None) -> int:
         targets += _bench_transparent.evaluate(transparent, _target)
     if scale is not None:
         targets += _bench_scale.evaluate(scale, _target)
+    if epoch0 is not None:
+        targets += _bench_epoch0.evaluate(epoch0, _target)
     figures: dict[str, Any] = {
         "command": command.strip(),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -818,6 +826,7 @@ def main(argv: Optional[list] = None) -> int:
         "decode": decode,
         "transparent": transparent,
         "scale": scale,
+        "epoch0_vs_direct": epoch0,
         "simulator_validation": validation,
         "targets": targets,
     }
@@ -855,6 +864,9 @@ def main(argv: Optional[list] = None) -> int:
         if scale is not None:
             print()
             print("\n".join(_bench_scale.markdown(scale)))
+        if epoch0 is not None:
+            print()
+            print("\n".join(_bench_epoch0.markdown(epoch0)))
     return 0 if all(t["met"] for t in targets) else 1
 
 

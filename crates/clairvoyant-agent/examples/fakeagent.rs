@@ -3,11 +3,13 @@
 //! protocol. It is not the product agent (no engine, no tiers, no peers).
 //!
 //! `target/release/examples/fakeagent --root DIR --socket PATH --state DIR
-//!  [--mode dir|lookup|inline|direct|hang]`
+//!  [--mode dir|lookup|inline|direct|hang|gather:N]`
 //!
 //! Modes: `dir` puts every file in the shared directory (no round trip needed); `lookup` leaves
 //! the directory empty and answers `Cached`; `inline` answers `Inline` with the snapshot's bytes;
-//! `direct` answers `Direct`; `hang` never answers a lookup (to test the client's timeout).
+//! `direct` answers `Direct`; `hang` never answers a lookup (to test the client's timeout);
+//! `gather:N` answers as `lookup` does, but holds each lookup until N are in flight at once (at
+//! most 5 s) and writes the most it saw in flight to `STATE/max_in_flight`.
 //! A file that changed since the snapshot (size or last change) is answered `Direct`.
 //! Writes `STATE/manifest.tsv` (relative path, arena offset, size per line), prints `ready` on
 //! stdout once it accepts connections, and exits when stdin closes.
@@ -30,6 +32,14 @@ enum Mode {
     Inline,
     Direct,
     Hang,
+    Gather(usize),
+}
+
+/// Lookups in flight now and the most seen at once (mode `gather`).
+#[derive(Default)]
+struct InFlight {
+    now: std::sync::Mutex<(usize, usize)>,
+    changed: std::sync::Condvar,
 }
 
 struct Agent {
@@ -40,6 +50,8 @@ struct Agent {
     dir_path: PathBuf,
     arena_path: PathBuf,
     arena_len: u64,
+    in_flight: InFlight,
+    state: PathBuf,
 }
 
 fn last_change_ns(m: &std::fs::Metadata) -> u64 {
@@ -114,6 +126,8 @@ fn build(root: &Path, state: &Path, mode: Mode) -> std::io::Result<Agent> {
         dir_path,
         arena_path,
         arena_len: offset,
+        in_flight: InFlight::default(),
+        state: state.to_path_buf(),
     })
 }
 
@@ -163,6 +177,9 @@ fn serve(agent: &Agent, stream: UnixStream) -> std::io::Result<()> {
                 if agent.mode == Mode::Hang {
                     std::thread::sleep(std::time::Duration::from_secs(3600));
                 }
+                if let Mode::Gather(n) = agent.mode {
+                    gather(agent, n);
+                }
                 match agent.files.get(&rel) {
                     None => write_reply(&mut wr, &Reply::Unknown)?,
                     Some((e, path)) => {
@@ -171,7 +188,7 @@ fn serve(agent: &Agent, stream: UnixStream) -> std::io::Result<()> {
                             .unwrap_or(false);
                         match agent.mode {
                             _ if !fresh => write_reply(&mut wr, &Reply::Direct)?,
-                            Mode::Dir | Mode::Lookup => write_reply(
+                            Mode::Dir | Mode::Lookup | Mode::Gather(_) => write_reply(
                                 &mut wr,
                                 &Reply::Cached {
                                     file: e.file,
@@ -207,6 +224,23 @@ fn serve(agent: &Agent, stream: UnixStream) -> std::io::Result<()> {
     }
 }
 
+/// Hold this lookup until `n` are in flight at once (or 5 s passed); record the most seen.
+fn gather(agent: &Agent, n: usize) {
+    let f = &agent.in_flight;
+    let mut g = f.now.lock().unwrap();
+    g.0 += 1;
+    if g.0 > g.1 {
+        g.1 = g.0;
+        std::fs::write(agent.state.join("max_in_flight"), g.1.to_string()).unwrap();
+    }
+    f.changed.notify_all();
+    let (mut g, _) = f
+        .changed
+        .wait_timeout_while(g, std::time::Duration::from_secs(5), |g| g.1 < n)
+        .unwrap();
+    g.0 -= 1;
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (mut root, mut socket, mut state, mut mode) = (None, None, None, Mode::Dir);
@@ -223,7 +257,10 @@ fn main() {
                     "inline" => Mode::Inline,
                     "direct" => Mode::Direct,
                     "hang" => Mode::Hang,
-                    m => panic!("unknown mode {m}"),
+                    m => match m.strip_prefix("gather:").and_then(|n| n.parse().ok()) {
+                        Some(n) => Mode::Gather(n),
+                        None => panic!("unknown mode {m}"),
+                    },
                 }
             }
             _ => panic!("unknown argument {a}"),

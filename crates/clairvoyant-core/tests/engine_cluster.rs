@@ -315,6 +315,17 @@ fn damaged_peer_replies_are_read_from_the_dataset() {
 /// Node agents (transparent mode): one engine per node, no consumer of its own, serving random
 /// reads through `Engine::local`; placement by hashed owners (no known order).
 fn start_agents(data: &Arc<Dataset>, peers: &Arc<InProcess>, nodes: usize, capacity: u64, run: &str) -> Vec<Engine> {
+    start_agents_with(data, peers, nodes, capacity, run, false)
+}
+
+fn start_agents_with(
+    data: &Arc<Dataset>,
+    peers: &Arc<InProcess>,
+    nodes: usize,
+    capacity: u64,
+    run: &str,
+    prefill: bool,
+) -> Vec<Engine> {
     use clairvoyant_core::engine::{AgentCounts, AgentSpec};
     use clairvoyant_core::plan::{hashed_access, hashed_counts, hashed_owners};
     let keys: Vec<u64> = (0..data.len() as u32)
@@ -343,7 +354,7 @@ fn start_agents(data: &Arc<Dataset>, peers: &Arc<InProcess>, nodes: usize, capac
                         own: hashed_counts(&keys, &owners, i),
                         cluster: (nodes > 1).then(|| access.clone()),
                     }),
-                    prefill: false,
+                    prefill,
                 }),
             };
             let e = Engine::start(data.clone(), &model(capacity), spec).unwrap();
@@ -403,6 +414,43 @@ fn an_agent_keeps_a_fixed_subset_and_fills_it_on_first_read() {
     assert!((0.4..0.6).contains(&cached_fraction), "{first:?}");
     // Nothing was read ahead: only the samples asked for, once each.
     assert_eq!(agents[0].io_totals()[0], after_first);
+}
+
+#[test]
+fn an_agent_that_knows_the_order_fills_ahead_and_programs_never_read_twice() {
+    let data = Dataset::new(300, 43);
+    let peers = InProcess::new(1);
+    let agents = start_agents_with(&data, &peers, 1, data.total(), "agent-prefill", true);
+    // Programs open files while the prefill runs: each sample is read from the dataset once,
+    // by whichever came first, the other waiting for that read.
+    let seen = read_all_local(&data, &agents[0]);
+    assert_eq!(seen, (300, 0, 0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agents[0].io_totals()[1] < 300 {
+        assert!(std::time::Instant::now() < deadline, "the prefill did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for k in 0..300 {
+        assert_eq!(data.reads[k].load(Ordering::Relaxed), 1, "sample {k}");
+    }
+    assert_eq!(read_all_local(&data, &agents[0]), (300, 0, 0));
+    assert_eq!(data.bytes_read(), data.total());
+}
+
+#[test]
+fn an_agent_that_knows_the_order_fills_before_the_programs_ask() {
+    let data = Dataset::new(200, 44);
+    let peers = InProcess::new(1);
+    let agents = start_agents_with(&data, &peers, 1, data.total(), "agent-prefill-ahead", true);
+    // No program has asked anything: the whole placement is filled all the same.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agents[0].io_totals()[1] < 200 {
+        assert!(std::time::Instant::now() < deadline, "the prefill did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(data.bytes_read(), data.total());
+    assert_eq!(read_all_local(&data, &agents[0]), (200, 0, 0));
+    assert_eq!(data.bytes_read(), data.total(), "nothing read again once filled");
 }
 
 #[test]

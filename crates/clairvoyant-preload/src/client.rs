@@ -1,5 +1,8 @@
 //! The process's link to the agent: one Unix socket connection per process (re-made after
-//! fork), the shared directory and the arena mapped from the agent's `Hello`, and the lookups.
+//! fork) for its `Hello`, the shared directory and the arena mapped from the agent's `Hello`,
+//! and the lookups. Lookups run each on a connection of its own from a small pool, never under
+//! a process-wide lock, so the threads of one process have as many lookups in flight as they
+//! have opens (a miss costs one read at the program's own concurrency).
 
 use crate::paths::{Config, RETRY_AFTER};
 use crate::real;
@@ -145,6 +148,53 @@ struct Conn {
     sock_ino: u64,
     down_until: Option<Instant>,
     session: Option<Arc<Session>>,
+    /// Lookup connections not in use now.
+    idle: Vec<Pooled>,
+}
+
+/// The most lookup connections of one process; more concurrent lookups share the main one.
+pub const POOL: usize = 32;
+
+/// The fds of this process's lookup connections (-1: free slot), so `close` can notice a
+/// program closing one behind our back and a forked child can close its copies.
+pub static POOL_FDS: [AtomicI32; POOL] = [const { AtomicI32::new(-1) }; POOL];
+
+/// One lookup connection, in slot `slot` of [`POOL_FDS`].
+struct Pooled {
+    stream: UnixStream,
+    slot: usize,
+    ino: u64,
+}
+
+impl Pooled {
+    /// Still ours: the program neither closed nor replaced its fd.
+    fn valid(&self) -> bool {
+        let fd = self.stream.as_raw_fd();
+        POOL_FDS[self.slot].load(Ordering::Relaxed) == fd && fd_ino(fd) == Some(self.ino)
+    }
+
+    /// Let go of it, closing the fd only when it is still ours.
+    fn release(self) {
+        let ours = self.valid();
+        let fd = self.stream.as_raw_fd();
+        let _ = POOL_FDS[self.slot].compare_exchange(fd, -1, Ordering::Relaxed, Ordering::Relaxed);
+        if ours {
+            drop(self.stream);
+        } else {
+            std::mem::forget(self.stream);
+        }
+    }
+}
+
+/// The program closes `fd` itself: if it is one of the agent connections, let go of it.
+pub fn closed_by_program(fd: i32) {
+    if fd < 0 {
+        return;
+    }
+    let _ = SOCK_FD.compare_exchange(fd, -1, Ordering::Relaxed, Ordering::Relaxed);
+    for slot in &POOL_FDS {
+        let _ = slot.compare_exchange(fd, -1, Ordering::Relaxed, Ordering::Relaxed);
+    }
 }
 
 /// A mutex that a fork handler can take and release explicitly (pthread), so a child never
@@ -165,6 +215,7 @@ static CONN: ForkMutex = ForkMutex {
         sock_ino: 0,
         down_until: None,
         session: None,
+        idle: Vec::new(),
     }),
 };
 
@@ -215,6 +266,17 @@ pub extern "C" fn fork_child() {
         std::mem::forget(s);
     }
     SOCK_FD.store(-1, Ordering::Relaxed);
+    // The lookup connections too, idle or in use by threads that do not exist here.
+    for slot in &POOL_FDS {
+        let fd = slot.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: our inherited copy of a lookup connection's fd.
+            unsafe { real::close(fd) };
+        }
+    }
+    for p in c.idle.drain(..) {
+        std::mem::forget(p.stream);
+    }
     c.pid = 0;
     c.down_until = None;
     unsafe { libc::pthread_mutex_unlock(CONN.m.get()) };
@@ -301,8 +363,13 @@ impl Conn {
         let pid = std::process::id();
         if self.pid != pid {
             // A child that did not go through our fork handler (clone, vfork): the socket is the
-            // parent's; leave its fd alone.
+            // parent's; leave its fd alone, and those of the lookup connections.
             self.forget_stream(false);
+            for p in self.idle.drain(..) {
+                let _ =
+                    POOL_FDS[p.slot].compare_exchange(p.stream.as_raw_fd(), -1, Ordering::Relaxed, Ordering::Relaxed);
+                std::mem::forget(p.stream);
+            }
             self.pid = pid;
         }
         if self.down_until.is_some_and(|t| Instant::now() < t) {
@@ -323,18 +390,7 @@ impl Conn {
     }
 
     fn connect(&mut self, cfg: &Config) -> Result<(), String> {
-        let s = UnixStream::connect(&cfg.agent).map_err(|e| format!("connect: {e}"))?;
-        // Only an agent of this user may serve this process: another local user could have
-        // put a socket at a predictable path.
-        let peer = peer_uid(s.as_raw_fd()).map_err(|e| format!("SO_PEERCRED: {e}"))?;
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
-        if peer != me {
-            return Err(format!(
-                "the process behind the socket runs as uid {peer}, not as this user (uid {me})"
-            ));
-        }
-        s.set_write_timeout(Some(cfg.timeout)).map_err(|e| e.to_string())?;
+        let s = connect_checked(cfg)?;
         self.sock_ino = fd_ino(s.as_raw_fd()).unwrap_or(0);
         SOCK_FD.store(s.as_raw_fd(), Ordering::Relaxed);
         self.stream = Some(s);
@@ -407,30 +463,74 @@ impl Conn {
 
     fn round_trip(&mut self, req: &Request, cfg: &Config) -> Result<Reply, String> {
         let s = self.stream.as_ref().ok_or("not connected")?;
-        let mut w = s;
-        proto::write_request(&mut w, req).map_err(|e| format!("send: {e}"))?;
-        let mut rd = Deadline {
-            s,
-            until: Instant::now() + cfg.timeout,
-        };
-        let reply = proto::read_reply(&mut rd).map_err(|e| format!("receive: {e}"))?;
-        Ok(reply)
+        round_trip(s, req, cfg)
     }
+}
 
-    fn inline_bytes(&mut self, size: u64, cfg: &Config) -> Result<Box<[u8]>, String> {
-        let s = self.stream.as_ref().ok_or("not connected")?;
-        if size > MAX_INLINE {
-            return Err(format!("inline reply of {size} bytes exceeds {MAX_INLINE}"));
-        }
-        let mut buf = vec![0u8; size as usize];
-        let mut rd = Deadline {
-            s,
-            until: Instant::now() + cfg.timeout,
-        };
-        rd.read_exact(&mut buf)
-            .map_err(|e| format!("receive inline bytes: {e}"))?;
-        Ok(buf.into_boxed_slice())
+/// A new connection to the agent, from a process of this user only.
+fn connect_checked(cfg: &Config) -> Result<UnixStream, String> {
+    let s = UnixStream::connect(&cfg.agent).map_err(|e| format!("connect: {e}"))?;
+    // Only an agent of this user may serve this process: another local user could have
+    // put a socket at a predictable path.
+    let peer = peer_uid(s.as_raw_fd()).map_err(|e| format!("SO_PEERCRED: {e}"))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if peer != me {
+        return Err(format!(
+            "the process behind the socket runs as uid {peer}, not as this user (uid {me})"
+        ));
     }
+    s.set_write_timeout(Some(cfg.timeout)).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// A new lookup connection in a free slot; None when every slot is taken or it cannot connect
+/// (the lookup then goes on the main connection).
+fn connect_pooled(cfg: &Config) -> Option<Pooled> {
+    let stream = connect_checked(cfg).ok()?;
+    let fd = stream.as_raw_fd();
+    let ino = fd_ino(fd)?;
+    let slot = POOL_FDS
+        .iter()
+        .position(|s| s.compare_exchange(-1, fd, Ordering::Relaxed, Ordering::Relaxed).is_ok())?;
+    Some(Pooled { stream, slot, ino })
+}
+
+fn round_trip(s: &UnixStream, req: &Request, cfg: &Config) -> Result<Reply, String> {
+    let mut w = s;
+    proto::write_request(&mut w, req).map_err(|e| format!("send: {e}"))?;
+    let mut rd = Deadline {
+        s,
+        until: Instant::now() + cfg.timeout,
+    };
+    proto::read_reply(&mut rd).map_err(|e| format!("receive: {e}"))
+}
+
+fn inline_bytes(s: &UnixStream, size: u64, cfg: &Config) -> Result<Box<[u8]>, String> {
+    if size > MAX_INLINE {
+        return Err(format!("inline reply of {size} bytes exceeds {MAX_INLINE}"));
+    }
+    let mut buf = vec![0u8; size as usize];
+    let mut rd = Deadline {
+        s,
+        until: Instant::now() + cfg.timeout,
+    };
+    rd.read_exact(&mut buf)
+        .map_err(|e| format!("receive inline bytes: {e}"))?;
+    Ok(buf.into_boxed_slice())
+}
+
+/// A lookup's answer: the reply, and the bytes that follow an `Inline` one.
+type Answer = (Reply, Option<Box<[u8]>>);
+
+/// A lookup's round trip.
+fn exchange(s: &UnixStream, rel: &[u8], cfg: &Config) -> Result<Answer, String> {
+    let reply = round_trip(s, &Request::Lookup { rel: rel.to_vec() }, cfg)?;
+    let bytes = match &reply {
+        Reply::Inline { size, .. } => Some(inline_bytes(s, *size, cfg)?),
+        _ => None,
+    };
+    Ok((reply, bytes))
 }
 
 /// The session of this process, connecting first if there is none and the agent may be asked.
@@ -445,18 +545,56 @@ pub fn session(cfg: &Config) -> Option<Arc<Session>> {
 
 /// Ask the agent where `rel` is. Any failure counts FALLBACKS and answers `Direct`.
 pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
-    let l = Locked::new();
-    let c = l.conn();
-    if c.ensure(cfg).is_err() {
-        count(c.session.as_deref(), counter::FALLBACKS, 1);
-        return Found::Direct;
-    }
-    let session = c.session.clone();
+    let (session, pooled) = {
+        let l = Locked::new();
+        let c = l.conn();
+        if c.ensure(cfg).is_err() {
+            count(c.session.as_deref(), counter::FALLBACKS, 1);
+            return Found::Direct;
+        }
+        let mut pooled = None;
+        while let Some(p) = c.idle.pop() {
+            if p.valid() {
+                pooled = Some(p);
+                break;
+            }
+            p.release();
+        }
+        (c.session.clone(), pooled)
+    };
     count(session.as_deref(), counter::LOOKUPS, 1);
-    let reply = match c.round_trip(&Request::Lookup { rel: rel.to_vec() }, cfg) {
-        Ok(r) => r,
+    // The round trip (a fill of the file, perhaps) holds no lock: other threads look up at the
+    // same time on connections of their own.
+    let answer = match pooled.or_else(|| connect_pooled(cfg)) {
+        Some(p) => {
+            let res = exchange(&p.stream, rel, cfg);
+            let l = Locked::new();
+            let c = l.conn();
+            if res.is_ok() && c.pid == std::process::id() {
+                c.idle.push(p);
+            } else {
+                p.release();
+            }
+            res
+        }
+        None => {
+            // Every slot in use: share the main connection.
+            let l = Locked::new();
+            let c = l.conn();
+            match c.ensure(cfg) {
+                Ok(()) => match c.stream.as_ref() {
+                    Some(s) => exchange(s, rel, cfg),
+                    None => Err("not connected".into()),
+                },
+                Err(e) => Err(e),
+            }
+        }
+    };
+    let (reply, inline) = match answer {
+        Ok(a) => a,
         Err(e) => {
-            c.fail(&e, cfg);
+            let l = Locked::new();
+            l.conn().fail(&e, cfg);
             count(session.as_deref(), counter::FALLBACKS, 1);
             return Found::Direct;
         }
@@ -494,14 +632,7 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             }
         }
         Reply::Inline { size: sz, checksum, .. } => {
-            let bytes = match c.inline_bytes(sz, cfg) {
-                Ok(b) => b,
-                Err(e) => {
-                    c.fail(&e, cfg);
-                    count(session.as_deref(), counter::FALLBACKS, 1);
-                    return Found::Direct;
-                }
-            };
+            let bytes = inline.unwrap_or_default();
             if sz != size {
                 count(session.as_deref(), counter::STALE, 1);
                 return Found::Direct;
@@ -523,7 +654,7 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
         Reply::Unknown => Found::Unknown,
         Reply::Error { message } => {
             // The connection is fine; the agent could not answer this one.
-            c.down_until = Some(Instant::now() + RETRY_AFTER);
+            Locked::new().conn().down_until = Some(Instant::now() + RETRY_AFTER);
             crate::notice_once(
                 "agent-error",
                 &format!(
@@ -535,7 +666,8 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             Found::Direct
         }
         other => {
-            c.fail(&format!("unexpected answer to a lookup: {other:?}"), cfg);
+            let l = Locked::new();
+            l.conn().fail(&format!("unexpected answer to a lookup: {other:?}"), cfg);
             count(session.as_deref(), counter::FALLBACKS, 1);
             Found::Direct
         }

@@ -712,9 +712,9 @@ pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const iovec, cnt: c_int, off:
 /// C's `close`.
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    if fd == client::SOCK_FD.load(Ordering::Relaxed) && BUSY.try_with(|b| !b.get()).unwrap_or(false) {
-        // The program closes the agent socket (e.g. closing every fd): let go of it.
-        client::SOCK_FD.store(-1, Ordering::Relaxed);
+    if BUSY.try_with(|b| !b.get()).unwrap_or(false) {
+        // The program closes an agent connection (e.g. closing every fd): let go of it.
+        client::closed_by_program(fd);
     }
     if TABLE.has(fd) {
         TABLE.set(fd, None);

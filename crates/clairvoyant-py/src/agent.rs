@@ -1,73 +1,25 @@
-//! The node agent's server (transparent mode): answers interposed processes on a Unix socket
-//! from the engine's node cache, and records every cached file it hands out in the shared
-//! directory so later opens (any process of the job on this node) find it without asking.
-//! One thread per connection, bounded; only processes of this user may connect.
+//! Python's handle on the node agent's server and client (`clairvoyant_agent::server`,
+//! `clairvoyant_agent::client`): the agent process builds the engine and starts the server
+//! through these; the serving itself is in the agent crate.
 
-use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Write};
-use std::os::unix::fs::FileTypeExt;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use clairvoyant_agent::dir::{counter, path_key, DirWriter, Entry};
-use clairvoyant_agent::proto::{self, Reply, Request};
-use clairvoyant_core::engine::{Engine, Local};
+use clairvoyant_agent::client::Client;
+use clairvoyant_agent::dir::counter;
+use clairvoyant_agent::proto::Reply;
+use clairvoyant_agent::server::{Event, Server};
 use pyo3::prelude::*;
 
 use crate::engine::PyEngine;
 
-/// Connections served at once; more wait in the listen queue.
-const MAX_CONNECTIONS: usize = 4096;
-/// How long a lookup may wait for a fill another thread has in progress.
-const FILL_WAIT: Duration = Duration::from_secs(30);
-/// How long a request may wait for a lazily started engine (the program's first read or its
-/// order started it; with several nodes the nodes meet first).
-const ENGINE_WAIT: Duration = Duration::from_secs(120);
-
-/// What started the engine of a lazy agent: the first read (the order is not known) or an order.
-#[derive(Clone)]
-enum Want {
-    Read,
-    Plan(Vec<u8>),
-}
-
-#[derive(Default)]
-struct Counts {
-    lookups: AtomicU64,
-    cached: AtomicU64,
-    inline: AtomicU64,
-    inline_bytes: AtomicU64,
-    direct: AtomicU64,
-    unknown: AtomicU64,
-    failed: AtomicU64,
-}
-
-struct Shared {
-    /// The engine; None until a lazy agent's first read or order.
-    engine: Mutex<Option<Arc<Engine>>>,
-    engine_set: Condvar,
-    want: Mutex<Option<Want>>,
-    wanted: Condvar,
-    root: Vec<u8>,
-    files: HashMap<Vec<u8>, u32>,
-    paths: Vec<PathBuf>,
-    dir: DirWriter,
-    counts: Counts,
-    /// (attached launchers, connections, whether any launcher ever attached).
-    live: Mutex<(usize, usize, bool)>,
-    changed: Condvar,
-    closing: AtomicBool,
-    uid: u32,
-}
+/// How long one wait lasts before Ctrl-C is looked at.
+const STEP: Duration = Duration::from_millis(200);
 
 #[pyclass(name = "AgentServer", frozen, module = "clairvoyant._native")]
 pub struct PyAgentServer {
-    shared: Arc<Shared>,
-    socket: PathBuf,
-    accept: Mutex<Option<std::thread::JoinHandle<()>>>,
+    server: Server,
 }
 
 #[pymethods]
@@ -83,75 +35,20 @@ impl PyAgentServer {
         rel_paths: Vec<String>,
         dir: PathBuf,
     ) -> PyResult<Self> {
-        let io = |what: &str, p: &Path, e: std::io::Error| {
-            pyo3::exceptions::PyOSError::new_err(format!("{what} {}: {e}", p.display()))
-        };
-        let dir_writer = DirWriter::create_with_root(&dir, rel_paths.len(), path_key(root.as_bytes()))
+        let server = Server::start(engine.map(|e| e.engine.clone()), &socket, &root, rel_paths, &dir)
             .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
-        if let Ok(m) = std::fs::symlink_metadata(&socket) {
-            if m.file_type().is_socket() {
-                // A dead agent's socket: whoever started this one holds the start lock.
-                let _ = std::fs::remove_file(&socket);
-            }
-        }
-        let listener = UnixListener::bind(&socket).map_err(|e| io("cannot listen on", &socket, e))?;
-        let root_path = PathBuf::from(&root);
-        let shared = Arc::new(Shared {
-            engine: Mutex::new(engine.map(|e| e.engine.clone())),
-            engine_set: Condvar::new(),
-            want: Mutex::new(None),
-            wanted: Condvar::new(),
-            paths: rel_paths.iter().map(|r| root_path.join(r)).collect(),
-            files: rel_paths
-                .into_iter()
-                .enumerate()
-                .map(|(i, r)| (r.into_bytes(), i as u32))
-                .collect(),
-            root: root.into_bytes(),
-            dir: dir_writer,
-            counts: Counts::default(),
-            live: Mutex::new((0, 0, false)),
-            changed: Condvar::new(),
-            closing: AtomicBool::new(false),
-            // SAFETY: getuid cannot fail.
-            uid: unsafe { libc::getuid() },
-        });
-        let s = shared.clone();
-        let accept = std::thread::Builder::new()
-            .name("cv-agent-accept".into())
-            .spawn(move || accept_loop(s, listener))
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
-        Ok(PyAgentServer {
-            shared,
-            socket,
-            accept: Mutex::new(Some(accept)),
-        })
+        Ok(PyAgentServer { server })
     }
 
     /// Block until no launcher is attached any more (after one was), or none attached within
     /// `idle_wait` seconds of the start; wakes for Ctrl-C.
     fn wait_idle(&self, py: Python<'_>, idle_wait: f64) -> PyResult<()> {
         let start = Instant::now();
-        loop {
-            let done = py.detach(|| {
-                let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
-                let (live, _) = self
-                    .shared
-                    .changed
-                    .wait_timeout(live, Duration::from_millis(200))
-                    .unwrap_or_else(|p| p.into_inner());
-                let (attached, _, ever) = *live;
-                if ever {
-                    attached == 0
-                } else {
-                    start.elapsed().as_secs_f64() > idle_wait
-                }
-            });
-            if done {
-                return Ok(());
-            }
+        let idle_wait = Duration::from_secs_f64(idle_wait.max(0.0));
+        while !py.detach(|| self.server.idle(STEP, start, idle_wait)) {
             py.check_signals()?;
         }
+        Ok(())
     }
 
     /// For a lazy agent (started without an engine): wait up to `timeout` seconds for what
@@ -160,18 +57,9 @@ impl PyAgentServer {
     fn wait_event(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<(String, Option<String>)>> {
         let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
         loop {
-            let got = py.detach(|| {
-                let want = self.shared.want.lock().unwrap_or_else(|p| p.into_inner());
-                let (want, _) = self
-                    .shared
-                    .wanted
-                    .wait_timeout_while(want, Duration::from_millis(200), |w| w.is_none())
-                    .unwrap_or_else(|p| p.into_inner());
-                want.clone()
-            });
-            match got {
-                Some(Want::Read) => return Ok(Some(("read".into(), None))),
-                Some(Want::Plan(p)) => {
+            match py.detach(|| self.server.wait_event(STEP)) {
+                Some(Event::Read) => return Ok(Some(("read".into(), None))),
+                Some(Event::Plan(p)) => {
                     return Ok(Some(("plan".into(), Some(String::from_utf8_lossy(&p).into_owned()))))
                 }
                 None if Instant::now() >= deadline => return Ok(None),
@@ -182,337 +70,38 @@ impl PyAgentServer {
 
     /// Hand a lazy agent its engine: requests waiting for it go on.
     fn set_engine(&self, engine: &PyEngine) {
-        *self.shared.engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine.engine.clone());
-        self.shared.engine_set.notify_all();
+        self.server.set_engine(engine.engine.clone());
     }
 
     /// Whether every launcher that attached has gone (and one had).
     fn finished(&self) -> bool {
-        let live = self.shared.live.lock().unwrap_or_else(|p| p.into_inner());
-        live.2 && live.0 == 0
+        self.server.finished()
     }
 
     /// Launchers attached now.
     #[getter]
     fn attached(&self) -> usize {
-        self.shared.live.lock().unwrap_or_else(|p| p.into_inner()).0
+        self.server.attached()
     }
 
-    /// The agent's figures (see [`stats_json`]).
+    /// The agent's figures (see `Server::stats_json`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let json = py.import("json")?;
-        json.call_method1("loads", (stats_json(&self.shared),))
+        json.call_method1("loads", (self.server.stats_json(),))
     }
 
     /// Stop accepting and remove the socket and the directory file (mappings stay valid for
     /// processes that have them).
     fn close(&self) {
-        if self.shared.closing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.socket);
-        if let Some(t) = self.accept.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.socket);
-        let _ = std::fs::remove_file(self.shared.dir.path());
+        self.server.close();
     }
-}
-
-impl Drop for PyAgentServer {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
-
-impl Shared {
-    /// The engine, once there is one: a lazy agent's first read asks for it and waits.
-    fn engine_for_read(&self) -> Option<Arc<Engine>> {
-        let guard = self.engine.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(e) = guard.as_ref() {
-            return Some(e.clone());
-        }
-        {
-            let mut want = self.want.lock().unwrap_or_else(|p| p.into_inner());
-            if want.is_none() {
-                *want = Some(Want::Read);
-                self.wanted.notify_all();
-            }
-        }
-        let (guard, _) = self
-            .engine_set
-            .wait_timeout_while(guard, ENGINE_WAIT, |e| e.is_none())
-            .unwrap_or_else(|p| p.into_inner());
-        guard.clone()
-    }
-
-    fn engine_now(&self) -> Option<Arc<Engine>> {
-        self.engine.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    /// A program says its order: place by it, unless placed (or about to be) already.
-    fn plan(&self, path: Vec<u8>) -> Reply {
-        if self.engine_now().is_some() {
-            return Reply::Error {
-                message: "the agent has placed the dataset already (a program read it before the order came)".into(),
-            };
-        }
-        let mut want = self.want.lock().unwrap_or_else(|p| p.into_inner());
-        match &*want {
-            None => {
-                *want = Some(Want::Plan(path));
-                self.wanted.notify_all();
-                Reply::Ok
-            }
-            Some(Want::Plan(p)) if *p == path => Reply::Ok,
-            Some(_) => Reply::Error {
-                message: "the agent is placing the dataset already (a program read it before the order came, or another order came first)".into(),
-            },
-        }
-    }
-}
-
-fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
-    for conn in listener.incoming() {
-        if shared.closing.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(conn) = conn else { continue };
-        if peer_uid(&conn) != Some(shared.uid) {
-            continue;
-        }
-        {
-            let mut live = shared.live.lock().unwrap_or_else(|p| p.into_inner());
-            if live.1 >= MAX_CONNECTIONS {
-                continue;
-            }
-            live.1 += 1;
-        }
-        let s = shared.clone();
-        let spawned = std::thread::Builder::new().name("cv-agent-conn".into()).spawn(move || {
-            let attached = serve(&s, conn);
-            let mut live = s.live.lock().unwrap_or_else(|p| p.into_inner());
-            live.1 -= 1;
-            if attached {
-                live.0 -= 1;
-            }
-            s.changed.notify_all();
-        });
-        if spawned.is_err() {
-            shared.live.lock().unwrap_or_else(|p| p.into_inner()).1 -= 1;
-        }
-    }
-}
-
-fn peer_uid(conn: &UnixStream) -> Option<u32> {
-    use std::os::fd::AsRawFd;
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: cred and len are valid for writes of the sizes given.
-    let r = unsafe {
-        libc::getsockopt(
-            conn.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut libc::ucred as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    (r == 0).then_some(cred.uid)
-}
-
-/// Serve one connection until it closes; whether it was a launcher's (attached).
-fn serve(s: &Shared, conn: UnixStream) -> bool {
-    let Ok(read_half) = conn.try_clone() else { return false };
-    let mut r = BufReader::new(read_half);
-    let mut w = BufWriter::new(conn);
-    let mut attached = false;
-    loop {
-        let req = match proto::read_request(&mut r) {
-            Ok(req) => req,
-            Err(_) => return attached,
-        };
-        let ok = match req {
-            Request::Hello { .. } => match s.engine_for_read() {
-                Some(engine) => {
-                    let arena = engine.segments().1;
-                    let arena_len = arena
-                        .as_ref()
-                        .and_then(|p| std::fs::metadata(p).ok())
-                        .map_or(0, |m| m.len());
-                    proto::write_reply(
-                        &mut w,
-                        &Reply::Hello {
-                            version: proto::VERSION,
-                            root: s.root.clone(),
-                            dir_path: s.dir.path().to_path_buf(),
-                            arena_path: arena,
-                            arena_len,
-                        },
-                    )
-                }
-                None => proto::write_reply(
-                    &mut w,
-                    &Reply::Error {
-                        message: "the node agent has not started its cache yet".into(),
-                    },
-                ),
-            },
-            Request::Plan { path } => proto::write_reply(&mut w, &s.plan(path)),
-            Request::Attach { .. } => {
-                if !attached {
-                    attached = true;
-                    let mut live = s.live.lock().unwrap_or_else(|p| p.into_inner());
-                    live.0 += 1;
-                    live.2 = true;
-                    s.changed.notify_all();
-                }
-                proto::write_reply(&mut w, &Reply::Ok)
-            }
-            Request::Stats => proto::write_reply(&mut w, &Reply::Json { text: stats_json(s) }),
-            Request::Lookup { rel } => lookup(s, &rel, &mut w),
-        };
-        if ok.and_then(|_| w.flush()).is_err() {
-            return attached;
-        }
-    }
-}
-
-fn lookup(s: &Shared, rel: &[u8], w: &mut impl Write) -> std::io::Result<()> {
-    s.counts.lookups.fetch_add(1, Ordering::Relaxed);
-    let Some(&file) = s.files.get(rel) else {
-        s.counts.unknown.fetch_add(1, Ordering::Relaxed);
-        return proto::write_reply(w, &Reply::Unknown);
-    };
-    let Some(engine) = s.engine_for_read() else {
-        s.counts.failed.fetch_add(1, Ordering::Relaxed);
-        return proto::write_reply(
-            w,
-            &Reply::Error {
-                message: "the node agent has not started its cache yet".into(),
-            },
-        );
-    };
-    match engine.local(file, FILL_WAIT) {
-        Local::Mapped { offset, len, checksum } => {
-            // The file's last change now: the engine has checked the copy is of the file as it
-            // is (`Engine::local`), and a reader compares it with its own fstat.
-            match std::fs::metadata(&s.paths[file as usize]) {
-                Ok(m) => {
-                    let e = Entry {
-                        file,
-                        offset,
-                        size: len,
-                        checksum,
-                        mtime_ns: clairvoyant_core::source::last_change_ns(&m).max(0) as u64,
-                    };
-                    s.dir.insert(path_key(rel), &e);
-                    s.counts.cached.fetch_add(1, Ordering::Relaxed);
-                    proto::write_reply(
-                        w,
-                        &Reply::Cached {
-                            file,
-                            size: len,
-                            offset,
-                            checksum,
-                        },
-                    )
-                }
-                Err(_) => {
-                    s.counts.direct.fetch_add(1, Ordering::Relaxed);
-                    proto::write_reply(w, &Reply::Direct)
-                }
-            }
-        }
-        Local::Bytes { bytes, checksum, .. } => {
-            s.counts.inline.fetch_add(1, Ordering::Relaxed);
-            s.counts.inline_bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            proto::write_reply(
-                w,
-                &Reply::Inline {
-                    file,
-                    size: bytes.len() as u64,
-                    checksum,
-                },
-            )?;
-            w.write_all(&bytes)
-        }
-        Local::Direct => {
-            s.counts.direct.fetch_add(1, Ordering::Relaxed);
-            proto::write_reply(w, &Reply::Direct)
-        }
-        Local::Failed(message) => {
-            s.counts.failed.fetch_add(1, Ordering::Relaxed);
-            proto::write_reply(w, &Reply::Error { message })
-        }
-    }
-}
-
-/// The agent's figures as JSON: what it answered, what the programs counted in the shared
-/// directory (`reads`), the engine's reads from the dataset and peers, and the agent's CPU time.
-fn stats_json(s: &Shared) -> String {
-    let c = &s.counts;
-    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let counters = s.dir.counters();
-    let reads: Vec<String> = counter::NAMES
-        .iter()
-        .enumerate()
-        .map(|(i, n)| format!("\"{}\": {}", n, counters[i].load(Ordering::Relaxed)))
-        .collect();
-    let engine = s.engine_now();
-    let [pfs_bytes, pfs_files, peer_bytes, served_samples, served_bytes] =
-        engine.as_ref().map_or([0; 5], |e| e.io_totals());
-    let attached = s.live.lock().unwrap_or_else(|p| p.into_inner()).0;
-    let (placed_files, placed_bytes) = engine.as_ref().map_or((0, 0), |e| {
-        e.placement_summary()
-            .iter()
-            .fold((0, 0), |(f, b), (_, files, bytes)| (f + files, b + bytes))
-    });
-    format!(
-        concat!(
-            "{{\"attached\": {}, \"lookups\": {}, \"cached\": {}, \"inline\": {}, \"inline_bytes\": {}, ",
-            "\"direct\": {}, \"unknown\": {}, \"failed\": {}, \"cached_files\": {}, \"reads\": {{{}}}, ",
-            "\"pfs_bytes\": {}, \"pfs_files\": {}, \"peer_bytes\": {}, \"served_samples\": {}, ",
-            "\"served_bytes\": {}, \"agent_cpu_s\": {:.3}, \"placed_files\": {}, \"placed_bytes\": {}}}"
-        ),
-        attached,
-        load(&c.lookups),
-        load(&c.cached),
-        load(&c.inline),
-        load(&c.inline_bytes),
-        load(&c.direct),
-        load(&c.unknown),
-        load(&c.failed),
-        s.dir.len(),
-        reads.join(", "),
-        pfs_bytes,
-        pfs_files,
-        peer_bytes,
-        served_samples,
-        served_bytes,
-        cpu_seconds(),
-        placed_files,
-        placed_bytes,
-    )
-}
-
-fn cpu_seconds() -> f64 {
-    // SAFETY: ru is valid for writes.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0.0;
-    }
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
 }
 
 /// A client of an agent, for launchers and tests: `attach` keeps this connection registered
 /// until `close`; `stats` and `lookup` ask on it.
 #[pyclass(name = "AgentClient", module = "clairvoyant._native")]
 pub struct PyAgentClient {
-    conn: Option<(BufReader<UnixStream>, UnixStream)>,
+    conn: Option<Client>,
 }
 
 #[pymethods]
@@ -520,41 +109,26 @@ impl PyAgentClient {
     #[new]
     #[pyo3(signature = (socket, timeout=10.0))]
     fn new(socket: PathBuf, timeout: f64) -> PyResult<Self> {
-        let err = |e: std::io::Error| {
-            pyo3::exceptions::PyConnectionError::new_err(format!("agent at {}: {e}", socket.display()))
-        };
-        let conn = UnixStream::connect(&socket).map_err(err)?;
-        let t = Some(Duration::from_secs_f64(timeout.max(0.001)));
-        conn.set_read_timeout(t).map_err(err)?;
-        conn.set_write_timeout(t).map_err(err)?;
-        // No `Hello`: it is the interposed library's (it starts a lazy agent's cache).
-        Ok(PyAgentClient {
-            conn: Some((BufReader::new(conn.try_clone().map_err(err)?), conn)),
-        })
+        let conn = Client::connect(&socket, Duration::from_secs_f64(timeout.max(0.001)))
+            .map_err(|e| pyo3::exceptions::PyConnectionError::new_err(format!("agent at {}: {e}", socket.display())))?;
+        Ok(PyAgentClient { conn: Some(conn) })
     }
 
     /// Register as a launcher: the agent lives while this connection is open.
     fn attach(&mut self) -> PyResult<()> {
-        self.call(&Request::Attach {
-            pid: std::process::id(),
-        })
-        .map(|_| ())
+        self.conn()?.attach().map_err(err)
     }
 
     /// The agent's figures as a dict.
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        match self.call(&Request::Stats)? {
-            (Reply::Json { text }, _) => py.import("json")?.call_method1("loads", (text,)),
-            (other, _) => Err(unexpected(&other)),
-        }
+        let text = self.conn()?.stats().map_err(err)?;
+        py.import("json")?.call_method1("loads", (text,))
     }
 
     /// Where the agent says `rel`'s bytes are: ("cached", offset, size, checksum),
     /// ("inline", bytes, checksum), ("direct",), ("unknown",) or ("error", message).
     fn lookup<'py>(&mut self, py: Python<'py>, rel: &str) -> PyResult<Bound<'py, PyAny>> {
-        let (reply, data) = self.call(&Request::Lookup {
-            rel: rel.as_bytes().to_vec(),
-        })?;
+        let (reply, data) = self.conn()?.lookup(rel.as_bytes()).map_err(err)?;
         let t = match reply {
             Reply::Cached {
                 offset, size, checksum, ..
@@ -565,7 +139,11 @@ impl PyAgentClient {
             Reply::Direct => ("direct",).into_pyobject(py)?.into_any(),
             Reply::Unknown => ("unknown",).into_pyobject(py)?.into_any(),
             Reply::Error { message } => ("error", message).into_pyobject(py)?.into_any(),
-            other => return Err(unexpected(&other)),
+            other => {
+                return Err(pyo3::exceptions::PyConnectionError::new_err(format!(
+                    "agent: unexpected reply {other:?}"
+                )))
+            }
         };
         Ok(t)
     }
@@ -573,13 +151,10 @@ impl PyAgentClient {
     /// Tell the agent the program's order (per-node order files, `{node}` in `pattern`);
     /// raises with the agent's reason when it places otherwise.
     fn plan(&mut self, pattern: &str) -> PyResult<()> {
-        match self.call(&Request::Plan {
-            path: pattern.as_bytes().to_vec(),
-        })? {
-            (Reply::Ok, _) => Ok(()),
-            (Reply::Error { message }, _) => Err(pyo3::exceptions::PyRuntimeError::new_err(message)),
-            (other, _) => Err(unexpected(&other)),
-        }
+        self.conn()?
+            .plan(pattern.as_bytes())
+            .map_err(err)?
+            .map_err(pyo3::exceptions::PyRuntimeError::new_err)
     }
 
     fn close(&mut self) {
@@ -588,25 +163,15 @@ impl PyAgentClient {
 }
 
 impl PyAgentClient {
-    fn call(&mut self, req: &Request) -> PyResult<(Reply, Vec<u8>)> {
-        let err = |e: std::io::Error| pyo3::exceptions::PyConnectionError::new_err(format!("agent: {e}"));
-        let (r, w) = self
-            .conn
+    fn conn(&mut self) -> PyResult<&mut Client> {
+        self.conn
             .as_mut()
-            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("the agent client is closed"))?;
-        proto::write_request(w, req).map_err(err)?;
-        let reply = proto::read_reply(r).map_err(err)?;
-        let mut data = Vec::new();
-        if let Reply::Inline { size, .. } = &reply {
-            data.resize(*size as usize, 0);
-            std::io::Read::read_exact(r, &mut data).map_err(err)?;
-        }
-        Ok((reply, data))
+            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("the agent client is closed"))
     }
 }
 
-fn unexpected(r: &Reply) -> PyErr {
-    pyo3::exceptions::PyConnectionError::new_err(format!("agent: unexpected reply {r:?}"))
+fn err(e: std::io::Error) -> PyErr {
+    pyo3::exceptions::PyConnectionError::new_err(format!("agent: {e}"))
 }
 
 /// The shared counters of an agent's directory file, by name (summed over every interposed

@@ -29,6 +29,7 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import sys
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -57,9 +58,13 @@ def _byte_decoder(loader: Callable) -> Optional[Callable]:
 
     if loader is _legacy.pil_loader:
         return _pil_decode
-    try:
-        import torchvision.datasets.folder as tvf
-    except ImportError:  # pragma: no cover - torchvision is optional
+    # A loader cannot be one of torchvision's unless torchvision is already imported: looking
+    # there first keeps classifying a dataset from importing torchvision (seconds per rank).
+    tvf = sys.modules.get("torchvision.datasets.folder")
+    if tvf is None:
+        tvio = sys.modules.get("torchvision.io")
+        if tvio is not None and (loader is tvio.decode_image or loader is tvio.read_image):
+            return _tv_decode_image(tvio.decode_image)
         return None
     if loader is tvf.pil_loader:
         return _pil_decode
@@ -92,10 +97,11 @@ class Adapter:
 def _folder_root(dataset):
     """(DatasetFolder, index map or None) when ``dataset`` is a DatasetFolder or a (nested)
     Subset of one."""
-    try:
-        from torchvision.datasets import DatasetFolder
-    except ImportError:  # pragma: no cover
+    # An instance of DatasetFolder means its module is imported; without it there is none to find.
+    tvf = sys.modules.get("torchvision.datasets.folder")
+    if tvf is None:
         return None, None
+    DatasetFolder = tvf.DatasetFolder
     indices = None
     d = dataset
     while isinstance(d, torch.utils.data.Subset):

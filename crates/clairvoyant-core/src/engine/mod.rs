@@ -423,12 +423,26 @@ impl Engine {
                     .collect(),
             );
             let next = Arc::new(AtomicUsize::new(0));
-            for t in 0..model.classes[j].threads.max(1) {
+            // A node agent's prefill runs at the read-concurrency controller's pace (it stages
+            // nothing, its gate is free for this); a rank's at the class's thread count.
+            let agent = spec.agent.is_some();
+            let count = if agent {
+                inner.readahead.max_threads()
+            } else {
+                model.classes[j].threads.max(1) as usize
+            };
+            for t in 0..count {
                 let (inner, share, next) = (inner.clone(), share.clone(), next.clone());
                 threads.push(
                     std::thread::Builder::new()
                         .name(format!("cv-class{i}-{t}"))
-                        .spawn(move || inner.class_prefetch(i, &share, &next))
+                        .spawn(move || {
+                            if agent {
+                                inner.agent_prefill(i, &share, &next)
+                            } else {
+                                inner.class_prefetch(i, &share, &next)
+                            }
+                        })
                         .expect("spawn class prefetcher"),
                 );
             }

@@ -128,6 +128,34 @@ impl Inner {
         }
     }
 
+    /// A node agent's prefill when the order is known: the samples of `share` in order of first
+    /// need, as many reads at once as the read-concurrency controller allows (an agent stages
+    /// nothing, so its gate is this prefill's), so the node cache fills ahead of the programs'
+    /// opens at the file system's concurrency. A program's open of a sample being filled waits
+    /// for that fill ([`Engine::local`](super::Engine::local)), never reads it a second time.
+    pub(super) fn agent_prefill(&self, class: usize, share: &[u32], next: &AtomicUsize) {
+        let mut buf = Vec::new();
+        loop {
+            if self.shutdown.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(mut permit) = self.readahead.acquire(|| 0) else {
+                return;
+            };
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&k) = share.get(i) else { return };
+            // Filled already (a program asked first) or being filled: the permit goes back unused.
+            if !self.node.cache.state().claim(k) {
+                continue;
+            }
+            permit.start();
+            // A failed read gives the claim back: the program's own open reads it then.
+            if self.fill_claimed(class, k, &mut buf).is_ok() {
+                permit.finish(self.source.size(k));
+            }
+        }
+    }
+
     /// Fetch `sample` for staging position `pos`.
     pub(super) fn fetch(&self, pos: u64, sample: u32, slot_kind: u8) -> Result<Fetched> {
         let len = self.source.size(sample);

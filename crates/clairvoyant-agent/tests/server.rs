@@ -1,0 +1,249 @@
+//! The node agent's server over a real engine: lookups answered from the node cache and
+//! recorded in the shared directory, unknown files, a lazy agent started by an order, launchers
+//! attaching and leaving, and many connections served at once.
+#![cfg(feature = "server")]
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clairvoyant_agent::client::Client;
+use clairvoyant_agent::dir::{path_key, DirReader};
+use clairvoyant_agent::proto::Reply;
+use clairvoyant_agent::server::{Event, Server};
+use clairvoyant_core::engine::{AgentCounts, AgentSpec, Engine, JobSpec};
+use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
+use clairvoyant_core::plan::{hashed_counts, hashed_owners};
+use clairvoyant_core::schedule::Schedule;
+use clairvoyant_core::source::list::file_list;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn content(i: usize) -> Vec<u8> {
+    (0..1000 + 37 * i).map(|j| (i * 7 + j * 13) as u8).collect()
+}
+
+/// `n` files under `dir/data` ("c<i % 3>/f<i>.bin"), their relative paths.
+fn dataset(dir: &Path, n: usize) -> (PathBuf, Vec<String>) {
+    let root = dir.join("data");
+    let rels: Vec<String> = (0..n).map(|i| format!("c{}/f{i}.bin", i % 3)).collect();
+    for (i, r) in rels.iter().enumerate() {
+        let p = root.join(r);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content(i)).unwrap();
+    }
+    (root, rels)
+}
+
+fn engine(dir: &Path, root: &Path, rels: &[String], memory: u64) -> Arc<Engine> {
+    let paths: Vec<PathBuf> = rels.iter().map(|r| root.join(r)).collect();
+    let idx = dir.join("index");
+    std::fs::create_dir_all(&idx).unwrap();
+    let source = Arc::new(file_list(&paths, &vec![0; paths.len()], Some(&idx)).unwrap());
+    let keys: Vec<u64> = rels.iter().map(|r| clairvoyant_agent::checksum(r.as_bytes())).collect();
+    let owners = hashed_owners(&keys, 1);
+    let model = SystemModel {
+        staging: StagingSpec::new(32 << 10, 2),
+        pfs: PfsSpec {
+            read_mbps: Curve::constant(100.0),
+            open_latency_s: 0.001,
+        },
+        classes: vec![ClassSpec {
+            name: "memory".into(),
+            kind: ClassKind::Memory,
+            capacity: memory,
+            threads: 2,
+            read_mbps: Curve::constant(10_000.0),
+            write_mbps: Curve::constant(10_000.0),
+        }],
+        interconnect_mbps: None,
+        compute_mbps: None,
+        preprocess_mbps: None,
+    };
+    let spec = JobSpec {
+        schedule: Schedule::shuffle(rels.len() as u64, 1, 1, 1, 0, true).unwrap(),
+        rank: 0,
+        local_ranks: vec![0],
+        run_id: format!("agent-server-test-{}", std::process::id()),
+        first_epoch: 0,
+        cluster: None,
+        agent: Some(AgentSpec {
+            counts: Some(AgentCounts {
+                own: hashed_counts(&keys, &owners, 0),
+                cluster: None,
+            }),
+            prefill: false,
+        }),
+    };
+    Arc::new(Engine::start(source, &model, spec).unwrap())
+}
+
+/// Every file looked up once: the bytes the agent points at (or sends) are the file's.
+/// Returns (cached, inline, direct).
+fn read_all(client: &mut Client, engine: &Engine, rels: &[String]) -> (usize, usize, usize) {
+    let arena = engine.segments().1.map(|p| std::fs::File::open(p).unwrap());
+    let mut seen = (0, 0, 0);
+    for (i, r) in rels.iter().enumerate() {
+        match client.lookup(r.as_bytes()).unwrap() {
+            (
+                Reply::Cached {
+                    file,
+                    size,
+                    offset,
+                    checksum,
+                },
+                _,
+            ) => {
+                assert_eq!(file as usize, i);
+                let mut got = vec![0u8; size as usize];
+                arena.as_ref().unwrap().read_exact_at(&mut got, offset).unwrap();
+                assert_eq!(got, content(i), "{r} in the arena");
+                assert_eq!(clairvoyant_agent::checksum(&got), checksum);
+                seen.0 += 1;
+            }
+            (Reply::Inline { checksum, .. }, data) => {
+                assert_eq!(data, content(i), "{r} inline");
+                assert_eq!(clairvoyant_agent::checksum(&data), checksum);
+                seen.1 += 1;
+            }
+            (Reply::Direct, _) => seen.2 += 1,
+            (other, _) => panic!("{r}: {other:?}"),
+        }
+    }
+    seen
+}
+
+fn stat(client: &mut Client, key: &str) -> u64 {
+    let text = client.stats().unwrap();
+    let at = text
+        .find(&format!("\"{key}\": "))
+        .unwrap_or_else(|| panic!("{key} in {text}"))
+        + key.len()
+        + 4;
+    text[at..].split([',', '}']).next().unwrap().trim().parse().unwrap()
+}
+
+fn start(engine: Option<Arc<Engine>>, dir: &Path, root: &Path, rels: &[String]) -> (Server, PathBuf) {
+    let sock = dir.join("agent.sock");
+    let server = Server::start(engine, &sock, root.to_str().unwrap(), rels.to_vec(), &dir.join("dir")).unwrap();
+    (server, sock)
+}
+
+#[test]
+fn lookups_are_served_from_the_node_cache_and_recorded_in_the_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 30);
+    let e = engine(t.path(), &root, &rels, 1 << 30);
+    let (server, sock) = start(Some(e.clone()), t.path(), &root, &rels);
+    let mut c = Client::connect(&sock, WAIT).unwrap();
+    // Memory for all of it: every file is cached on its first lookup, and found again.
+    assert_eq!(read_all(&mut c, &e, &rels), (rels.len(), 0, 0));
+    assert_eq!(read_all(&mut c, &e, &rels), (rels.len(), 0, 0));
+    let dir = DirReader::open(server.dir_path()).unwrap();
+    assert_eq!(dir.root_key(), path_key(root.to_str().unwrap().as_bytes()));
+    for (i, r) in rels.iter().enumerate() {
+        let entry = dir
+            .lookup(path_key(r.as_bytes()))
+            .unwrap_or_else(|| panic!("{r} in the directory"));
+        assert_eq!((entry.file as usize, entry.size), (i, content(i).len() as u64));
+    }
+    assert!(matches!(c.lookup(b"c0/not-there.bin").unwrap().0, Reply::Unknown));
+    assert_eq!(stat(&mut c, "lookups"), 2 * rels.len() as u64 + 1);
+    assert_eq!(stat(&mut c, "cached"), 2 * rels.len() as u64);
+    assert_eq!(stat(&mut c, "unknown"), 1);
+    // Each file was read from the dataset once.
+    assert_eq!(stat(&mut c, "pfs_files"), rels.len() as u64);
+    drop(c);
+    let dir_path = server.dir_path().to_path_buf();
+    server.close();
+    assert!(!sock.exists(), "the socket is removed on close");
+    assert!(!dir_path.exists(), "the directory file is removed on close");
+}
+
+#[test]
+fn a_lazy_agent_starts_on_the_order_and_refuses_a_second_one() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 12);
+    let (server, sock) = start(None, t.path(), &root, &rels);
+    assert_eq!(server.wait_event(Duration::from_millis(10)), None);
+    let mut c = Client::connect(&sock, WAIT).unwrap();
+    c.plan(b"/orders/{node}.txt").unwrap().unwrap();
+    // The same order again is fine; another is refused with the reason.
+    c.plan(b"/orders/{node}.txt").unwrap().unwrap();
+    let why = c.plan(b"/other/{node}.txt").unwrap().unwrap_err();
+    assert!(why.contains("another order came first"), "{why}");
+    assert_eq!(
+        server.wait_event(WAIT),
+        Some(Event::Plan(b"/orders/{node}.txt".to_vec()))
+    );
+    // A lookup waits for the engine, then is served.
+    let e = engine(t.path(), &root, &rels, 1 << 30);
+    let waiting = {
+        let (sock, rels, e) = (sock.clone(), rels.clone(), e.clone());
+        std::thread::spawn(move || read_all(&mut Client::connect(&sock, WAIT).unwrap(), &e, &rels))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    server.set_engine(e.clone());
+    assert_eq!(waiting.join().unwrap(), (rels.len(), 0, 0));
+    let why = c.plan(b"/orders/{node}.txt").unwrap().unwrap_err();
+    assert!(why.contains("placed the dataset already"), "{why}");
+}
+
+#[test]
+fn a_lazy_agents_first_read_asks_for_the_engine() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 6);
+    let (server, sock) = start(None, t.path(), &root, &rels);
+    let reader = {
+        let sock = sock.clone();
+        std::thread::spawn(move || Client::connect(&sock, WAIT).unwrap().lookup(b"c1/f1.bin").unwrap())
+    };
+    assert_eq!(server.wait_event(WAIT), Some(Event::Read));
+    server.set_engine(engine(t.path(), &root, &rels, 1 << 30));
+    assert!(matches!(reader.join().unwrap().0, Reply::Cached { file: 1, .. }));
+}
+
+#[test]
+fn the_agent_lives_while_a_launcher_is_attached() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 3);
+    let (server, sock) = start(None, t.path(), &root, &rels);
+    let since = Instant::now();
+    // Nobody attached yet: idle only after the wait for a first launcher.
+    assert!(!server.idle(Duration::from_millis(5), since, WAIT));
+    assert!(server.idle(Duration::from_millis(5), since, Duration::ZERO));
+    let mut launcher = Client::connect(&sock, WAIT).unwrap();
+    launcher.attach().unwrap();
+    assert_eq!(server.attached(), 1);
+    assert!(!server.finished());
+    assert!(!server.idle(Duration::from_millis(5), since, Duration::ZERO));
+    drop(launcher);
+    let deadline = Instant::now() + WAIT;
+    while !server.idle(Duration::from_millis(20), since, Duration::ZERO) {
+        assert!(Instant::now() < deadline, "the launcher's leaving was not seen");
+    }
+    assert!(server.finished());
+    assert_eq!(server.attached(), 0);
+}
+
+#[test]
+fn many_connections_are_served_at_once_and_never_wrongly() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 64);
+    // Memory for about half: the rest is answered Direct.
+    let half: u64 = (0..32).map(|i| content(i).len() as u64).sum();
+    let e = engine(t.path(), &root, &rels, half);
+    let (_server, sock) = start(Some(e.clone()), t.path(), &root, &rels);
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (sock, e, rels) = (sock.clone(), e.clone(), rels.clone());
+            std::thread::spawn(move || read_all(&mut Client::connect(&sock, WAIT).unwrap(), &e, &rels))
+        })
+        .collect();
+    for t in threads {
+        let s = t.join().unwrap();
+        assert_eq!(s.0 + s.1 + s.2, rels.len());
+        assert!(s.0 > 0 && s.2 > 0, "{s:?}: some cached, some not");
+    }
+}
