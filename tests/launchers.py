@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -31,10 +33,11 @@ def need_command(*names: str, install: str) -> None:
 
 
 def need_module(name: str, install: str) -> None:
-    try:
-        __import__(name)
-    except ImportError as exc:
-        missing(f"cannot import {name}: {exc} ({install})")
+    """``name`` imports in a child process (importing mpi4py.MPI here would start MPI in the test
+    process, and every process it forks)."""
+    proc = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        missing(f"cannot import {name}: {proc.stderr.strip().splitlines()[-1:]} ({install})")
 
 
 def clean_env(**extra: str) -> dict:
