@@ -2,9 +2,7 @@
 from Open MPI's variables, the nodes meet and share the job secret through MPI (mpi4py), and
 no torch launcher variable, shared directory or secret is set.
 
-``--nodes N`` emulates N nodes on this machine, as a real mpirun over N hosts with the ranks in
-blocks would place them: each block of ranks gets its own node id and shared-memory directory,
-and Open MPI's local rank and local size are those of its block.
+``--nodes N`` emulates N nodes on this machine (tests/mpi_node.py).
 
 argv: LIST CONFIG OUT EPOCHS --nodes N --shm DIR. Writes OUT/rank<r>.json: the sample ids of
 every epoch, the Job's per-epoch statistics, its peer statistics and the backend chosen."""
@@ -17,18 +15,7 @@ import os
 import sys
 import zlib
 
-
-def emulate_node(nodes: int, shm: str) -> None:
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    world = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    per_node = world // nodes
-    node = rank // per_node
-    os.environ["OMPI_COMM_WORLD_LOCAL_RANK"] = str(rank % per_node)
-    os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = str(per_node)
-    os.environ["CLAIRVOYANT_NODE_ID"] = f"node{node}"
-    os.environ["CLAIRVOYANT_SHM_DIR"] = os.path.join(shm, f"node{node}")
-    os.environ["CLAIRVOYANT_LISTEN"] = "127.0.0.1"
-    os.makedirs(os.environ["CLAIRVOYANT_SHM_DIR"], exist_ok=True)
+from mpi_node import emulate_node
 
 
 def main() -> int:

@@ -71,3 +71,32 @@ def test_mpirun_two_nodes_read_once(tmp_path):
     assert len(servers) == 2, "one server per node"
     assert all(s["served"] > 0 for s in servers), "each node's server served the other node"
     assert peer > 0
+
+
+def test_mpirun_dropin_on_two_nodes(tmp_path):
+    """The example training script with the drop-in, under mpirun as 2 emulated nodes x 2 ranks:
+    no torch launcher variable, no shared directory, no secret; rank, world size and local ranks
+    from Open MPI's variables, the nodes meet through MPI."""
+    need_mpi()
+    from test_examples import EXAMPLES, check_logs, write_imagenet
+
+    data = write_imagenet(tmp_path / "imagenet")
+    log = tmp_path / "log"
+    script = [
+        str(EXAMPLES / "train_imagenet.py"),
+        "--data",
+        str(data),
+        "--epochs",
+        "2",
+        "--workers",
+        "0",
+        "--batch-size",
+        "4",
+        "--image-size",
+        "32",
+    ]
+    proc = mpirun(
+        4, [sys.executable, os.path.join(HERE, "mpi_node.py"), "2", str(tmp_path / "shm"), *script, "--record", str(log)], clean_env()
+    )
+    check_logs(log, 4, 2, "OMPI_COMM_WORLD_RANK")
+    assert "not cached" not in proc.stderr, proc.stderr[-2000:]
