@@ -1,7 +1,12 @@
-"""A one-machine Slurm for the launcher tests: munged, slurmctld and slurmd started as root with
-their keys, sockets, state and configuration in a temporary directory (nothing under /etc or
-/run is touched), and stopped again. The node offers 4 CPUs whatever the machine has
-(``SlurmdParameters=config_overrides``), so ``srun -n 4`` runs on a small machine too."""
+"""A one-machine Slurm for the launcher tests: munged, slurmctld and one slurmd per emulated node
+(Debian's Slurm runs several on one host, each with its own port) started as root with their
+keys, sockets, state and configuration in a temporary directory (nothing under /etc or /run is
+touched), and stopped again. Each node offers ``cpus`` CPUs whatever the machine has
+(``SlurmdParameters=config_overrides``), so ``srun -n 4`` runs on a small machine too.
+
+A task prolog makes each task part of its emulated node, as the netns harness does for others:
+its node id is the Slurm node's name, its shared-memory directory is the node's own, and peer
+servers listen on loopback. The launch commands and scripts stay those of a real cluster."""
 
 from __future__ import annotations
 
@@ -37,17 +42,29 @@ def unavailable() -> str | None:
 
 
 class Slurm:
-    def __init__(self, root: Path, cpus: int = 4):
+    def __init__(self, root: Path, nodes: int = 2, cpus: int = 2):
         self.root = root
         self.procs: list = []
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o711)  # munged wants its socket's directories searchable by all
-        for d in ("state", "spool"):
-            (root / d).mkdir(exist_ok=True)
+        (root / "state").mkdir(exist_ok=True)
         key = root / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
         host = socket.gethostname().split(".")[0]
+        self.nodes = [f"cv{n}" for n in range(1, nodes + 1)]
+        prolog = root / "task_prolog.sh"
+        prolog.write_text(
+            "#!/bin/sh\n"
+            f'mkdir -p "{root}/shm/$SLURMD_NODENAME"\n'
+            'echo "export CLAIRVOYANT_NODE_ID=$SLURMD_NODENAME"\n'
+            f'echo "export CLAIRVOYANT_SHM_DIR={root}/shm/$SLURMD_NODENAME"\n'
+            'echo "export CLAIRVOYANT_LISTEN=127.0.0.1"\n'
+        )
+        os.chmod(prolog, 0o755)
+        node_lines = "".join(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} State=UNKNOWN\n" for name in self.nodes
+        )
         self.conf = root / "slurm.conf"
         self.conf.write_text(
             f"""ClusterName=clairvoyant-test
@@ -58,13 +75,13 @@ AuthType=auth/munge
 AuthInfo=socket={root}/munge.sock
 CredType=cred/munge
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
+SlurmdLogFile={root}/slurmd-%n.log
+TaskProlog={prolog}
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -76,8 +93,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SwitchType=switch/none
 SlurmdParameters=config_overrides
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+{node_lines}PartitionName=test Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
         )
         self.env = {"SLURM_CONF": str(self.conf)}
@@ -90,14 +106,15 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
         )  # fmt: skip
         self._wait(lambda: (r / "munge.sock").exists(), timeout, "munged's socket")
         self._spawn([_daemon("slurmctld"), "-D", "-f", str(self.conf)], "slurmctld")
-        self._spawn([_daemon("slurmd"), "-D", "-f", str(self.conf)], "slurmd")
+        for name in self.nodes:
+            self._spawn([_daemon("slurmd"), "-D", "-N", name, "-f", str(self.conf)], f"slurmd-{name}")
         env = dict(os.environ, **self.env)
 
         def idle() -> bool:
             out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True, timeout=30)
-            return out.returncode == 0 and out.stdout.strip() == "idle"
+            return out.returncode == 0 and out.stdout.split() == ["idle"]
 
-        self._wait(idle, timeout, "the node to be idle")
+        self._wait(idle, timeout, "the nodes to be idle")
 
     def _spawn(self, argv, name) -> None:
         log = open(self.root / f"{name}.out", "wb")
@@ -115,13 +132,36 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
 
     def logs(self) -> str:
         out = []
-        for name in ("munged.out", "slurmctld.out", "slurmd.out", "slurmctld.log", "slurmd.log"):
+        names = ["munged.out", "slurmctld.out", "slurmctld.log"]
+        names += [f"slurmd-{n}.{ext}" for n in self.nodes for ext in ("out", "log")]
+        for name in names:
             p = self.root / name
             if p.exists():
                 out.append(f"--- {name}\n" + p.read_text(errors="replace")[-1500:])
         return "\n".join(out)
 
+    def _step_daemons(self) -> list:
+        """Process ids of this cluster's slurmstepd processes (they detach from slurmd)."""
+        pids, mark = [], f"SLURM_CONF={self.conf}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if not f.read().startswith(b"slurmstepd"):
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        pids.append(int(entry))
+            except OSError:
+                continue
+        return pids
+
     def stop(self) -> None:
+        # Steps still reporting to slurmd finish first; any left after the daemons stop are ended.
+        deadline = time.monotonic() + 15
+        while self._step_daemons() and time.monotonic() < deadline:
+            time.sleep(0.2)
         for _name, p in reversed(self.procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -132,3 +172,8 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscr
                 p.kill()
                 p.wait()
         self.procs = []
+        for pid in self._step_daemons():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -50,7 +50,7 @@ def test_mpirun_two_nodes_read_once(tmp_path):
     config = memory_config(tmp_path / "system.toml", int(total * 0.6))
     out = tmp_path / "out"
     out.mkdir()
-    argv = [sys.executable, os.path.join(HERE, "mpi_rank.py"), str(listing), config, str(out), str(EPOCHS)]
+    argv = [sys.executable, os.path.join(HERE, "launcher_rank.py"), str(listing), config, str(out), str(EPOCHS)]
     mpirun(4, [*argv, "--nodes", "2", "--shm", str(tmp_path / "shm")], clean_env())
 
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]

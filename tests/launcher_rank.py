@@ -1,8 +1,10 @@
-"""One rank of a Job started by ``mpirun`` (tests/test_launchers.py): rank and world size come
-from Open MPI's variables, the nodes meet and share the job secret through MPI (mpi4py), and
-no torch launcher variable, shared directory or secret is set.
+"""One rank of a Job started by a launcher (tests/test_launchers_mpi.py, tests/test_launchers_slurm.py):
+rank, world size and local ranks come from the launcher's variables (Open MPI's, Slurm's), the
+nodes meet and share the job secret the launcher's way (MPI through mpi4py, a shared directory
+under Slurm), and no torch launcher variable is set. Before its Job closes (and its node's peer
+server with it) every rank waits for all the others, as the end of a training loop does.
 
-``--nodes N`` emulates N nodes on this machine (tests/mpi_node.py).
+``--nodes N`` emulates N nodes on this machine under mpirun (tests/mpi_node.py).
 
 argv: LIST CONFIG OUT EPOCHS --nodes N --shm DIR. Writes OUT/rank<r>.json: the sample ids of
 every epoch, the Job's per-epoch statistics, its peer statistics and the backend chosen."""
@@ -25,9 +27,10 @@ def main() -> int:
     p.add_argument("out")
     p.add_argument("epochs", type=int)
     p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--shm", required=True)
+    p.add_argument("--shm", default=None)
     a = p.parse_args()
-    emulate_node(a.nodes, a.shm)
+    if a.nodes > 1:
+        emulate_node(a.nodes, a.shm)
 
     import clairvoyant
     from clairvoyant import _cluster, _env
@@ -60,9 +63,7 @@ def main() -> int:
         "peers": job.peer_stats(),
     }
     # Every node is done before any peer server stops.
-    from mpi4py import MPI
-
-    MPI.COMM_WORLD.Barrier()
+    _cluster.allgather(b"done", rank=where.rank, world_size=where.world_size, run_id=where.run_id)
     job.close()
     with open(os.path.join(a.out, f"rank{where.rank}.json"), "w") as f:
         json.dump(result, f)
