@@ -22,7 +22,8 @@ import pytest
 from launchers import clean_env, missing
 
 ROOT = Path(__file__).resolve().parent.parent
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+VERSION = PROJECT["version"]
 TIMEOUT = float(os.environ.get("CV_TEST_TIMEOUT", 600))
 
 
@@ -43,6 +44,9 @@ def venv(tmp_path_factory):
     wheel = _build_wheel()
     import zipfile
 
+    # The stable ABI from the oldest Python the project states (and its tests run on).
+    floor = PROJECT["requires-python"].removeprefix(">=").replace(".", "")
+    assert f"-cp{floor}-abi3-" in wheel.name, f"{wheel.name}: expected the stable ABI of Python >= {PROJECT['requires-python']}"
     names = zipfile.ZipFile(wheel).namelist()
     for part in ("clairvoyant/libclairvoyant_preload.so", "clairvoyant/cli.py", "clairvoyant/torch/__init__.py"):
         assert part in names, f"{wheel.name} lacks {part}"
@@ -68,9 +72,32 @@ def venv(tmp_path_factory):
     return env_dir
 
 
+RUST = ("cargo", "rustc", "rustup", "rustdoc", "rustfmt", "maturin")
+
+
+def system_bin(venv: Path) -> Path:
+    """A directory of links to the system's commands, less any Rust tool (a toolchain installed
+    in /usr/bin stays out of sight too)."""
+    out = venv / "system-bin"
+    if not out.is_dir():
+        out.mkdir()
+        for d in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+            if not os.path.isdir(d):
+                continue
+            for name in os.listdir(d):
+                if name.startswith(RUST) or name.startswith(("cargo-", "rust-")) or (out / name).exists():
+                    continue
+                os.symlink(os.path.join(d, name), out / name)
+    return out
+
+
+def venv_path(venv: Path) -> str:
+    return os.pathsep.join([str(venv / "bin"), str(system_bin(venv))])
+
+
 def run(venv: Path, *args, cwd=None, **extra) -> subprocess.CompletedProcess:
     """A command in the fresh environment with no Rust toolchain (nor the source tree) in sight."""
-    path = os.pathsep.join([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"])
+    path = venv_path(venv)
     env = clean_env(PATH=path, VIRTUAL_ENV=str(venv), **extra)
     for k in ("PYTHONPATH", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_TARGET_DIR"):
         env.pop(k, None)
@@ -80,7 +107,8 @@ def run(venv: Path, *args, cwd=None, **extra) -> subprocess.CompletedProcess:
 
 
 def test_no_rust_and_the_package_is_the_wheels(venv):
-    assert shutil.which("cargo", path=os.pathsep.join([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"])) is None
+    for tool in RUST:
+        assert shutil.which(tool, path=venv_path(venv)) is None, f"{tool} is on the fresh environment's PATH"
     out = run(
         venv,
         venv / "bin" / "python",
@@ -170,7 +198,7 @@ def test_clairvoyant_run_cat(venv, tmp_path):
     (data / "f.bin").write_bytes(payload)
     proc = subprocess.run(
         [venv / "bin" / "clairvoyant", "run", "--dataset", data, "--", "cat", data / "f.bin"],
-        env=clean_env(PATH=os.pathsep.join([str(venv / "bin"), "/usr/bin", "/bin"])), capture_output=True, timeout=TIMEOUT,
+        env=clean_env(PATH=venv_path(venv)), capture_output=True, timeout=TIMEOUT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert proc.stdout == payload
