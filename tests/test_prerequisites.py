@@ -55,3 +55,16 @@ def test_readme_names_the_compiler_and_system_packages():
     packages = re.search(r"SYSTEM_PACKAGES=\(([^)]*)\)", dev).group(1).split()
     for package in packages:
         assert package in README, f"README does not name the system package {package} that ./dev installs"
+
+
+def test_a_missing_launcher_skips_except_on_ci(monkeypatch):
+    from launchers import need_command, need_module
+
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no clairvoyant-no-such-command on PATH .*CI=true"):
+        need_command("clairvoyant-no-such-command", install="install it")
+    with pytest.raises(pytest.fail.Exception, match="cannot import clairvoyant_no_such_module"):
+        need_module("clairvoyant_no_such_module", install="install it")
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="no clairvoyant-no-such-command on PATH"):
+        need_command("clairvoyant-no-such-command", install="install it")
