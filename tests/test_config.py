@@ -69,6 +69,9 @@ def test_probe_writes_a_config_a_job_accepts(tmp_path):
         ({}, (0, 1, [0])),
         ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "r"}, (5, 8, [4, 5, 6, 7])),
         ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x2)", "SLURM_JOB_ID": "9"}, (3, 4, [2, 3])),
+        # srun -N 2 -n 5 (no --ntasks-per-node): this node's count from the step's per-node counts.
+        ({"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "3,2"}, (4, 5, [3, 4])),
+        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "6", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2(x3)"}, (2, 6, [2, 3])),
         ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}, (2, 3, [2])),
     ],
 )
@@ -84,3 +87,8 @@ def test_launcher_environment(env, expect):
 def test_bad_launcher_value_names_the_variable():
     with pytest.raises(ValueError, match="WORLD_SIZE"):
         _env.detect(env={"RANK": "0", "WORLD_SIZE": "many"})
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "3", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    with pytest.raises(ValueError, match="SLURM_NODEID='3'"):
+        _env.detect(env=slurm)
+    with pytest.raises(ValueError, match="task count list"):
+        _env.detect(env=dict(slurm, SLURM_NODEID="0", SLURM_STEP_TASKS_PER_NODE="two"))

@@ -8,6 +8,7 @@ all local ranks of one run agree on. Every launcher variable clairvoyant reads i
 | TORCHELASTIC_RUN_ID                       | torchrun        | run id                          |
 | SLURM_PROCID, SLURM_NTASKS                | Slurm (srun)    | global rank / number of ranks   |
 | SLURM_LOCALID, SLURM_NTASKS_PER_NODE      | Slurm           | rank on node / ranks per node   |
+| SLURM_STEP_TASKS_PER_NODE, SLURM_NODEID   | Slurm (srun)    | ranks of each node; this node   |
 | SLURM_JOB_ID, SLURM_STEP_ID               | Slurm           | run id                          |
 | OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE| Open MPI        | global rank / number of ranks   |
 | OMPI_COMM_WORLD_LOCAL_RANK, ..._LOCAL_SIZE| Open MPI        | rank on node / ranks on node    |
@@ -38,6 +39,7 @@ Slurm's block distribution and mpirun --map-by core); pass ``local_ranks=`` to a
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 _RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -46,9 +48,32 @@ _LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI
 _LOCAL_SIZE = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
+def _slurm_tasks_here(env) -> str | None:
+    """This node's task count from the step's per-node counts (``SLURM_STEP_TASKS_PER_NODE``,
+    else the job's ``SLURM_TASKS_PER_NODE``: ``"2(x3),1"`` is 2, 2, 2, 1) at ``SLURM_NODEID``.
+    srun sets SLURM_NTASKS_PER_NODE only when --ntasks-per-node is given; ``srun -N 2 -n 4``
+    sets these."""
+    counts = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    node = env.get("SLURM_NODEID")
+    if not counts or node is None or node == "":
+        return None
+    expanded = []
+    for part in counts.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ValueError(f"environment variable SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE={counts!r} is not a task count list")
+        expanded += [m.group(1)] * int(m.group(2) or 1)
+    try:
+        return expanded[int(node)]
+    except (ValueError, IndexError) as exc:
+        raise ValueError(f"environment variable SLURM_NODEID={node!r} names no node of the task counts {counts!r}") from exc
+
+
 def _first_int(names: tuple[str, ...], env) -> int | None:
     for name in names:
         value = env.get(name)
+        if (value is None or value == "") and name == "SLURM_NTASKS_PER_NODE":
+            value = _slurm_tasks_here(env)
         if value is None or value == "":
             continue
         try:
