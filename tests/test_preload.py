@@ -1104,7 +1104,7 @@ def test_a_raw_system_call_on_a_standin_reads_the_file(built, dataset, start_age
     assert res["raw"] == sha(p.read_bytes())
 
 
-THREADS = r"""
+LOOKUP_THREADS = r"""
 import hashlib, json, sys, threading
 paths = sys.argv[1:]
 start = threading.Barrier(len(paths))
@@ -1133,7 +1133,7 @@ def test_the_threads_of_one_process_look_up_at_the_same_time(built, dataset, sta
         files.append(p)
     agent = start_agent(f"gather:{n}")
     env = env_for(built, dataset, agent.socket)
-    r = run([sys.executable, "-c", THREADS, *map(str, files)], env)
+    r = run([sys.executable, "-c", LOOKUP_THREADS, *map(str, files)], env)
     assert r.returncode == 0, r.stderr.decode()
     assert json.loads(r.stdout) == {str(p): sha(p.read_bytes()) for p in files}
     assert int((agent.state / "max_in_flight").read_text()) == n
