@@ -703,3 +703,153 @@ def test_train_and_validation_jobs_in_one_process_cache_once(tmp_path, shm):
     assert all(g == [500, 0] for g in out["got"])
     assert out["pfs"] == 500, f"two jobs read {out['pfs']} samples from the dataset (500 samples)"
     assert out["allocated"] < 1.5 * out["total"], f"{out['allocated']} bytes cached for a {out['total']}-byte dataset"
+
+
+# -- the folder of indexes and system.toml ----------------------------------------------------
+
+SECRET = b"root's secret " * 64
+
+
+def _fnv(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def planted_index(root: Path, entry: str) -> tuple:
+    """(file name, bytes) of a well-formed, fresh-looking index of the ImageFolder at ``root``
+    whose every sample is ``entry`` (relative to the root), as another user would write it."""
+    import struct
+
+    def s(b: bytes) -> bytes:
+        return struct.pack("<I", len(b)) + b
+
+    root = root.resolve()
+    identity = b"dir:" + bytes(root)
+    dirs = [root, root / "a"]
+    now = time.time_ns()
+    body = b"CVINDEX\0" + struct.pack("<I", 1) + s(identity)
+    body += struct.pack("<Q", 1) + s(b"a")
+    body += struct.pack("<Q", len(dirs)) + b"".join(s(bytes(d)) + struct.pack("<q", os.stat(d).st_mtime_ns) for d in dirs)
+    body += struct.pack("<Q", 4) + b"".join(s(entry.encode()) + struct.pack("<Qq", len(SECRET), 0) for _ in range(4))
+    body += struct.pack("<qq", now, now)
+    return f"index-{_fnv(identity):016x}.cvidx", body + struct.pack("<Q", _fnv(body))
+
+
+def as_nobody(code: str) -> None:
+    subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code], check=True)
+
+
+def image_dataset(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    for k in range(4):
+        (data / "a" / f"{k}.jpg").write_bytes(bytes([k + 1]) * 500)
+    os.utime(data / "a", ns=(0, 10**18))  # an old mtime, so that an index of it counts as fresh
+    os.utime(data, ns=(0, 10**18))
+    return data
+
+
+CACHE_BODY = """
+    try:
+        job = clairvoyant.Job(clairvoyant.ImageFolder(sys.argv[1]), batch_size=2, epochs=1, config=sys.argv[2])
+    except OSError as exc:
+        emit(refused=str(exc)); sys.exit(0)
+    got = sorted(bytes(s.tobytes()[:4]).hex() for s, _ in job.epoch(0))
+    emit(got=got)
+    job.close()
+    """
+
+
+@needs_root
+@pytest.mark.parametrize("layout", ["folder-of-another-user", "sticky-folder", "file-of-another-user"])
+def test_planted_index_is_never_served(tmp_path, shm, layout):
+    """Another user plants an index whose entries lead to a root-only file, and a symlink where
+    the index lock goes: no secret is served and nothing is created through the symlink."""
+    data = image_dataset(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    os.chmod(victim, 0o600)
+    name, index = planted_index(data, os.path.relpath(victim, data.resolve()))
+    created = shm / "created-through-link"
+    cache = shm / "cache"
+    plant = f"""
+import os
+d = {str(cache)!r}
+os.makedirs(d, exist_ok=True)
+with open(os.path.join(d, {name!r}), "wb") as f:
+    f.write({index!r})
+os.symlink({str(created)!r}, os.path.join(d, {name + ".lock"!r}))
+"""
+    if layout == "folder-of-another-user":
+        as_nobody(plant)
+    elif layout == "sticky-folder":
+        cache.mkdir()
+        os.chmod(cache, 0o1777)
+        as_nobody(plant)
+    else:
+        cache.mkdir(mode=0o700)
+        exec(plant)
+        os.chown(cache / name, 65534, 65534)
+        os.lchown(cache / (name + ".lock"), 65534, 65534)
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(tmp_path, "planted_index", CACHE_BODY)
+    out = result(run(s, base_env(shm, CLAIRVOYANT_CACHE_DIR=cache), args=(str(data), str(cfg))))
+    assert not created.exists(), "a file was created through a planted symlink"
+    assert victim.read_bytes() == SECRET
+    if layout == "sticky-folder":
+        assert "refused" not in out, out
+        assert out["got"] == sorted((bytes([k + 1]) * 4).hex() for k in range(4)), "the samples are the dataset's"
+        private = cache / f"clairvoyant-{os.geteuid()}"
+        assert stat.S_IMODE(os.lstat(private).st_mode) == 0o700
+        for p in files_under(private):
+            assert stat.S_IMODE(os.lstat(p).st_mode) == 0o600, p
+    else:
+        assert "refused" in out, f"the planted index was used: {out}"
+        named = str(cache) if layout == "folder-of-another-user" else name
+        assert named in out["refused"] and "uid 65534" in out["refused"], out["refused"]
+
+
+@needs_root
+@pytest.mark.parametrize("owner", ["folder", "file"])
+def test_planted_system_description_is_refused(tmp_path, shm, owner):
+    cache = shm / "cache"
+    plant = f"""
+import os
+os.makedirs({str(cache)!r}, exist_ok=True)
+with open(os.path.join({str(cache)!r}, "system.toml"), "w") as f:
+    f.write('[staging]\\ncapacity = "1 MiB"\\n')
+"""
+    if owner == "folder":
+        as_nobody(plant)
+    else:
+        exec(plant)
+        os.chown(cache / "system.toml", 65534, 65534)
+    body = """
+    try:
+        job = clairvoyant.Job(clairvoyant.Synthetic([100] * 8), batch_size=2, epochs=1)
+    except OSError as exc:
+        emit(refused=str(exc)); sys.exit(0)
+    emit(staging=job.segments and 1)
+    job.close()
+    """
+    out = result(run(script(tmp_path, "planted_toml", body), base_env(shm, CLAIRVOYANT_CACHE_DIR=cache)))
+    assert "refused" in out, f"a planted system.toml was used: {out}"
+    assert "uid 65534" in out["refused"], out["refused"]
+    assert (str(cache) if owner == "folder" else "system.toml") in out["refused"]
+
+
+def test_index_files_are_private(tmp_path, shm):
+    data = image_dataset(tmp_path)
+    cache = tmp_path / "new" / "cache"
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(tmp_path, "private_index", CACHE_BODY)
+    out = result(run(s, base_env(shm, CLAIRVOYANT_CACHE_DIR=cache), args=(str(data), str(cfg))))
+    assert len(out["got"]) == 4
+    for d in (tmp_path / "new", cache):
+        assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700, d
+    files = files_under(cache)
+    assert any(p.name.endswith(".cvidx") for p in files), files
+    for p in files:
+        assert stat.S_IMODE(os.lstat(p).st_mode) == 0o600, p

@@ -966,13 +966,12 @@ impl SystemModel {
         o
     }
 
-    /// Write [`SystemModel::to_toml_string`] to `path` (creating its directory).
+    /// Write [`SystemModel::to_toml_string`] to `path` (creating its directory, mode 0700),
+    /// atomically and privately (mode 0600, see [`write_private`](crate::tier::secure::write_private)).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        std::fs::write(path, self.to_toml_string()).map_err(|e| Error::io(path, e))
+        crate::source::index::make_parent(path)?;
+        crate::tier::secure::write_private(path, self.to_toml_string().as_bytes())
     }
 }
 
