@@ -46,3 +46,22 @@ def test_close_releases_the_staging_ring_at_once(tmp_path, monkeypatch):
     assert len(held[0]) == 100
     leftovers = [f for _, _, fs in os.walk(tmp_path) for f in fs]
     assert leftovers == [], leftovers
+
+
+@pytest.mark.parametrize(
+    "env,name",
+    [
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE"),
+        ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK"),
+    ],
+)
+def test_impossible_launcher_variables_name_the_variable(env, name):
+    with pytest.raises(clairvoyant.ConfigError, match=f"'{name}'"):
+        _env.detect(env=env)
+
+
+def test_world_size_zero_as_an_argument_is_a_config_error():
+    with pytest.raises(clairvoyant.ConfigError, match="world_size"):
+        _env.detect(rank=0, world_size=0, env={})

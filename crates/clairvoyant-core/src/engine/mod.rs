@@ -405,7 +405,30 @@ impl Engine {
             ),
         });
 
-        let mut threads = Vec::new();
+        // The engine exists before its threads: if one cannot start (a thread or process
+        // limit), dropping it stops and joins those already running.
+        let engine = Engine {
+            inner: inner.clone(),
+            threads: Mutex::new(Vec::new()),
+            placement_summary,
+            plan_origin,
+            first_epoch: spec.first_epoch,
+            schedule: spec.schedule,
+            rank: spec.rank,
+        };
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
+            let handle = std::thread::Builder::new().name(name.clone()).spawn(f).map_err(|e| {
+                Error::config(
+                    "threads",
+                    format!(
+                        "cannot start thread {name}: {e} (a limit on threads or processes, such as \
+                         ulimit -u; fewer class or staging threads need fewer)"
+                    ),
+                )
+            })?;
+            engine.threads.lock().unwrap_or_else(|p| p.into_inner()).push(handle);
+            Ok(())
+        };
         let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
         let local_count = spec.local_ranks.len();
         let prefill = spec.agent.as_ref().is_none_or(|a| a.prefill);
@@ -425,12 +448,10 @@ impl Engine {
             let next = Arc::new(AtomicUsize::new(0));
             for t in 0..model.classes[j].threads.max(1) {
                 let (inner, share, next) = (inner.clone(), share.clone(), next.clone());
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("cv-class{i}-{t}"))
-                        .spawn(move || inner.class_prefetch(i, &share, &next))
-                        .expect("spawn class prefetcher"),
-                );
+                spawn(
+                    format!("cv-class{i}-{t}"),
+                    Box::new(move || inner.class_prefetch(i, &share, &next)),
+                )?;
             }
         }
         // A node agent stages nothing: programs read the node cache through `local`.
@@ -441,22 +462,9 @@ impl Engine {
         };
         for t in 0..staging_threads {
             let inner = inner.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("cv-staging-{t}"))
-                    .spawn(move || inner.staging_prefetch())
-                    .expect("spawn staging prefetcher"),
-            );
+            spawn(format!("cv-staging-{t}"), Box::new(move || inner.staging_prefetch()))?;
         }
-        Ok(Engine {
-            inner,
-            threads: Mutex::new(threads),
-            placement_summary,
-            plan_origin,
-            first_epoch: spec.first_epoch,
-            schedule: spec.schedule,
-            rank: spec.rank,
-        })
+        Ok(engine)
     }
 
     /// Answers other nodes' requests for this node's cached samples.
