@@ -509,6 +509,27 @@ impl Engine {
         } else {
             model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64)
         };
+        if spec.agent.is_none() {
+            // A staging ring lives in shared memory or, when that is too small, on disk: one
+            // that fits neither is a configuration error now, before any class is sized by it.
+            let free = |p: &std::path::Path| crate::sysinfo::free_space(p).unwrap_or(u64::MAX);
+            let (shm, disk) = (cache.dir().to_path_buf(), crate::tier::secure::disk_base());
+            let room = free(&shm).max(free(&disk));
+            if model.staging.capacity > room {
+                return Err(Error::config(
+                    "staging.capacity",
+                    format!(
+                        "a staging ring of {} per rank fits neither in shared memory ({}, {} free) nor on disk \
+                         ({}, {} free); lower staging.capacity (or CLAIRVOYANT_STAGING)",
+                        crate::model::human_bytes(model.staging.capacity),
+                        shm.display(),
+                        crate::model::human_bytes(free(&shm)),
+                        disk.display(),
+                        crate::model::human_bytes(free(&disk))
+                    ),
+                ));
+            }
+        }
         let capacities = cache.setup(&requests, ring_reserve)?;
         if let Some(c) = &spec.cluster {
             for (r, &got) in requests.iter().zip(&capacities) {
