@@ -3,6 +3,8 @@ ranks outside the world are a ConfigError naming ``local_ranks`` (never a panic)
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import clairvoyant
@@ -34,8 +36,6 @@ def test_job_with_local_ranks_outside_the_world_is_a_config_error(tmp_path, monk
 
 
 def test_close_releases_the_staging_ring_at_once(tmp_path, monkeypatch):
-    import os
-
     monkeypatch.setenv("CLAIRVOYANT_SHM_DIR", str(tmp_path))
     job = clairvoyant.Job(clairvoyant.Synthetic([100] * 64), batch_size=8, epochs=1, rank=0, world_size=1)
     ring = job.segments[0]
@@ -46,3 +46,33 @@ def test_close_releases_the_staging_ring_at_once(tmp_path, monkeypatch):
     assert len(held[0]) == 100
     leftovers = [f for _, _, fs in os.walk(tmp_path) for f in fs]
     assert leftovers == [], leftovers
+
+
+@pytest.mark.parametrize(
+    "env,name",
+    [
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE"),
+        ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK"),
+    ],
+)
+def test_impossible_launcher_variables_name_the_variable(env, name):
+    with pytest.raises(clairvoyant.ConfigError, match=f"'{name}'"):
+        _env.detect(env=env)
+
+
+def test_world_size_zero_as_an_argument_is_a_config_error():
+    with pytest.raises(clairvoyant.ConfigError, match="world_size"):
+        _env.detect(rank=0, world_size=0, env={})
+
+
+def test_a_staging_ring_larger_than_any_disk_names_the_setting(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("CLAIRVOYANT_SHM_DIR", str(tmp_path))
+    monkeypatch.setenv("CLAIRVOYANT_STAGING", "1000 TiB")
+    with pytest.raises(clairvoyant.ConfigError, match="staging.capacity") as info:
+        clairvoyant.Job(clairvoyant.Synthetic([100] * 8), batch_size=2, epochs=1, rank=0, world_size=1)
+    assert "CLAIRVOYANT_STAGING" in str(info.value) and "free" in str(info.value)
+    err = capfd.readouterr().err
+    assert "warning" not in err, f"a warning before the error: {err}"
+    assert [f for _, _, fs in os.walk(tmp_path) for f in fs] == [], "files left behind"

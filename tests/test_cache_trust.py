@@ -310,6 +310,30 @@ def test_overwritten_memory_segment_is_detected(tmp_path, shm):
     assert out["corrupt"][1] and out["corrupt"][1] > 0, "corrupt samples are counted"
 
 
+def test_damaged_memory_copies_are_repaired_on_the_next_read(tmp_path, shm):
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(
+        tmp_path,
+        "repair",
+        f"""
+        n = 3000
+        job = clairvoyant.Job(clairvoyant.Synthetic(sizes(n)), batch_size=16, epochs=3, config={str(cfg)!r})
+        check_epoch(job, 0, sizes(n))
+        with open(job.segments[1], "r+b") as f:
+            f.seek(0)
+            f.write(os.urandom(4 << 20))
+        later = [check_epoch(job, e, sizes(n)) for e in (1, 2)]
+        stats = job.stats()
+        emit(later=later, corrupt=[s.get("corrupt") or 0 for s in stats], pfs=[s["pfs_files_read"] for s in stats])
+        job.close()
+        """,
+    )
+    out = result(run(s, base_env(shm)))
+    assert out["later"] == [[3000, 0], [3000, 0]]
+    assert out["corrupt"][1] > 0, "the damage was seen"
+    assert out["corrupt"][2] == 0 and out["pfs"][2] == 0, f"damaged copies were not repaired: {out}"
+
+
 def test_truncated_memory_segment_does_not_crash(tmp_path, shm):
     cfg = memory_config(tmp_path / "system.toml")
     s = script(
@@ -703,3 +727,268 @@ def test_train_and_validation_jobs_in_one_process_cache_once(tmp_path, shm):
     assert all(g == [500, 0] for g in out["got"])
     assert out["pfs"] == 500, f"two jobs read {out['pfs']} samples from the dataset (500 samples)"
     assert out["allocated"] < 1.5 * out["total"], f"{out['allocated']} bytes cached for a {out['total']}-byte dataset"
+
+
+# -- the folder of indexes and system.toml ----------------------------------------------------
+
+SECRET = b"root's secret " * 64
+
+
+def _fnv(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def planted_index(root: Path, entry: str) -> tuple:
+    """(file name, bytes) of a well-formed, fresh-looking index of the ImageFolder at ``root``
+    whose every sample is ``entry`` (relative to the root), as another user would write it."""
+    import struct
+
+    def s(b: bytes) -> bytes:
+        return struct.pack("<I", len(b)) + b
+
+    root = root.resolve()
+    identity = b"dir:" + bytes(root)
+    dirs = [root, root / "a"]
+    now = time.time_ns()
+    body = b"CVINDEX\0" + struct.pack("<I", 1) + s(identity)
+    body += struct.pack("<Q", 1) + s(b"a")
+    body += struct.pack("<Q", len(dirs)) + b"".join(s(bytes(d)) + struct.pack("<q", os.stat(d).st_mtime_ns) for d in dirs)
+    body += struct.pack("<Q", 4) + b"".join(s(entry.encode()) + struct.pack("<Qq", len(SECRET), 0) for _ in range(4))
+    body += struct.pack("<qq", now, now)
+    return f"index-{_fnv(identity):016x}.cvidx", body + struct.pack("<Q", _fnv(body))
+
+
+def as_nobody(code: str) -> None:
+    subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, "-c", code], check=True)
+
+
+def image_dataset(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    for k in range(4):
+        (data / "a" / f"{k}.jpg").write_bytes(bytes([k + 1]) * 500)
+    os.utime(data / "a", ns=(0, 10**18))  # an old mtime, so that an index of it counts as fresh
+    os.utime(data, ns=(0, 10**18))
+    return data
+
+
+CACHE_BODY = """
+    try:
+        job = clairvoyant.Job(clairvoyant.ImageFolder(sys.argv[1]), batch_size=2, epochs=1, config=sys.argv[2])
+    except OSError as exc:
+        emit(refused=str(exc)); sys.exit(0)
+    got = sorted(bytes(s.tobytes()[:4]).hex() for s, _ in job.epoch(0))
+    emit(got=got)
+    job.close()
+    """
+
+
+@needs_root
+@pytest.mark.parametrize("layout", ["folder-of-another-user", "sticky-folder", "file-of-another-user"])
+def test_planted_index_is_never_served(tmp_path, shm, layout):
+    """Another user plants an index whose entries lead to a root-only file, and a symlink where
+    the index lock goes: no secret is served and nothing is created through the symlink."""
+    data = image_dataset(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(SECRET)
+    os.chmod(victim, 0o600)
+    name, index = planted_index(data, os.path.relpath(victim, data.resolve()))
+    created = shm / "created-through-link"
+    cache = shm / "cache"
+    plant = f"""
+import os
+d = {str(cache)!r}
+os.makedirs(d, exist_ok=True)
+with open(os.path.join(d, {name!r}), "wb") as f:
+    f.write({index!r})
+os.symlink({str(created)!r}, os.path.join(d, {name + ".lock"!r}))
+"""
+    if layout == "folder-of-another-user":
+        as_nobody(plant)
+    elif layout == "sticky-folder":
+        cache.mkdir()
+        os.chmod(cache, 0o1777)
+        as_nobody(plant)
+    else:
+        cache.mkdir(mode=0o700)
+        exec(plant)
+        os.chown(cache / name, 65534, 65534)
+        os.lchown(cache / (name + ".lock"), 65534, 65534)
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(tmp_path, "planted_index", CACHE_BODY)
+    out = result(run(s, base_env(shm, CLAIRVOYANT_CACHE_DIR=cache), args=(str(data), str(cfg))))
+    assert not created.exists(), "a file was created through a planted symlink"
+    assert victim.read_bytes() == SECRET
+    if layout == "sticky-folder":
+        assert "refused" not in out, out
+        assert out["got"] == sorted((bytes([k + 1]) * 4).hex() for k in range(4)), "the samples are the dataset's"
+        private = cache / f"clairvoyant-{os.geteuid()}"
+        assert stat.S_IMODE(os.lstat(private).st_mode) == 0o700
+        for p in files_under(private):
+            assert stat.S_IMODE(os.lstat(p).st_mode) == 0o600, p
+    else:
+        assert "refused" in out, f"the planted index was used: {out}"
+        named = str(cache) if layout == "folder-of-another-user" else name
+        assert named in out["refused"] and "uid 65534" in out["refused"], out["refused"]
+
+
+@needs_root
+@pytest.mark.parametrize("owner", ["folder", "file"])
+def test_planted_system_description_is_refused(tmp_path, shm, owner):
+    cache = shm / "cache"
+    plant = f"""
+import os
+os.makedirs({str(cache)!r}, exist_ok=True)
+with open(os.path.join({str(cache)!r}, "system.toml"), "w") as f:
+    f.write('[staging]\\ncapacity = "1 MiB"\\n')
+"""
+    if owner == "folder":
+        as_nobody(plant)
+    else:
+        exec(plant)
+        os.chown(cache / "system.toml", 65534, 65534)
+    body = """
+    try:
+        job = clairvoyant.Job(clairvoyant.Synthetic([100] * 8), batch_size=2, epochs=1)
+    except OSError as exc:
+        emit(refused=str(exc)); sys.exit(0)
+    emit(staging=job.segments and 1)
+    job.close()
+    """
+    out = result(run(script(tmp_path, "planted_toml", body), base_env(shm, CLAIRVOYANT_CACHE_DIR=cache)))
+    assert "refused" in out, f"a planted system.toml was used: {out}"
+    assert "uid 65534" in out["refused"], out["refused"]
+    assert (str(cache) if owner == "folder" else "system.toml") in out["refused"]
+
+
+def test_index_files_are_private(tmp_path, shm):
+    data = image_dataset(tmp_path)
+    cache = tmp_path / "new" / "cache"
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(tmp_path, "private_index", CACHE_BODY)
+    out = result(run(s, base_env(shm, CLAIRVOYANT_CACHE_DIR=cache), args=(str(data), str(cfg))))
+    assert len(out["got"]) == 4
+    for d in (tmp_path / "new", cache):
+        assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700, d
+    files = files_under(cache)
+    assert any(p.name.endswith(".cvidx") for p in files), files
+    for p in files:
+        assert stat.S_IMODE(os.lstat(p).st_mode) == 0o600, p
+
+
+# -- class faults: missing, read-only, full are handled one way --------------------------------
+
+CLASS_BODY = """
+    listing, fs_state, cfg = sys.argv[1:4]
+    # A slow dataset (5 ms per open), so that the class is still filling when it turns read-only.
+    fs = clairvoyant.EmulatedFs(fs_state, open_latency_ms=5.0, bandwidth_mbps=400.0)
+    job = clairvoyant.Job(clairvoyant.FileList(listing, emulated=fs), batch_size=8, epochs=2, config=cfg)
+    if len(sys.argv) > 4:  # made read-only during the run
+        import subprocess
+        subprocess.run(["mount", "-o", "remount,ro", sys.argv[4]], check=True)
+    got = []
+    for e in range(2):
+        wrong = 0
+        count = 0
+        for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)):
+            count += 1
+            wrong += int(s[0]) != k % 251
+        got.append([count, wrong])
+    emit(epochs=got, ssd=[s["sources"]["ssd"]["samples"] for s in job.stats()])
+    job.close()
+    """
+
+
+def class_args(tmp_path: Path, ssd: Path) -> list:
+    listing = file_dataset(tmp_path, 300)
+    cfg = ssd_config(tmp_path / "system.toml", ssd, staging="64 KiB")
+    return [str(listing), str(tmp_path / "fs-state"), str(cfg)]
+
+
+def test_a_missing_class_directory_is_created_private(tmp_path, shm):
+    ssd = tmp_path / "not" / "yet" / "ssd"
+    env = base_env(shm, CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
+    proc = run(script(tmp_path, "missing_class", CLASS_BODY), env, args=tuple(class_args(tmp_path, ssd)))
+    out = result(proc)
+    assert out["epochs"] == [[300, 0], [300, 0]]
+    assert out["ssd"][1] > 0, "the created class is used"
+    for d in (tmp_path / "not", tmp_path / "not" / "yet", ssd):
+        assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700, d
+
+
+@needs_root
+@pytest.mark.parametrize("when", ["at-start", "during-the-run"])
+def test_a_read_only_class_is_dropped_with_one_warning(tmp_path, shm, when):
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    s = script(tmp_path, "ro_class", CLASS_BODY)
+    command = [sys.executable, str(s), *class_args(tmp_path, ssd)]
+    if when == "at-start":
+        shell = f"mount -t tmpfs -o size=64m,ro tmpfs {ssd} && exec \"$@\""
+    else:
+        shell = f"mount -t tmpfs -o size=64m,mode=0755 tmpfs {ssd} && exec \"$@\""
+        command.append(str(ssd))
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell, "sh", *command],
+        env=base_env(shm, CLAIRVOYANT_CACHE_DIR=tmp_path / "index"), capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    out = result(proc)
+    assert out["epochs"] == [[300, 0], [300, 0]], "samples lost or wrong"
+    warnings = [line for line in proc.stderr.splitlines() if "storage class 'ssd'" in line]
+    assert len(warnings) == 1, f"expected one warning about the class, got: {proc.stderr[-2000:]}"
+    assert "class.ssd.path" in warnings[0] and "Read-only" in warnings[0], warnings[0]
+
+
+@needs_root
+def test_a_thread_limit_is_a_config_error_not_a_panic(tmp_path, shm):
+    work = shm / "threads"  # reachable by user nobody
+    work.mkdir()
+    os.chmod(work, 0o777)
+    cfg = work / "system.toml"
+    cfg.write_text(
+        textwrap.dedent(
+            """
+            [staging]
+            capacity = "8 MiB"
+            threads = 2
+            [pfs]
+            read_mbps = 50.0
+            [[class]]
+            name = "memory"
+            kind = "memory"
+            capacity = "16 MiB"
+            threads = 48
+            read_mbps = 5000.0
+            write_mbps = 4000.0
+            """
+        )
+    )
+    s = work / "threads.py"
+    s.write_text(
+        PRELUDE
+        + textwrap.dedent(
+            f"""
+            import resource
+            resource.setrlimit(resource.RLIMIT_NPROC, (24, 24))
+            try:
+                job = clairvoyant.Job(clairvoyant.Synthetic(sizes(400)), batch_size=8, epochs=1, config={str(cfg)!r})
+            except clairvoyant.ConfigError as exc:
+                emit(error=str(exc)); sys.exit(0)
+            emit(started=True)
+            job.close()
+            """
+        )
+    )
+    os.chmod(s, 0o644)
+    os.chmod(cfg, 0o644)
+    env = base_env(shm, OPENBLAS_NUM_THREADS=1, OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, CLAIRVOYANT_CACHE_DIR=work / "cache")
+    proc = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", sys.executable, str(s)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = result(proc)
+    assert "error" in out, f"48 threads started under a limit of 24: {out}"
+    assert "'threads'" in out["error"] and "cannot start thread" in out["error"], out["error"]

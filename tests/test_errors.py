@@ -121,7 +121,11 @@ def test_unreadable_sample_is_a_permission_error():
         secret.write_bytes(b"x" * 10)
         secret.chmod(0o600)
         (base / "ix").mkdir()
-        (base / "ix").chmod(0o777)
+        # nobody's own index folder: a folder others may write would be refused.
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+        os.chown(base / "ix", nobody.pw_uid, nobody.pw_gid)
         script = (
             "import clairvoyant\n"
             f"src = clairvoyant.FileList([{str(secret)!r}], [0], index_dir={str(base / 'ix')!r})\n"

@@ -428,3 +428,19 @@ def test_classifying_a_plain_dataset_imports_no_torchvision(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_an_empty_jpeg_names_its_file(tmp_path):
+    root = tmp_path / "imgs"
+    (root / "a").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(root / "a" / "good.jpg")
+    (root / "a" / "empty.jpg").write_bytes(b"")
+    ds = torchvision.datasets.ImageFolder(str(root), T.ToTensor())
+    loader = ct.DataLoader(ds, batch_size=1, native_decode=False)
+    try:
+        with pytest.raises(Exception, match="empty.jpg") as info:
+            for _ in loader:
+                pass
+        assert "BytesIO" not in str(info.value).split("): ")[0]
+    finally:
+        loader.close()

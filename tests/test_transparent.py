@@ -389,3 +389,80 @@ def test_ranks_of_a_torchrun_launch_share_one_agent(tmp_path, dataset):
     # One agent for both ranks: the dataset read once, every read served from the node cache.
     assert s["pfs_bytes"] == total, s
     assert s["reads"]["direct_bytes"] == 0, s
+
+
+ODD_READER = """
+import json, os, sys, zlib
+root = os.fsencode(sys.argv[1])
+out = {}
+for d, dirs, files in os.walk(root):
+    for f in files:
+        p = os.path.join(d, f)
+        try:
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root).hex()] = zlib.crc32(fh.read())
+        except OSError as e:
+            out[os.path.relpath(p, root).hex()] = e.errno
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+def test_names_that_are_not_utf8_and_symlink_loops_are_read_identically(tmp_path, dataset):
+    _preload_or_skip()
+    import socket
+
+    root, _, _ = dataset
+    broot = os.fsencode(root)
+    with open(os.path.join(broot, b"class_0", b"caf\xe9-\xff.bin"), "wb") as f:
+        f.write(os.urandom(5000))
+    os.mkdir(os.path.join(broot, b"dir-\xfe"))
+    with open(os.path.join(broot, b"dir-\xfe", b"x.bin"), "wb") as f:
+        f.write(os.urandom(3000))
+    os.symlink("loop-b", os.path.join(root, "class_1", "loop-a"))
+    os.symlink("loop-a", os.path.join(root, "class_1", "loop-b"))
+    os.symlink("missing", os.path.join(root, "class_2", "dangling"))
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(os.path.join(root, "class_3", "s.sock"))
+    reader = tmp_path / "odd_reader.py"
+    reader.write_text(ODD_READER)
+    plain = subprocess.run([sys.executable, str(reader), root], capture_output=True, text=True, check=True).stdout
+    try:
+        r = _run(["--dataset", root, "--", sys.executable, str(reader), root], _env(tmp_path))
+    finally:
+        sock.close()
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == plain, "bytes differ from the file system"
+    got = json.loads(r.stdout)
+    assert b"class_0/caf\xe9-\xff.bin".hex() in got and len(got) >= N_FILES + 2
+    assert "skipping 2 symbolic links that cannot be followed" in r.stderr, r.stderr
+    assert "skipping 1 sockets" in r.stderr and "not UTF-8" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a folder of another user)")
+def test_a_runtime_folder_taken_by_another_user_moves_to_a_fresh_name(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, _ = dataset
+    env = _env(tmp_path)
+    taken = os.path.join(env["CLAIRVOYANT_SHM_DIR"], f"clairvoyant-{os.geteuid()}")
+    os.mkdir(taken, 0o777)
+    os.chown(taken, 65534, 65534)
+    out = tmp_path / "out.json"
+    r = _run(["--dataset", root, "--", sys.executable, READER, root, "--epochs", "1", "--out", str(out)], env)
+    assert r.returncode == 0, r.stderr
+    _check_reads(out, crcs, 1)
+    assert f"refusing {taken}" in r.stderr and "using another name" in r.stderr, r.stderr
+    assert os.listdir(taken) == [], "something was created in the other user's folder"
+
+
+def test_verify_per_process_is_named_unchecked(tmp_path, dataset):
+    _preload_or_skip()
+    root, crcs, _ = dataset
+    out = tmp_path / "out.json"
+    env = _env(tmp_path, {"CLAIRVOYANT_VERIFY": "process"})
+    r = _run(["--dataset", root, "--", sys.executable, READER, root, "--epochs", "1", "--out", str(out)], env)
+    assert r.returncode == 0, r.stderr
+    _check_reads(out, crcs, 1)
+    assert "CLAIRVOYANT_VERIFY=process" in r.stderr and "unchecked" in r.stderr, r.stderr
+    plain = _run(["--dataset", root, "--", "true"], _env(tmp_path / "b"))
+    assert "unchecked" not in plain.stderr

@@ -21,22 +21,47 @@ from . import _native
 
 def list_dataset(root: str) -> list:
     """Every regular file under ``root`` (following symbolic links to files, not to
-    directories), as paths relative to it, sorted: the agent's sample ids."""
+    directories), as paths relative to it, sorted: the agent's sample ids. What cannot be a
+    sample is skipped with one notice on stderr: symbolic links that loop or lead nowhere,
+    sockets, pipes and devices, and names that are not UTF-8 (the agent's protocol names files
+    as text; the program still reads those from the file system, byte-identical)."""
     out = []
+    skipped: dict = {}
     stack = [""]
     while stack:
         rel_dir = stack.pop()
         try:
             entries = list(os.scandir(os.path.join(root, rel_dir) if rel_dir else root))
         except OSError as e:
-            raise _native.ConfigError(f"cannot list the dataset directory {os.path.join(root, rel_dir)}: {e.strerror}") from e
+            if not rel_dir:
+                raise _native.ConfigError(f"cannot list the dataset directory {root}: {e.strerror}") from e
+            skipped.setdefault(f"unreadable folders ({e.strerror})", []).append(rel_dir)
+            continue
         for e in entries:
             rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
-            if e.is_dir(follow_symlinks=False):
-                stack.append(rel)
-            elif e.is_file(follow_symlinks=True):
-                out.append(rel)
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(rel)
+                    continue
+                is_file = e.is_file(follow_symlinks=True)
+            except OSError as err:  # ELOOP: a symbolic link loop
+                skipped.setdefault(f"symbolic links that cannot be followed ({err.strerror})", []).append(rel)
+                continue
+            if not is_file:
+                what = "broken symbolic links" if e.is_symlink() else "sockets, pipes and devices"
+                skipped.setdefault(what, []).append(rel)
+                continue
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                skipped.setdefault("names that are not UTF-8 (read from the file system, not cached)", []).append(rel)
+                continue
+            out.append(rel)
     out.sort()
+    for what, rels in sorted(skipped.items()):
+        shown = ", ".join(repr(os.fsencode(r))[2:-1] for r in sorted(rels)[:3])
+        more = f" and {len(rels) - 3} more" if len(rels) > 3 else ""
+        print(f"clairvoyant agent: skipping {len(rels)} {what} under {root}: {shown}{more}", file=sys.stderr, flush=True)
     return out
 
 

@@ -603,15 +603,36 @@ def _secret_from_text(text: str) -> bytes:
 
 def _user_runtime_dir() -> str:
     """A per-user private directory on this machine: ``clairvoyant-<uid>`` under
-    ``CLAIRVOYANT_SHM_DIR``, else /dev/shm, else the temporary directory."""
+    ``CLAIRVOYANT_SHM_DIR``, else /dev/shm, else the temporary directory. If another user took
+    that name (or planted a symlink or a file there), the next of ``clairvoyant-<uid>.1``,
+    ``.2``, ... that is ours is used with a warning naming the refused path, as the Job API does
+    (every process of this user walks the same sequence, so they still meet); after 8 refusals
+    the error names the first."""
     env = _env()
     root = env.get("CLAIRVOYANT_SHM_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-    path = os.path.join(root, f"clairvoyant-{os.geteuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    return _private_dir(path, create=False)
+    first = None
+    for i in range(8):
+        path = os.path.join(root, f"clairvoyant-{os.geteuid()}" + (f".{i}" if i else ""))
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ConfigError(f"cannot create the private directory {path}: {exc.strerror}") from exc
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise ConfigError(f"cannot use the directory {path}: {exc.strerror}") from exc
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            if st.st_mode & 0o077:
+                os.chmod(path, 0o700)  # our own directory, opened up: close it again (as the Job API does)
+            return _private_dir(path, create=False)
+        try:
+            _private_dir(path, create=False)
+        except ConfigError as exc:
+            print(f"clairvoyant: {exc}; using another name", file=sys.stderr, flush=True)
+            first = first or exc
+    raise first
 
 
 def _secret_file(directory: str, rank: int, world_size: int, run: str, timeout: float) -> bytes:

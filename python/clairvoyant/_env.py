@@ -69,7 +69,8 @@ def _slurm_tasks_here(env) -> str | None:
         raise ValueError(f"environment variable SLURM_NODEID={node!r} names no node of the task counts {counts!r}") from exc
 
 
-def _first_int(names: tuple[str, ...], env) -> int | None:
+def _first(names: tuple[str, ...], env) -> tuple:
+    """(name, value) of the first of ``names`` set in ``env``, else (None, None)."""
     for name in names:
         value = env.get(name)
         if (value is None or value == "") and name == "SLURM_NTASKS_PER_NODE":
@@ -78,10 +79,14 @@ def _first_int(names: tuple[str, ...], env) -> int | None:
             continue
         try:
             # SLURM_NTASKS_PER_NODE may look like "4(x2)".
-            return int(value.split("(")[0])
+            return name, int(value.split("(")[0])
         except ValueError as exc:
             raise ValueError(f"environment variable {name}={value!r} is not an integer") from exc
-    return None
+    return None, None
+
+
+def _first_int(names: tuple[str, ...], env) -> int | None:
+    return _first(names, env)[1]
 
 
 @dataclass(frozen=True)
@@ -101,17 +106,29 @@ def _config_error(message: str) -> Exception:
 def detect(rank: int | None = None, world_size: int | None = None, local_ranks=None, env=None) -> Placement:
     """Rank, world size, local ranks and run id from arguments, else the launcher's variables."""
     env = os.environ if env is None else env
+    world_name = "world_size"
     if rank is None:
         rank = _first_int(_RANK, env) or 0
     if world_size is None:
-        world_size = _first_int(_WORLD, env) or 1
+        world_name, world_size = _first(_WORLD, env)
+        if world_size is None:
+            world_name, world_size = "world_size", 1
     if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
+        raise _config_error(f"invalid value for '{world_name}': {world_size}; the world has at least one rank")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world size {world_size}")
     if local_ranks is None:
-        local_rank = _first_int(_LOCAL_RANK, env)
-        local_size = _first_int(_LOCAL_SIZE, env)
+        local_rank_name, local_rank = _first(_LOCAL_RANK, env)
+        local_size_name, local_size = _first(_LOCAL_SIZE, env)
+        if local_size is not None and not 1 <= local_size <= world_size:
+            raise _config_error(
+                f"invalid value for '{local_size_name}': {local_size} ranks on this machine, "
+                f"but the world ({world_name}) has {world_size}"
+            )
+        if local_rank is not None and local_size is not None and not 0 <= local_rank < local_size:
+            raise _config_error(
+                f"invalid value for '{local_rank_name}': {local_rank} is outside the {local_size} ranks on this machine ({local_size_name})"
+            )
         if local_rank is None or local_size is None:
             local_ranks = [rank]
         else:

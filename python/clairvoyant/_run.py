@@ -156,6 +156,14 @@ class Agent:
             if not ready:
                 code = proc.wait(timeout=10)
                 raise _native.ConfigError(f"the node agent exited ({code}) before it was ready:\n{_tail(self.log)}")
+            # What the agent left out of the dataset (loops, sockets, ...) is the user's to know.
+            try:
+                with open(self.log, errors="replace") as f:
+                    for line in f:
+                        if line.startswith("clairvoyant agent: skipping"):
+                            print(line.rstrip("\n"), file=sys.stderr, flush=True)
+            except OSError:
+                pass
         finally:
             os.close(r)
 
@@ -205,6 +213,13 @@ def main(args) -> int:
     root = os.path.abspath(args.dataset)
     if not os.path.isdir(root):
         raise _native.ConfigError(f"--dataset {args.dataset}: not a directory")
+    try:
+        root.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _native.ConfigError(
+            f"--dataset {os.fsencode(root)!r}: transparent mode needs a dataset folder whose path is UTF-8 text "
+            "(names below it may be any bytes); use a symbolic link with a UTF-8 name"
+        ) from None
     order_file = os.path.abspath(args.order_file) if args.order_file else None
     nodes, node = nodes_of(os.environ, args.nodes, args.node_rank)
     from ._preload import preload_env, preload_library
@@ -214,6 +229,12 @@ def main(args) -> int:
         raise _native.ConfigError("--order-file and --sampler-order both give the order: use one")
     agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order)
     env = preload_env(root, agent.socket, library=lib)
+    if env.get("CLAIRVOYANT_VERIFY") == "process":
+        print(
+            "clairvoyant run: CLAIRVOYANT_VERIFY=process: each cached copy is checked once per process; "
+            "later opens of it are unchecked (bytes damaged in the cache afterwards are served as they are)",
+            file=sys.stderr,
+        )
     if args.sampler_order:
         hook = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_hook")
         env["PYTHONPATH"] = os.pathsep.join(x for x in (hook, env.get("PYTHONPATH", "")) if x)

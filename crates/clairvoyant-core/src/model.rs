@@ -538,6 +538,21 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// A byte size for people: `"1.0 TiB"`, `"55.3 GiB"`, `"800 B"`.
+pub fn human_bytes(n: u64) -> String {
+    for (unit, mult) in [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ] {
+        if n >= mult {
+            return format!("{:.1} {unit}", n as f64 / mult as f64);
+        }
+    }
+    format!("{n} B")
+}
+
 /// Format a byte size for a config file: `"8 GiB"`, `"512 MiB"` when exact, else the integer.
 /// [`parse_bytes`] reads it back exactly.
 pub fn format_bytes(n: u64) -> String {
@@ -966,13 +981,12 @@ impl SystemModel {
         o
     }
 
-    /// Write [`SystemModel::to_toml_string`] to `path` (creating its directory).
+    /// Write [`SystemModel::to_toml_string`] to `path` (creating its directory, mode 0700),
+    /// atomically and privately (mode 0600, see [`write_private`](crate::tier::secure::write_private)).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        }
-        std::fs::write(path, self.to_toml_string()).map_err(|e| Error::io(path, e))
+        crate::source::index::make_parent(path)?;
+        crate::tier::secure::write_private(path, self.to_toml_string().as_bytes())
     }
 }
 

@@ -388,13 +388,9 @@ fn memcpy_rate(p: u32, deadline: Instant) -> f64 {
 }
 
 /// Removes the probe directory when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+/// The probe's private scratch folder in a measured directory: an unpredictable name, mode 0700
+/// (`tempfile`), removed with everything in it when dropped.
+struct Scratch(tempfile::TempDir);
 
 #[cfg(target_os = "linux")]
 fn drop_from_cache(f: &File) {
@@ -411,8 +407,12 @@ fn drop_from_cache(_: &File) {}
 /// (read, write) curves of directory `dir` with files of `size` bytes.
 fn probe_dir(dir: &Path, size: usize, threads: &[u32], end: Instant, opts: &ProbeOptions) -> Result<(Curve, Curve)> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let scratch = Scratch(dir.join(format!(".clairvoyant-probe-{}", std::process::id())));
-    std::fs::create_dir_all(&scratch.0).map_err(|e| Error::io(&scratch.0, e))?;
+    let scratch = Scratch(
+        tempfile::Builder::new()
+            .prefix(".clairvoyant-probe-")
+            .tempdir_in(dir)
+            .map_err(|e| Error::io(dir, e))?,
+    );
     // Never write more than a tenth of the free space, nor 1 GiB, per thread count.
     let cap_bytes = (free_space(dir)? / 10).min(1 << 30).max(size as u64);
     let data: Vec<u8> = (0..size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(7)).collect();
@@ -427,7 +427,7 @@ fn probe_dir(dir: &Path, size: usize, threads: &[u32], end: Instant, opts: &Prob
         let written: Vec<Vec<PathBuf>> = std::thread::scope(|s| -> Result<Vec<Vec<PathBuf>>> {
             let workers: Vec<_> = (0..p)
                 .map(|t| {
-                    let (next, data, scratch) = (&next, &data, &scratch.0);
+                    let (next, data, scratch) = (&next, &data, scratch.0.path());
                     s.spawn(move || -> Result<Vec<PathBuf>> {
                         let mut mine = Vec::new();
                         loop {
@@ -436,7 +436,7 @@ fn probe_dir(dir: &Path, size: usize, threads: &[u32], end: Instant, opts: &Prob
                                 return Ok(mine);
                             }
                             let path = scratch.join(format!("p{p}-t{t}-{i}"));
-                            let mut f = File::create(&path).map_err(|e| Error::io(&path, e))?;
+                            let mut f = crate::tier::secure::create_new(&path).map_err(|e| Error::io(&path, e))?;
                             f.write_all(data).map_err(|e| Error::io(&path, e))?;
                             f.sync_all().map_err(|e| Error::io(&path, e))?;
                             drop_from_cache(&f);

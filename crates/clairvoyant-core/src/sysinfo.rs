@@ -360,11 +360,23 @@ impl SystemModel {
             })?;
             (m, Some(p))
         } else {
-            let p = env::cache_dir().join("system.toml");
-            if p.is_file() {
-                (SystemModel::load(&p)?, Some(p))
-            } else {
-                (SystemModel::detect(), None)
+            // Only from a folder and a file no other user can write (see `trusted_dir`).
+            let dir = env::cache_dir();
+            let dir = crate::tier::secure::trusted_dir(&dir, false)?;
+            let p = dir.map(|d| d.join("system.toml"));
+            match p
+                .as_deref()
+                .map(crate::tier::secure::read_trusted)
+                .transpose()?
+                .flatten()
+            {
+                Some(bytes) => {
+                    let p = p.expect("read from a path");
+                    let text = String::from_utf8(bytes)
+                        .map_err(|_| Error::config("system.toml", format!("{} is not UTF-8 text", p.display())))?;
+                    (SystemModel::from_toml_str(&text, &p)?, Some(p))
+                }
+                None => (SystemModel::detect(), None),
             }
         };
         m.apply_env_overrides()?;

@@ -1,6 +1,8 @@
 //! The client a rank's staging and fill threads share: a bounded pool of authenticated
 //! connections per peer, replies read straight into the caller's buffer, and per-peer failure
-//! detection (a peer that failed once is not asked again for `dead_for`).
+//! detection: a peer that failed once is taken off the data path (fetches answer `PeerDown` at
+//! once) and probed off it, by a background connect and handshake, first after `dead_for`, then
+//! after twice as long after each failed probe (at most [`MAX_BACKOFF_FACTOR`] times).
 
 use crate::error::NetError;
 use crate::frame::{self, Header, Kind, HEADER_LEN, MAC_LEN, MAX_MESSAGE, MAX_WAIT_MICROS, NONCE_LEN};
@@ -9,7 +11,7 @@ use crate::wire::{is_timeout, read_full, write_two, Wire};
 use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
@@ -21,9 +23,13 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Longest silence tolerated inside a reply (on top of the request's `wait`).
     pub io_timeout: Duration,
-    /// How long a failed peer is not asked; after that one probe is let through.
+    /// How long a failed peer is not asked before the first probe (doubling after each
+    /// failed probe, up to [`MAX_BACKOFF_FACTOR`] times).
     pub dead_for: Duration,
 }
+
+/// The longest wait between probes of a down peer, as a multiple of `dead_for`.
+pub const MAX_BACKOFF_FACTOR: u32 = 16;
 
 /// The outcome of one fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +81,8 @@ struct PeerInner {
     open: usize,
     down_until: Option<Instant>,
     probing: bool,
+    /// Wait before the next probe (zero: `dead_for`); doubled by each failed probe.
+    backoff: Duration,
 }
 
 struct Peer {
@@ -98,7 +106,7 @@ struct Counters {
 /// Shared by all of a rank's threads (`Send + Sync`); connects lazily.
 pub struct Client {
     cfg: ClientConfig,
-    peers: Vec<Peer>,
+    peers: Vec<Arc<Peer>>,
     counters: Counters,
 }
 
@@ -126,11 +134,13 @@ impl Client {
     pub fn new(cfg: ClientConfig, peers: Vec<SocketAddr>) -> Client {
         let peers = peers
             .into_iter()
-            .map(|addr| Peer {
-                addr,
-                inner: Mutex::new(PeerInner::default()),
-                cv: Condvar::new(),
-                down_events: AtomicU64::new(0),
+            .map(|addr| {
+                Arc::new(Peer {
+                    addr,
+                    inner: Mutex::new(PeerInner::default()),
+                    cv: Condvar::new(),
+                    down_events: AtomicU64::new(0),
+                })
             })
             .collect();
         Client {
@@ -225,14 +235,24 @@ impl Client {
         f
     }
 
-    fn admit(&self, p: &Peer) -> Admit {
+    fn admit(&self, p: &Arc<Peer>) -> Admit {
         let mut g = lock(&p.inner);
         match g.down_until {
             None => Admit::Normal,
             Some(t) if Instant::now() < t || g.probing => Admit::Down,
             Some(_) => {
                 g.probing = true;
-                Admit::Probe
+                drop(g);
+                // Probe off the data path: this fetch goes elsewhere at once.
+                let (peer, cfg) = (p.clone(), self.cfg.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("cv-net-probe".into())
+                    .spawn(move || probe(&peer, &cfg));
+                match spawned {
+                    Ok(_) => Admit::Down,
+                    // No thread to spare: this fetch is the probe, as a last resort.
+                    Err(_) => Admit::Probe,
+                }
             }
         }
     }
@@ -242,7 +262,12 @@ impl Client {
         if g.down_until.is_none() {
             p.down_events.fetch_add(1, Relaxed);
         }
-        g.down_until = Some(Instant::now() + self.cfg.dead_for);
+        let backoff = if g.backoff.is_zero() {
+            self.cfg.dead_for
+        } else {
+            g.backoff
+        };
+        g.down_until = Some(Instant::now() + backoff);
         g.probing = false;
         // Pooled connections to a failed peer are not trusted again.
         let n = g.idle.len();
@@ -262,11 +287,7 @@ impl Client {
     }
 
     fn mark_up(&self, p: &Peer) {
-        let mut g = lock(&p.inner);
-        g.down_until = None;
-        g.probing = false;
-        drop(g);
-        p.cv.notify_all();
+        mark_up(p);
     }
 
     /// Take a pooled connection, open one, or wait for one. `Ok(None)`: none came free in time
@@ -332,18 +353,7 @@ impl Client {
     }
 
     fn connect(&self, addr: SocketAddr) -> Result<Conn, Fault> {
-        let stream = TcpStream::connect_timeout(&addr, self.cfg.connect_timeout).map_err(|_| Fault::Broken)?;
-        let _ = stream.set_nodelay(true);
-        stream
-            .set_write_timeout(Some(self.cfg.io_timeout.max(Duration::from_millis(1))))
-            .map_err(|_| Fault::Broken)?;
-        let mut c = Conn {
-            stream,
-            read_limit: Duration::ZERO,
-        };
-        c.limit(self.cfg.io_timeout).map_err(|_| Fault::Broken)?;
-        handshake(&mut c.stream, &self.cfg.secret, self.cfg.job).map_err(|_| Fault::Broken)?;
-        Ok(c)
+        connect(&self.cfg, addr)
     }
 
     /// One request on one connection. `Ok((outcome, keep))`: `keep` is false when the
@@ -398,6 +408,55 @@ pub(crate) enum HandshakeError {
 }
 
 /// The client side of the handshake: Hello -> Challenge (verify the server) -> Auth -> AuthOk.
+fn connect(cfg: &ClientConfig, addr: SocketAddr) -> Result<Conn, Fault> {
+    let stream = TcpStream::connect_timeout(&addr, cfg.connect_timeout).map_err(|_| Fault::Broken)?;
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_write_timeout(Some(cfg.io_timeout.max(Duration::from_millis(1))))
+        .map_err(|_| Fault::Broken)?;
+    let mut c = Conn {
+        stream,
+        read_limit: Duration::ZERO,
+    };
+    c.limit(cfg.io_timeout).map_err(|_| Fault::Broken)?;
+    handshake(&mut c.stream, &cfg.secret, cfg.job).map_err(|_| Fault::Broken)?;
+    Ok(c)
+}
+
+fn mark_up(p: &Peer) {
+    let mut g = lock(&p.inner);
+    g.down_until = None;
+    g.probing = false;
+    g.backoff = Duration::ZERO;
+    drop(g);
+    p.cv.notify_all();
+}
+
+/// A background probe of a down peer: a connect and handshake (a stopped or overloaded peer
+/// fails it within `connect_timeout + io_timeout`). Up: the connection joins the pool and the
+/// peer is back on the data path. Still down: the next probe waits twice as long.
+fn probe(p: &Peer, cfg: &ClientConfig) {
+    match connect(cfg, p.addr) {
+        Ok(c) => {
+            let mut g = lock(&p.inner);
+            if g.open < cfg.connections_per_peer.max(1) {
+                g.open += 1;
+                g.idle.push(c);
+            }
+            drop(g);
+            mark_up(p);
+        }
+        Err(_) => {
+            let mut g = lock(&p.inner);
+            let base = cfg.dead_for.max(Duration::from_millis(1));
+            let last = if g.backoff.is_zero() { base } else { g.backoff };
+            g.backoff = (last * 2).min(base * MAX_BACKOFF_FACTOR);
+            g.down_until = Some(Instant::now() + g.backoff);
+            g.probing = false;
+        }
+    }
+}
+
 pub(crate) fn handshake<W: Wire>(s: &mut W, secret: &Secret, job: u64) -> Result<(), HandshakeError> {
     let cn = nonce();
     write_two(s, &Header::new(Kind::Hello, 0, NONCE_LEN as u32, job).encode(), &cn).map_err(|_| HandshakeError::Io)?;

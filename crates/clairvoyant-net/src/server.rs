@@ -104,6 +104,10 @@ pub struct ServerStats {
 /// A connection idle between requests longer than this is closed (a client that vanished
 /// without a FIN must not hold a slot for ever); clients reopen transparently.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// The whole handshake (Hello to Ready) must finish within this (or `io_timeout` if shorter),
+/// timed from accept: a peer of the job finishes it in a round trip or two, so connections that
+/// say nothing or trickle bytes ("slowloris") give their slot back quickly.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long `shutdown` waits for the worker threads (one stuck in the provider is left).
 const JOIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// After accept fails (out of descriptors), wait this long before accepting again.
@@ -687,8 +691,16 @@ impl Poller<'_> {
             };
             c.connections.fetch_add(1, Relaxed);
             if c.open.load(Relaxed) as usize >= self.sh.cfg.max_connections {
-                c.rejected_connections.fetch_add(1, Relaxed);
-                continue; // dropped: closed
+                // Full: the connection that has been handshaking longest gives its slot to the
+                // new one (a peer of the job authenticates in a round trip, so it is never the
+                // oldest for long); with none handshaking, the new one is refused.
+                match self.oldest_handshaking() {
+                    Some(old) => self.close(old, true),
+                    None => {
+                        c.rejected_connections.fetch_add(1, Relaxed);
+                        continue; // dropped: closed
+                    }
+                }
             }
             let i = self.free.pop().unwrap_or_else(|| {
                 self.slots.push(Slot::Free);
@@ -705,11 +717,24 @@ impl Poller<'_> {
             self.slots[i] = Slot::Here(Box::new(Conn {
                 stream,
                 proto: Proto::new(),
-                deadline: Instant::now() + self.sh.cfg.io_timeout,
+                deadline: Instant::now() + self.sh.cfg.io_timeout.min(HANDSHAKE_TIMEOUT),
             }));
             // The Hello may be there already.
             self.drive(i);
         }
+    }
+
+    /// The connection still handshaking whose deadline comes first (accepted earliest).
+    fn oldest_handshaking(&self) -> Option<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Slot::Here(c) if !c.proto.ready() => Some((c.deadline, i)),
+                _ => None,
+            })
+            .min()
+            .map(|(_, i)| i)
     }
 
     /// Make all the progress connection `i` allows without blocking: finish its reply, read
@@ -720,11 +745,13 @@ impl Poller<'_> {
         loop {
             if conn.proto.out.pending() {
                 match conn.proto.out.flush(&mut conn.stream) {
-                    Ok(true) => {
-                        conn.deadline = Instant::now() + if conn.proto.ready() { IDLE_TIMEOUT } else { io_timeout };
-                    }
+                    // While handshaking, the deadline set at accept stands.
+                    Ok(true) if conn.proto.ready() => conn.deadline = Instant::now() + IDLE_TIMEOUT,
+                    Ok(true) => {}
                     Ok(false) => {
-                        conn.deadline = Instant::now() + io_timeout;
+                        if conn.proto.ready() {
+                            conn.deadline = Instant::now() + io_timeout;
+                        }
                         return;
                     }
                     Err(_) => {
@@ -751,11 +778,12 @@ impl Poller<'_> {
             match conn.proto.got(n, &sh.cfg.secret, sh.cfg.job, &sh.counters) {
                 Step::More => {
                     // A request frame, once begun, must complete within io_timeout (trickled
-                    // bytes do not extend it); handshake steps are timed from the last one.
+                    // bytes do not extend it); the handshake within its deadline from accept.
                     if !began && !handshaking {
                         conn.deadline = Instant::now() + io_timeout;
                     }
                 }
+                Step::Reply if handshaking => {}
                 Step::Reply => conn.deadline = Instant::now() + io_timeout,
                 Step::Get { sample, wait } => {
                     let Slot::Here(conn) = std::mem::replace(&mut self.slots[i], Slot::Busy) else {

@@ -189,7 +189,131 @@ fn shutdown_mid_stream_then_probe_after_dead_for() {
         "still within dead_for"
     );
     std::thread::sleep(Duration::from_millis(350));
-    assert_eq!(client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    // The probe runs off the data path: the fetch that starts it is answered at once, and the
+    // peer is back once the probe's handshake succeeded.
+    let mut answers = Vec::new();
+    let t0 = Instant::now();
+    loop {
+        let f = client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap();
+        answers.push(f);
+        if f == Fetch::Got || t0.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        answers.last(),
+        Some(&Fetch::Got),
+        "the probe found the new server: {answers:?}"
+    );
+    assert_eq!(
+        answers[0],
+        Fetch::PeerDown,
+        "the first fetch after dead_for is not the probe"
+    );
     assert!(!client.is_down(0));
     drop(server);
+}
+
+/// A peer stopped with SIGSTOP costs one time-out: later fetches are answered `PeerDown` at
+/// once while probes with growing waits run off the data path, and it is back after SIGCONT.
+#[test]
+fn a_stopped_peer_costs_one_time_out() {
+    let child = ChildServer::spawn("child_server", CHILD_ENV);
+    let mut cfg = client_cfg(7);
+    cfg.io_timeout = Duration::from_millis(300);
+    cfg.connect_timeout = Duration::from_millis(300);
+    cfg.dead_for = Duration::from_millis(100);
+    let client = Client::new(cfg, vec![child.addr]);
+    let mut dst = vec![0u8; 100_000];
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    child.signal("-STOP");
+    child.wait_stopped();
+    let t0 = Instant::now();
+    assert_eq!(client.fetch(0, 2, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    let first = t0.elapsed();
+    // Stopped for 2 s, about 20 dead_for periods: the data path never waits on the peer again.
+    let (mut slowest, mut fetches) = (Duration::ZERO, 0);
+    while t0.elapsed() < Duration::from_secs(2) {
+        let t = Instant::now();
+        assert_eq!(client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+        slowest = slowest.max(t.elapsed());
+        fetches += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    eprintln!("sigstop: first fetch {first:?}, then {fetches} fetches, the slowest {slowest:?}");
+    assert!(
+        slowest * 3 < Duration::from_millis(300),
+        "a fetch waited on the stopped peer ({slowest:?}; io_timeout 300 ms)"
+    );
+    assert_eq!(client.stats().down_events, vec![1], "marked down once");
+    child.signal("-CONT");
+    let t1 = Instant::now();
+    let mut back = false;
+    while t1.elapsed() < Duration::from_secs(10) {
+        if client.fetch(0, 4, Duration::ZERO, &mut dst).unwrap() == Fetch::Got {
+            back = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(back, "the peer is probed again and back after SIGCONT");
+}
+
+/// 300 connections that never say a word (and are reopened when closed) against a server of
+/// 256 slots with the production 10 s I/O time-out: peers of the job are still served.
+#[test]
+fn silent_connections_do_not_lock_out_peers() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    let sizes: Vec<(u32, usize)> = (0..20u32).map(|i| (i, 10_000)).collect();
+    let mut cfg = server_cfg(7);
+    cfg.max_connections = 256;
+    cfg.io_timeout = Duration::from_secs(10);
+    let server = Server::start(cfg, Arc::new(MemProvider::with_sizes(&sizes))).unwrap();
+    let addr = server.local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicU64::new(0));
+    let attacker = {
+        let (stop, opened) = (stop.clone(), opened.clone());
+        std::thread::spawn(move || {
+            let mut conns: Vec<TcpStream> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                // Drop the ones the server closed, then top up to 300.
+                conns.retain_mut(|c| {
+                    let mut b = [0u8; 1];
+                    matches!(c.read(&mut b), Err(ref e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                while conns.len() < 300 {
+                    let Ok(c) = TcpStream::connect(addr) else { break };
+                    c.set_nonblocking(true).unwrap();
+                    conns.push(c);
+                    opened.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    while opened.load(Ordering::Relaxed) < 300 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut served = 0;
+    for i in 0..20u32 {
+        let client = Client::new(client_cfg(7), vec![addr]);
+        let mut dst = vec![0u8; 10_000];
+        if client.fetch(0, i, Duration::ZERO, &mut dst).unwrap() == Fetch::Got {
+            assert_eq!(dst, sample_bytes(i, 10_000));
+            served += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    attacker.join().unwrap();
+    let st = server.stats();
+    eprintln!(
+        "slowloris: {served} of 20 peers served; {} silent connections opened, {} refused or closed",
+        opened.load(Ordering::Relaxed),
+        st.rejected_connections
+    );
+    assert_eq!(served, 20, "peers locked out by silent connections");
+    assert!(st.open_connections <= 256 + 1);
 }

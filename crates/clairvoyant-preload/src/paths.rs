@@ -13,7 +13,8 @@ pub const ENV_AGENT: &str = "CLAIRVOYANT_AGENT";
 /// Round-trip timeout in milliseconds (default 10000); tests shorten it.
 pub const ENV_TIMEOUT_MS: &str = "CLAIRVOYANT_AGENT_TIMEOUT_MS";
 /// `open` (default): verify a cached file's checksum once per open; `process`: once per process
-/// and cached copy (a later open of the same file in the same process skips it).
+/// and cached copy, later opens of the same copy in the same process are *unchecked* (bytes
+/// damaged in the arena after that first check are served as they are).
 pub const ENV_VERIFY: &str = "CLAIRVOYANT_VERIFY";
 /// Stand-in opens (docs/transparent.md, "Stand-in opens"): `1` always, `0` never, anything else
 /// or unset (`auto`): unless the root is on a local file system, where a real open costs less

@@ -199,7 +199,8 @@ pub(crate) fn client(peers: &[String], secret: &[u8], job: u64, connections: usi
         // A peer silent this long inside a reply (beyond the wait it was granted) is taken for
         // stalled; a loaded machine must not trip it.
         io_timeout: Duration::from_secs(10),
-        // A peer found down is not asked for this long; then one request probes it again.
+        // A peer found down is taken off the data path and probed in the background after this
+        // long (then after twice as long after each failed probe).
         dead_for: Duration::from_secs(5),
     };
     Ok(Arc::new(Peers {

@@ -214,7 +214,14 @@ class _CachedLoader:
     def __call__(self, path):
         data, self.data = self.data, None
         if data is not None and path == self.path:
-            return self.decode(data)
+            try:
+                return self.decode(data)
+            except Exception as exc:  # the decoder saw bytes, not a file: name the file
+                try:
+                    named = type(exc)(f"{os.fsdecode(path)} ({len(data)} bytes): {exc}")
+                except Exception:  # noqa: BLE001 - an exception type that takes other arguments
+                    raise exc from None
+                raise named from exc
         return self.original(path)
 
 

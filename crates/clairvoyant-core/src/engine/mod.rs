@@ -405,7 +405,30 @@ impl Engine {
             ),
         });
 
-        let mut threads = Vec::new();
+        // The engine exists before its threads: if one cannot start (a thread or process
+        // limit), dropping it stops and joins those already running.
+        let engine = Engine {
+            inner: inner.clone(),
+            threads: Mutex::new(Vec::new()),
+            placement_summary,
+            plan_origin,
+            first_epoch: spec.first_epoch,
+            schedule: spec.schedule,
+            rank: spec.rank,
+        };
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
+            let handle = std::thread::Builder::new().name(name.clone()).spawn(f).map_err(|e| {
+                Error::config(
+                    "threads",
+                    format!(
+                        "cannot start thread {name}: {e} (a limit on threads or processes, such as \
+                         ulimit -u; fewer class or staging threads need fewer)"
+                    ),
+                )
+            })?;
+            engine.threads.lock().unwrap_or_else(|p| p.into_inner()).push(handle);
+            Ok(())
+        };
         let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
         let local_count = spec.local_ranks.len();
         let prefill = spec.agent.as_ref().is_none_or(|a| a.prefill);
@@ -433,18 +456,16 @@ impl Engine {
             };
             for t in 0..count {
                 let (inner, share, next) = (inner.clone(), share.clone(), next.clone());
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("cv-class{i}-{t}"))
-                        .spawn(move || {
-                            if agent {
-                                inner.agent_prefill(i, &share, &next)
-                            } else {
-                                inner.class_prefetch(i, &share, &next)
-                            }
-                        })
-                        .expect("spawn class prefetcher"),
-                );
+                spawn(
+                    format!("cv-class{i}-{t}"),
+                    Box::new(move || {
+                        if agent {
+                            inner.agent_prefill(i, &share, &next)
+                        } else {
+                            inner.class_prefetch(i, &share, &next)
+                        }
+                    }),
+                )?;
             }
         }
         // A node agent stages nothing: programs read the node cache through `local`.
@@ -455,22 +476,9 @@ impl Engine {
         };
         for t in 0..staging_threads {
             let inner = inner.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("cv-staging-{t}"))
-                    .spawn(move || inner.staging_prefetch())
-                    .expect("spawn staging prefetcher"),
-            );
+            spawn(format!("cv-staging-{t}"), Box::new(move || inner.staging_prefetch()))?;
         }
-        Ok(Engine {
-            inner,
-            threads: Mutex::new(threads),
-            placement_summary,
-            plan_origin,
-            first_epoch: spec.first_epoch,
-            schedule: spec.schedule,
-            rank: spec.rank,
-        })
+        Ok(engine)
     }
 
     /// Answers other nodes' requests for this node's cached samples.
@@ -515,6 +523,27 @@ impl Engine {
         } else {
             model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64)
         };
+        if spec.agent.is_none() {
+            // A staging ring lives in shared memory or, when that is too small, on disk: one
+            // that fits neither is a configuration error now, before any class is sized by it.
+            let free = |p: &std::path::Path| crate::sysinfo::free_space(p).unwrap_or(u64::MAX);
+            let (shm, disk) = (cache.dir().to_path_buf(), crate::tier::secure::disk_base());
+            let room = free(&shm).max(free(&disk));
+            if model.staging.capacity > room {
+                return Err(Error::config(
+                    "staging.capacity",
+                    format!(
+                        "a staging ring of {} per rank fits neither in shared memory ({}, {} free) nor on disk \
+                         ({}, {} free); lower staging.capacity (or CLAIRVOYANT_STAGING)",
+                        crate::model::human_bytes(model.staging.capacity),
+                        shm.display(),
+                        crate::model::human_bytes(free(&shm)),
+                        disk.display(),
+                        crate::model::human_bytes(free(&disk))
+                    ),
+                ));
+            }
+        }
         let capacities = cache.setup(&requests, ring_reserve)?;
         if let Some(c) = &spec.cluster {
             for (r, &got) in requests.iter().zip(&capacities) {

@@ -253,6 +253,20 @@ impl Inner {
         })
     }
 
+    /// Replace the damaged copy of `sample` in a mapped class (the memory arena) with `bytes`,
+    /// just read from the dataset with fill stamp `stamp`, unless another process is at it.
+    pub(super) fn repair_mapped(&self, sample: u32, bytes: &[u8], stamp: u32) {
+        let Some((class, ClassStore::Mapped)) = self.store_of(sample) else {
+            return;
+        };
+        if self.node.cache.state().reclaim(sample) {
+            let place = self.node.offset[sample as usize];
+            if let Filled::Ready = self.node.cache.fill(class, sample, place, bytes, stamp, false) {
+                self.checked[sample as usize].store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Check a memory-class sample just before it is handed to the consumer (as late as
     /// possible, so a copy damaged or truncated after staging is still caught): the arena file
     /// still holds it and its checksum matches. None: read it from the dataset instead.

@@ -449,8 +449,14 @@ impl Inner {
                 None => {
                     // Damaged after it was staged: the dataset's bytes, in private memory.
                     corrupt = true;
+                    let was_arena = region == Region::Arena;
+                    let stamp = self.stamp();
                     let mut heap = vec![0u8; len].into_boxed_slice();
                     let read = self.read_source(sample, &mut heap);
+                    if was_arena && read.is_ok() {
+                        // ... and back in the node cache, so later reads find it there again.
+                        self.repair_mapped(sample, &heap, stamp);
+                    }
                     let mut st = self.lock();
                     ptr = heap.as_ptr();
                     (region, offset) = (Region::Private, 0);

@@ -286,27 +286,7 @@ impl ContainerIndex {
     }
 
     fn save(&self, path: &Path) -> Result<()> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(
-            ".tmp.{}.{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let tmp = PathBuf::from(tmp);
-        let write = || -> std::io::Result<()> {
-            let f = File::create(&tmp)?;
-            f.write_all_at(&self.to_bytes(), 0)?;
-            f.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = fs::remove_file(&tmp);
-            return Err(Error::io(&tmp, e));
-        }
-        fs::rename(&tmp, path).map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::io(path, e)
-        })
+        crate::tier::secure::write_private(path, &self.to_bytes())
     }
 }
 
@@ -324,14 +304,13 @@ pub fn container_index_path(identity: &str, index_dir: Option<&Path>, index_path
         Some(d) => d.to_path_buf(),
         None => default_index_dir()?,
     };
+    let dir = crate::tier::secure::trusted_dir(&dir, true)?.unwrap_or(dir);
     Ok(dir.join(ContainerIndex::file_name(identity)))
 }
 
 fn try_load(path: &Path, identity: &str, explicit: bool) -> Result<Option<ContainerIndex>> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
+    let Some(bytes) = crate::tier::secure::read_trusted(path)? else {
+        return Ok(None);
     };
     let Ok(ix) = ContainerIndex::from_bytes(&bytes, path) else {
         return Ok(None);
@@ -362,9 +341,7 @@ pub fn load_or_build_container(
             return Ok((ix, true));
         }
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
+    super::index::make_parent(path)?;
     let _lock = super::index::IndexLock::acquire(path)?;
     if let Some(ix) = try_load(path, identity, explicit)? {
         match ix.freshness() {

@@ -3,17 +3,17 @@
 //! mtimes recorded at scan time are unchanged; one process scans while the others wait on a lock.
 
 use std::ffi::{OsStr, OsString};
-use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Read, Write};
+use std::fs::{self, File};
+use std::io::{ErrorKind, Read};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::Source;
 use crate::error::{Error, Result};
+use crate::tier::secure;
 
 /// Overrides the directory where indexes are kept.
 pub const CACHE_DIR_ENV: &str = "CLAIRVOYANT_CACHE_DIR";
@@ -207,6 +207,12 @@ impl Index {
                 .strip_prefix(b"dir:")
                 .map(|r| PathBuf::from(OsStr::from_bytes(r)))
                 .unwrap_or_default();
+            // Entries of a directory dataset are relative paths below its root: an entry that
+            // would lead elsewhere ("/etc/shadow", "../x") makes the index damaged, never read.
+            let inside = |p: &Path| p.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !root.as_os_str().is_empty() && !entries.iter().all(|e| inside(&e.path)) {
+                return None;
+            }
             (r.pos == r.buf.len()).then_some(Index {
                 root,
                 identity,
@@ -223,36 +229,19 @@ impl Index {
         })
     }
 
-    /// Reads and parses an index file.
+    /// Reads and parses an index file (a regular file of this user or root, never through a
+    /// symlink: see [`read_trusted`](crate::tier::secure::read_trusted)).
     pub fn load(path: &Path) -> Result<Index> {
-        let bytes = fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes =
+            secure::read_trusted(path)?.ok_or_else(|| Error::io(path, std::io::Error::from(ErrorKind::NotFound)))?;
         Index::from_bytes(&bytes, path)
     }
 
-    /// Writes atomically: a temporary file in the same directory, synced, then renamed over
-    /// `path`, so readers see the old index or the new one, never half of one.
+    /// Writes atomically and privately: a temporary file with an unpredictable name (mode
+    /// 0600, `O_EXCL`) in the same directory, synced, then renamed over `path`, so readers see
+    /// the old index or the new one, never half of one.
     pub fn save(&self, path: &Path) -> Result<()> {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(
-            ".tmp.{}.{}",
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let tmp = PathBuf::from(tmp);
-        let write = || -> std::io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&self.to_bytes())?;
-            f.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = fs::remove_file(&tmp);
-            return Err(Error::io(&tmp, e));
-        }
-        fs::rename(&tmp, path).map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::io(path, e)
-        })
+        secure::write_private(path, &self.to_bytes())
     }
 
     /// Compares the recorded directory mtimes with the file system (one stat per directory).
@@ -406,6 +395,7 @@ pub(crate) fn index_path_in(index_dir: Option<&Path>, identity: &OsStr) -> Resul
         Some(d) => d.to_path_buf(),
         None => default_index_dir()?,
     };
+    let dir = secure::trusted_dir(&dir, true)?.unwrap_or(dir);
     Ok(dir.join(Index::file_name(identity)))
 }
 
@@ -420,12 +410,7 @@ impl IndexLock {
         let mut p = index_path.as_os_str().to_owned();
         p.push(".lock");
         let path = PathBuf::from(p);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| Error::io(&path, e))?;
+        let file = secure::open_lock(&path)?;
         loop {
             // SAFETY: flock on a descriptor we own and keep open for the lifetime of the guard.
             if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
@@ -442,10 +427,8 @@ impl IndexLock {
 /// Reads the index at `path` if it belongs to `identity`. Missing or damaged: None (rebuild). Of
 /// another dataset: `BadIndex` when the caller named the file explicitly, else None.
 fn try_load(path: &Path, identity: &OsStr, explicit: bool) -> Result<Option<Index>> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(path, e)),
+    let Some(bytes) = secure::read_trusted(path)? else {
+        return Ok(None);
     };
     let Ok(index) = Index::from_bytes(&bytes, path) else {
         return Ok(None);
@@ -466,6 +449,19 @@ fn try_load(path: &Path, identity: &OsStr, explicit: bool) -> Result<Option<Inde
     Ok(Some(index))
 }
 
+/// Creates the folder of an index file (mode 0700) if missing.
+pub(crate) fn make_parent(path: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| Error::io(dir, e))?;
+    }
+    Ok(())
+}
+
 /// Loads the index at `path` for `identity` if still fresh, else scans with `build` under the
 /// lock and saves the result. Returns the index and whether it was reused (no scan here).
 pub(crate) fn load_or_build(
@@ -481,9 +477,7 @@ pub(crate) fn load_or_build(
             return Ok((ix, true));
         }
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    }
+    make_parent(path)?;
     let _lock = IndexLock::acquire(path)?;
     // Another process may have scanned while we waited. A racy index built after this call began
     // is as fresh as a scan we would start now, so take it rather than scanning once per rank.
@@ -748,5 +742,26 @@ mod tests {
         assert!(!reused, "a changed directory is rescanned");
         let err = load_or_build(&ip, OsStr::new("dir:/elsewhere"), true, build).unwrap_err();
         assert!(matches!(err, Error::BadIndex { .. }), "{err}");
+    }
+
+    #[test]
+    fn entries_outside_the_root_make_an_index_damaged() {
+        for bad in ["../secret", "/etc/shadow", "a/../../b", "./x"] {
+            let ix = Index {
+                root: PathBuf::from("/data"),
+                identity: OsString::from("dir:/data"),
+                classes: vec![OsString::from("a")],
+                entries: vec![IndexEntry {
+                    path: PathBuf::from(bad),
+                    size: 1,
+                    label: 0,
+                }],
+                dirs: Vec::new(),
+                scan_start_ns: 0,
+                built_ns: 0,
+            };
+            let e = Index::from_bytes(&ix.to_bytes(), Path::new("i")).unwrap_err();
+            assert!(matches!(e, Error::BadIndex { .. }), "{bad}: {e}");
+        }
     }
 }

@@ -245,7 +245,11 @@ impl NodeCache {
             // directory class go before anyone can fill it.
             for c in classes {
                 if let ClassKind::Directory { path } = &c.kind {
-                    let _ = std::fs::remove_dir_all(secure::private_dir(path)?.join(&self.stem));
+                    // A missing, read-only or refused class folder is dealt with when the class
+                    // is opened below (created, dropped with a warning, or an error).
+                    if let Ok(base) = secure::private_dir(path) {
+                        let _ = std::fs::remove_dir_all(base.join(&self.stem));
+                    }
                 }
             }
             let mut caps: Vec<u64> = classes.iter().map(|c| c.capacity).collect();
@@ -258,11 +262,13 @@ impl NodeCache {
                     warn_once(
                         &field,
                         &format!(
-                            "{field} asks for {} but {} holds {} after the staging rings; using {}",
-                            crate::model::format_bytes(caps[j]),
+                            "{field} asks for {} but {} has {} free, {} of it for the staging rings \
+                             (staging.capacity); using {}",
+                            crate::model::human_bytes(caps[j]),
                             self.dir.display(),
-                            crate::model::format_bytes(free),
-                            crate::model::format_bytes(avail)
+                            crate::model::human_bytes(free),
+                            crate::model::human_bytes(ring_reserve),
+                            crate::model::human_bytes(avail)
                         ),
                     );
                     caps[j] = avail;
@@ -300,6 +306,7 @@ impl NodeCache {
                 ),
             ));
         }
+        let mut unusable = Vec::new();
         for (j, c) in classes.iter().enumerate() {
             let tier: Box<dyn Tier> = match &c.kind {
                 ClassKind::Memory => {
@@ -314,16 +321,36 @@ impl NodeCache {
                     }
                 }
                 ClassKind::Directory { path } => {
-                    let base = secure::private_dir(path)?;
-                    remove_dead_class_dirs(&base, &self.dir, &self.stem);
-                    let tier = DirectoryTier::open(&c.name, &base.join(&self.stem), caps[j])?;
-                    tier.mark_owner(self.state.path());
-                    Box::new(tier)
+                    match open_directory_class(&c.name, path, &self.dir, &self.stem, caps[j]) {
+                        Ok(tier) => {
+                            tier.mark_owner(self.state.path());
+                            Box::new(tier)
+                        }
+                        Err(Error::Io { path: at, source }) if unwritable(&source) => {
+                            // One way for every class fault (full, read-only, not ours to write):
+                            // the class caches nothing, its samples are read from their origin.
+                            warn_once(
+                                &format!("{}:{}:full", self.stem, c.name),
+                                &format!(
+                                    "storage class '{}' cannot be used ({}: {source}); its samples stay uncached \
+                                 (class.{}.path)",
+                                    c.name,
+                                    at.display(),
+                                    c.name
+                                ),
+                            );
+                            unusable.push(j);
+                            Box::new(NoTier(c.name.clone()))
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             };
             self.tiers.push(tier);
         }
-        self.full_warned = (0..self.tiers.len()).map(|_| AtomicBool::new(false)).collect();
+        self.full_warned = (0..self.tiers.len())
+            .map(|j| AtomicBool::new(unusable.contains(&j)))
+            .collect();
         Ok(caps)
     }
 
@@ -356,7 +383,28 @@ impl NodeCache {
             Err(_) => {}
         }
         let disk = secure::private_dir(&secure::disk_base())?.join(&name);
-        let f = secure::create_reserved(&disk, len).map_err(|e| Error::io(&disk, e))?;
+        let f = secure::create_reserved(&disk, len).map_err(|e| {
+            if !secure::is_no_space(&e) {
+                return Error::io(&disk, e);
+            }
+            let free = |p: &Path| {
+                crate::sysinfo::free_space(p)
+                    .map(crate::model::human_bytes)
+                    .unwrap_or_else(|_| "?".into())
+            };
+            Error::config(
+                "staging.capacity",
+                format!(
+                    "a staging ring of {} fits neither in shared memory ({}, {} free) nor on disk ({}, {} free); \
+                     lower staging.capacity (or CLAIRVOYANT_STAGING)",
+                    crate::model::human_bytes(len),
+                    self.dir.display(),
+                    free(&self.dir),
+                    secure::disk_base().display(),
+                    free(&secure::disk_base())
+                ),
+            )
+        })?;
         warn_once(
             "staging.capacity",
             &format!(
@@ -445,6 +493,24 @@ impl NodeCache {
                 }
                 Filled::NoSpace
             }
+            Err(Fault::Io(Error::Io { path, source })) if unwritable(&source) => {
+                // Made read-only (or removed) during the run: handled as a full class.
+                self.state.mark_no_space(sample);
+                if !self.full_warned[class].swap(true, Ordering::Relaxed) {
+                    let t = &self.tiers[class];
+                    warn_once(
+                        &format!("{}:{}:full", self.stem, t.name()),
+                        &format!(
+                            "storage class '{}' cannot be written ({}: {source}); samples that are not \
+                             cached there yet stay uncached (class.{}.path)",
+                            t.name(),
+                            path.display(),
+                            t.name()
+                        ),
+                    );
+                }
+                Filled::NoSpace
+            }
             Err(f) => {
                 self.state.abandon(sample);
                 Filled::Failed(f)
@@ -481,6 +547,32 @@ impl Drop for NodeCache {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// Whether a write error means the class cannot take files now: full, read-only, no permission,
+/// or its folder gone. Such a class is handled one way: it caches nothing more, with a warning.
+fn unwritable(e: &std::io::Error) -> bool {
+    secure::is_no_space(e)
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::ENOENT)
+        )
+}
+
+/// The directory class `name` at `path`: the folder is created (0700, parents included) when
+/// missing, then `<path>/clairvoyant-<uid>/<stem>` as a private directory.
+fn open_directory_class(name: &str, path: &Path, shm_dir: &Path, stem: &str, capacity: u64) -> Result<DirectoryTier> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !path.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(path)
+            .map_err(|e| Error::io(path, e))?;
+    }
+    let base = secure::private_dir(path)?;
+    remove_dead_class_dirs(&base, shm_dir, stem);
+    DirectoryTier::open(name, &base.join(stem), capacity)
 }
 
 /// A class that could not be created (no space at all): holds nothing.

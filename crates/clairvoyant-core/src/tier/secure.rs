@@ -151,6 +151,150 @@ pub fn check_file(f: &File, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A folder for files kept between runs (indexes, `system.toml`): `dir` itself when it is a
+/// directory owned by this user or root and writable by nobody else, else, in a world-writable
+/// sticky folder such as /tmp, the private subfolder `clairvoyant-<uid>` ([`private_dir`]).
+/// Anything else (owned by another user, or writable by others without the sticky bit, or a
+/// symlink another user made) is refused as ssh refuses a loose `~/.ssh`: another user could
+/// plant files there. Missing folders are created 0700 when `create`, else `Ok(None)`.
+pub fn trusted_dir(dir: &Path, create: bool) -> Result<Option<PathBuf>> {
+    let lmd = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| Error::io(dir, e))?;
+            std::fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?
+        }
+        Err(e) => return Err(Error::io(dir, e)),
+    };
+    let trusted = |owner: u32| owner == uid() || owner == 0;
+    if lmd.file_type().is_symlink() && !trusted(lmd.uid()) {
+        return Err(Error::untrusted(
+            dir,
+            format!(
+                "is a symbolic link made by uid {}, not by this user (uid {})",
+                lmd.uid(),
+                uid()
+            ),
+        ));
+    }
+    let md = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+    if !md.is_dir() {
+        return Err(Error::untrusted(dir, "is not a directory"));
+    }
+    if !trusted(md.uid()) {
+        return Err(Error::untrusted(
+            dir,
+            format!(
+                "is owned by uid {}, not by this user (uid {}) or root; another user could plant \
+                 files there (use a folder of your own, e.g. set CLAIRVOYANT_CACHE_DIR)",
+                md.uid(),
+                uid()
+            ),
+        ));
+    }
+    if md.mode() & 0o022 == 0 {
+        return Ok(Some(dir.to_path_buf()));
+    }
+    if md.mode() & 0o1000 != 0 {
+        return private_dir(dir).map(Some);
+    }
+    Err(Error::untrusted(
+        dir,
+        format!(
+            "is writable by other users (mode {:o}) and not sticky; another user could plant files \
+             there (chmod go-w it, or set CLAIRVOYANT_CACHE_DIR to a folder only you can write)",
+            md.mode() & 0o7777
+        ),
+    ))
+}
+
+/// The bytes of a file kept between runs, or None when it does not exist. Opened with
+/// `O_NOFOLLOW`; a file that is not a regular file owned by this user or root, or that others
+/// can write, is refused ([`Error::Untrusted`]): its content is never used.
+pub fn read_trusted(path: &Path) -> Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(Error::untrusted(path, "is a symbolic link")),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let md = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !md.is_file() {
+        return Err(Error::untrusted(path, "is not a regular file"));
+    }
+    if md.uid() != uid() && md.uid() != 0 {
+        return Err(Error::untrusted(
+            path,
+            format!("is owned by uid {}, not by this user (uid {}) or root", md.uid(), uid()),
+        ));
+    }
+    if md.mode() & 0o022 != 0 {
+        return Err(Error::untrusted(
+            path,
+            format!("is writable by other users (mode {:o})", md.mode() & 0o7777),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    f.read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    Ok(Some(bytes))
+}
+
+/// Replace `path` atomically with `bytes`: a temporary file with an unpredictable name
+/// (`tempfile`, `O_EXCL`, mode 0600) in the same folder, synced, then renamed over `path`
+/// (a rename replaces a symlink there, it never writes through it). Nothing is left on failure.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d,
+        None => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, e))?;
+    tmp.write_all(bytes)
+        .and_then(|_| tmp.as_file().sync_all())
+        .map_err(|e| Error::io(tmp.path(), e))?;
+    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
+}
+
+/// Open (creating, mode 0600) a lock file: never through a symlink (`O_NOFOLLOW`), and only a
+/// regular file of this user.
+pub fn open_lock(path: &Path) -> Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                Error::untrusted(path, "is a symbolic link")
+            } else {
+                Error::io(path, e)
+            }
+        })?;
+    check_file(&f, path)?;
+    Ok(f)
+}
+
 /// Reserve `len` bytes of `f` now, so that a full file system shows up here and not later as
 /// SIGBUS or EFAULT when a mapped page is first touched.
 pub fn reserve(f: &File, len: u64) -> std::io::Result<()> {
@@ -299,5 +443,111 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert_eq!(start_time(pid), None, "exited, not yet reaped");
         child.wait().unwrap();
+    }
+
+    fn chown(p: &Path, uid: u32) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path; lchown does not follow a symlink there.
+        assert_eq!(
+            unsafe { libc::lchown(c.as_ptr(), uid, uid) },
+            0,
+            "lchown {}",
+            p.display()
+        );
+    }
+
+    #[test]
+    fn cache_folders_of_others_or_writable_by_others_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let fresh = t.path().join("a/b/cache");
+        assert_eq!(
+            trusted_dir(&fresh, false).unwrap(),
+            None,
+            "not created when asked not to"
+        );
+        assert_eq!(trusted_dir(&fresh, true).unwrap(), Some(fresh.clone()));
+        for d in [t.path().join("a"), t.path().join("a/b"), fresh.clone()] {
+            assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700, "{}", d.display());
+        }
+        let open = t.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = trusted_dir(&open, true).unwrap_err();
+        assert!(
+            matches!(e, Error::Untrusted { .. }) && e.to_string().contains("writable by other users"),
+            "{e}"
+        );
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let sub = trusted_dir(&open, true).unwrap().unwrap();
+        assert_eq!(
+            sub,
+            open.join(format!("clairvoyant-{}", uid())),
+            "a private subfolder of a sticky one"
+        );
+        assert_eq!(std::fs::metadata(&sub).unwrap().mode() & 0o777, 0o700);
+        if uid() != 0 {
+            eprintln!("skipping the parts with folders of another user: needs root (lchown)");
+            return;
+        }
+        let theirs = t.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        chown(&theirs, 65534);
+        let e = trusted_dir(&theirs, true).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&fresh, &link).unwrap();
+        chown(&link, 65534);
+        let e = trusted_dir(&link, true).unwrap_err();
+        assert!(e.to_string().contains("symbolic link made by uid 65534"), "{e}");
+    }
+
+    #[test]
+    fn files_kept_between_runs_are_private_and_never_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let victim = t.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        let p = t.path().join("index");
+        std::os::unix::fs::symlink(&victim, &p).unwrap();
+        let e = read_trusted(&p).unwrap_err();
+        assert!(matches!(e, Error::Untrusted { .. }), "{e}");
+        write_private(&p, b"new").unwrap();
+        assert_eq!(
+            std::fs::read(&victim).unwrap(),
+            b"secret",
+            "written through the symlink"
+        );
+        let md = std::fs::symlink_metadata(&p).unwrap();
+        assert!(md.is_file() && md.mode() & 0o777 == 0o600, "{:o}", md.mode());
+        assert_eq!(read_trusted(&p).unwrap().unwrap(), b"new");
+        assert_eq!(read_trusted(&t.path().join("missing")).unwrap(), None);
+        let names: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "no temporary file left: {names:?}");
+
+        let lock = t.path().join("x.lock");
+        let target = t.path().join("created-through-link");
+        std::os::unix::fs::symlink(&target, &lock).unwrap();
+        assert!(matches!(open_lock(&lock), Err(Error::Untrusted { .. })));
+        assert!(!target.exists(), "a file was created through a planted symlink");
+        let lock2 = t.path().join("y.lock");
+        assert_eq!(open_lock(&lock2).unwrap().metadata().unwrap().mode() & 0o777, 0o600);
+
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(read_trusted(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("writable by other users"));
+        if uid() != 0 {
+            eprintln!("skipping the parts with files of another user: needs root (lchown)");
+            return;
+        }
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        chown(&p, 65534);
+        assert!(read_trusted(&p).unwrap_err().to_string().contains("owned by uid 65534"));
+        chown(&lock2, 65534);
+        assert!(matches!(open_lock(&lock2), Err(Error::Untrusted { .. })));
     }
 }
