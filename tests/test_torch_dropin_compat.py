@@ -262,3 +262,53 @@ def test_a_persistent_iterator_outliving_its_loader_finishes_its_epoch(folder):
     it = iter(ct.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True))
     gc.collect()
     assert [y.tolist() for _, y in it] == want
+
+
+def test_spawned_ranks_exiting_without_close_leave_no_staging_ring(folder, tmp_path):
+    """Two spawned ranks (as ``mp.spawn`` runs them) read a few batches with worker processes
+    and end with ``os._exit``: no staging ring remains in the shared-memory directory, nor was
+    one ever named there (the ring goes with its process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import json, os, sys
+            import torch, torch.multiprocessing as mp, torchvision
+            import torchvision.transforms as T
+            import clairvoyant.torch.patch
+            from torch.utils.data import DataLoader, DistributedSampler
+
+            def rank(r, out):
+                ds = torchvision.datasets.ImageFolder({folder!r}, T.ToTensor())
+                s = DistributedSampler(ds, num_replicas=2, rank=r)
+                loader = DataLoader(ds, batch_size=3, sampler=s, num_workers=2, native_decode=False)
+                it = iter(loader)
+                next(it); next(it)
+                rings = [f for _, _, fs in os.walk({str(shm)!r}) for f in fs if f.endswith(".ring")]
+                segments = list(loader._cv.job.segments)
+                with open(os.path.join(out, f"rank{{r}}.json"), "w") as f:
+                    json.dump(dict(rings=rings, ring=segments[0], readable=os.path.getsize(segments[0])), f)
+                os._exit(0)  # no close(), no interpreter shutdown
+
+            if __name__ == "__main__":
+                mp.spawn(rank, args=(sys.argv[1],), nprocs=2)
+            """
+        )
+    )
+    env = dict(os.environ, CLAIRVOYANT_SHM_DIR=str(shm), CLAIRVOYANT_QUIET="1")
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    for r in range(2):
+        seen = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert seen["rings"] == [], f"rank {r} named its ring in the directory: {seen['rings']}"
+        assert seen["readable"] > 0  # workers open it by the rank's descriptor
+    left = sorted(str(p.relative_to(shm)) for p in shm.rglob("*.ring"))
+    assert left == [], f"staging rings left by ranks that are gone: {left}"
