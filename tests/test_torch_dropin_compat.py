@@ -312,3 +312,17 @@ def test_spawned_ranks_exiting_without_close_leave_no_staging_ring(folder, tmp_p
         assert seen["readable"] > 0  # workers open it by the rank's descriptor
     left = sorted(str(p.relative_to(shm)) for p in shm.rglob("*.ring"))
     assert left == [], f"staging rings left by ranks that are gone: {left}"
+
+
+def test_an_iterable_dataset_is_loaded_as_torch_loads_it_with_a_notice(capfd, monkeypatch):
+    monkeypatch.delenv("CLAIRVOYANT_QUIET", raising=False)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(5))
+
+    loader = ct.DataLoader(Stream(), batch_size=2)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    err = capfd.readouterr().err
+    assert err.count("not cached: Stream is an iterable-style dataset") == 1, err

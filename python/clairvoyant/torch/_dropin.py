@@ -253,6 +253,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if self._cv is None and self._cv_reason is None:
             if isinstance(self.dataset, torch.utils.data.IterableDataset):
                 self._cv_reason = f"{type(self.dataset).__name__} is an iterable-style dataset"
+                _notice(f"not cached: {self._cv_reason} (no sample indices to read ahead); batches are loaded as torch's DataLoader loads them")
             else:
                 self._cv = _Feed(self)
         return self._cv
