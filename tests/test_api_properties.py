@@ -305,7 +305,8 @@ def _run_and_close(hold_a_batch: bool):
     dirs = {"/dev/shm"}
     before = _listing(dirs)
     job = clairvoyant.Job(clairvoyant.Synthetic(SIZES), batch_size=4, epochs=2)
-    segments = [p for p in job.segments if p]
+    # The staging ring has no name in a directory: it is opened through this process's descriptor.
+    segments = [p for p in job.segments if p and not p.startswith("/proc/")]
     dirs |= {os.path.dirname(p) for p in segments}
     it = job.batches(0)
     held = next(it)

@@ -1,5 +1,6 @@
 """`clairvoyant run`'s launcher logic without starting anything: nodes and run ids from each
-launcher's variables, order files, access counts, the stats line."""
+launcher's variables, order files, access counts, the stats line and who prints it, the
+sampler hook's notices."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from clairvoyant import _native
 from clairvoyant._agent import access_counts, read_order_file, relative
-from clairvoyant._run import format_stats, nodes_of, run_id_of
+from clairvoyant._run import format_stats, nodes_of, reports_stats, run_id_of
 
 
 @pytest.mark.parametrize(
@@ -71,3 +72,46 @@ def test_the_stats_line_shows_each_source_since_the_last():
     line = format_stats(now, prev, 12.0)
     assert "node cache 3 reads (3.0 MB)" in line and "peers 2 (2.0 MB)" in line
     assert "file system 1 direct" in line and "+ 1.0 MB by the agent" in line and "agent CPU 0.75 s" in line
+
+
+@pytest.mark.parametrize(
+    "env, prints",
+    [
+        ({}, True),
+        ({"LOCAL_RANK": "0", "RANK": "4"}, True),
+        ({"LOCAL_RANK": "1", "RANK": "5"}, False),
+        ({"SLURM_LOCALID": "3"}, False),
+        ({"OMPI_COMM_WORLD_LOCAL_RANK": "0"}, True),
+    ],
+)
+def test_one_launcher_per_node_prints_the_stats(env, prints):
+    # torchrun starting one launcher per local rank: the node agent's figures once per node.
+    assert reports_stats(env) is prints
+
+
+def test_the_sampler_order_notice_says_what_the_order_leaves_out(tmp_path):
+    from clairvoyant._sampler_hook import _uncovered
+
+    for d in ("train/a", "train/b", "val/a"):
+        (tmp_path / d).mkdir(parents=True)
+    files = [str(tmp_path / "train" / c / f"{i}.jpg") for c in "ab" for i in range(3)]
+    note = _uncovered(str(tmp_path), files)
+    assert "6 files, under train/" in note and "val/ of the root are not in it" in note
+    assert _uncovered(str(tmp_path / "train"), files) == ""  # the order covers the whole root
+
+
+def test_the_sampler_hook_says_an_iterable_dataset_has_no_order(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    from clairvoyant import _sampler_hook
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    monkeypatch.setenv("CLAIRVOYANT_ROOT", "/nonexistent")
+    monkeypatch.setenv("CLAIRVOYANT_AGENT", "/nonexistent/agent.sock")
+    monkeypatch.delenv("CLAIRVOYANT_QUIET", raising=False)
+    loader = torch.utils.data.dataloader.DataLoader(Stream(), batch_size=2)
+    assert _sampler_hook.plan(loader) is False
+    err = capsys.readouterr().err
+    assert "Stream is an iterable-style dataset" in err and "hashed owners" in err

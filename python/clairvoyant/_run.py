@@ -49,6 +49,14 @@ def nodes_of(env, nodes=None, node=None) -> tuple:
     return n, i
 
 
+def reports_stats(env) -> bool:
+    """Whether this launcher prints the ``--stats`` lines: the figures are the node agent's, so
+    of the launchers a launcher such as torchrun starts on a node (one per local rank), only
+    the first (local rank 0, or a launcher started alone) prints them."""
+    local = _first_int(("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"), env)
+    return local is None or local == 0
+
+
 def run_id_of(env) -> str:
     for k in ("CLAIRVOYANT_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"):
         v = env.get(k, "").strip()
@@ -240,6 +248,8 @@ def main(args) -> int:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (hook, env.get("PYTHONPATH", "")) if x)
         env["CLAIRVOYANT_SAMPLER_ORDER"] = "1"
         env["CLAIRVOYANT_NODES"] = str(nodes)
+    # One line per node, not one per launcher (see reports_stats).
+    show = args.stats and reports_stats(os.environ)
     started = time.monotonic()
     stop = threading.Event()
     lock = threading.Lock()
@@ -267,7 +277,7 @@ def main(args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         forwarded[sig] = signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
     reporter = None
-    if args.stats:
+    if show:
         reporter = threading.Thread(target=report, name="clairvoyant-stats", daemon=True)
         reporter.start()
     try:
@@ -276,11 +286,11 @@ def main(args) -> int:
         stop.set()
         if reporter is not None:
             reporter.join(timeout=5)
-        if args.stats or args.stats_json:
+        if show or args.stats_json:
             try:
                 with lock:
                     s = agent.stats()
-                if args.stats:
+                if show:
                     print(format_stats(s, None, time.monotonic() - started).replace(":", ": total:", 1), file=sys.stderr)
                 if args.stats_json:
                     tmp = f"{args.stats_json}.{os.getpid()}.tmp"

@@ -61,8 +61,16 @@ def plan(loader) -> bool:
     from . import _native
     from .torch._order import Predictor, epoch_of
 
+    from torch.utils.data import IterableDataset
+
     root = os.environ["CLAIRVOYANT_ROOT"]
     socket = os.environ["CLAIRVOYANT_AGENT"]
+    if isinstance(loader.dataset, IterableDataset):
+        _notice(
+            f"{type(loader.dataset).__name__} is an iterable-style dataset: its order cannot be known ahead; "
+            "the node agent places by hashed owners"
+        )
+        return False
     sampler = loader.sampler
     pred = Predictor(loader)
     if not (pred.all_ranks and isinstance(sampler, DistributedSampler)):
@@ -111,5 +119,24 @@ def plan(loader) -> bool:
         return False
     finally:
         client.close()
-    _notice(f"the node agent places by the sampler's order ({epochs} epochs from epoch {first})")
+    _notice(f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_uncovered(root, files)}")
     return True
+
+
+def _uncovered(root: str, files: list) -> str:
+    """What the predicted order covers of the root, for the notice: the root's top-level entries
+    that hold none of the order's files (an ImageNet layout's ``val/`` beside ``train/``)."""
+    covered = set()
+    inside = os.path.join(os.path.abspath(root), "")
+    for f in files:
+        covered.add(f[len(inside) :].split(os.sep, 1)[0])
+    try:
+        entries = sorted(e for e in os.listdir(root) if not e.startswith("."))
+    except OSError:
+        return ""
+    others = [e + ("/" if os.path.isdir(os.path.join(root, e)) else "") for e in entries if e not in covered]
+    if not others:
+        return ""
+    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    where = ", ".join(sorted(e + "/" if os.path.isdir(os.path.join(root, e)) else e for e in covered)[:5])
+    return f"; the order covers {len(files)} files, under {where}: {shown} of the root are not in it"

@@ -192,6 +192,32 @@ def rng_state() -> tuple:
     return tuple(state)
 
 
+def plain_rng_state(state: tuple) -> dict:
+    """A worker's random states (:func:`rng_state`) as what ``torch.load(weights_only=True)``
+    accepts: tensors, ints, floats, strings, lists, dicts and None (no numpy arrays)."""
+    version, internal, gauss = state[1]
+    plain: dict = {"torch": state[0], "python": [int(version), [int(x) for x in internal], gauss], "numpy": None}
+    if state[2] is not None:
+        name, keys, pos, has_gauss, cached = state[2]
+        plain["numpy"] = [str(name), torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+    return plain
+
+
+def rng_state_from_plain(plain) -> tuple:
+    """The inverse of :func:`plain_rng_state` (a state already in :func:`rng_state`'s form is
+    returned as it is)."""
+    if not isinstance(plain, dict):
+        return tuple(plain)
+    version, internal, gauss = plain["python"]
+    numpy_state = None
+    if plain.get("numpy") is not None:
+        import numpy as np
+
+        name, keys, pos, has_gauss, cached = plain["numpy"]
+        numpy_state = (name, np.asarray(keys, dtype=np.int64).astype(np.uint32), int(pos), int(has_gauss), float(cached))
+    return (plain["torch"], (int(version), tuple(int(x) for x in internal), gauss), numpy_state)
+
+
 def set_rng_state(state: tuple) -> None:
     import random
 

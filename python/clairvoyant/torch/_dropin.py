@@ -26,7 +26,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Optional
+from typing import Optional, TypeVar
 
 import numpy as np
 import torch
@@ -42,7 +42,10 @@ __all__ = ["DataLoader"]
 _HORIZON = 2
 # Bytes kept per batch for a worker's random state (torch, random and numpy generators).
 _STATE_BYTES = 16384
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+# States of these versions load (1: worker random states held numpy arrays, which
+# torch.load(weights_only=True) refuses).
+_STATE_VERSIONS = (1, 2)
 
 
 def _notice(message: str) -> None:
@@ -69,9 +72,10 @@ def _epochs_arg(epochs) -> Optional[int]:
 
 # torch's class, whatever ``torch.utils.data.DataLoader`` names later (see ``patch``).
 _TorchDataLoader = torch.utils.data.dataloader.DataLoader
+_T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(_TorchDataLoader):
+class DataLoader(_TorchDataLoader[_T_co]):
     """``torch.utils.data.DataLoader`` with clairvoyant's prefetching and node cache.
 
     Takes torch's arguments with torch's meaning and yields exactly the batches torch's
@@ -209,6 +213,7 @@ class DataLoader(_TorchDataLoader):
         resuming = feed.resumes(self)
         gen = self.generator
         saved = (gen.get_state() if gen is not None else torch.get_rng_state()) if resuming else None
+        drawn = feed.count
         native = self._native_setup()
         try:
             if native is not None:
@@ -219,7 +224,11 @@ class DataLoader(_TorchDataLoader):
                 self.check_worker_number_rationality()
                 it = _Iter(view)
         finally:
-            if saved is not None:
+            # Worker processes make torch's iterator draw the epoch while it is created: the
+            # resumed epoch's redraw then left the sampler's generator where that epoch's draws
+            # left it, which is where the next epoch starts from.
+            redrawn = feed.count != drawn and gen is not None and gen is getattr(self.sampler, "generator", None)
+            if saved is not None and not redrawn:
                 gen.set_state(saved) if gen is not None else torch.set_rng_state(saved)
         feed.serving(it)
         return it
@@ -244,6 +253,7 @@ class DataLoader(_TorchDataLoader):
         if self._cv is None and self._cv_reason is None:
             if isinstance(self.dataset, torch.utils.data.IterableDataset):
                 self._cv_reason = f"{type(self.dataset).__name__} is an iterable-style dataset"
+                _notice(f"not cached: {self._cv_reason} (no sample indices to read ahead); batches are loaded as torch's DataLoader loads them")
             else:
                 self._cv = _Feed(self)
         return self._cv
@@ -275,12 +285,23 @@ class DataLoader(_TorchDataLoader):
         missing = [k for k in ("version", "epoch", "yielded", "total", "num_workers", "generator", "workers") if k not in state]
         if missing:
             raise ConfigError(f"load_state_dict(): the state lacks {missing} (was it made by clairvoyant.torch.DataLoader.state_dict()?)")
-        if state["version"] != _STATE_VERSION:
-            raise ConfigError(f"load_state_dict(): state version {state['version']} is not {_STATE_VERSION}")
+        if state["version"] not in _STATE_VERSIONS:
+            raise ConfigError(f"load_state_dict(): state version {state['version']} is not one of {list(_STATE_VERSIONS)}")
         for k in ("yielded", "total", "num_workers"):
             if isinstance(state[k], bool) or not isinstance(state[k], int) or state[k] < 0:
                 raise ConfigError(f"load_state_dict(): '{k}' must be a non-negative integer, got {state[k]!r}")
-        self._resume = dict(state)
+        gen = state["generator"]
+        if gen is not None and not (
+            isinstance(gen, (list, tuple)) and len(gen) == 2 and gen[0] in ("global", "generator") and isinstance(gen[1], torch.Tensor)
+        ):
+            raise ConfigError(f"load_state_dict(): 'generator' must be None or [kind, state tensor], got {type(gen).__name__}")
+        state = dict(state)
+        if state["workers"] is not None:
+            try:
+                state["workers"] = [_datasets.rng_state_from_plain(w) for w in state["workers"]]
+            except (KeyError, TypeError, ValueError) as e:
+                raise ConfigError(f"load_state_dict(): 'workers' does not hold workers' random states ({e})") from None
+        self._resume = state
         feed = self._feed()
         if feed is not None and isinstance(state["epoch"], int) and _order.epoch_of(self.sampler) is None:
             feed.count = state["epoch"]
@@ -309,14 +330,6 @@ class DataLoader(_TorchDataLoader):
             if getattr(native, "_cv_native", False):
                 native._shutdown_workers()  # its decode thread reads the job's shared memory
             feed.close()
-
-    def __del__(self):
-        try:
-            feed = self.__dict__.get("_cv")
-            if feed is not None:
-                feed.close()
-        except Exception:
-            pass
 
 
 class _Iter(_MultiProcessingDataLoaderIter):
@@ -369,10 +382,27 @@ class _View:
     def __init__(self, loader: DataLoader, feed: "_Feed"):
         self._loader = loader
         self.dataset = feed.dataset
-        self._index_sampler = feed.sampler
+        self._index_sampler = _Sampler(feed)
+        self.worker_init_fn = _WorkerInit(loader.worker_init_fn)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
+
+
+class _WorkerInit:
+    """Runs first in each worker process: ``get_worker_info().dataset`` names the user's
+    dataset (torch names the dataset the workers were given, clairvoyant's wrapper of it),
+    then the user's ``worker_init_fn``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and isinstance(info.dataset, _datasets.CachedDataset):
+            object.__setattr__(info, "dataset", info.dataset.dataset)  # WorkerInfo is frozen after init
+        if self.fn is not None:
+            self.fn(worker_id)
 
 
 class _Sampler:
@@ -385,9 +415,10 @@ class _Sampler:
         return len(self._feed.loader._index_sampler_of_user())
 
     def __iter__(self):
-        # torch calls this while creating or resetting an iterator, when the loader is alive;
-        # the generator keeps it alive for as long as the iterator draws from it (a loop over
-        # a DataLoader nobody else references is fine in torch).
+        # torch calls this while creating or resetting an iterator, when the loader is alive.
+        # The generator holds the loader until the epoch is drawn, then the feed only: an
+        # iterator that a loader with persistent workers keeps must not keep the loader (a
+        # cycle), so that dropping the iterator shuts its workers down at once, as torch's.
         return self._feed.epoch(self._feed.loader)
 
 
@@ -396,6 +427,7 @@ class _Current:
 
     def __init__(self, key, total: int, skip: int, first_token: int, gstate):
         self.key, self.total, self.skip, self.first_token, self.gstate = key, total, skip, first_token, gstate
+        self.plain = False  # indices passed to the dataset as they are: no worker records their states
 
 
 class _Feed:
@@ -427,7 +459,13 @@ class _Feed:
         self.dataset = _datasets.CachedDataset(
             loader.dataset, self.adapter.kind if self.adapter else "none", self.done, self.states
         )
-        self.sampler = _Sampler(self)
+
+    def __del__(self):
+        # The last of the loader and its iterators is gone: release the job's shared memory.
+        try:
+            self.close()
+        except Exception:
+            pass
 
     @property
     def loader(self) -> DataLoader:
@@ -554,16 +592,16 @@ class _Feed:
                 continue
         return job.append_epoch(samples, sizes)
 
-    def _predict_after(self, key, p: int) -> None:
-        """Append the next epoch's predicted pass when none follows ``p`` yet."""
+    def _predict_after(self, key, p: int, last: Optional[int], rank: Optional[int], draws: bool) -> None:
+        """Append the next epoch's predicted pass when none follows ``p`` yet (``last``: the
+        loader's ``epochs``; ``rank`` and ``draws``: see ``Predictor.batches``)."""
         job = self.job
         if job.epochs > p + 1 or not isinstance(key, int):
             return
-        last = self.loader.epochs
         if last is not None and key + 1 >= last:
             # The run ends with this epoch: reading ahead into one more would only cost reads.
             return
-        got = self.predictor.batches(key + 1, self._rank_for_prediction(), draw_base_seed=self._draws_base_seed())
+        got = self.predictor.batches(key + 1, rank, draw_base_seed=draws)
         if not got:
             return
         flat = _flatten(got)
@@ -599,7 +637,11 @@ class _Feed:
         resume, loader._resume = loader._resume, None
         skip, restore = 0, None
         if resume is not None and resume["yielded"] < resume["total"] and resume["epoch"] == key:
-            batches = _order.redraw(loader, resume["generator"]) if resume["generator"] is not None else _order.drain(loader._index_sampler_of_user())
+            batches = (
+                _order.redraw(loader, resume["generator"])
+                if resume["generator"] is not None
+                else _order.drain(loader._index_sampler_of_user(), loader._auto_collation)
+            )
             if len(batches) != resume["total"]:
                 raise ConfigError(
                     f"load_state_dict(): the saved epoch {key} had {resume['total']} batches but the sampler now gives "
@@ -616,28 +658,34 @@ class _Feed:
                     f"but the sampler is on epoch {key}: starting epoch {key} from its beginning",
                     stacklevel=3,
                 )
-            batches = _order.drain(loader._index_sampler_of_user())
+            batches = _order.drain(loader._index_sampler_of_user(), loader._auto_collation)
         self.current = _Current(key, len(batches), skip, self.token, gstate)
-        if not self.started:
+        batched = loader._auto_collation
+        # Indices that are not integers (a sampler yielding lists of indices without automatic
+        # batching, or keys) are passed to the dataset as torch passes them, uncached.
+        cacheable = _order.integer_indices(batches, batched)
+        self.current.plain = not cacheable and not batched
+        if not self.started and cacheable:
             self._start(loader, key, batches)
         tail = batches[skip:]
         job = self.job
         src = None
-        if job is not None and tail:
+        if job is not None and tail and cacheable:
             sizes = _sizes(tail)
             flat = _flatten(tail)
             p = self._pass_for(flat, sizes)
             self.served.append((key, p))
             src = job.shared_batches(p)
             self.next_pass = p + 1
-        batched = loader._auto_collation
         # The next epoch's prediction is appended once the first batches are on their way
         # (torch dispatches prefetch_factor x num_workers of them when the epoch starts), not
         # before: the epoch's first batch should not wait for it.
         predict_at = min(len(tail) - 1, (loader.prefetch_factor or 1) * max(1, loader.num_workers))
+        ahead = (loader.epochs, self._rank_for_prediction(), self._draws_base_seed())
+        del loader  # the epoch is drawn: see _Sampler.__iter__
         for k, b in enumerate(tail):
             if k == predict_at and src is not None:
-                self._predict_after(key, p)
+                self._predict_after(key, p, *ahead)
             token = self.token
             self.token += 1
             where, private, lease = None, {}, None
@@ -657,6 +705,8 @@ class _Feed:
             state = restore[k] if restore is not None and k < len(restore) else None
             if batched:
                 yield _datasets.Batch(b, token, self.segments, where, private, state)
+            elif not isinstance(b, int):
+                yield b
             else:
                 yield _datasets.Index(b, token, self.segments, where, private, state)
             del lease
@@ -679,11 +729,11 @@ class _Feed:
             return state
         got = int(getattr(it, "_num_yielded", 0))
         yielded = cur.skip + got
-        state.update(yielded=yielded, total=cur.total, generator=cur.gstate)
+        state.update(yielded=yielded, total=cur.total, generator=None if cur.gstate is None else list(cur.gstate))
         if getattr(it, "_cv_native", False):
             # The native path: no worker states; the epoch's crops and flips follow its seed.
             state["native_seed"] = int(it._base_seed)
-        elif loader.num_workers > 0 and yielded < cur.total:
+        elif loader.num_workers > 0 and yielded < cur.total and not cur.plain:
             first = cur.first_token + got
             tokens = range(first, first + min(loader.num_workers, cur.total - yielded))
             states = []
@@ -694,7 +744,8 @@ class _Feed:
                     time.sleep(0.001)
                     s = _datasets.read_state(self.states, t)
                 states.append(s)
-            state["workers"] = states if all(s is not None for s in states) else None
+            # Only what torch.load(weights_only=True) accepts: no numpy arrays.
+            state["workers"] = [_datasets.plain_rng_state(s) for s in states] if all(s is not None for s in states) else None
         return state
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ prefetching, never a wrong batch.
 from __future__ import annotations
 
 import copy
+import numbers
 from typing import Any, Optional
 
 import torch
@@ -34,10 +35,26 @@ from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Se
 __all__ = ["drain", "Predictor", "epoch_of"]
 
 
-def drain(index_sampler) -> list:
+def drain(index_sampler, batched: bool = True) -> list:
     """Every batch (list of indices) or index the sampler yields this epoch, as torch's
-    iterator would draw them."""
-    return [list(b) if not isinstance(b, int) else int(b) for b in index_sampler]
+    iterator would draw them. Without automatic batching (``batched=False``) an index that is
+    not an integer (a list of indices, a key) is kept as the sampler gave it."""
+    if batched:
+        return [list(b) if not isinstance(b, int) else int(b) for b in index_sampler]
+    return [int(b) if isinstance(b, numbers.Integral) and not isinstance(b, bool) else b for b in index_sampler]
+
+
+def integer_indices(batches: list, batched: bool) -> bool:
+    """Whether every index of these batches (``batched``) or indices is an integer, as
+    clairvoyant's cache needs them; a sampler may yield lists of indices, or keys, to the
+    dataset instead."""
+
+    def ok(i) -> bool:
+        return isinstance(i, numbers.Integral) and not isinstance(i, bool)
+
+    if batched:
+        return all(ok(i) for b in batches for i in b)
+    return all(ok(b) for b in batches)
 
 
 def epoch_of(sampler) -> Optional[int]:
@@ -143,8 +160,8 @@ def redraw(loader, state) -> list:
         saved = torch.get_rng_state()
         torch.set_rng_state(value)
         try:
-            return drain(loader._index_sampler_of_user())
+            return drain(loader._index_sampler_of_user(), loader._auto_collation)
         finally:
             torch.set_rng_state(saved)
     loader.sampler.generator.set_state(value)
-    return drain(loader._index_sampler_of_user())
+    return drain(loader._index_sampler_of_user(), loader._auto_collation)

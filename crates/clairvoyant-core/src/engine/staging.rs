@@ -139,31 +139,45 @@ impl StagingState {
     }
 }
 
-/// The staging ring's bytes: a shared file mapping in the node cache's private directory, so
-/// that worker processes (decoding for this rank) can read staged samples in place. Its space is
-/// reserved when it is created (a full tmpfs shows up then, and the ring goes to a disk file,
-/// rather than as SIGBUS on first write). The file is unlinked when the job closes (and by the
-/// janitor if the process dies); the mapping is dropped once no lease is alive.
+/// The staging ring's bytes: a shared file mapping, so that worker processes (decoding for
+/// this rank) can read staged samples in place. Its space is reserved when it is created (a full
+/// tmpfs shows up then, and the ring goes to a disk file, rather than as SIGBUS on first write).
+/// The file is created in the node cache's private directory and unlinked as soon as it is
+/// mapped: workers open it through this process's descriptor (`/proc/<pid>/fd/<fd>`), so the
+/// memory goes with this process however it ends (closed, killed, `os._exit`), with nothing
+/// left in the directory. The descriptor is closed when the job closes; the mapping is dropped
+/// once no lease is alive.
 pub(super) struct RingBuf {
     pub(super) ptr: *mut u8,
-    file: std::fs::File,
+    file: std::sync::Mutex<Option<std::fs::File>>,
     len: u64,
+    /// Where other processes open the ring: this process's descriptor of it.
     pub(super) path: std::path::PathBuf,
     map: std::sync::Mutex<Option<memmap2::MmapRaw>>,
     owner_pid: u32,
 }
 
 impl RingBuf {
+    /// Map the ring created at `path` and unlink it there (see [`RingBuf`]).
     pub(super) fn new(file: std::fs::File, path: std::path::PathBuf) -> Result<RingBuf> {
-        let map = memmap2::MmapRaw::map_raw(&file).map_err(|e| Error::io(&path, e))?;
+        use std::os::fd::AsRawFd;
+        let map = match memmap2::MmapRaw::map_raw(&file) {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(Error::io(&path, e));
+            }
+        };
+        let _ = std::fs::remove_file(&path);
+        let owner_pid = super::pid::current();
         let len = map.len() as u64;
         Ok(RingBuf {
             ptr: map.as_mut_ptr(),
-            file,
+            path: std::path::PathBuf::from(format!("/proc/{owner_pid}/fd/{}", file.as_raw_fd())),
+            file: std::sync::Mutex::new(Some(file)),
             len,
-            path,
             map: std::sync::Mutex::new(Some(map)),
-            owner_pid: super::pid::current(),
+            owner_pid,
         })
     }
 
@@ -172,20 +186,24 @@ impl RingBuf {
     /// it is lost.
     pub(super) fn intact(&self) -> bool {
         use std::os::fd::AsRawFd;
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(file) = file.as_ref() else {
+            return true; // closed: nothing can truncate it any more
+        };
         // SAFETY: lseek on a valid descriptor only moves its offset, which nothing else uses
         // (the ring is accessed through its mapping).
-        let end = unsafe { libc::lseek(self.file.as_raw_fd(), 0, libc::SEEK_END) };
+        let end = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
         if end < 0 || end as u64 >= self.len {
             return true;
         }
-        let _ = self.file.set_len(self.len);
+        let _ = file.set_len(self.len);
         false
     }
 
-    /// Remove the file (mappings stay valid).
+    /// Close the descriptor other processes open the ring through (mappings stay valid).
     pub(super) fn unlink(&self) {
         if super::pid::current() == self.owner_pid {
-            let _ = std::fs::remove_file(&self.path);
+            self.file.lock().unwrap_or_else(|p| p.into_inner()).take();
         }
     }
 
