@@ -471,9 +471,10 @@ def _allgather_mpi(payload, rank, world_size, timeout):
 # file -----------------------------------------------------------------------------------------
 
 
-def _private_dir(path: str, create: bool = True) -> str:
+def _private_dir(path: str, create: bool = True, tighten: bool = False) -> str:
     """``path`` as a directory owned by this user with no group or other permissions (created so,
-    parents included, when missing); anything else is refused with the path named."""
+    parents included, when missing); anything else is refused with the path named. ``tighten``:
+    a directory of ours that others may enter is closed to them (chmod 0700) instead."""
     path = os.path.abspath(path)
     if create:
         try:
@@ -488,7 +489,9 @@ def _private_dir(path: str, create: bool = True) -> str:
         raise ConfigError(f"refusing {path}: not a directory (a symbolic link or a file); clairvoyant needs a private directory there")
     if st.st_uid != os.geteuid():
         raise ConfigError(f"refusing {path}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
-    if st.st_mode & 0o077:
+    if st.st_mode & 0o077 and tighten:
+        os.chmod(path, 0o700)  # our own directory, opened up: close it again (as the Job API does)
+    elif st.st_mode & 0o077:
         raise ConfigError(
             f"refusing {path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users in; it must be 0700 (chmod 700 {path})"
         )
@@ -620,15 +623,7 @@ def _user_runtime_dir() -> str:
         except OSError as exc:
             raise ConfigError(f"cannot create the private directory {path}: {exc.strerror}") from exc
         try:
-            st = os.lstat(path)
-        except OSError as exc:
-            raise ConfigError(f"cannot use the directory {path}: {exc.strerror}") from exc
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-            if st.st_mode & 0o077:
-                os.chmod(path, 0o700)  # our own directory, opened up: close it again (as the Job API does)
-            return _private_dir(path, create=False)
-        try:
-            _private_dir(path, create=False)
+            return _private_dir(path, create=False, tighten=True)
         except ConfigError as exc:
             print(f"clairvoyant: {exc}; using another name", file=sys.stderr, flush=True)
             first = first or exc
