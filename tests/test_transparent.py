@@ -180,7 +180,9 @@ def test_a_bad_order_file_names_the_line(tmp_path, dataset):
 
 def _agent_pids(shm, root) -> list:
     """Live agents serving ``root`` (their directory is under ``shm``, or in the short-path
-    fallback under the temporary directory)."""
+    fallback under the temporary directory). A pid file left by an earlier run may name a pid
+    the system has given to another process since (the launcher or the program of this run,
+    whose command lines name ``root`` too): only an agent's own command line counts."""
     pids = []
     for p in glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.pid")) + glob.glob(
         os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.pid")
@@ -188,7 +190,8 @@ def _agent_pids(shm, root) -> list:
         try:
             pid = int(open(p).read())
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if os.fsencode(root) in f.read().split(b"\0"):
+                args = f.read().split(b"\0")
+                if os.fsencode(root) in args and b"clairvoyant._agent" in args:
                     pids.append(pid)
         except (OSError, ValueError):
             pass

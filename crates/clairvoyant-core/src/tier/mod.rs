@@ -465,6 +465,16 @@ impl NodeCache {
         self.tiers[class].mapped(place, len).ok().flatten()
     }
 
+    /// `sample` does not fit in `class` (full, or no longer writable): it stays uncached, and
+    /// the class's one warning says why.
+    fn class_unusable(&self, class: usize, sample: u32, message: impl FnOnce() -> String) -> Filled {
+        self.state.mark_no_space(sample);
+        if !self.full_warned[class].swap(true, Ordering::Relaxed) {
+            warn_once(&format!("{}:{}:full", self.stem, self.tiers[class].name()), &message());
+        }
+        Filled::NoSpace
+    }
+
     /// Store the claimed `sample`'s `bytes` (read from the dataset, with dataset `stamp`) in
     /// `class` and publish it, or give the claim back. `in_place`: the bytes were read straight
     /// into [`NodeCache::fill_slot`] and need no copy.
@@ -480,36 +490,20 @@ impl NodeCache {
                 Filled::Ready
             }
             Err(Fault::NoSpace) => {
-                self.state.mark_no_space(sample);
-                if !self.full_warned[class].swap(true, Ordering::Relaxed) {
-                    let t = &self.tiers[class];
-                    warn_once(
-                        &format!("{}:{}:full", self.stem, t.name()),
-                        &format!(
-                            "storage class '{}' is full; samples that do not fit stay uncached",
-                            t.name()
-                        ),
-                    );
-                }
-                Filled::NoSpace
+                self.class_unusable(class, sample, || {
+                    format!("storage class '{}' is full; samples that do not fit stay uncached", self.tiers[class].name())
+                })
             }
             Err(Fault::Io(Error::Io { path, source })) if unwritable(&source) => {
                 // Made read-only (or removed) during the run: handled as a full class.
-                self.state.mark_no_space(sample);
-                if !self.full_warned[class].swap(true, Ordering::Relaxed) {
-                    let t = &self.tiers[class];
-                    warn_once(
-                        &format!("{}:{}:full", self.stem, t.name()),
-                        &format!(
-                            "storage class '{}' cannot be written ({}: {source}); samples that are not \
-                             cached there yet stay uncached (class.{}.path)",
-                            t.name(),
-                            path.display(),
-                            t.name()
-                        ),
-                    );
-                }
-                Filled::NoSpace
+                self.class_unusable(class, sample, || {
+                    let name = self.tiers[class].name();
+                    format!(
+                        "storage class '{name}' cannot be written ({}: {source}); samples that are not \
+                         cached there yet stay uncached (class.{name}.path)",
+                        path.display(),
+                    )
+                })
             }
             Err(f) => {
                 self.state.abandon(sample);

@@ -116,18 +116,24 @@ pub fn create_new(path: &Path) -> std::io::Result<File> {
 /// Open an existing file of ours: no symlink, a regular file owned by this user (checked with
 /// `fstat` on the opened descriptor); group/other bits are removed.
 pub fn open_existing(path: &Path, write: bool) -> Result<File> {
-    let f = OpenOptions::new()
+    let mut options = OpenOptions::new();
+    options
         .read(true)
         .write(write)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                Error::untrusted(path, "is a symbolic link")
-            } else {
-                Error::io(path, e)
-            }
-        })?;
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC);
+    open_checked(&options, path)
+}
+
+/// Open `path` with `options` (which hold `O_NOFOLLOW`: a symlink is refused as untrusted) and
+/// check it is a regular file of this user.
+fn open_checked(options: &OpenOptions, path: &Path) -> Result<File> {
+    let f = options.open(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            Error::untrusted(path, "is a symbolic link")
+        } else {
+            Error::io(path, e)
+        }
+    })?;
     check_file(&f, path)?;
     Ok(f)
 }
@@ -277,22 +283,14 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Open (creating, mode 0600) a lock file: never through a symlink (`O_NOFOLLOW`), and only a
 /// regular file of this user.
 pub fn open_lock(path: &Path) -> Result<File> {
-    let f = OpenOptions::new()
+    let mut options = OpenOptions::new();
+    options
         .create(true)
         .truncate(false)
         .write(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                Error::untrusted(path, "is a symbolic link")
-            } else {
-                Error::io(path, e)
-            }
-        })?;
-    check_file(&f, path)?;
-    Ok(f)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
+    open_checked(&options, path)
 }
 
 /// Reserve `len` bytes of `f` now, so that a full file system shows up here and not later as
