@@ -489,11 +489,12 @@ impl NodeCache {
                 self.state.publish(sample, checksum(bytes), stamp);
                 Filled::Ready
             }
-            Err(Fault::NoSpace) => {
-                self.class_unusable(class, sample, || {
-                    format!("storage class '{}' is full; samples that do not fit stay uncached", self.tiers[class].name())
-                })
-            }
+            Err(Fault::NoSpace) => self.class_unusable(class, sample, || {
+                format!(
+                    "storage class '{}' is full; samples that do not fit stay uncached",
+                    self.tiers[class].name()
+                )
+            }),
             Err(Fault::Io(Error::Io { path, source })) if unwritable(&source) => {
                 // Made read-only (or removed) during the run: handled as a full class.
                 self.class_unusable(class, sample, || {
