@@ -362,6 +362,7 @@ class _Iter(_MultiProcessingDataLoaderIter):
 
         self._cv_thread = threading.Thread(target=receive, name="clairvoyant-receive", daemon=True)
         self._cv_thread.start()
+        _native_loader.stop_at_exit(stop, self._cv_thread)
         self._data_queue = dst
 
     def _shutdown_workers(self) -> None:

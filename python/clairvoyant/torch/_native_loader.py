@@ -42,12 +42,18 @@ __all__ = ["NativeIter", "native_choice", "NativeSetup"]
 # How long one wait for a batch lasts before the decode thread's liveness is checked again.
 _POLL_S = 1.0
 
-# Decode threads still running. At exit they are stopped and joined before the interpreter
-# finalizes: a daemon thread inside a torch call that releases the GIL is ended by the
-# interpreter mid-call, and C++ aborts the process ("terminate called without an active
-# exception").
+# The loaders' threads still running (decoding, receiving workers' batches). At exit they are
+# stopped and joined before the interpreter finalizes: a daemon thread inside a torch call that
+# releases the GIL is ended by the interpreter mid-call, and C++ aborts the process
+# ("terminate called without an active exception").
 _LIVE: "weakref.WeakSet[threading.Event]" = weakref.WeakSet()
 _THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def stop_at_exit(stop: threading.Event, thread: threading.Thread) -> None:
+    """Stop (set ``stop``) and join ``thread`` at exit, before the interpreter finalizes."""
+    _LIVE.add(stop)
+    _THREADS.add(thread)
 
 
 @atexit.register
@@ -270,8 +276,7 @@ class NativeIter(_BaseDataLoaderIter):
             target=_decode_loop, args=(self._work, self._tasks, self._results, self._stop), name="clairvoyant-decode", daemon=True
         )
         self._workers = [thread]  # what the loader's epoch change and close() look for
-        _LIVE.add(self._stop)
-        _THREADS.add(thread)
+        stop_at_exit(self._stop, thread)
         self._gen = 0
         self._sent = self._rcvd = 0
         self._exhausted = False
