@@ -30,8 +30,6 @@ def test_rust_version_agrees_and_holds():
     assert m.group(1) == declared, f"README says Rust {m.group(1)}, Cargo.toml's rust-version is {declared}"
     for toml in sorted(ROOT.glob("crates/*/Cargo.toml")):
         package = tomllib.loads(toml.read_text())["package"]
-        if toml.parent.name == "clairvoyant-agent":
-            continue
         assert package.get("rust-version") == {"workspace": True}, f"{toml}: rust-version.workspace = true"
     if shutil.which("rustc") is None:
         pytest.skip("no rustc on PATH")
