@@ -459,7 +459,6 @@ fn an_agent_fills_ahead_only_what_the_order_reads_and_the_rest_on_first_read() {
     use clairvoyant_core::engine::{AgentCounts, AgentSpec};
     use clairvoyant_core::plan::{order_with_hashed_rest, AccessCounts};
     let data = Dataset::new(300, 45);
-    let peers = InProcess::new(1);
     // The order reads samples 0..150 (a train/ folder) twice; 150..300 (val/) are outside it.
     let mut order = AccessCounts::empty(300);
     let ordered: Vec<u32> = (0..150).rev().collect();

@@ -1066,14 +1066,15 @@ mod tests {
         let owners = hashed_owners(&keys, 2);
         let hashed = hashed_access(&keys, &owners, 2);
         let access = p.cluster.as_ref().unwrap();
-        for k in 200..f {
+        for (k, &owner) in owners.iter().enumerate().skip(200) {
             assert!(p.outside[k]);
             assert_eq!(access.samples[k].node, hashed.samples[k].node, "sample {k}");
             assert_eq!(access.samples[k].count, hashed.samples[k].count, "sample {k}");
             for (n, own) in p.nodes.iter().enumerate() {
-                assert_eq!(own.counts[k], if owners[k] as usize == n { 2 } else { 1 });
+                assert_eq!(own.counts[k], if owner as usize == n { 2 } else { 1 });
             }
         }
+        assert!(p.outside[..200].iter().all(|&o| !o));
         // Ordered samples keep their reader; room for all: each on its reader or hashed owner.
         let c = ClusterPlacement::compute(access, |_| 10, &vec![vec![10_000]; 2], &[]);
         assert!((0..100).all(|k| c.primary[k] == 0) && (100..200).all(|k| c.primary[k] == 1));
