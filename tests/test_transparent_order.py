@@ -111,6 +111,9 @@ def test_files_outside_the_sampler_order_are_cached_on_first_read(tmp_path):
     for k in range(24):
         total += _write(root, f"val/c{k % 3}/v{k:03d}.bin".encode(), rng)
         n_val += 1
+    # Names that are not UTF-8 travel through the order files too.
+    total += _write(root, b"train/c0/caf\xe9.bin", rng) + _write(root, b"val/c1/\xff.bin", rng)
+    n_train, n_val = n_train + 1, n_val + 1
     program = tmp_path / "train_and_val.py"
     program.write_text(TRAIN_AND_VAL)
     plain = tmp_path / "plain.json"
