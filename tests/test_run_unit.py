@@ -90,14 +90,18 @@ def test_one_launcher_per_node_prints_the_stats(env, prints):
 
 
 def test_the_sampler_order_notice_says_what_the_order_leaves_out(tmp_path):
-    from clairvoyant._sampler_hook import _uncovered
+    from clairvoyant._sampler_hook import _coverage
 
     for d in ("train/a", "train/b", "val/a"):
         (tmp_path / d).mkdir(parents=True)
-    files = [str(tmp_path / "train" / c / f"{i}.jpg") for c in "ab" for i in range(3)]
-    note = _uncovered(str(tmp_path), files)
-    assert "6 files, under train/" in note and "val/ of the root are not in it" in note
-    assert _uncovered(str(tmp_path / "train"), files) == ""  # the order covers the whole root
+    files = {str(tmp_path / "train" / c / f"{i}.jpg") for c in "ab" for i in range(3)}
+    note = _coverage(str(tmp_path), files, 9)
+    assert "6 files, under train/, of the 9 files" in note, note
+    assert "files outside it: 3 (val/), cached when first read" in note, note
+    # Without the agent's count: the top-level entries the order leaves out.
+    assert "val/ of the root are not in it" in _coverage(str(tmp_path), files, None)
+    # The order covers the whole root.
+    assert "outside" not in _coverage(str(tmp_path / "train"), files, 6)
 
 
 def test_the_sampler_hook_says_an_iterable_dataset_has_no_order(monkeypatch, capsys):

@@ -21,10 +21,11 @@ from . import _native
 
 def list_dataset(root: str) -> list:
     """Every regular file under ``root`` (following symbolic links to files, not to
-    directories), as paths relative to it, sorted: the agent's sample ids. What cannot be a
-    sample is skipped with one notice on stderr: symbolic links that loop or lead nowhere,
-    sockets, pipes and devices, and names that are not UTF-8 (the agent's protocol names files
-    as text; the program still reads those from the file system, byte-identical)."""
+    directories), as paths relative to it, sorted: the agent's sample ids. Names may be any
+    bytes (a name that is not UTF-8 is in Python's surrogate escapes, as ``os.scandir`` gives
+    it; the agent's protocol carries names as bytes). What cannot be a sample is skipped with
+    one notice on stderr: symbolic links that loop or lead nowhere, sockets, pipes and
+    devices."""
     out = []
     skipped: dict = {}
     stack = [""]
@@ -51,11 +52,6 @@ def list_dataset(root: str) -> list:
                 what = "broken symbolic links" if e.is_symlink() else "sockets, pipes and devices"
                 skipped.setdefault(what, []).append(rel)
                 continue
-            try:
-                rel.encode("utf-8")
-            except UnicodeEncodeError:
-                skipped.setdefault("names that are not UTF-8 (read from the file system, not cached)", []).append(rel)
-                continue
             out.append(rel)
     out.sort()
     for what, rels in sorted(skipped.items()):
@@ -77,10 +73,11 @@ def relative(path: str, root: str) -> str | None:
 
 def read_order_file(path: str, root: str, index: dict) -> list:
     """Per-epoch orders of sample ids from an order file: one dataset path per line (relative to
-    the root or absolute), epochs separated by a blank line or a line starting with ``#``."""
+    the root or absolute), epochs separated by a blank line or a line starting with ``#``. A
+    name that is not UTF-8 is read as Python's surrogate escapes (the listing's form)."""
     epochs, current = [], []
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, encoding="utf-8", errors="surrogateescape")
     except OSError as e:
         raise _native.ConfigError(f"cannot read the order file {path}: {e.strerror}") from e
     with f:
@@ -161,7 +158,17 @@ def main(argv=None) -> int:
                     f"(got {order_pattern})"
                 )
             counts = [access_counts(read_order_file(f, root, index), len(rel_paths)) for f in files]
-            agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts]}
+            # Files no node's order reads are placed as without an order (hashed owners) and
+            # filled when a program first reads them.
+            agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts], "hashed": root}
+            outside = int(np.count_nonzero(np.all([c == 0 for c, _ in counts], axis=0)))
+            if outside:
+                print(
+                    f"clairvoyant agent: the order reads {len(rel_paths) - outside} of the {len(rel_paths)} files; "
+                    f"files outside it: {outside}, placed by hashed owners and cached when first read",
+                    file=sys.stderr,
+                    flush=True,
+                )
             order_id = hashlib.blake2b(b"".join(c.tobytes() + fn.tobytes() for c, fn in counts), digest_size=8).hexdigest()
         else:
             agent = {"prefill": False, "hashed": root}

@@ -18,8 +18,14 @@ import sys
 _done = False
 
 
-def _notice(msg: str) -> None:
-    if not os.environ.get("CLAIRVOYANT_QUIET"):
+def _notice(msg: str, first_of_node: bool | None = None) -> None:
+    """One line on stderr, once per node: from the node's first rank (``first_of_node``, else
+    the launcher's local rank 0, or a process started alone)."""
+    if first_of_node is None:
+        from ._run import reports_stats
+
+        first_of_node = reports_stats(os.environ)
+    if first_of_node and not os.environ.get("CLAIRVOYANT_QUIET"):
         print(f"clairvoyant run: {msg}", file=sys.stderr, flush=True)
 
 
@@ -90,6 +96,7 @@ def plan(loader) -> bool:
         _notice(f"{world} ranks do not split evenly over {nodes} nodes; the node agent places without the order")
         return False
     per_node = world // nodes
+    first_of_node = int(sampler.rank) % per_node == 0
     epochs = int(os.environ.get("CLAIRVOYANT_EPOCHS", "3") or 3)
     first = epoch_of(sampler) or 0
     directory = os.path.dirname(socket)
@@ -97,11 +104,12 @@ def plan(loader) -> bool:
     facts = repr((root, len(files), world, nodes, sampler.seed, sampler.shuffle, sampler.drop_last, epochs, first))
     key = hashlib.blake2b(facts.encode(), digest_size=8).hexdigest()
     pattern = os.path.join(directory, f"order-{key}-node{{node}}.txt")
+    covered: set = set()
     for node in range(nodes):
         ranks = range(node * per_node, (node + 1) * per_node)
         path = pattern.replace("{node}", str(node))
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
             for e in range(first, first + epochs):
                 streams = []
                 for r in ranks:
@@ -109,34 +117,54 @@ def plan(loader) -> bool:
                     streams.append([i for b in batches for i in (b if isinstance(b, list) else [b])])
                 # The node's reads interleaved rank by rank, as its ranks advance together.
                 merged = [files[s[k]] for k in range(max(map(len, streams), default=0)) for s in streams if k < len(s)]
+                covered.update(merged)
+                # Names that are not UTF-8 travel as Python's surrogate escapes (the agent reads
+                # them back the same way).
                 f.write("\n".join(merged) + "\n\n")
         os.replace(tmp, path)
     client = _native.AgentClient(socket)
     try:
         client.plan(pattern)
+        try:
+            total = client.stats().get("files")
+        except (ConnectionError, OSError):
+            total = None  # the notice goes without the dataset's count
     except RuntimeError as e:
-        _notice(f"the node agent did not take the sampler's order: {e}")
+        _notice(f"the node agent did not take the sampler's order: {e}", first_of_node)
         return False
     finally:
         client.close()
-    _notice(f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_uncovered(root, files)}")
+    _notice(
+        f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_coverage(root, covered, total)}",
+        first_of_node,
+    )
     return True
 
 
-def _uncovered(root: str, files: list) -> str:
-    """What the predicted order covers of the root, for the notice: the root's top-level entries
-    that hold none of the order's files (an ImageNet layout's ``val/`` beside ``train/``)."""
-    covered = set()
+def _coverage(root: str, covered: set, total) -> str:
+    """What the predicted order covers of the dataset, for the notice: how many of the agent's
+    ``total`` files it reads, how many it leaves out (cached when first read, as without an
+    order) and the root's top-level entries that hold none of its files (an ImageNet layout's
+    ``val/`` beside ``train/``)."""
     inside = os.path.join(os.path.abspath(root), "")
-    for f in files:
-        covered.add(f[len(inside) :].split(os.sep, 1)[0])
+    tops = {f[len(inside) :].split(os.sep, 1)[0] for f in covered}
     try:
         entries = sorted(e for e in os.listdir(root) if not e.startswith("."))
     except OSError:
-        return ""
-    others = [e + ("/" if os.path.isdir(os.path.join(root, e)) else "") for e in entries if e not in covered]
-    if not others:
-        return ""
-    shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-    where = ", ".join(sorted(e + "/" if os.path.isdir(os.path.join(root, e)) else e for e in covered)[:5])
-    return f"; the order covers {len(files)} files, under {where}: {shown} of the root are not in it"
+        entries = []
+
+    def named(e):
+        return e + ("/" if os.path.isdir(os.path.join(root, e)) else "")
+
+    others = [named(e) for e in entries if e not in tops]
+    where = ", ".join(sorted(named(e) for e in tops)[:5])
+    text = f"; the order covers {len(covered)} files, under {where}"
+    if isinstance(total, int) and total > len(covered):
+        text += f", of the {total} files of the dataset; files outside it: {total - len(covered)}"
+        if others:
+            text += " (" + ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "") + ")"
+        text += ", cached when first read"
+    elif others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        text += f": {shown} of the root are not in it"
+    return text

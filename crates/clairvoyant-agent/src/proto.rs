@@ -8,7 +8,7 @@
 //! | kind | message | payload |
 //! |------|---------|---------|
 //! | 0x01 | `Request::Hello` | `u32 version, u32 pid` |
-//! | 0x02 | `Request::Lookup` | the relative path's bytes (1..=[`MAX_REL`], see [`is_normalized_rel`]) |
+//! | 0x02 | `Request::Lookup` | the relative path's bytes, any but NUL, not necessarily UTF-8 (1..=[`MAX_REL`], see [`is_normalized_rel`]) |
 //! | 0x03 | `Request::Attach` | `u32 pid` |
 //! | 0x04 | `Request::Stats` | empty |
 //! | 0x05 | `Request::Plan` | the order files' path pattern (1..=[`MAX_REL`] bytes, no NUL) |
@@ -680,6 +680,77 @@ mod tests {
         }
     }
 
+    #[test]
+    fn names_that_are_not_utf8_travel_as_bytes() {
+        let names: [&[u8]; 4] = [b"caf\xe9.bin", b"dir-\xfe/x\xff.bin", b"\x80", b"a/\xc3(/b"];
+        for name in names {
+            assert!(is_normalized_rel(name));
+            assert_eq!(normalize_rel(name).unwrap(), name);
+            let mut buf = Vec::new();
+            write_request(&mut buf, &Request::Lookup { rel: name.to_vec() }).unwrap();
+            assert_eq!(&buf[5..], name, "the name's bytes are the payload, unchanged");
+            assert_eq!(
+                read_request(&mut &buf[..]).unwrap(),
+                Request::Lookup { rel: name.to_vec() }
+            );
+        }
+        let plan = Request::Plan {
+            path: b"/run/\xe9/order-{node}.txt".to_vec(),
+        };
+        let mut buf = Vec::new();
+        write_request(&mut buf, &plan).unwrap();
+        assert_eq!(read_request(&mut &buf[..]).unwrap(), plan);
+    }
+
+    /// A valid frame with one byte changed: decoding fails or succeeds, never panics; when the
+    /// length field is intact the stream stays in step (the next frame reads whole).
+    #[test]
+    fn damaged_frames_never_panic_and_keep_the_stream_in_step() {
+        let mut frames = Vec::new();
+        for r in all_requests() {
+            let mut b = Vec::new();
+            write_request(&mut b, &r).unwrap();
+            frames.push((b, true));
+        }
+        for r in all_replies() {
+            let mut b = Vec::new();
+            write_reply(&mut b, &r).unwrap();
+            if let Reply::Inline { size, .. } = r {
+                b.extend(std::iter::repeat_n(7u8, size as usize));
+            }
+            frames.push((b, false));
+        }
+        let mut next_req = Vec::new();
+        write_request(&mut next_req, &Request::Stats).unwrap();
+        let mut next_rep = Vec::new();
+        write_reply(&mut next_rep, &Reply::Ok).unwrap();
+        for (f, is_req) in frames {
+            // Past the frame itself (the raw bytes after an Inline reply are the caller's).
+            let frame_len = 4 + u32::from_le_bytes([f[0], f[1], f[2], f[3]]) as usize;
+            for at in 0..frame_len.min(f.len()).min(300) {
+                for mask in [0x01u8, 0x80, 0xff, 0x5a] {
+                    let mut d = f[..frame_len].to_vec();
+                    d[at] ^= mask;
+                    d.extend_from_slice(if is_req { &next_req } else { &next_rep });
+                    let mut rd = &d[..];
+                    if is_req {
+                        let _ = read_request(&mut rd);
+                    } else {
+                        let _ = read_reply(&mut rd);
+                    }
+                    if at >= 4 {
+                        if is_req {
+                            assert_eq!(read_request(&mut rd).unwrap(), Request::Stats, "byte {at} of {f:?}");
+                        } else {
+                            assert_eq!(read_reply(&mut rd).unwrap(), Reply::Ok, "byte {at} of {f:?}");
+                        }
+                        assert!(rd.is_empty());
+                    }
+                }
+            }
+        }
+    }
+
     fn rel_strategy() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
         use proptest::prelude::*;
         proptest::collection::vec(proptest::collection::vec(1u8..=255, 1..12), 1..6).prop_map(|parts| {
@@ -713,6 +784,7 @@ mod tests {
                 Request::Lookup { rel: rel.clone() },
                 Request::Attach { pid: a },
                 Request::Stats,
+                Request::Plan { path: rel.clone() },
             ];
             let reps = [
                 Reply::Hello { version: a, root: root.clone(), dir_path: PathBuf::from(OsStr::from_bytes(&rel)), arena_path: (b % 2 == 0).then(|| PathBuf::from(text.clone())), arena_len: c },

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -75,13 +76,14 @@ pub enum Event {
 
 impl Server {
     /// Serve `engine`'s node cache (None: a lazy agent, handed its engine later by
-    /// [`Server::set_engine`]) for the files `rel_paths` (sample i is `root/rel_paths[i]`) on
-    /// the Unix socket `socket`; cached files are recorded in a new shared directory file `dir`.
+    /// [`Server::set_engine`]) for the files `rel_paths` (sample i is `root/rel_paths[i]`; names
+    /// are bytes, any but NUL) on the Unix socket `socket`; cached files are recorded in a new
+    /// shared directory file `dir`.
     pub fn start(
         engine: Option<Arc<Engine>>,
         socket: &Path,
         root: &str,
-        rel_paths: Vec<String>,
+        rel_paths: Vec<Vec<u8>>,
         dir: &Path,
     ) -> io::Result<Server> {
         let dir_writer = DirWriter::create_with_root(dir, rel_paths.len(), path_key(root.as_bytes()))?;
@@ -99,12 +101,11 @@ impl Server {
             engine_set: Condvar::new(),
             want: Mutex::new(None),
             wanted: Condvar::new(),
-            paths: rel_paths.iter().map(|r| root_path.join(r)).collect(),
-            files: rel_paths
-                .into_iter()
-                .enumerate()
-                .map(|(i, r)| (r.into_bytes(), i as u32))
+            paths: rel_paths
+                .iter()
+                .map(|r| root_path.join(std::ffi::OsStr::from_bytes(r)))
                 .collect(),
+            files: rel_paths.into_iter().enumerate().map(|(i, r)| (r, i as u32)).collect(),
             root: root.as_bytes().to_vec(),
             dir: dir_writer,
             counts: Counts::default(),
@@ -228,21 +229,22 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// A program says its order: place by it, unless placed (or about to be) already.
+    /// A program says its order: place by it, unless placed (or about to be) otherwise. The
+    /// same order again (every rank of the node sends it) is taken, before or after placing.
     fn plan(&self, path: Vec<u8>) -> Reply {
-        if self.engine_now().is_some() {
-            return Reply::Error {
-                message: "the agent has placed the dataset already (a program read it before the order came)".into(),
-            };
-        }
+        // Not held together with `want`: `engine_for_read` takes `engine`, then `want`.
+        let placed = self.engine_now().is_some();
         let mut want = self.want.lock().unwrap_or_else(|p| p.into_inner());
         match &*want {
+            Some(Event::Plan(p)) if *p == path => Reply::Ok,
+            _ if placed => Reply::Error {
+                message: "the agent has placed the dataset already (a program read it before the order came)".into(),
+            },
             None => {
                 *want = Some(Event::Plan(path));
                 self.wanted.notify_all();
                 Reply::Ok
             }
-            Some(Event::Plan(p)) if *p == path => Reply::Ok,
             Some(_) => Reply::Error {
                 message: "the agent is placing the dataset already (a program read it before the order came, or another order came first)".into(),
             },
@@ -448,11 +450,12 @@ fn stats_json(s: &Shared) -> String {
     });
     format!(
         concat!(
-            "{{\"attached\": {}, \"lookups\": {}, \"cached\": {}, \"inline\": {}, \"inline_bytes\": {}, ",
+            "{{\"files\": {}, \"attached\": {}, \"lookups\": {}, \"cached\": {}, \"inline\": {}, \"inline_bytes\": {}, ",
             "\"direct\": {}, \"unknown\": {}, \"failed\": {}, \"cached_files\": {}, \"reads\": {{{}}}, ",
             "\"pfs_bytes\": {}, \"pfs_files\": {}, \"peer_bytes\": {}, \"served_samples\": {}, ",
             "\"served_bytes\": {}, \"agent_cpu_s\": {:.3}, \"placed_files\": {}, \"placed_bytes\": {}}}"
         ),
+        s.paths.len(),
         attached,
         load(&c.lookups),
         load(&c.cached),

@@ -36,12 +36,16 @@ fn dataset(dir: &Path, n: usize) -> (PathBuf, Vec<String>) {
     (root, rels)
 }
 
-fn engine(dir: &Path, root: &Path, rels: &[String], memory: u64) -> Arc<Engine> {
-    let paths: Vec<PathBuf> = rels.iter().map(|r| root.join(r)).collect();
+fn engine(dir: &Path, root: &Path, rels: &[impl AsRef<[u8]>], memory: u64) -> Arc<Engine> {
+    use std::os::unix::ffi::OsStrExt;
+    let paths: Vec<PathBuf> = rels
+        .iter()
+        .map(|r| root.join(std::ffi::OsStr::from_bytes(r.as_ref())))
+        .collect();
     let idx = dir.join("index");
     std::fs::create_dir_all(&idx).unwrap();
     let source = Arc::new(file_list(&paths, &vec![0; paths.len()], Some(&idx)).unwrap());
-    let keys: Vec<u64> = rels.iter().map(|r| clairvoyant_agent::checksum(r.as_bytes())).collect();
+    let keys: Vec<u64> = rels.iter().map(|r| clairvoyant_agent::checksum(r.as_ref())).collect();
     let owners = hashed_owners(&keys, 1);
     let model = SystemModel {
         staging: StagingSpec::new(32 << 10, 2),
@@ -74,6 +78,7 @@ fn engine(dir: &Path, root: &Path, rels: &[String], memory: u64) -> Arc<Engine> 
                 cluster: None,
             }),
             prefill: false,
+            fill_on_read: Vec::new(),
         }),
     };
     Arc::new(Engine::start(source, &model, spec).unwrap())
@@ -126,7 +131,8 @@ fn stat(client: &mut Client, key: &str) -> u64 {
 
 fn start(engine: Option<Arc<Engine>>, dir: &Path, root: &Path, rels: &[String]) -> (Server, PathBuf) {
     let sock = dir.join("agent.sock");
-    let server = Server::start(engine, &sock, root.to_str().unwrap(), rels.to_vec(), &dir.join("dir")).unwrap();
+    let rels = rels.iter().map(|r| r.as_bytes().to_vec()).collect();
+    let server = Server::start(engine, &sock, root.to_str().unwrap(), rels, &dir.join("dir")).unwrap();
     (server, sock)
 }
 
@@ -162,6 +168,55 @@ fn lookups_are_served_from_the_node_cache_and_recorded_in_the_directory() {
 }
 
 #[test]
+fn a_name_that_is_not_utf8_is_cached_under_its_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("data");
+    let rels: Vec<Vec<u8>> = vec![
+        b"c0/caf\xe9.bin".to_vec(),
+        b"c\xff/x.bin".to_vec(),
+        b"c0/plain.bin".to_vec(),
+    ];
+    let paths: Vec<PathBuf> = rels.iter().map(|r| root.join(std::ffi::OsStr::from_bytes(r))).collect();
+    for (i, p) in paths.iter().enumerate() {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content(i)).unwrap();
+    }
+    let e = engine(t.path(), &root, &rels, 1 << 30);
+    let sock = t.path().join("agent.sock");
+    let server = Server::start(
+        Some(e.clone()),
+        &sock,
+        root.to_str().unwrap(),
+        rels.clone(),
+        &t.path().join("dir"),
+    )
+    .unwrap();
+    let mut c = Client::connect(&sock, WAIT).unwrap();
+    let arena = std::fs::File::open(e.segments().1.unwrap()).unwrap();
+    for _ in 0..2 {
+        for (i, r) in rels.iter().enumerate() {
+            match c.lookup(r).unwrap().0 {
+                Reply::Cached { file, size, offset, .. } => {
+                    assert_eq!(file as usize, i);
+                    let mut got = vec![0u8; size as usize];
+                    arena.read_exact_at(&mut got, offset).unwrap();
+                    assert_eq!(got, content(i));
+                }
+                other => panic!("{:?}: {other:?}", String::from_utf8_lossy(r)),
+            }
+        }
+    }
+    let dir = DirReader::open(server.dir_path()).unwrap();
+    for (i, r) in rels.iter().enumerate() {
+        assert_eq!(dir.lookup(path_key(r)).map(|e| e.file as usize), Some(i));
+    }
+    // Read from the dataset once each; a name differing only in its encoding is not the file.
+    assert_eq!(stat(&mut c, "pfs_files"), 3);
+    assert!(matches!(c.lookup("c0/café.bin".as_bytes()).unwrap().0, Reply::Unknown));
+}
+
+#[test]
 fn a_lazy_agent_starts_on_the_order_and_refuses_a_second_one() {
     let t = tempfile::tempdir().unwrap();
     let (root, rels) = dataset(t.path(), 12);
@@ -186,6 +241,27 @@ fn a_lazy_agent_starts_on_the_order_and_refuses_a_second_one() {
     std::thread::sleep(Duration::from_millis(50));
     server.set_engine(e.clone());
     assert_eq!(waiting.join().unwrap(), (rels.len(), 0, 0));
+    // Placed by it: the same order from a later rank is taken, another is refused.
+    c.plan(b"/orders/{node}.txt").unwrap().unwrap();
+    let why = c.plan(b"/other/{node}.txt").unwrap().unwrap_err();
+    assert!(why.contains("placed the dataset already"), "{why}");
+}
+
+#[test]
+fn an_order_after_the_first_read_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 6);
+    let (server, sock) = start(None, t.path(), &root, &rels);
+    let reader = {
+        let sock = sock.clone();
+        std::thread::spawn(move || Client::connect(&sock, WAIT).unwrap().lookup(b"c0/f0.bin").unwrap())
+    };
+    assert_eq!(server.wait_event(WAIT), Some(Event::Read));
+    let mut c = Client::connect(&sock, WAIT).unwrap();
+    let why = c.plan(b"/orders/{node}.txt").unwrap().unwrap_err();
+    assert!(why.contains("placing the dataset already"), "{why}");
+    server.set_engine(engine(t.path(), &root, &rels, 1 << 30));
+    assert!(matches!(reader.join().unwrap().0, Reply::Cached { file: 0, .. }));
     let why = c.plan(b"/orders/{node}.txt").unwrap().unwrap_err();
     assert!(why.contains("placed the dataset already"), "{why}");
 }

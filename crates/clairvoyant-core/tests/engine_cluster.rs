@@ -355,6 +355,7 @@ fn start_agents_with(
                         cluster: (nodes > 1).then(|| access.clone()),
                     }),
                     prefill,
+                    fill_on_read: Vec::new(),
                 }),
             };
             let e = Engine::start(data.clone(), &model(capacity), spec).unwrap();
@@ -451,6 +452,53 @@ fn an_agent_that_knows_the_order_fills_before_the_programs_ask() {
     assert_eq!(data.bytes_read(), data.total());
     assert_eq!(read_all_local(&data, &agents[0]), (200, 0, 0));
     assert_eq!(data.bytes_read(), data.total(), "nothing read again once filled");
+}
+
+#[test]
+fn an_agent_fills_ahead_only_what_the_order_reads_and_the_rest_on_first_read() {
+    use clairvoyant_core::engine::{AgentCounts, AgentSpec};
+    use clairvoyant_core::plan::{order_with_hashed_rest, AccessCounts};
+    let data = Dataset::new(300, 45);
+    // The order reads samples 0..150 (a train/ folder) twice; 150..300 (val/) are outside it.
+    let mut order = AccessCounts::empty(300);
+    let ordered: Vec<u32> = (0..150).rev().collect();
+    order.add_stream(0, &ordered);
+    order.add_stream(1, &ordered);
+    let keys: Vec<u64> = (0..300u32)
+        .map(|k| checksum(data.path(k).to_string_lossy().as_bytes()))
+        .collect();
+    let p = order_with_hashed_rest(vec![order], &keys).unwrap();
+    let spec = JobSpec {
+        schedule: Schedule::shuffle(300, 1, 1, 1, 3, false).unwrap(),
+        rank: 0,
+        local_ranks: vec![0],
+        run_id: "agent-partial-order".into(),
+        first_epoch: 0,
+        cluster: None,
+        agent: Some(AgentSpec {
+            counts: Some(AgentCounts {
+                own: p.nodes.into_iter().next().unwrap(),
+                cluster: None,
+            }),
+            prefill: true,
+            fill_on_read: p.outside,
+        }),
+    };
+    let agent = Engine::start(data.clone(), &model(data.total()), spec).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while agent.io_totals()[1] < 150 {
+        assert!(std::time::Instant::now() < deadline, "the prefill did not finish");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!((0..150).all(|k| data.reads[k].load(Ordering::Relaxed) == 1));
+    assert!(
+        (150..300).all(|k| data.reads[k].load(Ordering::Relaxed) == 0),
+        "a sample outside the order was read ahead"
+    );
+    // Every sample is cached all the same: the rest when first read, then never read again.
+    assert_eq!(read_all_local(&data, &agent), (300, 0, 0));
+    assert_eq!(read_all_local(&data, &agent), (300, 0, 0));
+    assert!((0..300).all(|k| data.reads[k].load(Ordering::Relaxed) == 1));
 }
 
 #[test]

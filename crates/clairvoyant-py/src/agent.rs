@@ -24,17 +24,25 @@ pub struct PyAgentServer {
 
 #[pymethods]
 impl PyAgentServer {
-    /// Serve `engine`'s node cache for the files `rel_paths` (sample i is `root/rel_paths[i]`) on
-    /// the Unix socket `socket`; cached files are recorded in a new shared directory file `dir`.
+    /// Serve `engine`'s node cache for the files `rel_paths` (sample i is `root/rel_paths[i]`;
+    /// str, a name that is not UTF-8 in Python's surrogate escapes, or bytes) on the Unix socket
+    /// `socket`; cached files are recorded in a new shared directory file `dir`.
     #[new]
     #[pyo3(signature = (engine, socket, root, rel_paths, dir))]
     fn new(
         engine: Option<&PyEngine>,
         socket: PathBuf,
         root: String,
-        rel_paths: Vec<String>,
+        rel_paths: Vec<Bound<'_, PyAny>>,
         dir: PathBuf,
     ) -> PyResult<Self> {
+        let rel_paths = rel_paths
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                name_bytes(r).map_err(|e| pyo3::exceptions::PyTypeError::new_err(format!("rel_paths[{i}]: {e}")))
+            })
+            .collect::<PyResult<Vec<Vec<u8>>>>()?;
         let server = Server::start(engine.map(|e| e.engine.clone()), &socket, &root, rel_paths, &dir)
             .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
         Ok(PyAgentServer { server })
@@ -125,10 +133,11 @@ impl PyAgentClient {
         py.import("json")?.call_method1("loads", (text,))
     }
 
-    /// Where the agent says `rel`'s bytes are: ("cached", offset, size, checksum),
-    /// ("inline", bytes, checksum), ("direct",), ("unknown",) or ("error", message).
-    fn lookup<'py>(&mut self, py: Python<'py>, rel: &str) -> PyResult<Bound<'py, PyAny>> {
-        let (reply, data) = self.conn()?.lookup(rel.as_bytes()).map_err(err)?;
+    /// Where the agent says `rel`'s bytes are (str or bytes): ("cached", offset, size,
+    /// checksum), ("inline", bytes, checksum), ("direct",), ("unknown",) or ("error", message).
+    fn lookup<'py>(&mut self, py: Python<'py>, rel: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let rel = name_bytes(&rel).map_err(|e| pyo3::exceptions::PyTypeError::new_err(format!("rel: {e}")))?;
+        let (reply, data) = self.conn()?.lookup(&rel).map_err(err)?;
         let t = match reply {
             Reply::Cached {
                 offset, size, checksum, ..
@@ -168,6 +177,16 @@ impl PyAgentClient {
             .as_mut()
             .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("the agent client is closed"))
     }
+}
+
+/// A file name's bytes from bytes or str (a name that is not UTF-8 arrives in str as Python's
+/// surrogate escapes, as `os.listdir` gives it).
+fn name_bytes(name: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = name.cast::<pyo3::types::PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    let name: std::ffi::OsString = name.extract()?;
+    Ok(std::os::unix::ffi::OsStringExt::into_vec(name))
 }
 
 fn err(e: std::io::Error) -> PyErr {

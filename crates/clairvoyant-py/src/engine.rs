@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clairvoyant_core::engine::{AgentCounts, AgentSpec, ClusterSpec, Engine, JobSpec, Lease, Region, SOURCE_NAMES};
-use clairvoyant_core::plan::{hashed_access, hashed_counts, hashed_owners, AccessCounts, ClusterAccess};
+use clairvoyant_core::plan::{
+    hashed_access, hashed_counts, hashed_owners, order_with_hashed_rest, AccessCounts, ClusterAccess,
+};
 use clairvoyant_core::schedule::Schedule;
 use numpy::ndarray::ArrayView1;
 use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
@@ -377,7 +379,8 @@ impl PyEngine {
 /// handshake), optional `connections` per peer and `peer_wait` seconds.
 /// A node agent's job from Python: `{"prefill": bool, "hashed": root}` (owners by hashing each
 /// file's path relative to `root`) or `{"prefill": bool, "counts": [(counts, first_need), ...]}`
-/// (one pair of arrays per node); `node` is this node's index among `nodes`.
+/// (one pair of arrays per node), or both: the files no node's counts read are placed by hashed
+/// owners and filled when first read; `node` is this node's index among `nodes`.
 fn agent_spec(
     a: &Bound<'_, PyDict>,
     source: &dyn clairvoyant_core::source::Source,
@@ -390,21 +393,22 @@ fn agent_spec(
         Some(v) => v.extract().map_err(|e| bad("prefill", e))?,
         None => false,
     };
-    let counts = if let Some(root) = item("hashed")? {
-        let root: std::path::PathBuf = root.extract().map_err(|e| bad("hashed", e))?;
-        let keys: Vec<u64> = (0..source.len() as u32)
-            .map(|k| {
-                let p = source.path(k);
-                let rel = p.strip_prefix(&root).unwrap_or(&p).to_path_buf();
-                clairvoyant_core::tier::checksum(rel.as_os_str().as_encoded_bytes())
-            })
-            .collect();
-        let owners = hashed_owners(&keys, nodes);
-        Some(AgentCounts {
-            own: hashed_counts(&keys, &owners, node),
-            cluster: (nodes > 1).then(|| Arc::new(hashed_access(&keys, &owners, nodes))),
-        })
-    } else if let Some(c) = item("counts")? {
+    let hashed_keys = match item("hashed")? {
+        Some(root) => {
+            let root: std::path::PathBuf = root.extract().map_err(|e| bad("hashed", e))?;
+            let keys: Vec<u64> = (0..source.len() as u32)
+                .map(|k| {
+                    let p = source.path(k);
+                    let rel = p.strip_prefix(&root).unwrap_or(&p).to_path_buf();
+                    clairvoyant_core::tier::checksum(rel.as_os_str().as_encoded_bytes())
+                })
+                .collect();
+            Some(keys)
+        }
+        None => None,
+    };
+    let mut fill_on_read = Vec::new();
+    let counts = if let Some(c) = item("counts")? {
         let pairs: Vec<(Vec<u32>, Vec<u64>)> = c.extract().map_err(|e| bad("counts", e))?;
         if pairs.len() != nodes
             || pairs
@@ -416,23 +420,38 @@ fn agent_spec(
                 source.len()
             )));
         }
-        let all: Vec<AccessCounts> = pairs
+        let mut all: Vec<AccessCounts> = pairs
             .into_iter()
             .map(|(counts, first_need)| AccessCounts { counts, first_need })
             .collect();
-        let cluster = if nodes > 1 {
-            Some(Arc::new(ClusterAccess::from_nodes(&all).py_err()?))
-        } else {
-            None
+        let cluster = match &hashed_keys {
+            Some(keys) => {
+                let p = order_with_hashed_rest(all, keys).py_err()?;
+                all = p.nodes;
+                fill_on_read = p.outside;
+                p.cluster
+            }
+            None if nodes > 1 => Some(ClusterAccess::from_nodes(&all).py_err()?),
+            None => None,
         };
         Some(AgentCounts {
             own: all.into_iter().nth(node).expect("checked length"),
-            cluster,
+            cluster: cluster.map(Arc::new),
+        })
+    } else if let Some(keys) = hashed_keys {
+        let owners = hashed_owners(&keys, nodes);
+        Some(AgentCounts {
+            own: hashed_counts(&keys, &owners, node),
+            cluster: (nodes > 1).then(|| Arc::new(hashed_access(&keys, &owners, nodes))),
         })
     } else {
         None
     };
-    Ok(AgentSpec { counts, prefill })
+    Ok(AgentSpec {
+        counts,
+        prefill,
+        fill_on_read,
+    })
 }
 
 fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crate::peer::Peers>>)> {

@@ -97,6 +97,10 @@ pub struct AgentSpec {
     /// Fill the placed samples ahead of use, in order of first need (the order is known); else
     /// each is filled when a program first reads it.
     pub prefill: bool,
+    /// Samples filled only when a program first reads them, even with `prefill`: their time of
+    /// need is not known (files outside a predicted order, [`crate::plan::PartialOrder`]).
+    /// Empty: none.
+    pub fill_on_read: Vec<bool>,
 }
 
 /// The access counts a node agent places by: its node's own, and on a cluster the summaries
@@ -437,9 +441,11 @@ impl Engine {
             if !prefill {
                 break;
             }
+            let on_read = spec.agent.as_ref().map_or(&[][..], |a| &a.fill_on_read[..]);
             let share: Arc<Vec<u32>> = Arc::new(
                 fill_order[i]
                     .iter()
+                    .filter(|&&k| !on_read.get(k as usize).copied().unwrap_or(false))
                     .enumerate()
                     .filter(|(n, _)| n % local_count == local_index)
                     .map(|(_, &k)| k)

@@ -387,6 +387,96 @@ pub fn hashed_counts(keys: &[u64], owners: &[u16], node: usize) -> AccessCounts 
     }
 }
 
+/// The first need of a sample an order leaves out (see [`order_with_hashed_rest`]): after every
+/// sample the order places (those needs are `epoch << 32 | position`, far below), and still a
+/// pseudo-random tie-break among themselves.
+pub const NEED_NOT_KNOWN: u64 = 1 << 63;
+
+/// Placement counts for an order that covers only part of the dataset (transparent mode: the
+/// program's sampler order covers `train/`, the program also reads `val/`).
+#[derive(Clone, Debug)]
+pub struct PartialOrder {
+    /// Every node's counts: the order's, and for the samples it leaves out those of hashed
+    /// ownership ([`hashed_counts`]), ranked below every ordered sample.
+    pub nodes: Vec<AccessCounts>,
+    /// The cluster's summaries (several nodes): the order's, and hashed ownership's
+    /// ([`hashed_access`]) for the samples it leaves out.
+    pub cluster: Option<ClusterAccess>,
+    /// The samples no node's order reads: their time of need is not known, so they are filled
+    /// when first read, never ahead.
+    pub outside: Vec<bool>,
+}
+
+/// Counts that place the samples `orders` (one per node) read as the orders say, and every
+/// sample no node's order reads (count 0 on every node) as with an unknown order: its owner by
+/// rendezvous hashing of its key ([`hashed_owners`]), the owner counting it twice and every
+/// other node once. Known reads go first: every ordered count is raised by 2 when some sample
+/// is left out, so a cache too small for both keeps the ordered samples (their order among
+/// themselves unchanged) and the rest fill the room left by hashed owners. With no sample
+/// left out the orders come back unchanged.
+pub fn order_with_hashed_rest(mut orders: Vec<AccessCounts>, keys: &[u64]) -> Result<PartialOrder> {
+    let m = orders.len();
+    let f = keys.len();
+    if m == 0 || m >= NO_NODE as usize {
+        return Err(Error::config("nodes", format!("{m} nodes; 1 to {}", NO_NODE - 1)));
+    }
+    if let Some(i) = orders
+        .iter()
+        .position(|a| a.counts.len() != f || a.first_need.len() != f)
+    {
+        return Err(Error::config(
+            "counts",
+            format!("node {i}'s counts do not cover the {f} samples of the dataset"),
+        ));
+    }
+    let outside: Vec<bool> = (0..f)
+        .into_par_iter()
+        .map(|k| orders.iter().all(|a| a.counts[k] == 0))
+        .collect();
+    if !outside.contains(&true) {
+        let cluster = (m > 1).then(|| ClusterAccess::from_nodes(&orders)).transpose()?;
+        return Ok(PartialOrder {
+            nodes: orders,
+            cluster,
+            outside,
+        });
+    }
+    let owners = hashed_owners(keys, m);
+    let need = |k: usize| NEED_NOT_KNOWN | (splitmix64(keys[k]) >> 1);
+    for (n, a) in orders.iter_mut().enumerate() {
+        a.counts
+            .par_iter_mut()
+            .zip(a.first_need.par_iter_mut())
+            .enumerate()
+            .for_each(|(k, (c, t))| {
+                if outside[k] {
+                    *c = if owners[k] as usize == n { 2 } else { 1 };
+                    *t = need(k);
+                } else if *c > 0 {
+                    *c = c.saturating_add(2);
+                }
+            });
+    }
+    let cluster = if m > 1 {
+        let mut access = ClusterAccess::from_nodes(&orders)?;
+        access.samples.par_iter_mut().enumerate().for_each(|(k, s)| {
+            if outside[k] {
+                *s = SampleSummary::EMPTY;
+                s.add(owners[k], 2, need(k));
+                s.total = m as u32 + 1;
+            }
+        });
+        Some(access)
+    } else {
+        None
+    };
+    Ok(PartialOrder {
+        nodes: orders,
+        cluster,
+        outside,
+    })
+}
+
 /// Approximate peak bytes of computing one node's plan for `samples` samples with `threads`
 /// shuffling threads: the node's own counts, sort keys and placement and the epochs' orders in
 /// flight, and for a cluster (`cluster`) the summaries and the primary table.
@@ -924,6 +1014,74 @@ mod tests {
         // Removing node 3 moves only its files.
         let three = hashed_owners(&keys, 3);
         assert!((0..4000).all(|k| owners[k] == 3 || three[k] == owners[k]));
+    }
+
+    fn order_of(f: usize, reads: &[u32]) -> AccessCounts {
+        let mut a = AccessCounts::empty(f);
+        a.add_stream(0, reads);
+        a.add_stream(1, reads);
+        a
+    }
+
+    #[test]
+    fn an_order_covering_everything_comes_back_unchanged() {
+        let keys: Vec<u64> = (0..10u64).map(splitmix64).collect();
+        let a = order_of(10, &(0..10).rev().collect::<Vec<_>>());
+        let p = order_with_hashed_rest(vec![a.clone()], &keys).unwrap();
+        assert_eq!(p.nodes[0].counts, a.counts);
+        assert_eq!(p.nodes[0].first_need, a.first_need);
+        assert!(p.outside.iter().all(|&o| !o) && p.cluster.is_none());
+    }
+
+    #[test]
+    fn samples_outside_an_order_are_placed_by_hashed_owners_after_the_ordered_ones() {
+        // Samples 0..6 are ordered (train/), 6..10 read at times the order does not say (val/).
+        let f = 10;
+        let keys: Vec<u64> = (0..f as u64).map(|i| splitmix64(i + 100)).collect();
+        let ordered: Vec<u32> = vec![5, 3, 1, 0, 2, 4];
+        let p = order_with_hashed_rest(vec![order_of(f, &ordered)], &keys).unwrap();
+        let own = &p.nodes[0];
+        assert_eq!(p.outside, (0..f).map(|k| k >= 6).collect::<Vec<_>>());
+        // One node owns everything: hashed counts 2, ranked below every ordered sample.
+        assert!((6..f).all(|k| own.counts[k] == 2 && own.first_need[k] >= NEED_NOT_KNOWN));
+        assert!((0..6).all(|k| own.counts[k] == 4 && own.first_need[k] < NEED_NOT_KNOWN));
+        // Room for everything: every sample placed, the ordered ones filled first, in order.
+        let all = Placement::compute(own, |_| 10, &[100]);
+        assert!(all.class_of.iter().all(|&c| c != UNCACHED));
+        assert_eq!(&all.fill_order[0][..6], &ordered[..]);
+        // Room for 7: the ordered six and one of the rest.
+        let seven = Placement::compute(own, |_| 10, &[70]);
+        assert!((0..6).all(|k| seven.class_of[k] != UNCACHED));
+        assert_eq!((6..f).filter(|&k| seven.class_of[k] != UNCACHED).count(), 1);
+    }
+
+    #[test]
+    fn on_several_nodes_the_rest_goes_to_its_hashed_owner() {
+        let f = 400;
+        let keys: Vec<u64> = (0..f as u64).map(|i| splitmix64(i * 3 + 7)).collect();
+        // Node 0 reads 0..100, node 1 reads 100..200; 200..400 neither.
+        let a = order_of(f, &(0..100).collect::<Vec<_>>());
+        let b = order_of(f, &(100..200).collect::<Vec<_>>());
+        let p = order_with_hashed_rest(vec![a, b], &keys).unwrap();
+        let owners = hashed_owners(&keys, 2);
+        let hashed = hashed_access(&keys, &owners, 2);
+        let access = p.cluster.as_ref().unwrap();
+        for (k, &owner) in owners.iter().enumerate().skip(200) {
+            assert!(p.outside[k]);
+            assert_eq!(access.samples[k].node, hashed.samples[k].node, "sample {k}");
+            assert_eq!(access.samples[k].count, hashed.samples[k].count, "sample {k}");
+            for (n, own) in p.nodes.iter().enumerate() {
+                assert_eq!(own.counts[k], if owner as usize == n { 2 } else { 1 });
+            }
+        }
+        assert!(p.outside[..200].iter().all(|&o| !o));
+        // Ordered samples keep their reader; room for all: each on its reader or hashed owner.
+        let c = ClusterPlacement::compute(access, |_| 10, &vec![vec![10_000]; 2], &[]);
+        assert!((0..100).all(|k| c.primary[k] == 0) && (100..200).all(|k| c.primary[k] == 1));
+        assert!((200..f).all(|k| c.primary[k] == owners[k]));
+        // A node's own counts of the wrong length name the node.
+        let err = order_with_hashed_rest(vec![order_of(f, &[1]), order_of(f - 1, &[1])], &keys).unwrap_err();
+        assert!(err.to_string().contains("node 1"), "{err}");
     }
 
     #[test]
