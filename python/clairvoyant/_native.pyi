@@ -15,6 +15,7 @@ from .errors import (
     ClairvoyantError as ClairvoyantError,
     ClairvoyantOSError as ClairvoyantOSError,
     ConfigError as ConfigError,
+    ConnectionFailedError as ConnectionFailedError,
     CorruptError as CorruptError,
     DatasetChangedError as DatasetChangedError,
     EpochConsumedError as EpochConsumedError,

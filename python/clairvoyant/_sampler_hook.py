@@ -59,6 +59,7 @@ def plan(loader) -> bool:
     from torch.utils.data import DistributedSampler
 
     from . import _native
+    from .errors import ClairvoyantError
     from .torch._order import Predictor, epoch_of
 
     from torch.utils.data import IterableDataset
@@ -114,7 +115,7 @@ def plan(loader) -> bool:
     client = _native.AgentClient(socket)
     try:
         client.plan(pattern)
-    except RuntimeError as e:
+    except ClairvoyantError as e:
         _notice(f"the node agent did not take the sampler's order: {e}")
         return False
     finally:

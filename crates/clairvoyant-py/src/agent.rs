@@ -13,6 +13,7 @@ use clairvoyant_agent::server::{Event, Server};
 use pyo3::prelude::*;
 
 use crate::engine::PyEngine;
+use crate::errors;
 
 /// How long one wait lasts before Ctrl-C is looked at.
 const STEP: Duration = Duration::from_millis(200);
@@ -36,7 +37,7 @@ impl PyAgentServer {
         dir: PathBuf,
     ) -> PyResult<Self> {
         let server = Server::start(engine.map(|e| e.engine.clone()), &socket, &root, rel_paths, &dir)
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+            .map_err(|e| errors::io(&e, format!("cannot start the node agent on {}: {e}", socket.display())))?;
         Ok(PyAgentServer { server })
     }
 
@@ -110,7 +111,7 @@ impl PyAgentClient {
     #[pyo3(signature = (socket, timeout=10.0))]
     fn new(socket: PathBuf, timeout: f64) -> PyResult<Self> {
         let conn = Client::connect(&socket, Duration::from_secs_f64(timeout.max(0.001)))
-            .map_err(|e| pyo3::exceptions::PyConnectionError::new_err(format!("agent at {}: {e}", socket.display())))?;
+            .map_err(|e| errors::connection(&e, format!("node agent at {}: {e}", socket.display())))?;
         Ok(PyAgentClient { conn: Some(conn) })
     }
 
@@ -140,9 +141,10 @@ impl PyAgentClient {
             Reply::Unknown => ("unknown",).into_pyobject(py)?.into_any(),
             Reply::Error { message } => ("error", message).into_pyobject(py)?.into_any(),
             other => {
-                return Err(pyo3::exceptions::PyConnectionError::new_err(format!(
-                    "agent: unexpected reply {other:?}"
-                )))
+                return Err(errors::connection(
+                    &std::io::Error::from(std::io::ErrorKind::InvalidData),
+                    format!("node agent: unexpected reply {other:?}"),
+                ))
             }
         };
         Ok(t)
@@ -154,7 +156,7 @@ impl PyAgentClient {
         self.conn()?
             .plan(pattern.as_bytes())
             .map_err(err)?
-            .map_err(pyo3::exceptions::PyRuntimeError::new_err)
+            .map_err(errors::ClairvoyantError::new_err)
     }
 
     fn close(&mut self) {
@@ -166,12 +168,12 @@ impl PyAgentClient {
     fn conn(&mut self) -> PyResult<&mut Client> {
         self.conn
             .as_mut()
-            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("the agent client is closed"))
+            .ok_or_else(|| errors::config("the node agent client is closed"))
     }
 }
 
 fn err(e: std::io::Error) -> PyErr {
-    pyo3::exceptions::PyConnectionError::new_err(format!("agent: {e}"))
+    errors::connection(&e, format!("node agent: {e}"))
 }
 
 /// The shared counters of an agent's directory file, by name (summed over every interposed
@@ -179,7 +181,7 @@ fn err(e: std::io::Error) -> PyErr {
 #[pyfunction]
 fn agent_dir_counters(path: PathBuf) -> PyResult<Vec<(&'static str, u64)>> {
     let d = clairvoyant_agent::dir::DirReader::open(&path)
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        .map_err(|e| errors::io(&e, format!("node agent directory {}: {e}", path.display())))?;
     Ok(counter::NAMES
         .iter()
         .zip(d.counters().iter())

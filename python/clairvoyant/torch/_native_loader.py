@@ -331,9 +331,9 @@ class NativeIter(_BaseDataLoaderIter):
                 waited += _POLL_S
             thread = self._workers[0] if self._workers else None
             if thread is None or not thread.is_alive():
-                raise RuntimeError("clairvoyant: the native decode thread exited unexpectedly")
+                raise RuntimeError("clairvoyant: the native decode thread exited unexpectedly")  # as torch's DataLoader
             if self._timeout and waited >= self._timeout:
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds (waiting for a natively decoded batch)")
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds (waiting for a natively decoded batch)")  # as torch's DataLoader
 
     def _next_data(self) -> Any:
         while True:
