@@ -313,5 +313,13 @@ def test_an_unreachable_agent_is_a_connection_error_of_ours(tmp_path):
 def test_a_size_that_is_not_one_names_itself():
     from clairvoyant._units import parse_size
 
-    with pytest.raises(clairvoyant.ConfigError, match="'12 parsecs' is not a size"):
+    with pytest.raises(clairvoyant.ConfigError, match='"12 parsecs" is not a size'):
         parse_size("12 parsecs")
+
+
+def test_the_native_stubs_name_everything_the_module_exports():
+    import re
+
+    stub = (Path(_native.__file__).parent / "_native.pyi").read_text()
+    missing = [n for n in dir(_native) if not n.startswith("_") and not re.search(rf"^(def|class) {n}\b|^{n}: |\b{n} as {n}\b", stub, re.M)]
+    assert not missing, f"add these to clairvoyant/_native.pyi: {missing}"

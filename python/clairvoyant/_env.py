@@ -149,9 +149,16 @@ def detect(rank: int | None = None, world_size: int | None = None, local_ranks=N
         raise _config_error(f"invalid value for 'local_ranks': {local_ranks} names a rank twice")
     if rank not in local_ranks:
         raise _config_error(f"invalid value for 'local_ranks': {local_ranks} must include this rank {rank}")
-    run_id = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
-    if run_id.strip().lower() == "none":
-        run_id = ""
-    if not run_id and env.get("SLURM_JOB_ID"):
-        run_id = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
-    return Placement(rank, world_size, local_ranks, run_id)
+    return Placement(rank, world_size, local_ranks, run_id(env))
+
+
+def run_id(env=None) -> str:
+    """The run the local ranks of one job share: ``CLAIRVOYANT_RUN_ID``, else torchrun's run id,
+    else the Slurm job step; "" when none is set (callers then derive one)."""
+    env = os.environ if env is None else env
+    run = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
+    if run.strip().lower() == "none":
+        run = ""
+    if not run and env.get("SLURM_JOB_ID"):
+        run = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    return run

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .. import _native
+from .. import _native, _settings
 from ..errors import CorruptError
 
 __all__ = ["NativeIter", "native_choice", "NativeSetup"]
@@ -66,7 +66,7 @@ def _stop_all() -> None:
 
 
 def _env_off() -> bool:
-    return os.environ.get("CLAIRVOYANT_NATIVE_DECODE", "").strip().lower() in ("0", "false", "no", "off")
+    return _settings.get("CLAIRVOYANT_NATIVE_DECODE", True) is False
 
 
 def _names(transform: Any) -> str:
