@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clairvoyant import _cluster
-from clairvoyant.errors import ConfigError
+from clairvoyant.errors import ConfigError, CorruptError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -770,5 +770,5 @@ def test_store_backend_combined_value_round_trips_compressible_or_not():
         assert _cluster._unpack(blob, len(values)) == values
     assert _cluster._pack([b"same record " * 20] * 50)[:1] == b"z"
     assert _cluster._pack([os.urandom(5000)])[:1] == b"r"
-    with pytest.raises(ValueError):
+    with pytest.raises(CorruptError, match="2 payloads for world size 3"):
         _cluster._unpack(_cluster._pack([b"a", b"b"]), 3)

@@ -92,3 +92,82 @@ def test_bad_launcher_value_names_the_variable():
         _env.detect(env=slurm)
     with pytest.raises(ValueError, match="task count list"):
         _env.detect(env=dict(slurm, SLURM_NODEID="0", SLURM_STEP_TASKS_PER_NODE="two"))
+
+
+# ---- the registry of environment variables ----
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_the_configuration_doc_holds_the_registrys_table():
+    from clairvoyant import _settings
+
+    doc = REPO / "docs" / "configuration.md"
+    if not doc.is_file():
+        pytest.skip(f"{doc} is not here (an installed package without its sources)")
+    assert _settings.check(str(doc)) is None, "regenerate it: clairvoyant config --write-table docs/configuration.md"
+    # The command line checks it the same way, and says what to do when it is stale.
+    stale = REPO / "out" / "stale-configuration.md"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_text(doc.read_text().replace("| `CLAIRVOYANT_CONFIG` | path |", "| `CLAIRVOYANT_CONFIG` | text |"))
+    try:
+        r = subprocess.run([sys.executable, "-m", "clairvoyant.cli", "config", "--check-table", str(stale)], capture_output=True, text=True)
+    finally:
+        stale.unlink()
+    assert r.returncode == 1 and "--write-table" in r.stderr
+
+
+def test_every_variable_the_code_reads_is_in_the_registry():
+    import re
+
+    from clairvoyant import _settings
+
+    known = set(_settings.registry())
+    sources = [*(REPO / "python" / "clairvoyant").rglob("*.py"), *(REPO / "crates").glob("*/src/**/*.rs")]
+    if not (REPO / "crates").is_dir():
+        pytest.skip("the Rust sources are not here (an installed package)")
+    unknown = {
+        f"{name} ({path.relative_to(REPO)})"
+        for path in sources
+        for name in re.findall(r"CLAIRVOYANT_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace"))
+        if name not in known
+    }
+    assert not unknown, "declare these in clairvoyant_core::sysinfo::env:\n" + "\n".join(sorted(unknown))
+
+
+def test_values_are_read_by_their_type_and_a_wrong_one_names_the_variable():
+    from clairvoyant import _settings
+
+    get = _settings.get
+    assert get("CLAIRVOYANT_MEMORY", env={"CLAIRVOYANT_MEMORY": "1.5 GiB"}) == 3 << 29
+    assert get("CLAIRVOYANT_QUIET", env={"CLAIRVOYANT_QUIET": "Off"}) is False
+    assert get("CLAIRVOYANT_QUIET", env={"CLAIRVOYANT_QUIET": "1"}) is True
+    assert get("CLAIRVOYANT_RENDEZVOUS", env={"CLAIRVOYANT_RENDEZVOUS": "FILE"}) == "file"
+    assert get("CLAIRVOYANT_EPOCHS", env={"CLAIRVOYANT_EPOCHS": " 7 "}) == 7
+    assert get("CLAIRVOYANT_EPOCHS", None, env={"CLAIRVOYANT_EPOCHS": "  "}) is None
+    # Unset: the registry's own default where it is a value (one default for every reader).
+    assert get("CLAIRVOYANT_RENDEZVOUS_TIMEOUT", env={}) == 120.0
+    assert get("CLAIRVOYANT_AGENT_TIMEOUT_MS", env={}) == 10000.0
+    for name, value, expected in [
+        ("CLAIRVOYANT_MEMORY", "lots", "not a size"),
+        ("CLAIRVOYANT_QUIET", "perhaps", "1/true/yes/on"),
+        ("CLAIRVOYANT_RENDEZVOUS", "carrier-pigeon", "store, mpi, file"),
+        ("CLAIRVOYANT_EPOCHS", "three", "a whole number"),
+        ("CLAIRVOYANT_RENDEZVOUS_TIMEOUT", "-1", "seconds"),
+        ("CLAIRVOYANT_RENDEZVOUS_TIMEOUT", "nan", "seconds"),
+    ]:
+        with pytest.raises(clairvoyant.ConfigError, match=name) as info:
+            get(name, env={name: value})
+        assert expected in str(info.value), (name, value, str(info.value))
+    with pytest.raises(clairvoyant.ConfigError, match="CLAIRVOYANT_NO_SUCH_THING is not a clairvoyant setting"):
+        get("CLAIRVOYANT_NO_SUCH_THING", env={})
+
+
+def test_the_drop_in_reads_its_epochs_through_the_registry(monkeypatch):
+    from clairvoyant.torch import _dropin
+
+    monkeypatch.setenv("CLAIRVOYANT_EPOCHS", "many")
+    with pytest.raises(clairvoyant.ConfigError, match="CLAIRVOYANT_EPOCHS='many'"):
+        _dropin._epochs_arg(None)
+    monkeypatch.setenv("CLAIRVOYANT_EPOCHS", "4")
+    assert _dropin._epochs_arg(None) == 4

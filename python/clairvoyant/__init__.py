@@ -15,6 +15,7 @@ from .errors import (
     ClairvoyantError,
     ClairvoyantOSError,
     ConfigError,
+    ConnectionFailedError,
     CorruptError,
     DatasetChangedError,
     EpochConsumedError,
@@ -81,6 +82,7 @@ __all__ = [
     "NotDirectoryError",
     "AlreadyExistsError",
     "TimedOutError",
+    "ConnectionFailedError",
 ]
 
 

@@ -46,7 +46,7 @@ import tempfile
 import time
 import zlib
 
-from .errors import ClairvoyantError, ConfigError
+from .errors import ClairvoyantError, ConfigError, CorruptError
 
 BACKENDS = ("store", "mpi", "file")
 SECRET_BYTES = 32
@@ -331,18 +331,18 @@ def _unpack(blob: bytes, world_size: int) -> list:
     if kind == b"z":
         blob = zlib.decompress(blob)
     elif kind != b"r":
-        raise ValueError(f"unknown encoding {kind!r}")
+        raise CorruptError(f"a rendezvous value in an unknown encoding {kind!r}")
     view = memoryview(blob)
     (n,) = struct.unpack_from("<Q", view)
     if n != world_size:
-        raise ValueError(f"{n} payloads for world size {world_size}")
+        raise CorruptError(f"a rendezvous value of {n} payloads for world size {world_size}")
     lengths = struct.unpack_from(f"<{n}Q", view, 8)
     out, at = [], 8 + 8 * n
     for length in lengths:
         out.append(bytes(view[at : at + length]))
         at += length
     if at != len(blob):
-        raise ValueError(f"{len(blob)} bytes, the lengths announce {at}")
+        raise CorruptError(f"a rendezvous value of {len(blob)} bytes, the lengths announce {at}")
     return out
 
 

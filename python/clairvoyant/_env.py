@@ -42,6 +42,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 _RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WORLD = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 _LOCAL_RANK = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
@@ -61,12 +63,12 @@ def _slurm_tasks_here(env) -> str | None:
     for part in counts.split(","):
         m = re.fullmatch(r"\s*(\d+)\s*(?:\(x(\d+)\))?\s*", part)
         if m is None:
-            raise ValueError(f"environment variable SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE={counts!r} is not a task count list")
+            raise ConfigError(f"environment variable SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE={counts!r} is not a task count list")
         expanded += [m.group(1)] * int(m.group(2) or 1)
     try:
         return expanded[int(node)]
     except (ValueError, IndexError) as exc:
-        raise ValueError(f"environment variable SLURM_NODEID={node!r} names no node of the task counts {counts!r}") from exc
+        raise ConfigError(f"environment variable SLURM_NODEID={node!r} names no node of the task counts {counts!r}") from exc
 
 
 def _first(names: tuple[str, ...], env) -> tuple:
@@ -81,7 +83,7 @@ def _first(names: tuple[str, ...], env) -> tuple:
             # SLURM_NTASKS_PER_NODE may look like "4(x2)".
             return name, int(value.split("(")[0])
         except ValueError as exc:
-            raise ValueError(f"environment variable {name}={value!r} is not an integer") from exc
+            raise ConfigError(f"environment variable {name}={value!r} is not an integer") from exc
     return None, None
 
 
@@ -116,7 +118,7 @@ def detect(rank: int | None = None, world_size: int | None = None, local_ranks=N
     if world_size < 1:
         raise _config_error(f"invalid value for '{world_name}': {world_size}; the world has at least one rank")
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside world size {world_size}")
+        raise ConfigError(f"rank {rank} is outside world size {world_size}")
     if local_ranks is None:
         local_rank_name, local_rank = _first(_LOCAL_RANK, env)
         local_size_name, local_size = _first(_LOCAL_SIZE, env)
@@ -147,9 +149,16 @@ def detect(rank: int | None = None, world_size: int | None = None, local_ranks=N
         raise _config_error(f"invalid value for 'local_ranks': {local_ranks} names a rank twice")
     if rank not in local_ranks:
         raise _config_error(f"invalid value for 'local_ranks': {local_ranks} must include this rank {rank}")
-    run_id = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
-    if run_id.strip().lower() == "none":
-        run_id = ""
-    if not run_id and env.get("SLURM_JOB_ID"):
-        run_id = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
-    return Placement(rank, world_size, local_ranks, run_id)
+    return Placement(rank, world_size, local_ranks, run_id(env))
+
+
+def run_id(env=None) -> str:
+    """The run the local ranks of one job share: ``CLAIRVOYANT_RUN_ID``, else torchrun's run id,
+    else the Slurm job step; "" when none is set (callers then derive one)."""
+    env = os.environ if env is None else env
+    run = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
+    if run.strip().lower() == "none":
+        run = ""
+    if not run and env.get("SLURM_JOB_ID"):
+        run = f"slurm-{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '0')}"
+    return run

@@ -15,6 +15,7 @@ from .errors import (
     ClairvoyantError as ClairvoyantError,
     ClairvoyantOSError as ClairvoyantOSError,
     ConfigError as ConfigError,
+    ConnectionFailedError as ConnectionFailedError,
     CorruptError as CorruptError,
     DatasetChangedError as DatasetChangedError,
     EpochConsumedError as EpochConsumedError,
@@ -47,6 +48,39 @@ def plan_report(
     classes: Sequence[tuple[str, int]],
     drop_last: bool = False,
 ) -> str: ...
+
+def cluster_plan_report(
+    num_samples: int,
+    world_size: int,
+    epochs: int,
+    batch_size: int,
+    seed: int,
+    nodes: Sequence[Sequence[int]],
+    sample_bytes: int,
+    classes: Sequence[tuple[str, int]],
+    drop_last: bool = False,
+    node: int = 0,
+) -> str: ...
+def resolve_config(path: Optional[str] = None) -> tuple[Optional[str], str]: ...
+def probe(
+    dataset: str, output: Optional[str] = None, ssd_dir: Optional[str] = None, max_files: int = 256, budget_s: float = 10.0
+) -> str: ...
+def settings() -> list[tuple[str, str, list[str], str, str, str]]: ...
+def parse_bytes(text: str, what: str = "size") -> int: ...
+def node_capacities(source: "Source", local_ranks: int, model_toml: Optional[str] = None) -> list[tuple[str, int]]: ...
+
+class LeaseHolder:
+    """Keeps staged samples alive; releases them when garbage collected."""
+
+class PeerServer:
+    def __init__(
+        self, bind: str, secret: bytes, job: int, max_connections: int = 8192, io_timeout: float = 5.0, workers: int = 4
+    ) -> None: ...
+    @property
+    def address(self) -> str: ...
+    def attach(self, engine: "Engine") -> None: ...
+    def stats(self) -> dict: ...
+    def close(self) -> None: ...
 
 class Source:
     def __len__(self) -> int: ...
@@ -139,6 +173,8 @@ class Engine:
     def close(self) -> None: ...
 
 # -- transparent mode: the node agent -----------------------------------------------------------
+
+AGENT_COUNTERS: list[str]
 
 AGENT_COUNTERS: list[str]
 

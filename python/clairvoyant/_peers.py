@@ -28,7 +28,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from . import _native
+from . import _native, _settings
 from ._env import _LOCAL_SIZE, _WORLD, _first_int
 
 
@@ -94,7 +94,7 @@ def setup(
     from . import _cluster
 
     env = os.environ if env is None else env
-    timeout = float(env.get("CLAIRVOYANT_RENDEZVOUS_TIMEOUT", timeout))
+    timeout = _settings.get("CLAIRVOYANT_RENDEZVOUS_TIMEOUT", timeout, env)
     first_local = rank == min(local_ranks)
     jid = job_id(run_id=run_id, world_size=world_size, fingerprint=source._native.fingerprint, **facts)
     secret = _cluster.job_secret(rank=rank, world_size=world_size, run_id=run_id or f"job-{jid:016x}", timeout=timeout)

@@ -7,10 +7,12 @@ everything else it does goes to libc unchanged. ``preload_env`` builds that envi
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 from . import _native
+from .errors import os_error
 
 LIBRARY_NAME = "libclairvoyant_preload.so"
 ENV_ROOT = "CLAIRVOYANT_ROOT"
@@ -25,13 +27,15 @@ COUNTERS = tuple(_native.AGENT_COUNTERS)
 def preload_library() -> str:
     """Absolute path of ``libclairvoyant_preload.so`` shipped next to this module.
 
-    Raises FileNotFoundError naming the expected path when it was not built (``./dev build`` builds
+    Raises ``NotFoundError`` (a ``FileNotFoundError``) naming the expected path when it was not built (``./dev build`` builds
     and installs it there)."""
     path = Path(__file__).resolve().with_name(LIBRARY_NAME)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise os_error(
+            errno.ENOENT,
             f"{path}: the interposed I/O library is not installed; build it with ./dev build "
-            f"(or: cargo build --release -p clairvoyant-preload && cp target/release/{LIBRARY_NAME} {path})"
+            f"(or: cargo build --release -p clairvoyant-preload && cp target/release/{LIBRARY_NAME} {path})",
+            str(path),
         )
     return str(path)
 

@@ -65,6 +65,7 @@ def plan(loader) -> bool:
     from torch.utils.data import DistributedSampler
 
     from . import _native
+    from .errors import ClairvoyantError
     from .torch._order import Predictor, epoch_of
 
     from torch.utils.data import IterableDataset
@@ -129,7 +130,7 @@ def plan(loader) -> bool:
             total = client.stats().get("files")
         except (ConnectionError, OSError):
             total = None  # the notice goes without the dataset's count
-    except RuntimeError as e:
+    except ClairvoyantError as e:
         _notice(f"the node agent did not take the sampler's order: {e}", first_of_node)
         return False
     finally:

@@ -269,7 +269,20 @@ def probe_warnings(toml_text: str, mean_file_bytes) -> list:
 
 
 def _config(args) -> int:
-    from . import config
+    from . import _settings, config
+
+    if args.variables:
+        sys.stdout.write(_settings.markdown())
+        return 0
+    if args.write_table:
+        _settings.write(args.write_table)
+        return 0
+    if args.check_table:
+        problem = _settings.check(args.check_table)
+        if problem:
+            print(f"clairvoyant config: {problem}", file=sys.stderr)
+            return 1
+        return 0
 
     path, text = config.resolve(args.config)
     print(f"# resolved from {path or 'machine defaults'}")
@@ -384,6 +397,10 @@ def main(argv=None) -> int:
 
     co = sub.add_parser("config", help="print the resolved system description")
     co.add_argument("--config", help="TOML file")
+    table = co.add_mutually_exclusive_group()
+    table.add_argument("--variables", action="store_true", help="print the table of every CLAIRVOYANT_* environment variable")
+    table.add_argument("--write-table", metavar="FILE", help="replace FILE's table of environment variables with the current one")
+    table.add_argument("--check-table", metavar="FILE", help="fail when FILE's table of environment variables is out of date")
     co.set_defaults(fn=_config)
 
     si = sub.add_parser(

@@ -23,7 +23,8 @@ work::
         ├── IsDirectoryError       (IsADirectoryError)
         ├── NotDirectoryError      (NotADirectoryError)
         ├── AlreadyExistsError     (FileExistsError)
-        └── TimedOutError          (TimeoutError)
+        ├── TimedOutError          (TimeoutError)
+        └── ConnectionFailedError  (ConnectionError)    a node agent or peer could not be reached
 
 The native module raises these very classes (``clairvoyant._native.ConfigError`` is
 ``clairvoyant.ConfigError``).
@@ -119,6 +120,10 @@ class TimedOutError(ClairvoyantOSError, TimeoutError):
     """Waiting on a file or another process timed out."""
 
 
+class ConnectionFailedError(ClairvoyantOSError, ConnectionError):
+    """A node agent or a peer could not be reached, or its connection broke."""
+
+
 _BY_ERRNO = {
     _errno.ENOENT: NotFoundError,
     _errno.EACCES: AccessDeniedError,
@@ -127,6 +132,11 @@ _BY_ERRNO = {
     _errno.ENOTDIR: NotDirectoryError,
     _errno.EEXIST: AlreadyExistsError,
     _errno.ETIMEDOUT: TimedOutError,
+    _errno.ECONNREFUSED: ConnectionFailedError,
+    _errno.ECONNRESET: ConnectionFailedError,
+    _errno.ECONNABORTED: ConnectionFailedError,
+    _errno.ENOTCONN: ConnectionFailedError,
+    _errno.EPIPE: ConnectionFailedError,
 }
 
 
@@ -161,5 +171,6 @@ __all__ = [
     "NotDirectoryError",
     "AlreadyExistsError",
     "TimedOutError",
+    "ConnectionFailedError",
     "os_error",
 ]

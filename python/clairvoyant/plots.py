@@ -18,6 +18,8 @@ import textwrap
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from .errors import ConfigError
+
 __all__ = ["plot_policies", "plot_sweep"]
 
 PathLike = Union[str, os.PathLike]
@@ -59,7 +61,7 @@ def plot_policies(result: Mapping[str, Any], path: PathLike) -> Path:
     out, fmt = _output(path)
     policies = _field(result, "policies", "result")
     if not isinstance(policies, Mapping) or not policies:
-        raise ValueError("result['policies'] must be a non-empty mapping of policy name to result")
+        raise ConfigError("result['policies'] must be a non-empty mapping of policy name to result")
     bars = [_policy_bar(name, p) for name, p in policies.items()]
     unit, scale = _time_unit(b["total"] for b in bars)
     seen = dict.fromkeys(loc for b in bars for loc in b["segments"])
@@ -121,14 +123,14 @@ def plot_sweep(result: Mapping[str, Any], path: PathLike) -> Path:
     out, fmt = _output(path)
     axes = _field(result, "sweep", "result")
     if not isinstance(axes, Sequence) or isinstance(axes, str) or not axes:
-        raise ValueError("result['sweep'] must be a non-empty list of swept keys")
+        raise ConfigError("result['sweep'] must be a non-empty list of swept keys")
     if len(axes) > 2:
-        raise ValueError(f"sweep has {len(axes)} keys; at most 2 can be drawn")
+        raise ConfigError(f"sweep has {len(axes)} keys; at most 2 can be drawn")
     for i, axis in enumerate(axes):
         _field(axis, "key", f"result['sweep'][{i}]")
         values = _field(axis, "values", f"result['sweep'][{i}]")
         if not isinstance(values, Sequence) or isinstance(values, str) or not values:
-            raise ValueError(f"result['sweep'][{i}]['values'] must be a non-empty list")
+            raise ConfigError(f"result['sweep'][{i}]['values'] must be a non-empty list")
     grid = _sweep_grid(_field(result, "total_seconds", "result"), [len(a["values"]) for a in axes])
     unit, scale = _time_unit(v for row in grid for v in row)
     grid = [[None if v is None else v / scale for v in row] for row in grid]
@@ -186,7 +188,7 @@ def _output(path: PathLike) -> tuple:
     out = Path(path)
     fmt = _FORMATS.get(out.suffix.lower())
     if fmt is None:
-        raise ValueError(f"cannot write {out.name!r}: the file name must end in .png, .svg or .pdf")
+        raise ConfigError(f"cannot write {out.name!r}: the file name must end in .png, .svg or .pdf")
     return out, fmt
 
 
@@ -202,9 +204,9 @@ def _save(fig: Any, out: Path, fmt: str) -> Path:
 def _field(container: Any, key: str, where: str) -> Any:
     """``container[key]``, or a ValueError naming the field when it is not there."""
     if not isinstance(container, Mapping):
-        raise ValueError(f"{where} must be a mapping, not {type(container).__name__}")
+        raise ConfigError(f"{where} must be a mapping, not {type(container).__name__}")
     if key not in container:
-        raise ValueError(f"{where}[{key!r}] is missing")
+        raise ConfigError(f"{where}[{key!r}] is missing")
     return container[key]
 
 
@@ -213,7 +215,7 @@ def _number(value: Any, where: str) -> Optional[float]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where} must be a non-negative number or null, not {value!r}")
+        raise ConfigError(f"{where} must be a non-negative number or null, not {value!r}")
     return float(value)
 
 
@@ -225,7 +227,7 @@ def _policy_bar(name: str, policy: Any) -> dict:
     if total is not None:
         by_location = _field(policy, "seconds_by_location", where)
         if not isinstance(by_location, Mapping):
-            raise ValueError(f"{where}['seconds_by_location'] must be a mapping of location to seconds")
+            raise ConfigError(f"{where}['seconds_by_location'] must be a mapping of location to seconds")
         for loc, seconds in by_location.items():
             seconds = _number(seconds, f"{where}['seconds_by_location'][{loc!r}]")
             if seconds:
@@ -287,14 +289,14 @@ def _sweep_grid(totals: Any, lengths: list) -> list:
     """``total_seconds`` as rows x columns, checked against the swept values. A single key's
     values run across one row; a single column of the same length is accepted too."""
     if not isinstance(totals, Sequence) or not all(isinstance(r, Sequence) and not isinstance(r, str) for r in totals):
-        raise ValueError("result['total_seconds'] must be a list of rows")
+        raise ConfigError("result['total_seconds'] must be a list of rows")
     grid = [[_number(v, f"result['total_seconds'][{i}][{j}]") for j, v in enumerate(r)] for i, r in enumerate(totals)]
     if len(lengths) == 1 and len(grid) == lengths[0] and all(len(r) == 1 for r in grid):
         grid = [[r[0] for r in grid]]
     shape = (1, lengths[0]) if len(lengths) == 1 else tuple(lengths)
     if len(grid) != shape[0] or any(len(r) != shape[1] for r in grid):
         found = f"{len(grid)} rows of lengths {sorted({len(r) for r in grid})}"
-        raise ValueError(f"result['total_seconds'] should be {shape[0]} x {shape[1]} to match result['sweep'], found {found}")
+        raise ConfigError(f"result['total_seconds'] should be {shape[0]} x {shape[1]} to match result['sweep'], found {found}")
     return grid
 
 

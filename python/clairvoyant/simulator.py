@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from . import _native
+from .errors import ConfigError
 
 PathLike = Union[str, Path]
 
@@ -275,14 +276,14 @@ def cluster_scenario_toml(
     import os
 
     if fs_bandwidth < 1e5:
-        raise ValueError(f"fs_bandwidth is in bytes per second; got {fs_bandwidth!r} (did you mean {fs_bandwidth!r}e6?)")
+        raise ConfigError(f"fs_bandwidth is in bytes per second; got {fs_bandwidth!r} (did you mean {fs_bandwidth!r}e6?)")
     if not sizes:
-        raise ValueError("sizes is empty: give one size in bytes per sample")
+        raise ConfigError("sizes is empty: give one size in bytes per sample")
     for name, v in (("nodes", nodes), ("ranks_per_node", ranks_per_node), ("epochs", epochs), ("batch_size", batch_size)):
         if int(v) < 1:
-            raise ValueError(f"{name} must be at least 1, got {v!r}")
+            raise ConfigError(f"{name} must be at least 1, got {v!r}")
     if compute_per_batch <= 0:
-        raise ValueError(f"compute_per_batch must be > 0 seconds, got {compute_per_batch!r}")
+        raise ConfigError(f"compute_per_batch must be > 0 seconds, got {compute_per_batch!r}")
     staging, memory = _engine_system()
     threads = int(staging["threads"])
     mean = sum(sizes) / len(sizes)
@@ -391,7 +392,7 @@ def predict_cluster(
         os.unlink(path)
     p = r.data["policies"]["clairvoyant"]
     if p["error"]:
-        raise RuntimeError(f"the simulator cannot run this cluster: {p['error']}")
+        raise ConfigError(f"the simulator cannot run this cluster: {p['error']}")
     return {
         "epoch_seconds": list(p["epoch_seconds"]),
         "fs_bytes": int(p["pfs_bytes"]),

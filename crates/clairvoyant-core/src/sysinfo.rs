@@ -7,64 +7,377 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::model::{parse_bytes, ClassKind, PfsSpec, StagingSpec, SystemModel};
 
-/// Every environment variable clairvoyant reads, with its default. Nothing else in the crate
-/// reads the environment for configuration.
+/// The configuration registry: every `CLAIRVOYANT_*` environment variable any part of
+/// clairvoyant reads (this crate, the interposed library, the Python package), with its type,
+/// default and meaning. Nothing reads a variable that is not declared here; the Python package
+/// reads them through this list (`clairvoyant._settings`), and `docs/configuration.md`'s table is
+/// generated from it (a test checks both).
 pub mod env {
     use std::path::PathBuf;
 
-    /// An environment variable: name, what happens when it is unset, and what it does.
+    /// What a variable's value is.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Kind {
+        /// A file or directory path.
+        Path,
+        /// A byte size: "512MiB", "8 GiB", "1.5GB" or a plain number of bytes.
+        Bytes,
+        /// A whole number.
+        Integer,
+        /// A number of seconds (fractions allowed).
+        Seconds,
+        /// A number of milliseconds.
+        Milliseconds,
+        /// On or off: 1/true/yes/on or 0/false/no/off.
+        Flag,
+        /// One of the listed words.
+        Choice(&'static [&'static str]),
+        /// Free text.
+        Text,
+    }
+
+    impl Kind {
+        /// The kind's name as the registry's readers spell it ("choice" for a [`Kind::Choice`]).
+        pub fn name(&self) -> &'static str {
+            match self {
+                Kind::Path => "path",
+                Kind::Bytes => "bytes",
+                Kind::Integer => "integer",
+                Kind::Seconds => "seconds",
+                Kind::Milliseconds => "milliseconds",
+                Kind::Flag => "flag",
+                Kind::Choice(_) => "choice",
+                Kind::Text => "text",
+            }
+        }
+
+        /// The words a [`Kind::Choice`] accepts; empty for the others.
+        pub fn choices(&self) -> &'static [&'static str] {
+            match self {
+                Kind::Choice(c) => c,
+                _ => &[],
+            }
+        }
+    }
+
+    /// Who sets a variable.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum SetBy {
+        /// The user (or the launch script).
+        User,
+        /// clairvoyant itself, for the processes it starts (`clairvoyant run`, node emulation);
+        /// documented because a user may see it in a program's environment.
+        Clairvoyant,
+    }
+
+    /// An environment variable: name, type, what happens when it is unset, what it does and
+    /// who sets it.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Var {
         pub name: &'static str,
+        pub kind: Kind,
         pub default: &'static str,
         pub doc: &'static str,
+        pub set_by: SetBy,
+    }
+
+    const fn user(name: &'static str, kind: Kind, default: &'static str, doc: &'static str) -> Var {
+        Var {
+            name,
+            kind,
+            default,
+            doc,
+            set_by: SetBy::User,
+        }
+    }
+
+    const fn internal(name: &'static str, kind: Kind, default: &'static str, doc: &'static str) -> Var {
+        Var {
+            name,
+            kind,
+            default,
+            doc,
+            set_by: SetBy::Clairvoyant,
+        }
     }
 
     /// Path of the system model TOML file.
-    pub const CONFIG: Var = Var {
-        name: "CLAIRVOYANT_CONFIG",
-        default: "<CLAIRVOYANT_CACHE_DIR>/system.toml when that file exists, else detected from the machine",
-        doc: "Path of the system model (TOML) to use when none is passed explicitly.",
-    };
+    pub const CONFIG: Var = user(
+        "CLAIRVOYANT_CONFIG",
+        Kind::Path,
+        "<CLAIRVOYANT_CACHE_DIR>/system.toml when that file exists, else detected from the machine",
+        "Path of the system model (TOML) to use when none is passed explicitly.",
+    );
 
     /// Directory for clairvoyant's own files (dataset indices, `system.toml`).
-    pub const CACHE_DIR: Var = Var {
-        name: "CLAIRVOYANT_CACHE_DIR",
-        default: "$XDG_CACHE_HOME/clairvoyant, else $HOME/.cache/clairvoyant, else <temp dir>/clairvoyant",
-        doc: "Directory for clairvoyant's own small files: dataset indices and system.toml.",
-    };
+    pub const CACHE_DIR: Var = user(
+        "CLAIRVOYANT_CACHE_DIR",
+        Kind::Path,
+        "$XDG_CACHE_HOME/clairvoyant, else $HOME/.cache/clairvoyant, else <temp dir>/clairvoyant",
+        "Directory for clairvoyant's own small files: dataset indices and system.toml. Created 0700; \
+         it must be yours and writable by nobody else (in a world-writable sticky folder such as /tmp, \
+         its private subfolder clairvoyant-<uid> is used).",
+    );
 
     /// Directory of the node-local SSD class.
-    pub const SSD_DIR: Var = Var {
-        name: "CLAIRVOYANT_SSD_DIR",
-        default: "unset: the detected \"ssd\" class is disabled (capacity 0)",
-        doc: "Directory on a node-local disk for the \"ssd\" storage class; the detected class then gets \
-              50% of that file system's free space. Unset, nothing is written to local disks.",
-    };
+    pub const SSD_DIR: Var = user(
+        "CLAIRVOYANT_SSD_DIR",
+        Kind::Path,
+        "unset: the detected \"ssd\" class is disabled (capacity 0)",
+        "Directory on a node-local disk for the \"ssd\" storage class; the detected class then gets \
+         50% of that file system's free space. Unset, nothing is written to local disks.",
+    );
 
     /// Capacity override of the memory class.
-    pub const MEMORY: Var = Var {
-        name: "CLAIRVOYANT_MEMORY",
-        default: "unset: 40% of MemAvailable (detected) or the configured value",
-        doc: "Capacity of the memory storage class, e.g. \"4GiB\"; \"0\" disables it. Overrides the file.",
-    };
+    pub const MEMORY: Var = user(
+        "CLAIRVOYANT_MEMORY",
+        Kind::Bytes,
+        "unset: 40% of MemAvailable (detected) or the configured value",
+        "Capacity of the memory storage class, e.g. \"4GiB\"; \"0\" disables it. Overrides the file.",
+    );
 
     /// Capacity override of the staging buffer.
-    pub const STAGING: Var = Var {
-        name: "CLAIRVOYANT_STAGING",
-        default: "unset: 256 MiB (less on small machines) or the configured value",
-        doc: "Capacity of the staging buffer, e.g. \"512MiB\". Overrides the file.",
-    };
+    pub const STAGING: Var = user(
+        "CLAIRVOYANT_STAGING",
+        Kind::Bytes,
+        "unset: 256 MiB (less on small machines) or the configured value",
+        "Capacity of the staging buffer, e.g. \"512MiB\". Overrides the file.",
+    );
 
     /// Directory for node-shared memory (the node cache's state, memory class, staging rings).
-    pub const SHM_DIR: Var = Var {
-        name: "CLAIRVOYANT_SHM_DIR",
-        default: "/dev/shm, else the temp dir",
-        doc: "Directory (normally a tmpfs) holding the per-user directory of node-shared segments.",
-    };
+    pub const SHM_DIR: Var = user(
+        "CLAIRVOYANT_SHM_DIR",
+        Kind::Path,
+        "/dev/shm, else the temp dir",
+        "Directory (normally a tmpfs) holding the per-user directory of node-shared segments.",
+    );
 
-    /// All of them.
-    pub const ALL: [Var; 6] = [CONFIG, CACHE_DIR, SSD_DIR, MEMORY, STAGING, SHM_DIR];
+    /// The run shared by the local ranks of one job.
+    pub const RUN_ID: Var = user(
+        "CLAIRVOYANT_RUN_ID",
+        Kind::Text,
+        "the launcher's run id (TORCHELASTIC_RUN_ID, ...), else the parent process",
+        "Names the run the local ranks of one job share (their node cache and rendezvous).",
+    );
+
+    /// Number of epochs the drop-in plans for.
+    pub const EPOCHS: Var = user(
+        "CLAIRVOYANT_EPOCHS",
+        Kind::Integer,
+        "3 for the predicted sampler order of `clairvoyant run --sampler-order`; the drop-in plans \
+         as far as its sampler can be predicted",
+        "Epochs of the run, so the cache is planned over the whole run (as Job(epochs=...)).",
+    );
+
+    /// Silences notices.
+    pub const QUIET: Var = user(
+        "CLAIRVOYANT_QUIET",
+        Kind::Flag,
+        "unset: notices are printed",
+        "Set to silence clairvoyant's notices and statistics lines (errors are still raised).",
+    );
+
+    /// How cached copies are verified.
+    pub const VERIFY: Var = user(
+        "CLAIRVOYANT_VERIFY",
+        Kind::Choice(&["open", "process"]),
+        "open: a cached copy's checksum is verified at every open",
+        "Transparent mode: \"process\" verifies each cached copy once per process (faster; later \
+         damage of the copy is not detected, see docs/transparent.md).",
+    );
+
+    /// Whether the drop-in decodes natively.
+    pub const NATIVE_DECODE: Var = user(
+        "CLAIRVOYANT_NATIVE_DECODE",
+        Kind::Flag,
+        "on where the dataset and transforms allow it",
+        "\"0\" makes the drop-in run torch's own decode and transforms (torch's exact batches).",
+    );
+
+    /// Stand-in opens of transparent mode.
+    pub const STANDIN: Var = user(
+        "CLAIRVOYANT_STANDIN",
+        Kind::Choice(&["auto", "1", "0"]),
+        "auto: when the dataset root is not on a local file system",
+        "Transparent mode's stand-in opens: 1 always, 0 never, auto (see docs/transparent.md).",
+    );
+
+    /// Rendezvous backend.
+    pub const RENDEZVOUS: Var = user(
+        "CLAIRVOYANT_RENDEZVOUS",
+        Kind::Choice(&["store", "mpi", "file"]),
+        "the first backend that applies (torch store, MPI, shared directory)",
+        "The backend the nodes meet through (docs/cluster.md).",
+    );
+
+    /// How long nodes wait for each other.
+    pub const RENDEZVOUS_TIMEOUT: Var = user(
+        "CLAIRVOYANT_RENDEZVOUS_TIMEOUT",
+        Kind::Seconds,
+        "120",
+        "Seconds the nodes (and the local ranks of a node) wait for each other at start.",
+    );
+
+    /// A directory every node sees.
+    pub const SHARED_DIR: Var = user(
+        "CLAIRVOYANT_SHARED_DIR",
+        Kind::Path,
+        "~/.cache/clairvoyant/rendezvous under Slurm, else none",
+        "A directory every node sees, for the file rendezvous and the job secret; it must be yours \
+         with mode 0700 (created so if missing).",
+    );
+
+    /// The job secret.
+    pub const SECRET: Var = user(
+        "CLAIRVOYANT_SECRET",
+        Kind::Text,
+        "derived at rendezvous (a shared directory or the launcher's store)",
+        "The job secret, the same on every rank: any string of 16 characters or more.",
+    );
+
+    /// Rank 0 hosts a torch store.
+    pub const STORE_MASTER: Var = user(
+        "CLAIRVOYANT_STORE_MASTER",
+        Kind::Flag,
+        "off",
+        "With MASTER_ADDR/MASTER_PORT and no store there yet, rank 0 hosts a torch TCPStore there.",
+    );
+
+    /// The peer server's address.
+    pub const LISTEN: Var = user(
+        "CLAIRVOYANT_LISTEN",
+        Kind::Text,
+        "the local address the kernel uses to reach MASTER_ADDR, else 127.0.0.1",
+        "The address (or interface name, e.g. ib0) this node's peer server listens on.",
+    );
+
+    /// The peer server's port.
+    pub const PORT: Var = user(
+        "CLAIRVOYANT_PORT",
+        Kind::Integer,
+        "0: a port the system picks, announced at rendezvous",
+        "The port of this node's peer server.",
+    );
+
+    /// Cooperation between nodes.
+    pub const PEERS: Var = user(
+        "CLAIRVOYANT_PEERS",
+        Kind::Text,
+        "on when there are several nodes",
+        "off keeps every node on its own; on asks for cooperation; a comma-separated host:port list \
+         names every node's server explicitly (docs/cluster.md).",
+    );
+
+    /// This process's node.
+    pub const NODE_ID: Var = user(
+        "CLAIRVOYANT_NODE_ID",
+        Kind::Text,
+        "host name, boot id and the device of /dev/shm",
+        "Which node this process is on (processes with the same id share a node cache).",
+    );
+
+    /// Number of nodes of a transparent-mode run.
+    pub const NODES: Var = user(
+        "CLAIRVOYANT_NODES",
+        Kind::Integer,
+        "Slurm's node count, else 1",
+        "Nodes of a `clairvoyant run` job (as --nodes).",
+    );
+
+    /// This node's index.
+    pub const NODE_RANK: Var = user(
+        "CLAIRVOYANT_NODE_RANK",
+        Kind::Integer,
+        "Slurm's SLURM_NODEID or torchrun's GROUP_RANK, else 0",
+        "This node's index among the nodes (as --node-rank).",
+    );
+
+    /// How long a node agent waits for the other nodes' agents after its programs end.
+    pub const AGENT_LINGER: Var = user(
+        "CLAIRVOYANT_AGENT_LINGER",
+        Kind::Seconds,
+        "300",
+        "Seconds a node agent of a several-node run waits, after its programs ended, for the other \
+         nodes' agents to finish.",
+    );
+
+    /// Limit of one round trip to the node agent.
+    pub const AGENT_TIMEOUT_MS: Var = user(
+        "CLAIRVOYANT_AGENT_TIMEOUT_MS",
+        Kind::Milliseconds,
+        "10000",
+        "Transparent mode: limit of one round trip to the node agent; past it the file is read directly.",
+    );
+
+    /// The dataset root of transparent mode.
+    pub const ROOT: Var = internal(
+        "CLAIRVOYANT_ROOT",
+        Kind::Path,
+        "set by clairvoyant run",
+        "Transparent mode: the dataset root whose files the interposed library serves.",
+    );
+
+    /// The node agent's socket.
+    pub const AGENT: Var = internal(
+        "CLAIRVOYANT_AGENT",
+        Kind::Path,
+        "set by clairvoyant run",
+        "Transparent mode: the node agent's Unix socket.",
+    );
+
+    /// The program's sampler order is sent to the agent.
+    pub const SAMPLER_ORDER: Var = internal(
+        "CLAIRVOYANT_SAMPLER_ORDER",
+        Kind::Flag,
+        "set by clairvoyant run --sampler-order",
+        "Transparent mode: the program's DataLoader sends its predicted order to the node agent.",
+    );
+
+    /// The FUSE emulation binary of the benchmarks.
+    pub const FSEMU: Var = internal(
+        "CLAIRVOYANT_FSEMU",
+        Kind::Path,
+        "target/release/clairvoyant-fsemu of the checkout",
+        "The benchmarks' emulated shared file system (clairvoyant-fsemu) to mount.",
+    );
+
+    /// Every variable, in the order the documentation lists them.
+    pub const ALL: [Var; 29] = [
+        CONFIG,
+        CACHE_DIR,
+        SSD_DIR,
+        MEMORY,
+        STAGING,
+        SHM_DIR,
+        RUN_ID,
+        EPOCHS,
+        QUIET,
+        VERIFY,
+        NATIVE_DECODE,
+        STANDIN,
+        RENDEZVOUS,
+        RENDEZVOUS_TIMEOUT,
+        SHARED_DIR,
+        SECRET,
+        STORE_MASTER,
+        LISTEN,
+        PORT,
+        PEERS,
+        NODE_ID,
+        NODES,
+        NODE_RANK,
+        AGENT_LINGER,
+        AGENT_TIMEOUT_MS,
+        ROOT,
+        AGENT,
+        SAMPLER_ORDER,
+        FSEMU,
+    ];
+
+    /// Whether the flag `var` is on: set to anything but "", 0, false, no or off.
+    pub fn flag(var: Var) -> bool {
+        get(var).is_some_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "false" | "no" | "off"))
+    }
 
     /// The value of `var`; None when unset or empty.
     pub fn get(var: Var) -> Option<String> {
@@ -435,16 +748,30 @@ mod tests {
     #[test]
     fn env_vars_are_declared_once() {
         let names: Vec<_> = env::ALL.iter().map(|v| v.name).collect();
-        for n in [
-            "CLAIRVOYANT_CONFIG",
-            "CLAIRVOYANT_CACHE_DIR",
-            "CLAIRVOYANT_SSD_DIR",
-            "CLAIRVOYANT_MEMORY",
-            "CLAIRVOYANT_STAGING",
-        ] {
-            assert_eq!(names.iter().filter(|&&x| x == n).count(), 1, "{n}");
+        for n in &names {
+            assert_eq!(names.iter().filter(|&x| x == n).count(), 1, "{n}");
+            assert!(n.starts_with("CLAIRVOYANT_"), "{n}");
         }
         assert!(env::ALL.iter().all(|v| !v.doc.is_empty() && !v.default.is_empty()));
+        assert!(env::ALL
+            .iter()
+            .all(|v| matches!(v.kind, env::Kind::Choice(c) if !c.is_empty()) || v.kind.choices().is_empty()));
+    }
+
+    #[test]
+    fn a_flag_is_off_only_when_unset_or_said_so() {
+        for (value, on) in [
+            (None, false),
+            (Some(""), false),
+            (Some("0"), false),
+            (Some("off"), false),
+            (Some("No"), false),
+            (Some("1"), true),
+            (Some("yes"), true),
+        ] {
+            let _g = EnvGuard::set(&[("CLAIRVOYANT_QUIET", value)]);
+            assert_eq!(env::flag(env::QUIET), on, "{value:?}");
+        }
     }
 
     #[test]

@@ -14,10 +14,12 @@ const CHILD_ENV: &str = "CLAIRVOYANT_NET_CHILD_SERVER";
 /// Not a test of its own: run by the tests below in a child process (this same test binary)
 /// to get a server that can be killed with SIGKILL or stopped with SIGSTOP.
 #[test]
+#[ignore = "a child process of the tests below, started by them with --ignored"]
 fn child_server() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return;
-    }
+    assert!(
+        std::env::var_os(CHILD_ENV).is_some(),
+        "child_server runs only as the child process of the tests below"
+    );
     let server = start(MemProvider::with_sizes(
         &(0..100u32).map(|i| (i, 100_000)).collect::<Vec<_>>(),
     ));

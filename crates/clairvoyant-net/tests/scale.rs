@@ -15,10 +15,12 @@ const SAMPLE_LEN: usize = 64 << 10;
 /// Not a test of its own: the server of `many_peers_bounded_threads_and_memory`, run in a child
 /// process (this same test binary) so that its threads and memory can be counted alone.
 #[test]
+#[ignore = "a child process of the tests below, started by them with --ignored"]
 fn child_scale_server() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return;
-    }
+    assert!(
+        std::env::var_os(CHILD_ENV).is_some(),
+        "child_scale_server runs only as the child process of the tests below"
+    );
     let sizes: Vec<(u32, usize)> = (0..SAMPLES).map(|i| (i, SAMPLE_LEN)).collect();
     let mut cfg = server_cfg(7);
     cfg.max_connections = 1024;

@@ -13,6 +13,7 @@ use clairvoyant_agent::server::{Event, Server};
 use pyo3::prelude::*;
 
 use crate::engine::PyEngine;
+use crate::errors;
 
 /// How long one wait lasts before Ctrl-C is looked at.
 const STEP: Duration = Duration::from_millis(200);
@@ -40,11 +41,11 @@ impl PyAgentServer {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                name_bytes(r).map_err(|e| pyo3::exceptions::PyTypeError::new_err(format!("rel_paths[{i}]: {e}")))
+                name_bytes(r).map_err(|e| errors::ArgumentTypeError::new_err(format!("rel_paths[{i}]: {e}")))
             })
             .collect::<PyResult<Vec<Vec<u8>>>>()?;
         let server = Server::start(engine.map(|e| e.engine.clone()), &socket, &root, rel_paths, &dir)
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(e.to_string()))?;
+            .map_err(|e| errors::io(&e, format!("cannot start the node agent on {}: {e}", socket.display())))?;
         Ok(PyAgentServer { server })
     }
 
@@ -118,7 +119,7 @@ impl PyAgentClient {
     #[pyo3(signature = (socket, timeout=10.0))]
     fn new(socket: PathBuf, timeout: f64) -> PyResult<Self> {
         let conn = Client::connect(&socket, Duration::from_secs_f64(timeout.max(0.001)))
-            .map_err(|e| pyo3::exceptions::PyConnectionError::new_err(format!("agent at {}: {e}", socket.display())))?;
+            .map_err(|e| errors::connection(&e, format!("node agent at {}: {e}", socket.display())))?;
         Ok(PyAgentClient { conn: Some(conn) })
     }
 
@@ -136,7 +137,7 @@ impl PyAgentClient {
     /// Where the agent says `rel`'s bytes are (str or bytes): ("cached", offset, size,
     /// checksum), ("inline", bytes, checksum), ("direct",), ("unknown",) or ("error", message).
     fn lookup<'py>(&mut self, py: Python<'py>, rel: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-        let rel = name_bytes(&rel).map_err(|e| pyo3::exceptions::PyTypeError::new_err(format!("rel: {e}")))?;
+        let rel = name_bytes(&rel).map_err(|e| errors::ArgumentTypeError::new_err(format!("rel: {e}")))?;
         let (reply, data) = self.conn()?.lookup(&rel).map_err(err)?;
         let t = match reply {
             Reply::Cached {
@@ -149,9 +150,10 @@ impl PyAgentClient {
             Reply::Unknown => ("unknown",).into_pyobject(py)?.into_any(),
             Reply::Error { message } => ("error", message).into_pyobject(py)?.into_any(),
             other => {
-                return Err(pyo3::exceptions::PyConnectionError::new_err(format!(
-                    "agent: unexpected reply {other:?}"
-                )))
+                return Err(errors::connection(
+                    &std::io::Error::from(std::io::ErrorKind::InvalidData),
+                    format!("node agent: unexpected reply {other:?}"),
+                ))
             }
         };
         Ok(t)
@@ -163,7 +165,7 @@ impl PyAgentClient {
         self.conn()?
             .plan(pattern.as_bytes())
             .map_err(err)?
-            .map_err(pyo3::exceptions::PyRuntimeError::new_err)
+            .map_err(errors::ClairvoyantError::new_err)
     }
 
     fn close(&mut self) {
@@ -175,7 +177,7 @@ impl PyAgentClient {
     fn conn(&mut self) -> PyResult<&mut Client> {
         self.conn
             .as_mut()
-            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("the agent client is closed"))
+            .ok_or_else(|| errors::config("the node agent client is closed"))
     }
 }
 
@@ -190,7 +192,7 @@ fn name_bytes(name: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 }
 
 fn err(e: std::io::Error) -> PyErr {
-    pyo3::exceptions::PyConnectionError::new_err(format!("agent: {e}"))
+    errors::connection(&e, format!("node agent: {e}"))
 }
 
 /// The shared counters of an agent's directory file, by name (summed over every interposed
@@ -198,7 +200,7 @@ fn err(e: std::io::Error) -> PyErr {
 #[pyfunction]
 fn agent_dir_counters(path: PathBuf) -> PyResult<Vec<(&'static str, u64)>> {
     let d = clairvoyant_agent::dir::DirReader::open(&path)
-        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        .map_err(|e| errors::io(&e, format!("node agent directory {}: {e}", path.display())))?;
     Ok(counter::NAMES
         .iter()
         .zip(d.counters().iter())

@@ -5,7 +5,6 @@
 use clairvoyant_decode::{Error, Interpolation, Op, OutBuf, Output, Pipeline, Plan, SampleKey, Size};
 use numpy::PyReadonlyArray1;
 use numpy::{PyReadwriteArrayDyn, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -24,7 +23,7 @@ fn to_py(e: Error, names: Option<&[String]>) -> PyErr {
         }
         Error::Config { .. } => ConfigError::new_err(e.to_string()),
         Error::Corrupt { .. } => CorruptError::new_err(e.to_string()),
-        _ => PyValueError::new_err(e.to_string()),
+        _ => ConfigError::new_err(e.to_string()),
     }
 }
 
@@ -150,7 +149,7 @@ impl PyDecodePipeline {
                 arrays.push(None);
             } else {
                 let a = b.extract::<PyReadonlyArray1<'_, u8>>().map_err(|_| {
-                    PyValueError::new_err(format!("input {i} is neither bytes nor a 1-D uint8 numpy array"))
+                    ConfigError::new_err(format!("input {i} is neither bytes nor a 1-D uint8 numpy array"))
                 })?;
                 arrays.push(Some(a));
             }
@@ -160,7 +159,7 @@ impl PyDecodePipeline {
             slices.push(match a {
                 Some(a) => a
                     .as_slice()
-                    .map_err(|_| PyValueError::new_err(format!("input {i} is not contiguous")))?,
+                    .map_err(|_| ConfigError::new_err(format!("input {i} is not contiguous")))?,
                 None => b.cast::<PyBytes>()?.as_bytes(),
             });
         }
@@ -173,18 +172,18 @@ impl PyDecodePipeline {
             check_shape(a.shape(), samples.len(), self.inner.sample_shape())?;
             let buf = a
                 .as_slice_mut()
-                .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+                .map_err(|_| ConfigError::new_err("out must be C-contiguous"))?;
             py.detach(|| self.inner.run_batch(&slices, &keys, OutBuf::U8(buf)))
                 .map_err(|e| to_py(e, names))
         } else if let Ok(mut a) = out.extract::<PyReadwriteArrayDyn<'_, f32>>() {
             check_shape(a.shape(), samples.len(), self.inner.sample_shape())?;
             let buf = a
                 .as_slice_mut()
-                .map_err(|_| PyValueError::new_err("out must be C-contiguous"))?;
+                .map_err(|_| ConfigError::new_err("out must be C-contiguous"))?;
             py.detach(|| self.inner.run_batch(&slices, &keys, OutBuf::F32(buf)))
                 .map_err(|e| to_py(e, names))
         } else {
-            Err(PyValueError::new_err(
+            Err(ConfigError::new_err(
                 "out must be a writable numpy uint8 or float32 array",
             ))
         }
@@ -193,7 +192,7 @@ impl PyDecodePipeline {
 
 fn check_shape(shape: &[usize], n: usize, sample: [usize; 3]) -> PyResult<()> {
     if shape != [n, sample[0], sample[1], sample[2]] {
-        return Err(PyValueError::new_err(format!(
+        return Err(ConfigError::new_err(format!(
             "out has shape {shape:?}, expected {:?}",
             [n, sample[0], sample[1], sample[2]]
         )));

@@ -388,7 +388,7 @@ fn agent_spec(
     node: usize,
 ) -> PyResult<AgentSpec> {
     let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(a.get_item(key)?.filter(|v| !v.is_none())) };
-    let bad = |key: &str, e: PyErr| pyo3::exceptions::PyTypeError::new_err(format!("agent['{key}']: {e}"));
+    let bad = |key: &str, e: PyErr| crate::errors::ArgumentTypeError::new_err(format!("agent['{key}']: {e}"));
     let prefill: bool = match item("prefill")? {
         Some(v) => v.extract().map_err(|e| bad("prefill", e))?,
         None => false,
@@ -415,7 +415,7 @@ fn agent_spec(
                 .iter()
                 .any(|(c, f)| c.len() != source.len() || f.len() != source.len())
         {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            return Err(crate::errors::config(format!(
                 "agent['counts']: expected {nodes} pair(s) of {} counts and first needs",
                 source.len()
             )));
@@ -457,8 +457,8 @@ fn agent_spec(
 fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crate::peer::Peers>>)> {
     // The value at `key`, None when absent or None.
     let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(c.get_item(key)?.filter(|v| !v.is_none())) };
-    let bad = |key: &str, e: PyErr| pyo3::exceptions::PyTypeError::new_err(format!("cluster['{key}']: {e}"));
-    let need = |key: &str| pyo3::exceptions::PyKeyError::new_err(format!("cluster['{key}'] is required"));
+    let bad = |key: &str, e: PyErr| crate::errors::ArgumentTypeError::new_err(format!("cluster['{key}']: {e}"));
+    let need = |key: &str| crate::errors::config(format!("cluster['{key}'] is required"));
     let nodes: Vec<Vec<u32>> = item("nodes")?
         .ok_or_else(|| need("nodes"))?
         .extract()
@@ -479,7 +479,7 @@ fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crat
         Some(v) => {
             let addrs: Vec<String> = v.extract().map_err(|e| bad("peers", e))?;
             if addrs.len() != nodes.len() {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                return Err(crate::errors::config(format!(
                     "cluster: {} peer addresses for {} nodes",
                     addrs.len(),
                     nodes.len()

@@ -23,15 +23,16 @@ pyo3::import_exception!(clairvoyant.errors, EpochOutOfRangeError);
 pyo3::import_exception!(clairvoyant.errors, EpochConsumedError);
 pyo3::import_exception!(clairvoyant.errors, CancelledError);
 pyo3::import_exception!(clairvoyant.errors, SimulationStalledError);
+pyo3::import_exception!(clairvoyant.errors, ConnectionFailedError);
 
 /// The `OSError` subclass for an error number, with `errno`, `filename` and the message set
 /// (`clairvoyant.errors.os_error`, which picks the class as `OSError(errno, ...)` does).
-fn os_error(code: Option<i32>, msg: String, path: &Path) -> PyErr {
+fn os_error(code: Option<i32>, msg: String, path: Option<&Path>) -> PyErr {
     static FACTORY: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     Python::attach(|py| {
         let made = FACTORY
             .import(py, "clairvoyant.errors", "os_error")
-            .and_then(|f| f.call1((code, msg.clone(), path.as_os_str())));
+            .and_then(|f| f.call1((code, msg.clone(), path.map(Path::as_os_str))));
         match made {
             Ok(exc) => PyErr::from_value(exc),
             Err(e) => e,
@@ -57,24 +58,40 @@ pub fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Config { .. } => ConfigError::new_err(msg),
-        Error::NotFound { path, .. } => os_error(Some(libc::ENOENT), msg, &path),
-        Error::Io { path, source } => os_error(errno_of(&source), msg, &path),
+        Error::NotFound { path, .. } => os_error(Some(libc::ENOENT), msg, Some(&path)),
+        Error::Io { path, source } => os_error(errno_of(&source), msg, Some(&path)),
         Error::Changed { .. } => DatasetChangedError::new_err(msg),
         Error::BadIndex { .. } => IndexMismatchError::new_err(msg),
         Error::Corrupt { .. } => CorruptError::new_err(msg),
-        Error::NotNodeCache { path } => os_error(Some(libc::EEXIST), msg, &path),
+        Error::NotNodeCache { path } => os_error(Some(libc::EEXIST), msg, Some(&path)),
         Error::TooLarge { .. } | Error::PlanTooLarge { .. } => CapacityError::new_err(msg),
         Error::Exhausted { .. } => ExhaustedError::new_err(msg),
         Error::EpochPastEnd { .. } | Error::EpochBeforeStart { .. } => EpochOutOfRangeError::new_err(msg),
         Error::EpochConsumed { .. } | Error::EpochDropped { .. } => EpochConsumedError::new_err(msg),
-        Error::TimedOut { path, .. } => os_error(Some(libc::ETIMEDOUT), msg, &path),
+        Error::TimedOut { path, .. } => os_error(Some(libc::ETIMEDOUT), msg, Some(&path)),
         Error::SimulationStalled { .. } => SimulationStalledError::new_err(msg),
         Error::Cancelled => CancelledError::new_err(msg),
-        Error::Untrusted { path, .. } => os_error(Some(libc::EACCES), msg, &path),
+        Error::Untrusted { path, .. } => os_error(Some(libc::EACCES), msg, Some(&path)),
         // The core's enum is non_exhaustive; a variant added there without a line here still
         // reaches Python as a ClairvoyantError.
         _ => ClairvoyantError::new_err(msg),
     }
+}
+
+/// `ConfigError` with `msg`: an invalid argument or setting, which `msg` names.
+pub fn config(msg: impl Into<String>) -> PyErr {
+    ConfigError::new_err(msg.into())
+}
+
+/// `ConnectionFailedError` (a `ConnectionError`) for a node agent or peer that could not be
+/// reached or whose connection broke with `e`; `errno` is `e`'s.
+pub fn connection(e: &std::io::Error, msg: String) -> PyErr {
+    ConnectionFailedError::new_err((errno_of(e), msg))
+}
+
+/// The `ClairvoyantOSError` subclass `e`'s errno picks, with `msg` and no file name.
+pub fn io(e: &std::io::Error, msg: String) -> PyErr {
+    os_error(errno_of(e), msg, None)
 }
 
 /// `OutOfRangeError` for a sample number outside a dataset of `len` samples.

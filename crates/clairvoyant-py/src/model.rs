@@ -19,6 +19,39 @@ pub fn model_from(toml_text: Option<String>) -> PyResult<SystemModel> {
 /// (path used or None for machine defaults, the model as TOML text): an explicit file, else
 /// $CLAIRVOYANT_CONFIG, else `<cache dir>/system.toml`, else detected; environment overrides
 /// applied; validated.
+/// The configuration registry (`clairvoyant_core::sysinfo::env::ALL`): one
+/// (name, kind, choices, default, doc, set by "user" or "clairvoyant") per variable.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub fn settings() -> Vec<(
+    &'static str,
+    &'static str,
+    Vec<&'static str>,
+    &'static str,
+    &'static str,
+    &'static str,
+)> {
+    use clairvoyant_core::sysinfo::env::{SetBy, ALL};
+    ALL.iter()
+        .map(|v| {
+            let by = match v.set_by {
+                SetBy::User => "user",
+                SetBy::Clairvoyant => "clairvoyant",
+            };
+            (v.name, v.kind.name(), v.kind.choices().to_vec(), v.default, v.doc, by)
+        })
+        .collect()
+}
+
+/// Bytes in a size written as people write it ("512MiB", "8 GiB", "1.5GB", "1048576"); a
+/// `ConfigError` naming `what` otherwise. The one parser of sizes (`model::parse_bytes`).
+#[pyfunction]
+#[pyo3(signature = (text, what="size"))]
+pub fn parse_bytes(text: &str, what: &str) -> PyResult<u64> {
+    clairvoyant_core::model::parse_bytes(text)
+        .map_err(|reason| crate::errors::config(format!("invalid value for {what}: {text:?} is not a size ({reason})")))
+}
+
 #[pyfunction]
 #[pyo3(signature = (path=None))]
 pub fn resolve_config(path: Option<PathBuf>) -> PyResult<(Option<String>, String)> {
@@ -60,6 +93,8 @@ pub fn probe(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(resolve_config, m)?)?;
+    m.add_function(wrap_pyfunction!(settings, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
     Ok(())
 }

@@ -7,12 +7,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use clairvoyant_core::engine::{PeerFetch, PeerReply, PeerService, Serve};
-use clairvoyant_net::{Client, ClientConfig, Fetch, Provider, Secret, Served, Server, ServerConfig};
-use pyo3::exceptions::PyValueError;
+use clairvoyant_net::{Client, ClientConfig, Fetch, NetError, Provider, Secret, Served, Server, ServerConfig};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::engine::PyEngine;
+use crate::errors;
 
 /// How long a request may wait for the node's engine to be attached to its server (the nodes
 /// start at different speeds).
@@ -67,12 +67,12 @@ impl Provider for Late {
 }
 
 pub(crate) fn secret(bytes: &[u8]) -> PyResult<Secret> {
-    Secret::from_bytes(bytes).map_err(|e| PyValueError::new_err(format!("invalid job secret: {e}")))
+    Secret::from_bytes(bytes).map_err(|e| errors::config(format!("invalid job secret: {e}")))
 }
 
 fn addr(s: &str, what: &str) -> PyResult<SocketAddr> {
     s.parse().map_err(|e| {
-        PyValueError::new_err(format!(
+        errors::config(format!(
             "invalid {what} address {s:?}: {e} (expected host:port with an IP)"
         ))
     })
@@ -109,8 +109,9 @@ impl PyPeerServer {
             workers: workers.max(1),
         };
         let late = Arc::new(Late::default());
-        let server = Server::start(cfg, late.clone()).map_err(|e| {
-            pyo3::exceptions::PyOSError::new_err(format!("cannot start the peer server on {bind}: {e}"))
+        let server = Server::start(cfg, late.clone()).map_err(|e| match &e {
+            NetError::Bind { source, .. } => errors::io(source, format!("cannot start the peer server on {bind}: {e}")),
+            _ => errors::config(format!("cannot start the peer server on {bind}: {e}")),
         })?;
         let address = server.local_addr().to_string();
         Ok(PyPeerServer {

@@ -639,9 +639,343 @@ struct Sim<'r, 'a> {
     pending_progress: u64,
 }
 
+/// A set-up step's outcome: `Ok(Err(reason))` when the policy cannot run the scenario (a result
+/// of its own, not an error), `Err` for a failure.
+type Setup<T> = Result<std::result::Result<T, String>>;
+
+/// What a policy caches, where its workers' samples come from first and in which order.
+struct CacheSetup {
+    cache: Cache,
+    order: Order,
+    fills: Vec<FillList>,
+    full_randomization: bool,
+}
+
+/// Seconds per byte of each transfer the simulation charges.
+struct Rates {
+    /// Writing a sample into staging (or preprocessing it, whichever is slower).
+    write_spb: f64,
+    class_read_spb: Vec<f64>,
+    class_write_spb: Vec<f64>,
+    /// Fetching from another node's class j; None where the class cannot be served remotely.
+    remote_spb: Vec<Option<f64>>,
+}
+
+impl Rates {
+    fn of(sc: &Scenario) -> Rates {
+        let m = &sc.system;
+        let per_thread = |curve: &clairvoyant_core::model::Curve, p: u32| {
+            let p = p.max(1) as f64;
+            curve.at(p) / p * 1e6
+        };
+        // Preprocessing is CPU work: with more busy processes than cores it slows down.
+        let contention = sc.cpu.map_or(1.0, |c| c.slowdown(sc.workers_per_node));
+        let beta = m.preprocess_mbps.map_or(0.0, |b| contention / (b * 1e6));
+        Rates {
+            write_spb: beta.max(1.0 / per_thread(&m.staging.write_mbps, m.staging.threads)),
+            class_read_spb: m
+                .classes
+                .iter()
+                .map(|c| 1.0 / per_thread(&c.read_mbps, c.threads))
+                .collect(),
+            class_write_spb: m
+                .classes
+                .iter()
+                .map(|c| 1.0 / per_thread(&c.write_mbps, c.threads))
+                .collect(),
+            remote_spb: (0..m.classes.len())
+                .map(|j| m.remote_fetch_seconds(j, 1_000_000).map(|s| s / 1e6))
+                .collect(),
+        }
+    }
+}
+
+/// A cache of one copy per sample, nothing held yet: admitted to `admit_to` (fastest first) by
+/// `admit`; `remote`: other nodes' copies are fetched.
+fn single_cache(run: &Run, admit_to: Vec<usize>, admit: Admit, remote: bool) -> Cache {
+    let nodes = run.scenario.nodes() as usize;
+    Cache::Single {
+        held: huge_vec(run.sizes.len(), Held::new(f64::INFINITY, NONE, UNCACHED)),
+        cached: vec![Vec::new(); nodes],
+        used: vec![vec![0; run.scenario.system.classes.len()]; nodes],
+        admit_to,
+        admit,
+        remote,
+    }
+}
+
+/// What `policy` caches and in which order its workers read.
+fn cache_setup(run: &Run, policy: Policy, threads: usize) -> Setup<CacheSetup> {
+    let m = &run.scenario.system;
+    let memory = m.memory_class().filter(|&j| m.classes[j].enabled());
+    let enabled: Vec<usize> = (0..m.classes.len()).filter(|&j| m.classes[j].enabled()).collect();
+    let mut setup = CacheSetup {
+        cache: Cache::None,
+        order: Order::Global,
+        fills: Vec::new(),
+        full_randomization: true,
+    };
+    match policy {
+        Policy::Perfect | Policy::Naive => {}
+        Policy::StagingBuffer => match staging_buffer_cache(run) {
+            Ok(cache) => setup.cache = cache,
+            Err(reason) => return Ok(Err(reason)),
+        },
+        Policy::DeepIoOrdered | Policy::DeepIoOpportunistic => {
+            let Some(mem) = memory else {
+                return Ok(Err("DeepIO caches in memory; the system has no memory class".into()));
+            };
+            if policy == Policy::DeepIoOpportunistic {
+                setup.order = Order::Opportunistic;
+            }
+            setup.cache = single_cache(run, vec![mem], Admit::Always, true);
+        }
+        Policy::LbannDynamic | Policy::LbannPreloading => {
+            let Some(mem) = memory else {
+                return Ok(Err(
+                    "the LBANN data store caches in memory; the system has no memory class".into(),
+                ));
+            };
+            match lbann_cache(run, policy, mem, &mut setup.fills) {
+                Ok(cache) => setup.cache = cache,
+                Err(reason) => return Ok(Err(reason)),
+            }
+        }
+        Policy::LocalityAware => {
+            setup.order = Order::Locality;
+            setup.cache = single_cache(run, enabled, Admit::Always, false);
+        }
+        Policy::ParallelStaging => return Ok(parallel_staging_setup(run, enabled)),
+        Policy::Clairvoyant => setup.cache = clairvoyant_cache(run, threads, &mut setup.fills)?,
+    }
+    Ok(Ok(setup))
+}
+
+/// The staging-buffer baseline: the whole dataset already in class `staging_buffer_source` on
+/// every node.
+fn staging_buffer_cache(run: &Run) -> std::result::Result<Cache, String> {
+    let sc = run.scenario;
+    let Some(j) = sc.staging_buffer_source else {
+        return Ok(Cache::None);
+    };
+    let c = &sc.system.classes[j];
+    let total_bytes: u64 = run.sizes.iter().sum();
+    if total_bytes > c.capacity {
+        return Err(format!(
+            "the dataset ({}) does not fit class '{}' ({}) that staging_buffer_source names",
+            format_bytes(total_bytes),
+            c.name,
+            format_bytes(c.capacity)
+        ));
+    }
+    Ok(Cache::Everywhere(j))
+}
+
+/// LBANN's data store in memory class `mem`: filled in the first epoch (dynamic), or samples
+/// dealt to nodes round robin and preloaded (`fills` gets one list per node).
+fn lbann_cache(run: &Run, policy: Policy, mem: usize, fills: &mut Vec<FillList>) -> std::result::Result<Cache, String> {
+    let m = &run.scenario.system;
+    let nodes = run.scenario.nodes() as usize;
+    let total_bytes: u64 = run.sizes.iter().sum();
+    let aggregate = m.classes[mem].capacity.saturating_mul(nodes as u64);
+    if total_bytes > aggregate {
+        return Err(format!(
+            "the dataset ({}) exceeds the aggregate memory of {nodes} node(s) ({})",
+            format_bytes(total_bytes),
+            format_bytes(aggregate)
+        ));
+    }
+    if policy == Policy::LbannDynamic {
+        return Ok(single_cache(run, vec![mem], Admit::FirstEpoch, true));
+    }
+    let mut cache = single_cache(run, vec![mem], Admit::Never, true);
+    let Cache::Single { held, used, .. } = &mut cache else {
+        unreachable!()
+    };
+    let mut lists: Vec<Vec<u32>> = vec![Vec::new(); nodes];
+    for (k, (h, &size)) in held.iter_mut().zip(run.sizes).enumerate() {
+        let n = k % nodes;
+        h.set(n as u32, mem as u8);
+        used[n][mem] += size;
+        lists[n].push(k as u32);
+    }
+    if let Some(n) = (0..nodes).find(|&n| used[n][mem] > m.classes[mem].capacity) {
+        return Err(format!(
+            "node {n}'s share of the dataset ({}) exceeds its memory ({})",
+            format_bytes(used[n][mem]),
+            format_bytes(m.classes[mem].capacity)
+        ));
+    }
+    for (n, list) in lists.into_iter().enumerate() {
+        fills.push(FillList {
+            node: n as u32,
+            class: mem,
+            order: list,
+            need: Vec::new(),
+            cursor: 0,
+        });
+    }
+    Ok(cache)
+}
+
+/// Parallel staging: the first epoch's order cut into one contiguous shard per worker; each
+/// worker keeps what fits in its share of its node's classes `enabled` and reads only that.
+fn parallel_staging_setup(run: &Run, enabled: Vec<usize>) -> std::result::Result<CacheSetup, String> {
+    let sc = run.scenario;
+    let m = &sc.system;
+    let (f, workers) = (run.sizes.len(), sc.workers as usize);
+    if enabled.is_empty() {
+        return Err("parallel staging copies shards to local storage; the system has no storage class".into());
+    }
+    let mut cache = single_cache(run, enabled.clone(), Admit::Never, false);
+    let Cache::Single { held, used, .. } = &mut cache else {
+        unreachable!()
+    };
+    let global = run.schedule.global_order(0);
+    let mut stored: Vec<Vec<u32>> = vec![Vec::new(); workers];
+    let mut lists: HashMap<(usize, usize), Vec<u32>> = HashMap::new();
+    for (w, shard) in stored.iter_mut().enumerate() {
+        let n = w / sc.workers_per_node as usize;
+        let (lo, hi) = (w * f / workers, (w + 1) * f / workers);
+        let mut mine = vec![0u64; m.classes.len()];
+        for &k in &global[lo..hi] {
+            let s = run.sizes[k as usize];
+            let room = enabled
+                .iter()
+                .copied()
+                .find(|&j| mine[j] + s <= m.classes[j].capacity / sc.workers_per_node as u64);
+            if let Some(j) = room {
+                mine[j] += s;
+                used[n][j] += s;
+                held[k as usize].set(n as u32, j as u8);
+                shard.push(k);
+                lists.entry((n, j)).or_default().push(k);
+            }
+        }
+    }
+    let len = stored.iter().map(|s| s.len()).min().unwrap_or(0);
+    if len == 0 {
+        return Err("no worker can store any sample of its shard".into());
+    }
+    let mut keys: Vec<(usize, usize)> = lists.keys().copied().collect();
+    keys.sort_unstable();
+    let fills = keys
+        .into_iter()
+        .map(|key| FillList {
+            node: key.0 as u32,
+            class: key.1,
+            order: lists.remove(&key).unwrap_or_default(),
+            need: Vec::new(),
+            cursor: 0,
+        })
+        .collect();
+    Ok(CacheSetup {
+        cache,
+        order: Order::Shards { stored, len },
+        fills,
+        full_randomization: workers == 1 && len == f,
+    })
+}
+
+/// The engine's placement: per node from its ranks' access counts, or (several nodes with an
+/// interconnect) one placement for the whole cluster; `fills` gets each node's fill lists.
+fn clairvoyant_cache(run: &Run, threads: usize, fills: &mut Vec<FillList>) -> Result<Cache> {
+    let sc = run.scenario;
+    let m = &sc.system;
+    let (f, nodes, workers) = (run.sizes.len(), sc.nodes() as usize, sc.workers as usize);
+    let wpn = sc.workers_per_node as usize;
+    let groups: Vec<Vec<u32>> = (0..nodes)
+        .map(|n| ((n * wpn) as u32..((n + 1) * wpn) as u32).collect())
+        .collect();
+    let total_bytes: u64 = run.sizes.iter().sum();
+    let mean = (total_bytes / f.max(1) as u64).max(1);
+    let useful = m.useful_classes(mean, (workers * threads) as u32);
+    let caps: Vec<u64> = (0..m.classes.len())
+        .map(|j| if useful.contains(&j) { m.classes[j].capacity } else { 0 })
+        .collect();
+    let counts = AccessCounts::compute_groups(&run.schedule, &groups)?;
+    let mut local = Vec::with_capacity(nodes);
+    let mut first = huge_vec(
+        f,
+        Copy {
+            avail: f64::INFINITY,
+            node: NONE,
+            class: UNCACHED,
+        },
+    );
+    if nodes > 1 && m.interconnect_mbps.is_some() {
+        // Peers: one placement for the whole cluster (coverage, then replicas).
+        let plan =
+            crate::cluster::cluster_placement(&run.schedule, &groups, &counts, |k| run.sizes[k as usize], &caps)?;
+        check_cancel(run.progress)?;
+        for (k, (c, &h)) in first.iter_mut().zip(&plan.home).enumerate() {
+            if h != NONE {
+                c.node = h;
+                c.class = plan.class_of[h as usize][k];
+            }
+        }
+        for (n, ((acc, lists), classes)) in counts.into_iter().zip(plan.fill_order).zip(plan.class_of).enumerate() {
+            local.push(node_slots(n as u32, acc, lists, classes, f, fills));
+        }
+    } else {
+        // Each node on its own: the engine's one-node placement.
+        for (n, acc) in counts.into_iter().enumerate() {
+            check_cancel(run.progress)?;
+            let p = Placement::compute(&acc, |k| run.sizes[k as usize], &caps);
+            local.push(node_slots(n as u32, acc, p.fill_order, p.class_of, f, fills));
+        }
+    }
+    Ok(Cache::Placed { local, first })
+}
+
+/// The thread slots of each fill list, after the `first` slots of the staging threads; and the
+/// number of slots in all.
+fn fill_slots(sc: &Scenario, fills: &[FillList], first: usize) -> (Vec<std::ops::Range<usize>>, usize) {
+    let mut slots = Vec::with_capacity(fills.len());
+    let mut next = first;
+    for fl in fills {
+        let p = sc.system.classes[fl.class].threads.max(1) as usize;
+        slots.push(next..next + p);
+        next += p;
+    }
+    (slots, next)
+}
+
+/// Iterations per epoch: a worker's batches, or (shards) its shard's.
+fn iters_per_epoch(run: &Run, order: &Order) -> usize {
+    let sc = run.scenario;
+    match order {
+        Order::Shards { len, .. } => {
+            let b = sc.batch_size as usize;
+            if sc.drop_last && *len >= b {
+                len / b
+            } else {
+                len.div_ceil(b)
+            }
+        }
+        _ => run.layout().batches_per_rank() as usize,
+    }
+}
+
+impl Fetcher {
+    fn new() -> Fetcher {
+        Fetcher {
+            epoch: 0,
+            stream: None,
+            pos: 0,
+            batch: 0,
+            iter_base: 0,
+            batch_ready: 0.0,
+            batch_bytes: 0,
+            inflight: 0,
+            outstanding: VecDeque::new(),
+        }
+    }
+}
+
 impl<'r, 'a> Sim<'r, 'a> {
     /// Set up `policy`; `Ok(Err(reason))` when the policy cannot run this scenario.
-    fn build(run: &'r Run<'a>, policy: Policy) -> Result<std::result::Result<Self, String>> {
+    fn build(run: &'r Run<'a>, policy: Policy) -> Setup<Self> {
         let sc = run.scenario;
         let m = &sc.system;
         let workers = sc.workers as usize;
@@ -652,271 +986,23 @@ impl<'r, 'a> Sim<'r, 'a> {
                 format!("{nodes} nodes; the simulator models at most {MAX_NODES}"),
             ));
         }
-        let f = run.sizes.len();
-        let total_bytes: u64 = run.sizes.iter().sum();
-        let per_thread = |curve: &clairvoyant_core::model::Curve, p: u32| {
-            let p = p.max(1) as f64;
-            curve.at(p) / p * 1e6
+        let (threads, staging_cap) = match policy {
+            Policy::Naive => (1, 0),
+            _ => (m.staging.threads.max(1) as usize, m.staging.capacity),
         };
-        let mut threads = m.staging.threads.max(1) as usize;
-        let mut staging_cap = m.staging.capacity;
-        if policy == Policy::Naive {
-            threads = 1;
-            staging_cap = 0;
-        }
-        // Preprocessing is CPU work: with more busy processes than cores it slows down.
-        let contention = sc.cpu.map_or(1.0, |c| c.slowdown(sc.workers_per_node));
-        let beta = m.preprocess_mbps.map_or(0.0, |b| contention / (b * 1e6));
-        let write_spb = beta.max(1.0 / per_thread(&m.staging.write_mbps, m.staging.threads));
-        let class_read_spb: Vec<f64> = m
-            .classes
-            .iter()
-            .map(|c| 1.0 / per_thread(&c.read_mbps, c.threads))
-            .collect();
-        let class_write_spb: Vec<f64> = m
-            .classes
-            .iter()
-            .map(|c| 1.0 / per_thread(&c.write_mbps, c.threads))
-            .collect();
-        let remote_spb: Vec<Option<f64>> = (0..m.classes.len())
-            .map(|j| m.remote_fetch_seconds(j, 1_000_000).map(|s| s / 1e6))
-            .collect();
-        let mut fills = Vec::new();
-        let mut full_randomization = true;
-        let mut order = Order::Global;
-        let memory = m.memory_class().filter(|&j| m.classes[j].enabled());
-        let enabled: Vec<usize> = (0..m.classes.len()).filter(|&j| m.classes[j].enabled()).collect();
-        let single = |admit_to: Vec<usize>, admit: Admit, remote: bool| Cache::Single {
-            held: huge_vec(f, Held::new(f64::INFINITY, NONE, UNCACHED)),
-            cached: vec![Vec::new(); nodes],
-            used: vec![vec![0; m.classes.len()]; nodes],
-            admit_to,
-            admit,
-            remote,
+        let rates = Rates::of(sc);
+        let setup = match cache_setup(run, policy, threads)? {
+            Ok(setup) => setup,
+            Err(reason) => return Ok(Err(reason)),
         };
-        let cache = match policy {
-            Policy::Perfect | Policy::Naive => Cache::None,
-            Policy::StagingBuffer => match sc.staging_buffer_source {
-                None => Cache::None,
-                Some(j) => {
-                    let c = &m.classes[j];
-                    if total_bytes > c.capacity {
-                        return Ok(Err(format!(
-                            "the dataset ({}) does not fit class '{}' ({}) that staging_buffer_source names",
-                            format_bytes(total_bytes),
-                            c.name,
-                            format_bytes(c.capacity)
-                        )));
-                    }
-                    Cache::Everywhere(j)
-                }
-            },
-            Policy::DeepIoOrdered | Policy::DeepIoOpportunistic => {
-                let Some(mem) = memory else {
-                    return Ok(Err("DeepIO caches in memory; the system has no memory class".into()));
-                };
-                if policy == Policy::DeepIoOpportunistic {
-                    order = Order::Opportunistic;
-                }
-                single(vec![mem], Admit::Always, true)
-            }
-            Policy::LbannDynamic | Policy::LbannPreloading => {
-                let Some(mem) = memory else {
-                    return Ok(Err(
-                        "the LBANN data store caches in memory; the system has no memory class".into(),
-                    ));
-                };
-                let aggregate = m.classes[mem].capacity.saturating_mul(nodes as u64);
-                if total_bytes > aggregate {
-                    return Ok(Err(format!(
-                        "the dataset ({}) exceeds the aggregate memory of {nodes} node(s) ({})",
-                        format_bytes(total_bytes),
-                        format_bytes(aggregate)
-                    )));
-                }
-                if policy == Policy::LbannDynamic {
-                    single(vec![mem], Admit::FirstEpoch, true)
-                } else {
-                    // Samples are dealt to nodes round robin and preloaded into memory.
-                    let mut cache = single(vec![mem], Admit::Never, true);
-                    let Cache::Single { held, used, .. } = &mut cache else {
-                        unreachable!()
-                    };
-                    let mut lists: Vec<Vec<u32>> = vec![Vec::new(); nodes];
-                    for (k, (h, &size)) in held.iter_mut().zip(run.sizes).enumerate() {
-                        let n = k % nodes;
-                        h.set(n as u32, mem as u8);
-                        used[n][mem] += size;
-                        lists[n].push(k as u32);
-                    }
-                    if let Some(n) = (0..nodes).find(|&n| used[n][mem] > m.classes[mem].capacity) {
-                        return Ok(Err(format!(
-                            "node {n}'s share of the dataset ({}) exceeds its memory ({})",
-                            format_bytes(used[n][mem]),
-                            format_bytes(m.classes[mem].capacity)
-                        )));
-                    }
-                    for (n, list) in lists.into_iter().enumerate() {
-                        fills.push(FillList {
-                            node: n as u32,
-                            class: mem,
-                            order: list,
-                            need: Vec::new(),
-                            cursor: 0,
-                        });
-                    }
-                    cache
-                }
-            }
-            Policy::LocalityAware => {
-                order = Order::Locality;
-                single(enabled.clone(), Admit::Always, false)
-            }
-            Policy::ParallelStaging => {
-                if enabled.is_empty() {
-                    return Ok(Err(
-                        "parallel staging copies shards to local storage; the system has no storage class".into(),
-                    ));
-                }
-                let mut cache = single(enabled.clone(), Admit::Never, false);
-                let Cache::Single { held, used, .. } = &mut cache else {
-                    unreachable!()
-                };
-                // Shards: the first epoch's order cut into one contiguous piece per worker; each
-                // worker keeps what fits in its share of its node's classes.
-                let global = run.schedule.global_order(0);
-                let mut stored: Vec<Vec<u32>> = vec![Vec::new(); workers];
-                let mut lists: HashMap<(usize, usize), Vec<u32>> = HashMap::new();
-                for (w, shard) in stored.iter_mut().enumerate() {
-                    let n = w / sc.workers_per_node as usize;
-                    let (lo, hi) = (w * f / workers, (w + 1) * f / workers);
-                    let mut mine = vec![0u64; m.classes.len()];
-                    for &k in &global[lo..hi] {
-                        let s = run.sizes[k as usize];
-                        let room = enabled
-                            .iter()
-                            .copied()
-                            .find(|&j| mine[j] + s <= m.classes[j].capacity / sc.workers_per_node as u64);
-                        if let Some(j) = room {
-                            mine[j] += s;
-                            used[n][j] += s;
-                            held[k as usize].set(n as u32, j as u8);
-                            shard.push(k);
-                            lists.entry((n, j)).or_default().push(k);
-                        }
-                    }
-                }
-                let len = stored.iter().map(|s| s.len()).min().unwrap_or(0);
-                if len == 0 {
-                    return Ok(Err("no worker can store any sample of its shard".into()));
-                }
-                let mut keys: Vec<(usize, usize)> = lists.keys().copied().collect();
-                keys.sort_unstable();
-                for key in keys {
-                    fills.push(FillList {
-                        node: key.0 as u32,
-                        class: key.1,
-                        order: lists.remove(&key).unwrap_or_default(),
-                        need: Vec::new(),
-                        cursor: 0,
-                    });
-                }
-                full_randomization = workers == 1 && len == f;
-                order = Order::Shards { stored, len };
-                cache
-            }
-            Policy::Clairvoyant => {
-                let groups: Vec<Vec<u32>> = (0..nodes)
-                    .map(|n| {
-                        ((n * sc.workers_per_node as usize) as u32..((n + 1) * sc.workers_per_node as usize) as u32)
-                            .collect()
-                    })
-                    .collect();
-                let mean = (total_bytes / f.max(1) as u64).max(1);
-                let readers = (workers * threads) as u32;
-                let useful = m.useful_classes(mean, readers);
-                let caps: Vec<u64> = (0..m.classes.len())
-                    .map(|j| if useful.contains(&j) { m.classes[j].capacity } else { 0 })
-                    .collect();
-                let counts = AccessCounts::compute_groups(&run.schedule, &groups)?;
-                let mut local = Vec::with_capacity(nodes);
-                let mut first = huge_vec(
-                    f,
-                    Copy {
-                        avail: f64::INFINITY,
-                        node: NONE,
-                        class: UNCACHED,
-                    },
-                );
-                if nodes > 1 && m.interconnect_mbps.is_some() {
-                    // Peers: one placement for the whole cluster (coverage, then replicas).
-                    let plan = crate::cluster::cluster_placement(
-                        &run.schedule,
-                        &groups,
-                        &counts,
-                        |k| run.sizes[k as usize],
-                        &caps,
-                    )?;
-                    check_cancel(run.progress)?;
-                    for (k, (c, &h)) in first.iter_mut().zip(&plan.home).enumerate() {
-                        if h != NONE {
-                            c.node = h;
-                            c.class = plan.class_of[h as usize][k];
-                        }
-                    }
-                    for (n, ((acc, lists), classes)) in
-                        counts.into_iter().zip(plan.fill_order).zip(plan.class_of).enumerate()
-                    {
-                        local.push(node_slots(n as u32, acc, lists, classes, f, &mut fills));
-                    }
-                } else {
-                    // Each node on its own: the engine's one-node placement.
-                    for (n, acc) in counts.into_iter().enumerate() {
-                        check_cancel(run.progress)?;
-                        let p = Placement::compute(&acc, |k| run.sizes[k as usize], &caps);
-                        local.push(node_slots(n as u32, acc, p.fill_order, p.class_of, f, &mut fills));
-                    }
-                }
-                Cache::Placed { local, first }
-            }
-        };
-        let mut fill_slots = Vec::with_capacity(fills.len());
-        let mut next_slot = workers * threads;
-        for fl in &fills {
-            let p = m.classes[fl.class].threads.max(1) as usize;
-            fill_slots.push(next_slot..next_slot + p);
-            next_slot += p;
-        }
-        let iters_per_epoch = match &order {
-            Order::Shards { len, .. } => {
-                let b = sc.batch_size as usize;
-                if sc.drop_last && *len >= b {
-                    len / b
-                } else {
-                    len.div_ceil(b)
-                }
-            }
-            _ => run.layout().batches_per_rank() as usize,
-        };
+        let (fill_slots, slots) = fill_slots(sc, &setup.fills, workers * threads);
+        let iters_per_epoch = iters_per_epoch(run, &setup.order);
         let total_iters = iters_per_epoch * sc.epochs as usize;
-        let max_readers = next_slot + 1;
-        let pfs_spb: Vec<f64> = (0..=max_readers)
+        let pfs_spb: Vec<f64> = (0..=slots + 1)
             .map(|g| 1e-6 / m.pfs_per_reader_mbps(g.max(1) as u32).max(1e-12))
             .collect();
-        let fetchers = (0..workers)
-            .map(|_| Fetcher {
-                epoch: 0,
-                stream: None,
-                pos: 0,
-                batch: 0,
-                iter_base: 0,
-                batch_ready: 0.0,
-                batch_bytes: 0,
-                inflight: 0,
-                outstanding: VecDeque::new(),
-            })
-            .collect();
         let locs = LOC_CLASS + m.classes.len();
+        let layout = run.layout();
         Ok(Ok(Sim {
             run,
             policy,
@@ -924,33 +1010,30 @@ impl<'r, 'a> Sim<'r, 'a> {
             wpn: sc.workers_per_node as usize,
             threads,
             staging_cap,
-            write_spb,
+            write_spb: rates.write_spb,
             compute_spb: 1.0 / sc.compute_bps(),
-            class_read_spb,
-            class_write_spb,
-            remote_spb,
+            class_read_spb: rates.class_read_spb,
+            class_write_spb: rates.class_write_spb,
+            remote_spb: rates.remote_spb,
             peer_latency: sc.peer_latency_s,
             pfs_latency: m.pfs.open_latency_s,
             pfs_fifo: sc.pfs_sharing == crate::scenario::PfsSharing::Fifo,
             pfs_spb,
-            free: vec![0.0; next_slot],
+            free: vec![0.0; slots],
             next_thread: (0..workers).map(|w| w * threads).collect(),
             pfs_active: MinHeap::default(),
             pfs_pipe: 0.0,
-            cache,
-            order,
-            fills,
+            cache: setup.cache,
+            order: setup.order,
+            fills: setup.fills,
             fill_slots,
             streams: HashMap::new(),
             epoch_data: HashMap::new(),
-            batches: {
-                let layout = run.layout();
-                (0..sc.workers).map(|r| layout.rank_batches(r)).collect()
-            },
+            batches: (0..sc.workers).map(|r| layout.rank_batches(r)).collect(),
             started: false,
             finished: false,
             iters_per_epoch,
-            fetchers,
+            fetchers: (0..workers).map(|_| Fetcher::new()).collect(),
             iters: vec![IterAcc::default(); total_iters],
             ends: vec![f64::NAN; total_iters],
             finalized: 0,
@@ -963,7 +1046,7 @@ impl<'r, 'a> Sim<'r, 'a> {
             loc_samples: vec![0; locs],
             pfs_bytes: 0,
             substituted: 0,
-            full_randomization,
+            full_randomization: setup.full_randomization,
             pending_progress: 0,
         }))
     }

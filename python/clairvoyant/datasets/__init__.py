@@ -21,6 +21,8 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from ..errors import CorruptError
+
 __all__ = [
     "ContainerDataset",
     "decode_datum",
@@ -93,7 +95,7 @@ def decode_datum(value: bytes) -> dict:
         elif wire == 1:
             pos += 8
         else:
-            raise ValueError(f"not a Datum: wire type {wire} at byte {pos}")
+            raise CorruptError(f"not a Datum: wire type {wire} at byte {pos}")
     return out
 
 

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import BatchSampler, DistributedSampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
+from .. import _env, _settings
 from ..errors import ArgumentTypeError, CancelledError, ConfigError, EpochConsumedError, ExhaustedError
 from . import _datasets, _legacy, _native_loader, _order, _rank
 
@@ -49,20 +50,16 @@ _STATE_VERSIONS = (1, 2)
 
 
 def _notice(message: str) -> None:
-    if os.environ.get("CLAIRVOYANT_QUIET"):
+    if _settings.get("CLAIRVOYANT_QUIET", False):
         return
     print(f"clairvoyant: {message}", file=sys.stderr)
 
 
 def _epochs_arg(epochs) -> Optional[int]:
     if epochs is None:
-        env = os.environ.get("CLAIRVOYANT_EPOCHS", "").strip()
-        if not env:
+        epochs = _settings.get("CLAIRVOYANT_EPOCHS", None)
+        if epochs is None:
             return None
-        try:
-            epochs = int(env)
-        except ValueError:
-            raise ConfigError(f"CLAIRVOYANT_EPOCHS={env!r} is not an integer") from None
     if isinstance(epochs, bool) or not isinstance(epochs, int):
         raise ArgumentTypeError(f"'epochs' must be an integer, not {type(epochs).__name__}")
     if epochs < 1:
@@ -563,7 +560,7 @@ class _Feed:
                 if got is None:
                     break
                 orders.append(_flatten(got))
-            run = os.environ.get("CLAIRVOYANT_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or ""
+            run = _env.run_id()
             self.job = clairvoyant.Job(
                 source,
                 batch_size=b or 1,

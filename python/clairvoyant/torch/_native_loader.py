@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .. import _native
+from .. import _native, _settings
 from ..errors import CorruptError
 
 __all__ = ["NativeIter", "native_choice", "NativeSetup"]
@@ -66,7 +66,7 @@ def _stop_all() -> None:
 
 
 def _env_off() -> bool:
-    return os.environ.get("CLAIRVOYANT_NATIVE_DECODE", "").strip().lower() in ("0", "false", "no", "off")
+    return _settings.get("CLAIRVOYANT_NATIVE_DECODE", True) is False
 
 
 def _names(transform: Any) -> str:
@@ -331,9 +331,9 @@ class NativeIter(_BaseDataLoaderIter):
                 waited += _POLL_S
             thread = self._workers[0] if self._workers else None
             if thread is None or not thread.is_alive():
-                raise RuntimeError("clairvoyant: the native decode thread exited unexpectedly")
+                raise RuntimeError("clairvoyant: the native decode thread exited unexpectedly")  # as torch's DataLoader
             if self._timeout and waited >= self._timeout:
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds (waiting for a natively decoded batch)")
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds (waiting for a natively decoded batch)")  # as torch's DataLoader
 
     def _next_data(self) -> Any:
         while True:

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from .. import _native
+from ..errors import ConfigError
 
 __all__ = ["NativePlan", "native_plan", "BatchDecoder"]
 
@@ -193,7 +194,7 @@ class BatchDecoder:
         exif_orientation: bool = False,
     ):
         if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
+            raise ConfigError(f"depth must be >= 1, got {depth}")
         self.plan = plan
         self._pipe = _native.DecodePipeline(list(plan.ops), plan.output, list(plan.mean), list(plan.std), exif_orientation, threads)
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
@@ -236,7 +237,7 @@ class BatchDecoder:
         raises ``clairvoyant.CorruptError`` naming the sample (and ``names[i]`` when given).
         """
         if len(inputs) != len(samples):
-            raise ValueError(f"{len(inputs)} inputs but {len(samples)} sample ids")
+            raise ConfigError(f"{len(inputs)} inputs but {len(samples)} sample ids")
         if out is None:
             out = self._buffer(len(inputs))
         self._pipe.run(list(inputs), [int(s) for s in samples], seed, epoch, out.numpy(), None if names is None else list(names))

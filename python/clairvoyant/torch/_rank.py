@@ -21,10 +21,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from .. import _env
+from .. import _env, _settings
 from ..errors import ConfigError
 
-_RENDEZVOUS_TIMEOUT_S = float(os.environ.get("CLAIRVOYANT_RENDEZVOUS_TIMEOUT", "30"))
 _local_cache: dict = {}
 
 
@@ -106,7 +105,7 @@ def _rendezvous(rank: int, world: int) -> list:
         host = socket.gethostname().encode()
         store.set(f"clairvoyant/host/{rank}", host)
         keys = [f"clairvoyant/host/{r}" for r in range(world)]
-        store.wait(keys, datetime.timedelta(seconds=_RENDEZVOUS_TIMEOUT_S))
+        store.wait(keys, datetime.timedelta(seconds=_settings.get("CLAIRVOYANT_RENDEZVOUS_TIMEOUT")))
         hosts = [store.get(k) for k in keys]
         return [r for r in range(world) if hosts[r] == host]
     except Exception as exc:  # no store, or not every rank arrived

@@ -61,7 +61,7 @@ pub(super) fn record_and_reuse(
             }
         }
     }
-    if samples > 0 && std::env::var_os("CLAIRVOYANT_QUIET").is_none() {
+    if samples > 0 && !crate::sysinfo::env::flag(crate::sysinfo::env::QUIET) {
         eprintln!(
             "clairvoyant: reused {samples} samples ({}) that an earlier run cached on this node",
             crate::model::format_bytes(bytes)

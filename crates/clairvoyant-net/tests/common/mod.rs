@@ -124,7 +124,7 @@ impl ChildServer {
     pub fn spawn(test: &str, env: &str) -> ChildServer {
         use std::io::{BufRead, BufReader};
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .args(["--exact", test, "--ignored", "--nocapture", "--test-threads=1"])
             .env(env, "1")
             .stdout(std::process::Stdio::piped())
             .spawn()
