@@ -304,3 +304,55 @@ fn prefilled_files_are_published_in_the_directory_without_a_lookup() {
         server.close();
     }
 }
+
+#[test]
+fn concurrent_lookups_of_the_same_files_read_each_file_once() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 60);
+    // Order unknown (fills on lookups only), then known (lookups race the prefill).
+    for prefill in [false, true] {
+        let sub = t.path().join(format!("prefill-{prefill}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let e = engine_with(&sub, &root, &rels, 1 << 30, prefill);
+        let (server, sock) = start(Some(e.clone()), &sub, &root, &rels);
+        let threads: Vec<_> = (0..8usize)
+            .map(|k| {
+                let (sock, e) = (sock.clone(), e.clone());
+                // Pairs of threads share an order: the same file asked at the same time, and
+                // distinct files at once.
+                let mut order: Vec<usize> = (0..rels.len()).collect();
+                order.rotate_left((k / 2) * rels.len() / 4);
+                if k % 4 >= 2 {
+                    order.reverse();
+                }
+                let mine: Vec<String> = order.iter().map(|&i| rels[i].clone()).collect();
+                let want: Vec<Vec<u8>> = order.iter().map(|&i| content(i)).collect();
+                std::thread::spawn(move || {
+                    let mut c = Client::connect(&sock, WAIT).unwrap();
+                    let arena = std::fs::File::open(e.segments().1.unwrap()).unwrap();
+                    for (r, want) in mine.iter().zip(want) {
+                        match c.lookup(r.as_bytes()).unwrap() {
+                            (Reply::Cached { size, offset, .. }, _) => {
+                                let mut got = vec![0u8; size as usize];
+                                arena.read_exact_at(&mut got, offset).unwrap();
+                                assert_eq!(got, want, "{r}");
+                            }
+                            (other, _) => panic!("{r}: {other:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut c = Client::connect(&sock, WAIT).unwrap();
+        assert_eq!(
+            stat(&mut c, "pfs_files"),
+            rels.len() as u64,
+            "each file read from the dataset exactly once (prefill {prefill})"
+        );
+        drop(c);
+        server.close();
+    }
+}
