@@ -172,7 +172,8 @@ def bench_epoch0(out: Path, log, files: int = FILES, repeats: int = 1, programs=
                     runs[how].append(r)
                     log(
                         f"epoch 0: {name:<7} {how:<12} epochs {' / '.join(f'{x:.2f}' for x in r['seconds'])} s, "
-                        f"file system {r['fs_bytes'] / total:.2f}x the dataset, {r['reads_in_flight']:.1f} reads in flight"
+                        f"file system {r['fs_bytes'] / total:.2f}x the dataset, {r['fs_opens'] / files:.2f} opens per file, "
+                        f"{r['reads_in_flight']:.1f} reads in flight"
                     )
             best = {k: min(v, key=lambda r: r["seconds"][0]) for k, v in runs.items()}
             res["programs"][name] = {

@@ -48,6 +48,8 @@ struct Shared {
     root: Vec<u8>,
     files: HashMap<Vec<u8>, u32>,
     paths: Vec<PathBuf>,
+    /// The shared directory's key of each file (`path_key` of its relative path).
+    keys: Vec<u64>,
     dir: DirWriter,
     counts: Counts,
     /// (attached launchers, connections, whether any launcher ever attached).
@@ -105,6 +107,7 @@ impl Server {
                 .iter()
                 .map(|r| root_path.join(std::ffi::OsStr::from_bytes(r)))
                 .collect(),
+            keys: rel_paths.iter().map(|r| path_key(r)).collect(),
             files: rel_paths.into_iter().enumerate().map(|(i, r)| (r, i as u32)).collect(),
             root: root.as_bytes().to_vec(),
             dir: dir_writer,
@@ -115,6 +118,9 @@ impl Server {
             // SAFETY: getuid cannot fail.
             uid: unsafe { libc::getuid() },
         });
+        if let Some(engine) = shared.engine_now() {
+            publish_prefilled(&shared, &engine);
+        }
         let s = shared.clone();
         let accept = std::thread::Builder::new()
             .name("cv-agent-accept".into())
@@ -156,6 +162,7 @@ impl Server {
 
     /// Hand a lazy agent its engine: requests waiting for it go on.
     pub fn set_engine(&self, engine: Arc<Engine>) {
+        publish_prefilled(&self.shared, &engine);
         *self.shared.engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine);
         self.shared.engine_set.notify_all();
     }
@@ -358,6 +365,58 @@ fn serve(s: &Shared, conn: UnixStream) -> bool {
     }
 }
 
+/// Record the files `engine`'s prefill (known order) fills in the shared directory as they are
+/// filled, and those it has filled already, so that programs' opens find them without a round
+/// trip.
+fn publish_prefilled(shared: &Arc<Shared>, engine: &Arc<Engine>) {
+    let weak = Arc::downgrade(shared);
+    let weak_engine = Arc::downgrade(engine);
+    // The engine holds the hook: weak references, so that neither keeps the other alive.
+    let hooked = engine.on_prefilled(Box::new(move |file| {
+        if let (Some(s), Some(e)) = (weak.upgrade(), weak_engine.upgrade()) {
+            publish(&s, &e, file);
+        }
+    }));
+    if hooked {
+        for file in 0..shared.paths.len() as u32 {
+            if engine.filled(file) {
+                publish(shared, engine, file);
+            }
+        }
+    }
+}
+
+/// Record filled `file` in the shared directory (it is not filled here if it is not).
+fn publish(s: &Shared, engine: &Engine, file: u32) {
+    if !engine.filled(file) {
+        return;
+    }
+    if let Local::Mapped { offset, len, checksum } = engine.local(file, Duration::ZERO) {
+        record(s, file, offset, len, checksum);
+    }
+}
+
+/// Record `file`'s cached copy in the shared directory; false when the file's last change cannot
+/// be read (then nobody should use the copy without asking).
+fn record(s: &Shared, file: u32, offset: u64, len: u64, checksum: u64) -> bool {
+    // The file's last change now: the engine has checked the copy is of the file as it is
+    // (`Engine::local`), and a reader compares it with its own fstat.
+    match std::fs::metadata(&s.paths[file as usize]) {
+        Ok(m) => {
+            let e = Entry {
+                file,
+                offset,
+                size: len,
+                checksum,
+                mtime_ns: clairvoyant_core::source::last_change_ns(&m).max(0) as u64,
+            };
+            s.dir.insert(s.keys[file as usize], &e);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 fn lookup(s: &Shared, rel: &[u8], w: &mut impl Write) -> std::io::Result<()> {
     s.counts.lookups.fetch_add(1, Ordering::Relaxed);
     let Some(&file) = s.files.get(rel) else {
@@ -375,33 +434,20 @@ fn lookup(s: &Shared, rel: &[u8], w: &mut impl Write) -> std::io::Result<()> {
     };
     match engine.local(file, FILL_WAIT) {
         Local::Mapped { offset, len, checksum } => {
-            // The file's last change now: the engine has checked the copy is of the file as it
-            // is (`Engine::local`), and a reader compares it with its own fstat.
-            match std::fs::metadata(&s.paths[file as usize]) {
-                Ok(m) => {
-                    let e = Entry {
+            if record(s, file, offset, len, checksum) {
+                s.counts.cached.fetch_add(1, Ordering::Relaxed);
+                proto::write_reply(
+                    w,
+                    &Reply::Cached {
                         file,
-                        offset,
                         size: len,
+                        offset,
                         checksum,
-                        mtime_ns: clairvoyant_core::source::last_change_ns(&m).max(0) as u64,
-                    };
-                    s.dir.insert(path_key(rel), &e);
-                    s.counts.cached.fetch_add(1, Ordering::Relaxed);
-                    proto::write_reply(
-                        w,
-                        &Reply::Cached {
-                            file,
-                            size: len,
-                            offset,
-                            checksum,
-                        },
-                    )
-                }
-                Err(_) => {
-                    s.counts.direct.fetch_add(1, Ordering::Relaxed);
-                    proto::write_reply(w, &Reply::Direct)
-                }
+                    },
+                )
+            } else {
+                s.counts.direct.fetch_add(1, Ordering::Relaxed);
+                proto::write_reply(w, &Reply::Direct)
             }
         }
         Local::Bytes { bytes, checksum, .. } => {

@@ -37,6 +37,11 @@ fn dataset(dir: &Path, n: usize) -> (PathBuf, Vec<String>) {
 }
 
 fn engine(dir: &Path, root: &Path, rels: &[impl AsRef<[u8]>], memory: u64) -> Arc<Engine> {
+    engine_with(dir, root, rels, memory, false)
+}
+
+/// `prefill`: the order is known, the agent fills the node cache ahead of the programs.
+fn engine_with(dir: &Path, root: &Path, rels: &[impl AsRef<[u8]>], memory: u64, prefill: bool) -> Arc<Engine> {
     use std::os::unix::ffi::OsStrExt;
     let paths: Vec<PathBuf> = rels
         .iter()
@@ -77,7 +82,7 @@ fn engine(dir: &Path, root: &Path, rels: &[impl AsRef<[u8]>], memory: u64) -> Ar
                 own: hashed_counts(&keys, &owners, 0),
                 cluster: None,
             }),
-            prefill: false,
+            prefill,
             fill_on_read: Vec::new(),
         }),
     };
@@ -321,5 +326,109 @@ fn many_connections_are_served_at_once_and_never_wrongly() {
         let s = t.join().unwrap();
         assert_eq!(s.0 + s.1 + s.2, rels.len());
         assert!(s.0 > 0 && s.2 > 0, "{s:?}: some cached, some not");
+    }
+}
+
+/// The files of `rels` the directory holds, each checked against the arena and the file.
+fn published(dir: &DirReader, engine: &Engine, rels: &[String]) -> usize {
+    let arena = std::fs::File::open(engine.segments().1.unwrap()).unwrap();
+    let mut n = 0;
+    for (i, r) in rels.iter().enumerate() {
+        if let Some(e) = dir.lookup(path_key(r.as_bytes())) {
+            assert_eq!((e.file as usize, e.size), (i, content(i).len() as u64), "{r}");
+            let mut got = vec![0u8; e.size as usize];
+            arena.read_exact_at(&mut got, e.offset).unwrap();
+            assert_eq!(got, content(i), "{r} in the arena");
+            assert_eq!(clairvoyant_agent::checksum(&got), e.checksum, "{r}");
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn prefilled_files_are_published_in_the_directory_without_a_lookup() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 40);
+    for lazy in [false, true] {
+        let sub = t.path().join(if lazy { "lazy" } else { "eager" });
+        std::fs::create_dir_all(&sub).unwrap();
+        let e = engine_with(&sub, &root, &rels, 1 << 30, true);
+        // Eager: the server starts on a running engine. Lazy: it is handed the engine later
+        // (some files are filled before, the rest after).
+        let (server, sock) = if lazy {
+            let (server, sock) = start(None, &sub, &root, &rels);
+            server.set_engine(e.clone());
+            (server, sock)
+        } else {
+            start(Some(e.clone()), &sub, &root, &rels)
+        };
+        let dir = DirReader::open(server.dir_path()).unwrap();
+        // The prefill has no event to wait for from outside: poll the directory.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while published(&dir, &e, &rels) < rels.len() {
+            assert!(
+                Instant::now() < deadline,
+                "prefilled files not published in the directory"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut c = Client::connect(&sock, WAIT).unwrap();
+        assert_eq!(stat(&mut c, "lookups"), 0, "nobody asked");
+        assert_eq!(stat(&mut c, "pfs_files"), rels.len() as u64, "each file read once");
+        drop(c);
+        server.close();
+    }
+}
+
+#[test]
+fn concurrent_lookups_of_the_same_files_read_each_file_once() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 60);
+    // Order unknown (fills on lookups only), then known (lookups race the prefill).
+    for prefill in [false, true] {
+        let sub = t.path().join(format!("prefill-{prefill}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let e = engine_with(&sub, &root, &rels, 1 << 30, prefill);
+        let (server, sock) = start(Some(e.clone()), &sub, &root, &rels);
+        let threads: Vec<_> = (0..8usize)
+            .map(|k| {
+                let (sock, e) = (sock.clone(), e.clone());
+                // Pairs of threads share an order: the same file asked at the same time, and
+                // distinct files at once.
+                let mut order: Vec<usize> = (0..rels.len()).collect();
+                order.rotate_left((k / 2) * rels.len() / 4);
+                if k % 4 >= 2 {
+                    order.reverse();
+                }
+                let mine: Vec<String> = order.iter().map(|&i| rels[i].clone()).collect();
+                let want: Vec<Vec<u8>> = order.iter().map(|&i| content(i)).collect();
+                std::thread::spawn(move || {
+                    let mut c = Client::connect(&sock, WAIT).unwrap();
+                    let arena = std::fs::File::open(e.segments().1.unwrap()).unwrap();
+                    for (r, want) in mine.iter().zip(want) {
+                        match c.lookup(r.as_bytes()).unwrap() {
+                            (Reply::Cached { size, offset, .. }, _) => {
+                                let mut got = vec![0u8; size as usize];
+                                arena.read_exact_at(&mut got, offset).unwrap();
+                                assert_eq!(got, want, "{r}");
+                            }
+                            (other, _) => panic!("{r}: {other:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut c = Client::connect(&sock, WAIT).unwrap();
+        assert_eq!(
+            stat(&mut c, "pfs_files"),
+            rels.len() as u64,
+            "each file read from the dataset exactly once (prefill {prefill})"
+        );
+        drop(c);
+        server.close();
     }
 }

@@ -340,8 +340,8 @@ fn refuse_write(path: &[u8]) -> c_int {
 }
 
 /// After a successful real open of a dataset path: find where the file is cached and
-/// remember it for `fd`.
-fn track(cfg: &Config, fd: c_int, rel: Vec<u8>, flags: c_int) {
+/// remember it for `fd`. `known`: the agent's answer, when it was asked before the open.
+fn track(cfg: &Config, fd: c_int, rel: Vec<u8>, flags: c_int, known: Option<Found>) {
     if fd < 0 || fd as usize >= table::MAX_FD || flags & (libc::O_PATH | libc::O_DIRECT) != 0 {
         return;
     }
@@ -351,25 +351,52 @@ fn track(cfg: &Config, fd: c_int, rel: Vec<u8>, flags: c_int) {
     }
     let size = st.st_size as u64;
     let change = last_change_ns(&st);
-    let session = client::session(cfg);
-    let from_dir = session
-        .as_ref()
-        .and_then(|s| s.dir.as_ref())
-        .and_then(|d| d.lookup(path_key(&rel)));
-    let found = match (from_dir, &session) {
-        (Some(e), Some(s)) if s.arena.is_some() => {
-            if e.size == size && e.mtime_ns == change {
+    let found = match known {
+        // Asked before the open: the file may have changed since (the answer was for the size
+        // and last change seen then).
+        Some(Found::Arena {
+            session,
+            entry,
+            change_known,
+        }) => {
+            if session.arena.is_some() && entry.size == size && (!change_known || entry.mtime_ns == change) {
                 Found::Arena {
-                    session: s.clone(),
-                    entry: e,
-                    change_known: true,
+                    session,
+                    entry,
+                    change_known,
                 }
             } else {
-                count(Some(s), counter::STALE, 1);
+                count(Some(&session), counter::STALE, 1);
                 Found::Direct
             }
         }
-        _ => client::lookup(cfg, &rel, size),
+        Some(Found::Inline { bytes }) if bytes.len() as u64 != size => {
+            count(client::current().as_deref(), counter::STALE, 1);
+            Found::Direct
+        }
+        Some(found) => found,
+        None => {
+            let session = client::session(cfg);
+            let from_dir = session
+                .as_ref()
+                .and_then(|s| s.dir.as_ref())
+                .and_then(|d| d.lookup(path_key(&rel)));
+            match (from_dir, &session) {
+                (Some(e), Some(s)) if s.arena.is_some() => {
+                    if e.size == size && e.mtime_ns == change {
+                        Found::Arena {
+                            session: s.clone(),
+                            entry: e,
+                            change_known: true,
+                        }
+                    } else {
+                        count(Some(s), counter::STALE, 1);
+                        Found::Direct
+                    }
+                }
+                _ => client::lookup(cfg, &rel, size),
+            }
+        }
     };
     let (src, session, change_ns) = match found {
         Found::Unknown => return,
@@ -426,13 +453,16 @@ unsafe fn open_common(dirfd: c_int, path: *const c_char, flags: c_int, call: imp
             Place::Under(_) if is_write(flags) => refuse_write(p),
             Place::Under(rel) => {
                 let saved = errno();
-                if let Some(fd) = standin::open(cfg, dirfd, path, p, &rel, flags) {
-                    set_errno(saved);
-                    return fd;
-                }
+                let known = match standin::open(cfg, dirfd, path, p, &rel, flags) {
+                    standin::Tried::Fd(fd) => {
+                        set_errno(saved);
+                        return fd;
+                    }
+                    standin::Tried::Real(known) => known,
+                };
                 let fd = call();
                 if fd >= 0 {
-                    track(cfg, fd, rel, flags);
+                    track(cfg, fd, rel, flags, known);
                     set_errno(saved);
                 }
                 fd
@@ -1027,14 +1057,14 @@ unsafe fn fopen_common(path: *const c_char, mode: *const c_char, call: impl Fn()
                 let flags = libc::O_RDONLY | if m.contains(&b'e') { libc::O_CLOEXEC } else { 0 };
                 let saved = errno();
                 let fd = match standin::open(cfg, libc::AT_FDCWD, path, p, &rel, flags) {
-                    Some(fd) => fd,
-                    None => {
+                    standin::Tried::Fd(fd) => fd,
+                    standin::Tried::Real(known) => {
                         // SAFETY: path is the caller's C string.
                         let fd = unsafe { real::open(path, flags, 0) };
                         if fd < 0 {
                             return std::ptr::null_mut();
                         }
-                        track(cfg, fd, rel, flags);
+                        track(cfg, fd, rel, flags, known);
                         fd
                     }
                 };

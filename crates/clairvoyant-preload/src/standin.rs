@@ -15,7 +15,7 @@
 //! exec'd program never inherits one. Files over 64 MiB are opened for real (each open stand-in
 //! holds a copy).
 
-use crate::client::{self, count};
+use crate::client::{self, count, Found};
 use crate::paths::Config;
 use crate::real::{self, errno, set_errno};
 use crate::{
@@ -78,57 +78,89 @@ fn absolute(dirfd: c_int, p: &[u8]) -> Option<CString> {
     CString::new(v).ok()
 }
 
+/// What a stand-in open attempt ended in.
+pub(crate) enum Tried {
+    /// The stand-in fd.
+    Fd(c_int),
+    /// Make the real open (errno may have been changed; the caller restores it on success).
+    /// `Some`: the agent was asked already (the file was not in the shared directory), and this
+    /// is its answer for the real open's fd: asking again would cost a second round trip.
+    Real(Option<Found>),
+}
+
 /// Try a stand-in open of the dataset file `rel` opened as `path` (`p`, relative to `dirfd`)
-/// with `flags`. `None`: make the real open (errno may have been changed; the caller restores
-/// it on success).
-pub(crate) fn open(
-    cfg: &Config,
-    dirfd: c_int,
-    path: *const c_char,
-    p: &[u8],
-    rel: &[u8],
-    flags: c_int,
-) -> Option<c_int> {
+/// with `flags`. A file the shared directory does not hold yet is asked of the agent before
+/// any open of the file: the agent's fill is this open's only read of the file system (one
+/// open, one read), and its answer (cached, or bytes from a peer) becomes the stand-in.
+pub(crate) fn open(cfg: &Config, dirfd: c_int, path: *const c_char, p: &[u8], rel: &[u8], flags: c_int) -> Tried {
     if !cfg.standin
         || !crate::table::owner()
         || flags & libc::O_CLOEXEC == 0
         || flags & !FLAGS != 0
         || flags & libc::O_ACCMODE != libc::O_RDONLY
     {
-        return None;
+        return Tried::Real(None);
     }
-    let session = client::session(cfg)?;
-    let arena = session.arena.as_ref()?;
-    let e = session.dir.as_ref()?.lookup(path_key(rel))?;
-    let bytes = arena.slice(e.offset, e.size)?;
+    let Some(session) = client::session(cfg) else {
+        return Tried::Real(None);
+    };
     // The file's metadata only: it resolves the path as the open would (symlinks followed).
     // SAFETY: a plain stat into a zeroed struct; path is the caller's C string.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { real::fstatat(dirfd, path, &mut st, 0) } != 0 {
-        return None;
-    }
-    if st.st_mode & libc::S_IFMT != libc::S_IFREG || st.st_size as u64 != e.size || last_change_ns(&st) != e.mtime_ns {
-        return None;
+    if unsafe { real::fstatat(dirfd, path, &mut st, 0) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Tried::Real(None);
     }
     if !readable(&st) {
-        return None;
+        return Tried::Real(None);
     }
     // O_NOATIME: EPERM unless the owner (or privileged): let the real open answer.
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     if flags & libc::O_NOATIME != 0 && euid != 0 && euid != st.st_uid {
-        return None;
+        return Tried::Real(None);
     }
-    let abs = absolute(dirfd, p)?;
+    let size = st.st_size as u64;
+    let change = last_change_ns(&st);
+    let found = match session.dir.as_ref().and_then(|d| d.lookup(path_key(rel))) {
+        Some(entry) => Found::Arena {
+            session,
+            entry,
+            change_known: true,
+        },
+        // Not cached yet (or not known to be): the agent fills it now, or waits for the fill in
+        // progress, and says where its bytes are.
+        None => client::lookup(cfg, rel, size),
+    };
+    // Bytes from a peer or a directory class (`Inline`) go to the real open's fd, as before.
+    let Found::Arena {
+        session,
+        entry: e,
+        change_known,
+    } = &found
+    else {
+        return Tried::Real(Some(found));
+    };
+    let (session, e) = (session.clone(), *e);
+    let Some(abs) = absolute(dirfd, p) else {
+        return Tried::Real(Some(found));
+    };
+    if !change_known || e.size != size || e.mtime_ns != change {
+        return Tried::Real(Some(found));
+    }
+    let Some(bytes) = session.arena.as_ref().and_then(|a| a.slice(e.offset, e.size)) else {
+        return Tried::Real(Some(found));
+    };
     if clairvoyant_agent::checksum(bytes) != e.checksum {
         count(Some(&session), counter::CORRUPT, 1);
-        return None; // the real open; its reads go to the file system
+        return Tried::Real(None); // the real open; its reads go to the file system
     }
-    let fd = copy_fd(&abs, bytes)?;
+    let Some(fd) = copy_fd(&abs, bytes) else {
+        return Tried::Real(Some(found));
+    };
     let Some(ast) = real_fstat(fd).filter(|_| (fd as usize) < crate::table::MAX_FD) else {
         // SAFETY: our own fd, not yet handed out.
         unsafe { real::close(fd) };
-        return None;
+        return Tried::Real(Some(found));
     };
     count(Some(&session), counter::OPENS, 1);
     count(Some(&session), counter::STANDINS, 1);
@@ -148,7 +180,7 @@ pub(crate) fn open(
         }),
     };
     TABLE.set(fd, Some(Arc::new(info)));
-    Some(fd)
+    Tried::Fd(fd)
 }
 
 /// The largest file served by a stand-in (each open stand-in holds a copy of its file).

@@ -27,7 +27,27 @@ pub enum Local {
     Failed(String),
 }
 
+/// What a node agent runs for each sample its prefill has filled (see [`Engine::on_prefilled`]).
+pub type Prefilled = Box<dyn Fn(u32) + Send + Sync>;
+
 impl Engine {
+    /// Run `f(sample)` on the prefill thread after each sample a node agent's prefill (known
+    /// order) has filled and published in the node cache, from now on; the first call only
+    /// (false when one was set already). Samples filled before: see [`Engine::filled`].
+    pub fn on_prefilled(&self, f: Prefilled) -> bool {
+        self.inner.prefilled.set(f).is_ok()
+    }
+
+    /// Whether `sample` is filled in this node's cache (readable now without a fill).
+    pub fn filled(&self, sample: u32) -> bool {
+        let inner = &self.inner;
+        inner
+            .node
+            .class_of
+            .get(sample as usize)
+            .is_some_and(|&c| c != UNCACHED && inner.node.cache.state().state(sample) == READY)
+    }
+
     /// Where `sample`'s bytes are for a program on this node, filling it now when it is placed
     /// on this node and not yet filled; a fill in progress elsewhere is waited for at most
     /// `wait` (then: [`Local::Direct`]).
@@ -68,12 +88,16 @@ impl Engine {
         }
         let class = class as usize;
         let state = inner.node.cache.state();
+        let mut filled_here = false;
         let ready = match state.acquire(sample, wait) {
             Acquire::Ready => true,
             Acquire::Claimed => {
                 let mut scratch = Vec::new();
                 match inner.fill_claimed(class, sample, &mut scratch) {
-                    Ok(_) => state.state(sample) == READY,
+                    Ok(_) => {
+                        filled_here = state.state(sample) == READY;
+                        filled_here
+                    }
                     Err(e) => return Local::Failed(e.to_string()),
                 }
             }
@@ -85,6 +109,13 @@ impl Engine {
         let place = inner.node.offset[sample as usize];
         let (sum, _) = state.record(sample);
         match inner.node.stores[class] {
+            // Just read from its origin into the arena, its checksum computed from those bytes:
+            // hashing them again here would only cost time (the program verifies its copy).
+            ClassStore::Mapped if filled_here => Local::Mapped {
+                offset: place,
+                len,
+                checksum: sum,
+            },
             ClassStore::Mapped => match inner.node.cache.view_verified(class, sample, place, len) {
                 Ok(Some(_)) => Local::Mapped {
                     offset: place,

@@ -32,7 +32,7 @@ mod staging;
 mod stats;
 
 use key::node_key;
-pub use local::Local;
+pub use local::{Local, Prefilled};
 use node_plan::shared_plan;
 pub use node_plan::PlanOrigin;
 use peer::ClusterShare;
@@ -223,6 +223,8 @@ struct Inner {
     /// Served to peers (by this process).
     served_samples: AtomicU64,
     served_bytes: AtomicU64,
+    /// Told of each sample a node agent's prefill has filled ([`Engine::on_prefilled`]).
+    prefilled: std::sync::OnceLock<local::Prefilled>,
 }
 
 // SAFETY: the ring is written only in byte ranges allocated to one producer under the staging
@@ -400,6 +402,7 @@ impl Engine {
             peer_at_epoch_start: Mutex::new((0, 0)),
             served_samples: AtomicU64::new(0),
             served_bytes: AtomicU64::new(0),
+            prefilled: std::sync::OnceLock::new(),
             owner_pid: pid::current(),
             readahead: crate::readahead::staging_gate(
                 model,

@@ -152,6 +152,11 @@ impl Inner {
             // A failed read gives the claim back: the program's own open reads it then.
             if self.fill_claimed(class, k, &mut buf).is_ok() {
                 permit.finish(self.source.size(k));
+                // Published now (the agent's shared directory), so that programs find it
+                // without asking.
+                if let Some(f) = self.prefilled.get() {
+                    f(k);
+                }
             }
         }
     }
