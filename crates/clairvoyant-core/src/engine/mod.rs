@@ -36,7 +36,10 @@ pub use local::Local;
 use node_plan::shared_plan;
 pub use node_plan::PlanOrigin;
 use peer::ClusterShare;
-pub use peer::{ClusterSpec, PeerFetch, PeerReply, PeerService, Serve};
+pub use peer::{
+    ClusterSpec, PeerFetch, PeerReply, PeerService, Serve, PEER_DEADLINE_CEILING, PEER_DEADLINE_FACTOR,
+    PEER_DEADLINE_FLOOR,
+};
 use staging::{Group, RingBuf, StagingState};
 pub use stats::EpochStats;
 
@@ -209,6 +212,9 @@ struct Inner {
     readahead: Gate,
     /// The model says a peer's cache is faster than the dataset's storage.
     peer_faster: bool,
+    /// The dataset's storage for one reader by the model: open latency (s), bytes per second
+    /// (bounds how long a peer fetch may take).
+    pfs_speed: (f64, f64),
     /// Bytes fetched from peers; fetches a peer could not answer (not yet filled, not held,
     /// corrupt); fetches not sent because the peer was down; corrupt replies.
     peer_bytes: AtomicU64,
@@ -389,6 +395,7 @@ impl Engine {
             pfs_files: AtomicU64::new(0),
             pfs_at_epoch_start: Mutex::new((0, 0)),
             peer_faster: peer_faster(model, typical, spec.local_ranks.len() as u32),
+            pfs_speed: (model.pfs.open_latency_s, model.pfs_per_reader_mbps(1) * 1e6),
             peer_bytes: AtomicU64::new(0),
             peer_misses: AtomicU64::new(0),
             peer_fallbacks: AtomicU64::new(0),
