@@ -8,7 +8,7 @@
 //! while fetching a sample is raised when the consumer reaches that sample.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -187,8 +187,12 @@ struct Inner {
     left: AtomicBool,
     /// The dataset has files whose stamps are recorded and checked.
     stamps: bool,
-    /// Samples whose dataset stamp this job checked (or filled itself).
-    checked: Vec<AtomicBool>,
+    /// Per sample, the newest `round` in which this job checked its dataset stamp (or filled
+    /// it); 0: never.
+    checked: Vec<AtomicU32>,
+    /// The epoch the consumer is in, plus one: a cached copy checked in an earlier round is
+    /// checked against its file again before it is handed out.
+    round: AtomicU32,
     ring: RingBuf,
     /// How many times the ring was found truncated (its staged samples marked lost).
     ring_losses: AtomicU64,
@@ -360,7 +364,8 @@ impl Engine {
             node,
             left: AtomicBool::new(false),
             stamps,
-            checked: (0..f).map(|_| AtomicBool::new(false)).collect(),
+            checked: (0..f).map(|_| AtomicU32::new(0)).collect(),
+            round: AtomicU32::new(1),
             ring,
             ring_losses: AtomicU64::new(0),
             ring_cap,

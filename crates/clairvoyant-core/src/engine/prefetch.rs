@@ -1,8 +1,8 @@
 //! Class prefetchers (each rank fills its share of every storage class in order of first
 //! need) and the fetch of one staged sample from the fastest tier that has it. Every cached copy
-//! is checked against the checksum recorded when it was read from the dataset, and once per job
-//! against the dataset file's modification times; a wrong copy is read again from the dataset
-//! and counted as corrupt.
+//! is checked against the checksum recorded when it was read from the dataset, and once per
+//! epoch against the dataset file's modification times; a wrong copy is read again from the
+//! dataset and counted as corrupt, a stale one is read again from the dataset.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -48,17 +48,30 @@ impl Inner {
         }
     }
 
-    /// Whether this job already knows the cached copy of `sample` is of the dataset file as it
-    /// is now (no file to check, or checked), without a system call.
+    /// Whether this job checked the cached copy of `sample` against the dataset file at some
+    /// point (no file to check, or checked), without a system call. Enough to stage a memory
+    /// copy in place: it is checked again for the epoch it is handed out in.
     pub(super) fn stamp_checked(&self, sample: u32) -> bool {
-        !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed)
+        !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) != 0
+    }
+
+    /// The copy of `sample` was just filled from, or checked against, the dataset file.
+    pub(super) fn mark_checked(&self, sample: u32) {
+        self.checked[sample as usize].fetch_max(self.round.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Whether the cached copy of `sample` is of the dataset file as it is now: the file was
-    /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked once per
-    /// sample per job with a stat, and only for samples this job did not fill itself.
+    /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked with a
+    /// stat once per sample per epoch the consumer is in (copies filled in that epoch need none).
     pub(super) fn current(&self, sample: u32) -> bool {
-        if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) {
+        self.current_in(sample, self.round.load(Ordering::Relaxed))
+    }
+
+    /// [`Inner::current`] for round `round` (the consumer's epoch + 1): a check made in an
+    /// earlier round is made again, so a file changed between epochs is read again (or
+    /// reported as changed, as for a sample that is not cached), never served stale.
+    pub(super) fn current_in(&self, sample: u32, round: u32) -> bool {
+        if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) >= round {
             return true;
         }
         let (_, recorded) = self.node.cache.state().record(sample);
@@ -71,7 +84,7 @@ impl Inner {
             Err(_) => false,
         };
         if ok {
-            self.checked[sample as usize].store(true, Ordering::Relaxed);
+            self.checked[sample as usize].fetch_max(round, Ordering::Relaxed);
         }
         ok
     }
@@ -105,7 +118,7 @@ impl Inner {
             .cache
             .fill(class, sample, place, bytes, stamp, in_place.is_some())
         {
-            self.checked[sample as usize].store(true, Ordering::Relaxed);
+            self.mark_checked(sample);
         }
         Ok(src)
     }
@@ -195,7 +208,7 @@ impl Inner {
                     let src = self.read_origin(sample, dst)?;
                     if state.reclaim(sample) {
                         if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
-                            self.checked[sample as usize].store(true, Ordering::Relaxed);
+                            self.mark_checked(sample);
                         }
                     }
                     return Ok(Fetched {
@@ -213,7 +226,7 @@ impl Inner {
                         }
                     };
                     if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
-                        self.checked[sample as usize].store(true, Ordering::Relaxed);
+                        self.mark_checked(sample);
                     }
                     return Ok(Fetched::from(src));
                 }
@@ -262,7 +275,7 @@ impl Inner {
         if self.node.cache.state().reclaim(sample) {
             let place = self.node.offset[sample as usize];
             if let Filled::Ready = self.node.cache.fill(class, sample, place, bytes, stamp, false) {
-                self.checked[sample as usize].store(true, Ordering::Relaxed);
+                self.mark_checked(sample);
             }
         }
     }
