@@ -161,7 +161,8 @@ impl Client {
     /// and the handshake, the reply): a peer that has not answered by then is taken for stalled,
     /// marked down (its other fetches answer `PeerDown` at once; it is probed off the data path)
     /// and the connection is closed, so a late reply is never read. The server is granted at
-    /// most half of `within` to wait for a fill in progress, so a live peer answers in time.
+    /// most a quarter of `within` to wait for a fill in progress, so a live peer answers in time
+    /// even when it is slow to be scheduled.
     pub fn fetch_within(
         &self,
         peer: usize,
@@ -172,7 +173,7 @@ impl Client {
     ) -> Result<Fetch, NetError> {
         let within = within.max(Duration::from_millis(1));
         let deadline = Instant::now() + within;
-        self.fetch_by(peer, sample, wait.min(within / 2), Some(deadline), dst)
+        self.fetch_by(peer, sample, wait.min(within / 4), Some(deadline), dst)
     }
 
     fn fetch_by(

@@ -32,7 +32,7 @@ impl Provider for Late {
 
     /// A request waits for the engine at most its own wait (up to 30 s) from when it was
     /// received, then answers "not yet": the asking node reads the file system instead of
-    /// taking this node for stalled (its fetch is bounded by a deadline of twice the wait).
+    /// taking this node for stalled (its fetch is bounded by a deadline of four times the wait).
     /// Time spent queued for a waiting thread counts, so requests that arrive before the engine
     /// is attached drain in about that time whatever their number.
     fn serve_queued(&self, sample: u32, wait: Duration, queued: Duration) -> Served {
@@ -199,7 +199,7 @@ pub(crate) fn client(peers: &[String], secret: &[u8], job: u64, connections: usi
         connections_per_peer: connections.max(1),
         connect_timeout: Duration::from_secs(3),
         // Background probes only: a fetch is bounded by the engine's deadline (the time the
-        // file system would take for the sample, within 0.5-5 s), after which it reads the file
+        // file system would take for the sample, within 1-5 s), after which it reads the file
         // system instead.
         io_timeout: Duration::from_secs(10),
         // A peer found down is taken off the data path and probed in the background after this
