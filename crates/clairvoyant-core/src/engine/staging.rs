@@ -240,7 +240,7 @@ impl Inner {
             let Some(mut permit) = self.readahead.acquire(ahead) else {
                 return;
             };
-            let (pos, sample, slot_kind) = {
+            let (pos, sample, slot_kind, round) = {
                 let mut st = self.lock();
                 let mut run = 0;
                 // A sample made ready at the consumer's position: wake it before letting go.
@@ -276,7 +276,9 @@ impl Inner {
                     let slot = match self.store_of(sample) {
                         _ if len == 0 => Slot::Empty,
                         Some((_, ClassStore::Mapped)) => {
-                            if self.node.cache.state().state(sample) == crate::tier::READY && self.stamp_checked(sample)
+                            let round = st.epoch_of(st.next_alloc) + 1;
+                            if self.node.cache.state().state(sample) == crate::tier::READY
+                                && self.stamp_checked_in(sample, round)
                             {
                                 // Checked against its checksum when handed out.
                                 status = Status::Ready(Src::Memory);
@@ -328,7 +330,7 @@ impl Inner {
                         lost: false,
                     });
                     if !ready {
-                        break Some(Some((pos, sample, kind)));
+                        break Some(Some((pos, sample, kind, st.epoch_of(pos) + 1)));
                     }
                     run += 1;
                     wake |= pos == st.next_consume;
@@ -343,7 +345,7 @@ impl Inner {
                 }
             };
             permit.start();
-            let outcome = self.fetch(pos, sample, slot_kind);
+            let outcome = self.fetch(pos, sample, slot_kind, round);
             permit.finish(self.source.size(sample));
             let mut st = self.lock();
             let detached = pos < st.base();
