@@ -425,6 +425,62 @@ def test_dataset_rewritten_in_place_is_not_served_from_the_cache(tmp_path, shm):
     assert second["firsts"] == [2], "old bytes served after the dataset changed"
 
 
+@pytest.mark.parametrize("tier", ["memory", "ssd"])
+def test_a_file_changed_between_epochs_is_never_served_stale(tmp_path, shm, tier):
+    """Epoch 0 caches every sample; then one file is rewritten with other bytes of the same
+    size (epoch 1 must deliver the new bytes, as for a sample that is not cached) and another
+    grows (epoch 2 raises DatasetChangedError naming it at that sample, as for a sample that is
+    not cached). The changed samples are the last of their epochs, so they are staged after the
+    change (samples staged ahead of a change may hold bytes read before it, cached or not)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = []
+    for k in range(60):
+        p = data / f"{k:03d}.bin"
+        p.write_bytes(bytes([k]) * 4096)
+        paths.append(str(p))
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"{p} 0\n" for p in paths))
+    if tier == "memory":
+        cfg = memory_config(tmp_path / "system.toml", staging="64 KiB")
+    else:
+        (tmp_path / "ssd").mkdir()
+        cfg = ssd_config(tmp_path / "system.toml", tmp_path / "ssd", staging="64 KiB")
+    body = f"""
+        paths = {paths!r}
+        job = clairvoyant.Job(clairvoyant.FileList({str(listing)!r}), batch_size=4, epochs=3, config={str(cfg)!r})
+        def firsts(e):
+            return [(k, int(s[0]), len(s)) for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e))]
+        e0 = firsts(0)
+        same = int(job.samples_of(1)[-1])
+        time.sleep(0.05)  # a last change later than the fills began, whatever the clock's grain
+        with open(paths[same], "r+b") as f:
+            f.write(bytes([200]) * 4096)
+        e1 = firsts(1)
+        grown = int(job.samples_of(2)[-1])
+        with open(paths[grown], "ab") as f:
+            f.write(b"more")
+        got, error = [], None
+        try:
+            for k, (s, _) in zip(job.samples_of(2).tolist(), job.epoch(2)):
+                got.append((k, int(s[0])))
+        except clairvoyant.DatasetChangedError as err:
+            error = str(err)
+        stats = job.stats()
+        emit(e0=e0, e1=e1, same=same, grown=grown, got=got, error=error,
+             cached=[s["sources"][{tier!r}]["samples"] for s in stats])
+        job.close()
+        """
+    out = result(run(script(tmp_path, "changed", body), base_env(shm, CLAIRVOYANT_CACHE_DIR=tmp_path / "index")))
+    assert all(b == k and n == 4096 for k, b, n in out["e0"])
+    assert out["cached"][1] > 0, f"epoch 1 was served from the {tier} class"
+    wrong = [(k, b) for k, b, _ in out["e1"] if b != (200 if k == out["same"] else k)]
+    assert wrong == [], "epoch 1: old bytes of the rewritten file (or wrong bytes of another)"
+    assert out["error"] is not None and os.path.basename(paths[out["grown"]]) in out["error"], out["error"]
+    assert len(out["got"]) >= 56 and out["grown"] not in [k for k, _ in out["got"]], "epoch 2: up to the grown file's batch"
+    assert all(b == (200 if k == out["same"] else k) for k, b in out["got"]), "epoch 2: bytes before the error"
+
+
 # -- crash recovery -------------------------------------------------------------------------
 
 RANK_SCRIPT = """

@@ -249,6 +249,50 @@ def test_a_stalled_node_is_detected_and_read_around(tmp_path):
         assert stall < 30, f"node {i} stalled {stall:.1f} s"
 
 
+def test_a_node_stopped_for_seconds_costs_the_other_one_deadline(tmp_path):
+    """Node 1 is stopped (SIGSTOP) mid-run for a few seconds (``CV_STOP_SECONDS``; 0: no
+    stop, the baseline), then continued: node 0 fetches its samples from node 1 until then, so
+    it waits on it once, up to the peer deadline (the file system's time for the sample, at
+    least 0.5 s), and reads the file system around it afterwards. Both nodes get every sample
+    of every epoch once, in order, with the right bytes. The stall is printed, not asserted."""
+    import signal
+
+    stop_seconds = float(os.environ.get("CV_STOP_SECONDS", 4))
+    procs, outs, _ = _spawn_nodes(tmp_path, nodes=2, epochs=4, step=0.03, fraction=0.45, staging="48 KiB")
+    try:
+        deadline = time.monotonic() + 120
+        # Both nodes have finished epoch 0 (every node's primary samples are cached): node 0 is
+        # fetching node 1's samples from it.
+        while (not _lines(outs[0]) or not _lines(outs[1])) and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), "a node exited early"
+            time.sleep(0.01)
+        assert _lines(outs[0]) and _lines(outs[1]), "the nodes made no progress"
+        if stop_seconds > 0:
+            procs[1].send_signal(signal.SIGSTOP)
+            time.sleep(stop_seconds)
+            procs[1].send_signal(signal.SIGCONT)
+        for i, p in enumerate(procs):
+            assert p.wait(timeout=240) == 0, f"node {i} failed"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+    for i in (0, 1):
+        epochs = _lines(outs[i])
+        assert [x["epoch"] for x in epochs] == [0, 1, 2, 3]
+        assert all(x["ok"] for x in epochs), f"node {i}: every sample once per epoch, in order, right bytes"
+    epochs = _lines(outs[0])
+    stall = sum(x["stall"] for x in epochs[1:])
+    print(
+        f"node 1 stopped {stop_seconds:g} s: node 0's stall in epochs 1-3 {stall:.3f} s ("
+        + ", ".join(f"{x['stall']:.3f}" for x in epochs[1:])
+        + f"); peer samples {[x['peer'] for x in epochs]}, fell back {[x['fallbacks'] for x in epochs]}, "
+        f"down events {epochs[-1]['down_events']}"
+    )
+    assert sum(x["peer"] for x in epochs) > 0, "node 0 fetched from node 1"
+
+
 def _netns_or_skip():
     from netns import netns_unavailable
 

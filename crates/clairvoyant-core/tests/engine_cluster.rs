@@ -93,7 +93,7 @@ impl InProcess {
 }
 
 impl PeerFetch for InProcess {
-    fn fetch(&self, node: usize, sample: u32, wait: Duration, dst: &mut [u8]) -> PeerReply {
+    fn fetch(&self, node: usize, sample: u32, wait: Duration, _within: Duration, dst: &mut [u8]) -> PeerReply {
         self.asked.fetch_add(1, Ordering::Relaxed);
         if self.is_down(node) {
             return PeerReply::Down;

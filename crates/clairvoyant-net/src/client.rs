@@ -3,6 +3,8 @@
 //! detection: a peer that failed once is taken off the data path (fetches answer `PeerDown` at
 //! once) and probed off it, by a background connect and handshake, first after `dead_for`, then
 //! after twice as long after each failed probe (at most [`MAX_BACKOFF_FACTOR`] times).
+//! [`Client::fetch_within`] bounds a whole fetch (connection, handshake, reply) by a deadline
+//! the caller derives from its other source: a peer slower than that is taken for stalled.
 
 use crate::error::NetError;
 use crate::frame::{self, Header, Kind, HEADER_LEN, MAC_LEN, MAX_MESSAGE, MAX_WAIT_MICROS, NONCE_LEN};
@@ -152,6 +154,36 @@ impl Client {
 
     /// Fetch `sample` of expected length `dst.len()` from node `peer`, waiting at most `wait` at the server.
     pub fn fetch(&self, peer: usize, sample: u32, wait: Duration, dst: &mut [u8]) -> Result<Fetch, NetError> {
+        self.fetch_by(peer, sample, wait, None, dst)
+    }
+
+    /// [`Client::fetch`] bounded by `within` in all (waiting for a pooled connection, connecting
+    /// and the handshake, the reply): a peer that has not answered by then is taken for stalled,
+    /// marked down (its other fetches answer `PeerDown` at once; it is probed off the data path)
+    /// and the connection is closed, so a late reply is never read. The server is granted at
+    /// most a quarter of `within` to wait for a fill in progress, so a live peer answers in time
+    /// even when it is slow to be scheduled.
+    pub fn fetch_within(
+        &self,
+        peer: usize,
+        sample: u32,
+        wait: Duration,
+        within: Duration,
+        dst: &mut [u8],
+    ) -> Result<Fetch, NetError> {
+        let within = within.max(Duration::from_millis(1));
+        let deadline = Instant::now() + within;
+        self.fetch_by(peer, sample, wait.min(within / 4), Some(deadline), dst)
+    }
+
+    fn fetch_by(
+        &self,
+        peer: usize,
+        sample: u32,
+        wait: Duration,
+        deadline: Option<Instant>,
+        dst: &mut [u8],
+    ) -> Result<Fetch, NetError> {
         let p = self.peers.get(peer).ok_or(NetError::BadPeer {
             peer,
             peers: self.peers.len(),
@@ -162,12 +194,12 @@ impl Client {
             Admit::Probe => true,
         };
         let wait = wait.min(Duration::from_micros(MAX_WAIT_MICROS));
-        let mut outcome = self.attempt(p, sample, wait, dst);
+        let mut outcome = self.attempt(p, sample, wait, deadline, dst);
         if let Err(Fault::Stale) = outcome {
             // The other pooled connections are likely as stale (the server closed idle ones or
             // restarted): drop them and retry once on a fresh connection.
             self.drop_idle(p);
-            outcome = self.attempt(p, sample, wait, dst);
+            outcome = self.attempt(p, sample, wait, deadline, dst);
         }
         let f = match outcome {
             Ok(Some(f)) => {
@@ -292,8 +324,11 @@ impl Client {
 
     /// Take a pooled connection, open one, or wait for one. `Ok(None)`: none came free in time
     /// or the peer was marked down meanwhile.
-    fn acquire(&self, p: &Peer, wait: Duration) -> Result<Option<(Conn, bool)>, Fault> {
-        let deadline = Instant::now() + self.cfg.connect_timeout + self.cfg.io_timeout * 2 + wait;
+    fn acquire(&self, p: &Peer, wait: Duration, by: Option<Instant>) -> Result<Option<(Conn, bool)>, Fault> {
+        let mut deadline = Instant::now() + self.cfg.connect_timeout + self.cfg.io_timeout * 2 + wait;
+        if let Some(by) = by {
+            deadline = deadline.min(by);
+        }
         let mut g = lock(&p.inner);
         loop {
             let down_now = g.down_until.is_some_and(|t| Instant::now() < t) && !g.probing;
@@ -306,7 +341,7 @@ impl Client {
             if g.open < self.cfg.connections_per_peer.max(1) {
                 g.open += 1;
                 drop(g);
-                return match self.connect(p.addr) {
+                return match connect(&self.cfg, p.addr, by) {
                     Ok(c) => Ok(Some((c, false))),
                     Err(f) => {
                         lock(&p.inner).open -= 1;
@@ -336,11 +371,18 @@ impl Client {
         p.cv.notify_one();
     }
 
-    fn attempt(&self, p: &Peer, sample: u32, wait: Duration, dst: &mut [u8]) -> Result<Option<Fetch>, Fault> {
-        let Some((mut c, reused)) = self.acquire(p, wait)? else {
+    fn attempt(
+        &self,
+        p: &Peer,
+        sample: u32,
+        wait: Duration,
+        by: Option<Instant>,
+        dst: &mut [u8],
+    ) -> Result<Option<Fetch>, Fault> {
+        let Some((mut c, reused)) = self.acquire(p, wait, by)? else {
             return Ok(None);
         };
-        match self.request(&mut c, sample, wait, dst) {
+        match self.request(&mut c, sample, wait, by, dst) {
             Ok((f, keep)) => {
                 self.release(p, keep.then_some(c));
                 Ok(Some(f))
@@ -352,16 +394,22 @@ impl Client {
         }
     }
 
-    fn connect(&self, addr: SocketAddr) -> Result<Conn, Fault> {
-        connect(&self.cfg, addr)
-    }
-
     /// One request on one connection. `Ok((outcome, keep))`: `keep` is false when the
     /// connection is out of step (a reply of the wrong length) and must be closed.
-    fn request(&self, c: &mut Conn, sample: u32, wait: Duration, dst: &mut [u8]) -> Result<(Fetch, bool), Fault> {
+    /// A time-out (`by` passed, or `io_timeout` of silence) is `Fault::Broken`: the connection
+    /// is closed, so a reply that comes later is never read.
+    fn request(
+        &self,
+        c: &mut Conn,
+        sample: u32,
+        wait: Duration,
+        by: Option<Instant>,
+        dst: &mut [u8],
+    ) -> Result<(Fetch, bool), Fault> {
         let get = Header::new(Kind::Get, sample, 0, wait.as_micros() as u64);
         write_two(&mut c.stream, &get.encode(), &[]).map_err(|_| Fault::Stale)?;
-        c.limit(self.cfg.io_timeout + wait).map_err(|_| Fault::Broken)?;
+        c.limit(bounded(self.cfg.io_timeout + wait, by)?)
+            .map_err(|_| Fault::Broken)?;
         let mut hb = [0u8; HEADER_LEN];
         if let Err((e, got)) = read_full(&mut c.stream, &mut hb) {
             return Err(if got == 0 && !is_timeout(&e) {
@@ -374,7 +422,7 @@ impl Client {
         if h.sample != sample {
             return Err(Fault::Broken);
         }
-        c.limit(self.cfg.io_timeout).map_err(|_| Fault::Broken)?;
+        c.limit(bounded(self.cfg.io_timeout, by)?).map_err(|_| Fault::Broken)?;
         match h.kind {
             Kind::Data => {
                 if h.len as usize != dst.len() {
@@ -407,18 +455,33 @@ pub(crate) enum HandshakeError {
     ServerAuth,
 }
 
-/// The client side of the handshake: Hello -> Challenge (verify the server) -> Auth -> AuthOk.
-fn connect(cfg: &ClientConfig, addr: SocketAddr) -> Result<Conn, Fault> {
-    let stream = TcpStream::connect_timeout(&addr, cfg.connect_timeout).map_err(|_| Fault::Broken)?;
+/// `limit`, or less where `by` comes sooner; `by` passed already is a time-out.
+fn bounded(limit: Duration, by: Option<Instant>) -> Result<Duration, Fault> {
+    match by {
+        None => Ok(limit),
+        Some(by) => {
+            let left = by.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Fault::Broken);
+            }
+            Ok(limit.min(left))
+        }
+    }
+}
+
+/// The client side of the handshake: Hello -> Challenge (verify the server) -> Auth -> AuthOk,
+/// all done by `by` where given (a fetch's deadline; a probe has none).
+fn connect(cfg: &ClientConfig, addr: SocketAddr, by: Option<Instant>) -> Result<Conn, Fault> {
+    let stream = TcpStream::connect_timeout(&addr, bounded(cfg.connect_timeout, by)?).map_err(|_| Fault::Broken)?;
     let _ = stream.set_nodelay(true);
     stream
-        .set_write_timeout(Some(cfg.io_timeout.max(Duration::from_millis(1))))
+        .set_write_timeout(Some(bounded(cfg.io_timeout, by)?.max(Duration::from_millis(1))))
         .map_err(|_| Fault::Broken)?;
     let mut c = Conn {
         stream,
         read_limit: Duration::ZERO,
     };
-    c.limit(cfg.io_timeout).map_err(|_| Fault::Broken)?;
+    c.limit(bounded(cfg.io_timeout, by)?).map_err(|_| Fault::Broken)?;
     handshake(&mut c.stream, &cfg.secret, cfg.job).map_err(|_| Fault::Broken)?;
     Ok(c)
 }
@@ -436,7 +499,7 @@ fn mark_up(p: &Peer) {
 /// fails it within `connect_timeout + io_timeout`). Up: the connection joins the pool and the
 /// peer is back on the data path. Still down: the next probe waits twice as long.
 fn probe(p: &Peer, cfg: &ClientConfig) {
-    match connect(cfg, p.addr) {
+    match connect(cfg, p.addr, None) {
         Ok(c) => {
             let mut g = lock(&p.inner);
             if g.open < cfg.connections_per_peer.max(1) {

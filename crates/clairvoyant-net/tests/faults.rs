@@ -319,3 +319,142 @@ fn silent_connections_do_not_lock_out_peers() {
     assert_eq!(served, 20, "peers locked out by silent connections");
     assert!(st.open_connections <= 256 + 1);
 }
+
+/// A client whose own time-outs are far longer than any test: only a fetch's deadline can end a
+/// wait on a silent peer.
+fn patient_client(addrs: Vec<SocketAddr>, dead_for: Duration) -> Client {
+    let mut cfg = client_cfg(7);
+    cfg.io_timeout = Duration::from_secs(120);
+    cfg.connect_timeout = Duration::from_secs(120);
+    cfg.dead_for = dead_for;
+    Client::new(cfg, addrs)
+}
+
+/// A peer that accepts connections but never says a word (a stopped process's kernel still
+/// completes the TCP handshake): a fetch with a deadline gives up at the deadline, not at the
+/// client's I/O time-out, and the peer is then skipped without another connection.
+#[test]
+fn a_silent_peer_costs_one_deadline_then_is_skipped() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicU64::new(0));
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let (accepted, held) = (accepted.clone(), held.clone());
+        std::thread::spawn(move || {
+            for s in listener.incoming().flatten() {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                held.lock().unwrap().push(s); // kept open, never answered
+            }
+        });
+    }
+    let client = patient_client(vec![addr], Duration::from_secs(120));
+    let mut dst = vec![7u8; 1000];
+    let t0 = Instant::now();
+    let f = client
+        .fetch_within(0, 1, Duration::from_secs(5), Duration::from_millis(200), &mut dst)
+        .unwrap();
+    let took = t0.elapsed();
+    eprintln!("silent peer: fetch answered {f:?} after {took:?} (deadline 200 ms, I/O time-out 120 s)");
+    assert_eq!(f, Fetch::PeerDown);
+    // Generous: only the deadline can end the wait before the 120 s time-outs.
+    assert!(
+        took < Duration::from_secs(60),
+        "the fetch waited for the I/O time-out ({took:?})"
+    );
+    assert_eq!(client.stats().down_events, vec![1]);
+    assert!(client.is_down(0), "taken off the data path");
+    let before = accepted.load(Ordering::SeqCst);
+    for s in 0..100 {
+        assert_eq!(
+            client
+                .fetch_within(0, s, Duration::from_secs(5), Duration::from_millis(200), &mut dst)
+                .unwrap(),
+            Fetch::PeerDown
+        );
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        before,
+        "a down peer is not contacted on the data path"
+    );
+    assert_eq!(client.stats().down_events, vec![1], "marked down once");
+}
+
+/// Answers sample 1 at once; sample 2 only when the test lets it (an authenticated peer that
+/// goes silent mid-request, as a stopped process does).
+struct Gate {
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    inner: MemProvider,
+}
+
+impl clairvoyant_net::Provider for Gate {
+    fn serve(&self, sample: u32, _wait: Duration) -> clairvoyant_net::Served {
+        let g = self.open.lock().unwrap();
+        drop(self.opened.wait_while(g, |open| !*open).unwrap());
+        self.inner.serve(sample, Duration::ZERO)
+    }
+    fn serve_now(&self, sample: u32) -> Option<clairvoyant_net::Served> {
+        if sample == 2 && !*self.open.lock().unwrap() {
+            return None;
+        }
+        self.inner.serve_now(sample)
+    }
+}
+
+/// A peer silent after the handshake: the fetch falls back at its deadline, the peer is marked
+/// down once, and the reply that comes later is never read: once the peer answers a probe
+/// again, every fetch gets its own sample's bytes.
+#[test]
+fn a_reply_after_the_deadline_is_discarded() {
+    let gate = Arc::new(Gate {
+        open: std::sync::Mutex::new(false),
+        opened: std::sync::Condvar::new(),
+        inner: MemProvider::with_sizes(&[(1, 50_000), (2, 50_000), (3, 50_000)]),
+    });
+    let server = Server::start(server_cfg(7), gate.clone()).unwrap();
+    let client = patient_client(vec![server.local_addr()], Duration::from_millis(50));
+    let mut dst = vec![0u8; 50_000];
+    let within = Duration::from_millis(300);
+    assert_eq!(
+        client.fetch_within(0, 1, Duration::ZERO, within, &mut dst).unwrap(),
+        Fetch::Got
+    );
+    let t0 = Instant::now();
+    let f = client.fetch_within(0, 2, Duration::ZERO, within, &mut dst).unwrap();
+    let took = t0.elapsed();
+    eprintln!("silent after the handshake: {f:?} after {took:?} (deadline 300 ms)");
+    assert_eq!(f, Fetch::PeerDown);
+    assert!(
+        took < Duration::from_secs(60),
+        "the fetch waited for the I/O time-out ({took:?})"
+    );
+    assert_eq!(client.stats().down_events, vec![1]);
+    // The peer answers again (its late reply to sample 2 goes to a closed connection).
+    *gate.open.lock().unwrap() = true;
+    gate.opened.notify_all();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut got = 0;
+    while got < 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the peer did not come back after answering probes"
+        );
+        for s in [3u32, 1, 2] {
+            dst.fill(0);
+            match client
+                .fetch_within(0, s, Duration::ZERO, Duration::from_secs(30), &mut dst)
+                .unwrap()
+            {
+                Fetch::Got => {
+                    assert_eq!(dst, sample_bytes(s, 50_000), "sample {s}: its own bytes");
+                    got += 1;
+                }
+                Fetch::PeerDown => std::thread::sleep(Duration::from_millis(5)),
+                other => panic!("sample {s}: {other:?}"),
+            }
+        }
+    }
+    drop(server);
+}

@@ -30,11 +30,13 @@ impl Provider for Late {
         self.serve_queued(sample, wait, Duration::ZERO)
     }
 
-    /// A request waits for the engine at most 5 s (or its own wait, up to 30 s) from when it
-    /// was received: time spent queued for a waiting thread counts, so requests that arrive
-    /// before the engine is attached drain in about that time whatever their number.
+    /// A request waits for the engine at most its own wait (up to 30 s) from when it was
+    /// received, then answers "not yet": the asking node reads the file system instead of
+    /// taking this node for stalled (its fetch is bounded by a deadline of four times the wait).
+    /// Time spent queued for a waiting thread counts, so requests that arrive before the engine
+    /// is attached drain in about that time whatever their number.
     fn serve_queued(&self, sample: u32, wait: Duration, queued: Duration) -> Served {
-        let attach_wait = ATTACH_WAIT.min(wait.max(Duration::from_secs(5))).saturating_sub(queued);
+        let attach_wait = ATTACH_WAIT.min(wait).saturating_sub(queued);
         let wait = wait.saturating_sub(queued);
         let guard = self.service.lock().unwrap_or_else(|p| p.into_inner());
         let (guard, _) = self
@@ -166,8 +168,8 @@ pub(crate) struct Peers {
 }
 
 impl PeerFetch for Peers {
-    fn fetch(&self, node: usize, sample: u32, wait: Duration, dst: &mut [u8]) -> PeerReply {
-        match self.client.fetch(node, sample, wait, dst) {
+    fn fetch(&self, node: usize, sample: u32, wait: Duration, within: Duration, dst: &mut [u8]) -> PeerReply {
+        match self.client.fetch_within(node, sample, wait, within, dst) {
             Ok(Fetch::Got) => PeerReply::Got,
             Ok(Fetch::NotYet) => PeerReply::NotYet,
             Ok(Fetch::NotHeld) => PeerReply::NotHeld,
@@ -197,8 +199,9 @@ pub(crate) fn client(peers: &[String], secret: &[u8], job: u64, connections: usi
         job,
         connections_per_peer: connections.max(1),
         connect_timeout: Duration::from_secs(3),
-        // A peer silent this long inside a reply (beyond the wait it was granted) is taken for
-        // stalled; a loaded machine must not trip it.
+        // Background probes only: a fetch is bounded by the engine's deadline (the time the
+        // file system would take for the sample, within 1-5 s), after which it reads the file
+        // system instead.
         io_timeout: Duration::from_secs(10),
         // A peer found down is taken off the data path and probed in the background after this
         // long (then after twice as long after each failed probe).

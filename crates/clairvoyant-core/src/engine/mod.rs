@@ -8,7 +8,7 @@
 //! while fetching a sample is raised when the consumer reaches that sample.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -36,7 +36,10 @@ pub use local::{Local, Prefilled};
 use node_plan::shared_plan;
 pub use node_plan::PlanOrigin;
 use peer::ClusterShare;
-pub use peer::{ClusterSpec, PeerFetch, PeerReply, PeerService, Serve};
+pub use peer::{
+    ClusterSpec, PeerFetch, PeerReply, PeerService, Serve, PEER_DEADLINE_CEILING, PEER_DEADLINE_FACTOR,
+    PEER_DEADLINE_FLOOR,
+};
 use staging::{Group, RingBuf, StagingState};
 pub use stats::EpochStats;
 
@@ -188,8 +191,12 @@ struct Inner {
     left: AtomicBool,
     /// The dataset has files whose stamps are recorded and checked.
     stamps: bool,
-    /// Samples whose dataset stamp this job checked (or filled itself).
-    checked: Vec<AtomicBool>,
+    /// Per sample, the newest `round` in which this job checked its dataset stamp (or filled
+    /// it); 0: never.
+    checked: Vec<AtomicU32>,
+    /// The epoch the consumer is in, plus one: a cached copy checked in an earlier round is
+    /// checked against its file again before it is handed out.
+    round: AtomicU32,
     ring: RingBuf,
     /// How many times the ring was found truncated (its staged samples marked lost).
     ring_losses: AtomicU64,
@@ -213,6 +220,9 @@ struct Inner {
     readahead: Gate,
     /// The model says a peer's cache is faster than the dataset's storage.
     peer_faster: bool,
+    /// The dataset's storage for one reader by the model: open latency (s), bytes per second
+    /// (bounds how long a peer fetch may take).
+    pfs_speed: (f64, f64),
     /// Bytes fetched from peers; fetches a peer could not answer (not yet filled, not held,
     /// corrupt); fetches not sent because the peer was down; corrupt replies.
     peer_bytes: AtomicU64,
@@ -360,7 +370,8 @@ impl Engine {
             node,
             left: AtomicBool::new(false),
             stamps,
-            checked: (0..f).map(|_| AtomicBool::new(false)).collect(),
+            checked: (0..f).map(|_| AtomicU32::new(0)).collect(),
+            round: AtomicU32::new(1),
             ring,
             ring_losses: AtomicU64::new(0),
             ring_cap,
@@ -395,6 +406,7 @@ impl Engine {
             pfs_files: AtomicU64::new(0),
             pfs_at_epoch_start: Mutex::new((0, 0)),
             peer_faster: peer_faster(model, typical, spec.local_ranks.len() as u32),
+            pfs_speed: (model.pfs.open_latency_s, model.pfs_per_reader_mbps(1) * 1e6),
             peer_bytes: AtomicU64::new(0),
             peer_misses: AtomicU64::new(0),
             peer_fallbacks: AtomicU64::new(0),

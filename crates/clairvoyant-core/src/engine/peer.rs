@@ -14,6 +14,15 @@ use crate::error::Result;
 use crate::plan::{NO_NODE, UNCACHED};
 use crate::tier::{Acquire, Verified, READY};
 
+/// A peer fetch may take this many times the model's time to read the sample from the dataset's
+/// storage before that storage is read instead (and the peer is taken off the data path).
+pub const PEER_DEADLINE_FACTOR: f64 = 2.0;
+/// The shortest deadline of a peer fetch: a peer that is alive answers a small sample well
+/// within it even on a loaded node; a stopped one costs the data path about this much once.
+pub const PEER_DEADLINE_FLOOR: Duration = Duration::from_secs(1);
+/// The longest deadline of a peer fetch, whatever the model says of a large sample.
+pub const PEER_DEADLINE_CEILING: Duration = Duration::from_secs(5);
+
 /// What a peer answered to a fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerReply {
@@ -32,8 +41,10 @@ pub enum PeerReply {
 /// Fetches samples from other nodes' servers by node index and sample id.
 pub trait PeerFetch: Send + Sync {
     /// Fetch `sample` (exactly `dst.len()` bytes) from node `node`, letting it wait at most
-    /// `wait` for a fill in progress.
-    fn fetch(&self, node: usize, sample: u32, wait: Duration, dst: &mut [u8]) -> PeerReply;
+    /// `wait` for a fill in progress, all within `within`: a peer that has not answered by then
+    /// answers `Down` (and is not asked again until it answers a probe), and a reply that comes
+    /// later is discarded, never written into `dst` after the call returned.
+    fn fetch(&self, node: usize, sample: u32, wait: Duration, within: Duration, dst: &mut [u8]) -> PeerReply;
     /// Whether `node` is known to be down (so it is not asked).
     fn is_down(&self, node: usize) -> bool;
 }
@@ -153,12 +164,20 @@ impl Inner {
         Some((p as usize, peers))
     }
 
+    /// How long a fetch of `bytes` from a peer may take before the dataset's storage is read
+    /// instead: [`PEER_DEADLINE_FACTOR`] times the model's time to read it there (one reader),
+    /// within [`PEER_DEADLINE_FLOOR`] (scheduling noise on a loaded node is not a stall) and
+    /// [`PEER_DEADLINE_CEILING`].
+    pub(super) fn peer_deadline(&self, bytes: u64) -> Duration {
+        peer_deadline(self.pfs_speed, bytes)
+    }
+
     /// Read `sample` from where it originates for this node: its primary node if that is
     /// another one and it answers, else the dataset's storage.
     pub(super) fn read_origin(&self, sample: u32, buf: &mut [u8]) -> Result<Src> {
         if let Some((p, peers)) = self.peer_of(sample) {
             let wait = self.cluster().map_or(Duration::ZERO, |c| c.peer_wait);
-            match peers.fetch(p, sample, wait, buf) {
+            match peers.fetch(p, sample, wait, self.peer_deadline(buf.len() as u64), buf) {
                 PeerReply::Got => {
                     self.peer_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
                     return Ok(Src::Peer);
@@ -235,5 +254,37 @@ impl Inner {
         self.served_samples.fetch_add(1, Ordering::Relaxed);
         self.served_bytes.fetch_add(len, Ordering::Relaxed);
         Serve::Ready { bytes, checksum }
+    }
+}
+
+/// See [`Inner::peer_deadline`]; `(latency, bytes_per_second)` of the dataset's storage.
+fn peer_deadline((latency, bytes_per_second): (f64, f64), bytes: u64) -> Duration {
+    let fs = latency + bytes as f64 / bytes_per_second.max(1.0);
+    let d = Duration::try_from_secs_f64(fs * PEER_DEADLINE_FACTOR).unwrap_or(PEER_DEADLINE_CEILING);
+    d.clamp(PEER_DEADLINE_FLOOR, PEER_DEADLINE_CEILING)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peer_deadline_follows_the_file_system_within_floor_and_ceiling() {
+        let fs = (0.01, 100e6); // 10 ms to open, 100 MB/s
+        assert_eq!(
+            peer_deadline(fs, 4096),
+            PEER_DEADLINE_FLOOR,
+            "a small sample: the floor"
+        );
+        // 200 MB: 2.01 s on the file system, twice that from a peer.
+        let big = peer_deadline(fs, 200_000_000);
+        assert!((big.as_secs_f64() - 4.02).abs() < 1e-6, "{big:?}");
+        assert_eq!(peer_deadline(fs, 10_000_000_000), PEER_DEADLINE_CEILING);
+        assert_eq!(
+            peer_deadline((f64::NAN, 0.0), 1),
+            PEER_DEADLINE_CEILING,
+            "a nonsense model: the ceiling"
+        );
+        assert_eq!(peer_deadline((0.0, f64::INFINITY), u64::MAX), PEER_DEADLINE_FLOOR);
     }
 }

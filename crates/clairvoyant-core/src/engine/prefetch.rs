@@ -1,8 +1,8 @@
 //! Class prefetchers (each rank fills its share of every storage class in order of first
 //! need) and the fetch of one staged sample from the fastest tier that has it. Every cached copy
-//! is checked against the checksum recorded when it was read from the dataset, and once per job
-//! against the dataset file's modification times; a wrong copy is read again from the dataset
-//! and counted as corrupt.
+//! is checked against the checksum recorded when it was read from the dataset, and once per
+//! epoch against the dataset file's modification times; a wrong copy is read again from the
+//! dataset and counted as corrupt, a stale one is read again from the dataset.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -48,17 +48,34 @@ impl Inner {
         }
     }
 
-    /// Whether this job already knows the cached copy of `sample` is of the dataset file as it
-    /// is now (no file to check, or checked), without a system call.
-    pub(super) fn stamp_checked(&self, sample: u32) -> bool {
-        !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed)
+    /// Whether this job checked the cached copy of `sample` against the dataset file in round
+    /// `round` (the epoch of the staging position + 1) or later, or there is no file to check,
+    /// without a system call: a memory copy staged in place needs no fetch then. Otherwise a
+    /// staging thread checks it (`fetch`), off the consumer's path.
+    pub(super) fn stamp_checked_in(&self, sample: u32, round: u32) -> bool {
+        !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) >= round
+    }
+
+    /// The copy of `sample` was just filled from, or checked against, the dataset file.
+    pub(super) fn mark_checked(&self, sample: u32) {
+        self.checked[sample as usize].fetch_max(self.round.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Whether the cached copy of `sample` is of the dataset file as it is now: the file was
-    /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked once per
-    /// sample per job with a stat, and only for samples this job did not fill itself.
+    /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked with a
+    /// stat once per sample per epoch the consumer is in (copies filled in that epoch need none).
     pub(super) fn current(&self, sample: u32) -> bool {
-        if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) {
+        self.current_in(sample, self.round.load(Ordering::Relaxed))
+    }
+
+    /// [`Inner::current`] for round `round` (the epoch + 1 of the position it is staged for): a
+    /// check made in an earlier round is made again, so a file changed between epochs is read
+    /// again (or reported as changed, as for a sample that is not cached), never served stale.
+    /// A check counts for the round the consumer is in when it is made: a position staged ahead
+    /// of an epoch boundary is checked once more when it is handed out (`staging::next`), so a
+    /// change made between the epochs is still seen; one staged in its own epoch is not.
+    pub(super) fn current_in(&self, sample: u32, round: u32) -> bool {
+        if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) >= round {
             return true;
         }
         let (_, recorded) = self.node.cache.state().record(sample);
@@ -71,7 +88,8 @@ impl Inner {
             Err(_) => false,
         };
         if ok {
-            self.checked[sample as usize].store(true, Ordering::Relaxed);
+            let now = self.round.load(Ordering::Relaxed);
+            self.checked[sample as usize].fetch_max(round.min(now), Ordering::Relaxed);
         }
         ok
     }
@@ -105,7 +123,7 @@ impl Inner {
             .cache
             .fill(class, sample, place, bytes, stamp, in_place.is_some())
         {
-            self.checked[sample as usize].store(true, Ordering::Relaxed);
+            self.mark_checked(sample);
         }
         Ok(src)
     }
@@ -161,12 +179,13 @@ impl Inner {
         }
     }
 
-    /// Fetch `sample` for staging position `pos`.
-    pub(super) fn fetch(&self, pos: u64, sample: u32, slot_kind: u8) -> Result<Fetched> {
+    /// Fetch `sample` for staging position `pos`, of round `round` (its epoch + 1: a cached copy
+    /// is checked against its dataset file once per round).
+    pub(super) fn fetch(&self, pos: u64, sample: u32, slot_kind: u8, round: u32) -> Result<Fetched> {
         let len = self.source.size(sample);
         let dst: &mut [u8] = match slot_kind {
             0 => return Ok(Fetched::from(Src::Staging)),
-            2 => return self.fetch_mapped(sample, len),
+            2 => return self.fetch_mapped(sample, len, round),
             _ => {
                 // A truncated ring file would fault on write: give it its size back (what was
                 // staged before is marked lost).
@@ -191,7 +210,7 @@ impl Inner {
             match state.acquire(sample, self.fill_timeout) {
                 Acquire::Ready => {
                     let good = self.node.cache.read_verified(class, sample, place, dst) == Verified::Good;
-                    if good && self.current(sample) {
+                    if good && self.current_in(sample, round) {
                         return Ok(Fetched::from(Src::Ssd));
                     }
                     corrupt = !good;
@@ -200,7 +219,7 @@ impl Inner {
                     let src = self.read_origin(sample, dst)?;
                     if state.reclaim(sample) {
                         if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
-                            self.checked[sample as usize].store(true, Ordering::Relaxed);
+                            self.mark_checked(sample);
                         }
                     }
                     return Ok(Fetched {
@@ -218,7 +237,7 @@ impl Inner {
                         }
                     };
                     if let Filled::Ready = self.node.cache.fill(class, sample, place, dst, stamp, false) {
-                        self.checked[sample as usize].store(true, Ordering::Relaxed);
+                        self.mark_checked(sample);
                     }
                     return Ok(Fetched::from(src));
                 }
@@ -236,10 +255,10 @@ impl Inner {
     /// [`Inner::check_mapped`]); filled in place when this rank claims it; read into a private
     /// buffer when the dataset file changed, the class has no room for it, or its filler is
     /// stuck.
-    fn fetch_mapped(&self, sample: u32, len: u64) -> Result<Fetched> {
+    fn fetch_mapped(&self, sample: u32, len: u64, round: u32) -> Result<Fetched> {
         let (class, _) = self.store_of(sample).expect("mapped class");
         match self.node.cache.state().acquire(sample, self.fill_timeout) {
-            Acquire::Ready if self.current(sample) => return Ok(Fetched::from(Src::Memory)),
+            Acquire::Ready if self.current_in(sample, round) => return Ok(Fetched::from(Src::Memory)),
             Acquire::Claimed => {
                 let mut scratch = Vec::new();
                 let src = self.fill_claimed(class, sample, &mut scratch)?;
@@ -267,7 +286,7 @@ impl Inner {
         if self.node.cache.state().reclaim(sample) {
             let place = self.node.offset[sample as usize];
             if let Filled::Ready = self.node.cache.fill(class, sample, place, bytes, stamp, false) {
-                self.checked[sample as usize].store(true, Ordering::Relaxed);
+                self.mark_checked(sample);
             }
         }
     }

@@ -240,7 +240,7 @@ impl Inner {
             let Some(mut permit) = self.readahead.acquire(ahead) else {
                 return;
             };
-            let (pos, sample, slot_kind) = {
+            let (pos, sample, slot_kind, round) = {
                 let mut st = self.lock();
                 let mut run = 0;
                 // A sample made ready at the consumer's position: wake it before letting go.
@@ -276,7 +276,9 @@ impl Inner {
                     let slot = match self.store_of(sample) {
                         _ if len == 0 => Slot::Empty,
                         Some((_, ClassStore::Mapped)) => {
-                            if self.node.cache.state().state(sample) == crate::tier::READY && self.stamp_checked(sample)
+                            let round = st.epoch_of(st.next_alloc) + 1;
+                            if self.node.cache.state().state(sample) == crate::tier::READY
+                                && self.stamp_checked_in(sample, round)
                             {
                                 // Checked against its checksum when handed out.
                                 status = Status::Ready(Src::Memory);
@@ -328,7 +330,7 @@ impl Inner {
                         lost: false,
                     });
                     if !ready {
-                        break Some(Some((pos, sample, kind)));
+                        break Some(Some((pos, sample, kind, st.epoch_of(pos) + 1)));
                     }
                     run += 1;
                     wake |= pos == st.next_consume;
@@ -343,7 +345,7 @@ impl Inner {
                 }
             };
             permit.start();
-            let outcome = self.fetch(pos, sample, slot_kind);
+            let outcome = self.fetch(pos, sample, slot_kind, round);
             permit.finish(self.source.size(sample));
             let mut st = self.lock();
             let detached = pos < st.base();
@@ -412,6 +414,9 @@ impl Inner {
         let idx = (pos - st.base()) as usize;
         st.next_consume += 1;
         let epoch = st.epoch_of(pos);
+        if self.round.load(Ordering::Relaxed) <= epoch {
+            self.round.fetch_max(epoch + 1, Ordering::Relaxed);
+        }
         let closes = pos + 1 == st.epoch_starts[epoch as usize + 1];
         if closes {
             // The pass is consumed: no producer needs its samples any more.
@@ -453,8 +458,12 @@ impl Inner {
         drop(st);
         let (mut ptr, mut region, mut offset) = (ptr, region, offset);
         let ready = matches!(status, Status::Ready(_));
+        // A memory copy staged in place (possibly before the epoch began) whose dataset file
+        // changed since it was filled: read the file as for a sample that is not cached.
+        let stale = ready && region == Region::Arena && !self.current_in(sample, epoch + 1);
         let checked = match region {
             _ if !ready => Some(ptr),
+            _ if stale => None,
             Region::Arena => self.check_mapped(sample, offset, len as u64, &mut group.arena_size),
             Region::Ring if lost || !self.ring_intact_in_group(group) => None,
             // Lost to a truncation another thread saw after the entry was read above.
@@ -465,8 +474,9 @@ impl Inner {
             match checked {
                 Some(p) => ptr = p,
                 None => {
-                    // Damaged after it was staged: the dataset's bytes, in private memory.
-                    corrupt = true;
+                    // Damaged after it was staged (or stale): the dataset's bytes, in private
+                    // memory.
+                    corrupt |= !stale;
                     let was_arena = region == Region::Arena;
                     let stamp = self.stamp();
                     let mut heap = vec![0u8; len].into_boxed_slice();
