@@ -267,12 +267,54 @@ def test_file_backend_repeated_and_1mb(shared):
     sizes = (10, 1 << 20, 3, 0, 5)
     outs = run_ranks(range(4), 4, env, calls=5, sizes=list(sizes))
     check_all(outs, 4, 5, sizes)
-    run_dir = shared / "rdv-r1"
+    # Each call's folder went with its last reader, and the run's with the last call's.
+    assert list(shared.iterdir()) == []
+
+
+def test_file_backend_folders_and_files_are_private(shared, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+    monkeypatch.setattr(_cluster, "_generation_read", lambda *a: None)  # keep the call's files
+    assert _cluster.allgather(b"x", rank=0, world_size=1, run_id="modes", backend="file") == [b"x"]
+    run_dir = shared / "rdv-modes"
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
-    # Generations older than the last two were removed.
-    assert sorted(p.name for p in run_dir.iterdir()) == ["3", "4"]
-    for f in (run_dir / "4").iterdir():
-        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    for gen in run_dir.iterdir():
+        assert stat.S_IMODE(gen.stat().st_mode) == 0o700, gen
+        for f in gen.iterdir():
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_file_backend_a_cancelled_call_takes_its_file_back(shared, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+    cancel, errors = threading.Event(), []
+
+    def wait():
+        try:
+            _cluster.allgather(b"x", rank=0, world_size=2, run_id="alone", timeout=600, backend="file", cancel=cancel)
+        except _cluster.RendezvousError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    cancel.set()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert errors and errors[0].missing == [1], errors
+    assert list(shared.iterdir()) == []
+
+
+def test_file_backend_removes_a_crashed_runs_folder_once_stale(shared, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+    old, recent = shared / "rdv-crashed" / "0", shared / "rdv-running" / "0"
+    for d in (old, recent):
+        d.mkdir(parents=True, mode=0o700)
+        (d / "rank-1").write_bytes(b"")
+    stale = time.time() - _cluster.RENDEZVOUS_STALE_S - 60
+    for p in (old / "rank-1", old, old.parent):
+        os.utime(p, (stale, stale))
+    assert _cluster.allgather(b"x", rank=0, world_size=1, run_id="next", backend="file") == [b"x"]
+    assert sorted(p.name for p in shared.iterdir()) == ["rdv-running"]
 
 
 def test_file_backend_missing_ranks_are_named(shared):
@@ -289,7 +331,7 @@ def test_file_backend_missing_ranks_are_named(shared):
 def test_file_backend_says_once_who_is_missing(shared):
     # After PROGRESS_AFTER_S (5 s; 0.3 s here).
     env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
-    (out, stderr), = run_ranks([0], 2, env, timeout=1.5, run="slow", progress_after=0.3)
+    ((out, stderr),) = run_ranks([0], 2, env, timeout=1.5, run="slow", progress_after=0.3)
     assert out["missing"] == [1]
     assert "rank 0: waiting for rank 1 of 2 (backend file" in stderr
     assert stderr.count("waiting for") == 1
@@ -300,15 +342,20 @@ def test_file_backend_refuses_a_directory_others_can_enter(tmp_path):
     d.mkdir()
     os.chmod(d, 0o755)
     env = clean_env(CLAIRVOYANT_SHARED_DIR=d)
-    (out, _), = run_ranks([0], 2, env)
+    ((out, _),) = run_ranks([0], 2, env)
     assert out["error"] == "ConfigError"
     assert str(d) in out["message"] and "0755" in out["message"]
 
 
 def test_file_backend_refuses_a_stale_file_of_the_same_run(shared):
     env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
+    # A finished run leaves nothing: the same id can be used again.
     check_all(run_ranks(range(2), 2, env, run="again"), 2, 1, (64,))
-    (out, _), = run_ranks([0], 2, env, run="again", timeout=1.0)
+    check_all(run_ranks(range(2), 2, env, run="again"), 2, 1, (64,))
+    # A run whose rank 1 never came (a crash) left rank 0's file: refused, not overwritten.
+    ((out, _),) = run_ranks([0], 2, env, run="again", timeout=0.5)
+    assert out["error"] == "RendezvousError" and "did not join" in out["message"], out
+    ((out, _),) = run_ranks([0], 2, env, run="again", timeout=1.0)
     assert out["error"] == "RendezvousError" and "earlier run with the same run id" in out["message"]
 
 
@@ -340,7 +387,13 @@ def test_mpi_backend():
         "s = _cluster.job_secret(rank=c.rank, world_size=c.size, run_id='m'); "
         "assert c.allgather(s) == [s] * c.size; print('ok')"
     )
-    r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout.count("ok") == 2, r.stderr
 
 
@@ -660,7 +713,9 @@ def test_store_backend_1024_ranks(tcp_store):
     assert errors == {}
     assert sorted(r for o in outs for r in o["ok"]) == list(range(world)), "every rank got every payload"
     assert not store.check(["clairvoyant/scale/0/0"]), "the last reader removed the keys"
-    print(f"{world} store ranks ({procs_n} processes x {per} threads, {size}-byte payloads): {took:.2f} s, slowest rank {max(o['slowest'] for o in outs):.2f} s")
+    print(
+        f"{world} store ranks ({procs_n} processes x {per} threads, {size}-byte payloads): {took:.2f} s, slowest rank {max(o['slowest'] for o in outs):.2f} s"
+    )
 
 
 class _DictStore:
