@@ -91,6 +91,8 @@ def clean_env(**extra):
     env.pop("WORLD_SIZE", None)
     env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
     env["CLAIRVOYANT_CACHE_DIR"] = os.environ.get("CLAIRVOYANT_CACHE_DIR", "")
+    if "CLAIRVOYANT_SHM_DIR" in os.environ:  # the session's (tests/conftest.py)
+        env["CLAIRVOYANT_SHM_DIR"] = os.environ["CLAIRVOYANT_SHM_DIR"]
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -331,7 +333,7 @@ def test_file_backend_missing_ranks_are_named(shared):
 def test_file_backend_says_once_who_is_missing(shared):
     # After PROGRESS_AFTER_S (5 s; 0.3 s here).
     env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
-    ((out, stderr),) = run_ranks([0], 2, env, timeout=1.5, run="slow", progress_after=0.3)
+    (out, stderr), = run_ranks([0], 2, env, timeout=1.5, run="slow", progress_after=0.3)
     assert out["missing"] == [1]
     assert "rank 0: waiting for rank 1 of 2 (backend file" in stderr
     assert stderr.count("waiting for") == 1
@@ -342,7 +344,7 @@ def test_file_backend_refuses_a_directory_others_can_enter(tmp_path):
     d.mkdir()
     os.chmod(d, 0o755)
     env = clean_env(CLAIRVOYANT_SHARED_DIR=d)
-    ((out, _),) = run_ranks([0], 2, env)
+    (out, _), = run_ranks([0], 2, env)
     assert out["error"] == "ConfigError"
     assert str(d) in out["message"] and "0755" in out["message"]
 
@@ -387,13 +389,7 @@ def test_mpi_backend():
         "s = _cluster.job_secret(rank=c.rank, world_size=c.size, run_id='m'); "
         "assert c.allgather(s) == [s] * c.size; print('ok')"
     )
-    r = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert r.stdout.count("ok") == 2, r.stderr
 
 
@@ -713,9 +709,7 @@ def test_store_backend_1024_ranks(tcp_store):
     assert errors == {}
     assert sorted(r for o in outs for r in o["ok"]) == list(range(world)), "every rank got every payload"
     assert not store.check(["clairvoyant/scale/0/0"]), "the last reader removed the keys"
-    print(
-        f"{world} store ranks ({procs_n} processes x {per} threads, {size}-byte payloads): {took:.2f} s, slowest rank {max(o['slowest'] for o in outs):.2f} s"
-    )
+    print(f"{world} store ranks ({procs_n} processes x {per} threads, {size}-byte payloads): {took:.2f} s, slowest rank {max(o['slowest'] for o in outs):.2f} s")
 
 
 class _DictStore:

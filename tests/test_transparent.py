@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 
@@ -186,7 +187,7 @@ def _agent_pids(shm, root) -> list:
     whose command lines name ``root`` too): only an agent's own command line counts."""
     pids = []
     for p in glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.pid")) + glob.glob(
-        os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.pid")
+        os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}", "*", "agent.pid")
     ):
         try:
             pid = int(open(p).read())
@@ -239,32 +240,10 @@ def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None, r
         stats.append(st)
         procs.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "clairvoyant",
-                    "run",
-                    "--dataset",
-                    root,
-                    "--config",
-                    cfg,
-                    "--nodes",
-                    "2",
-                    "--node-rank",
-                    str(i),
-                    "--stats-json",
-                    str(st),
-                    *run_args,
-                    "--",
-                    *program(i),
-                    "--out",
-                    str(out),
-                    *extra_args,
-                ],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+                [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--config", cfg,
+                 "--nodes", "2", "--node-rank", str(i), "--stats-json", str(st), *run_args, "--",
+                 *program(i), "--out", str(out), *extra_args],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
         )
     if kill_node is not None:
@@ -353,8 +332,6 @@ def test_a_peer_agent_killed_lets_the_other_leave_at_once_and_its_port_serve_a_r
     that is gone; both nodes' folders and the rendezvous leave nothing of the run, and a
     relaunch on the same ports starts at once (and reclaims the killed agent's folder)."""
     _preload_or_skip()
-    import tempfile
-
     root, crcs, _ = dataset
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)

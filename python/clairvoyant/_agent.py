@@ -160,7 +160,8 @@ def main(argv=None) -> int:
             files = [order_pattern.replace("{node}", str(i)) for i in range(nodes)]
             if nodes > 1 and len(set(files)) == 1:
                 raise _native.ConfigError(
-                    f"with several nodes the order file must name each node's reads: put {{node}} in its path (got {order_pattern})"
+                    "with several nodes the order file must name each node's reads: put {node} in its path "
+                    f"(got {order_pattern})"
                 )
             counts = [access_counts(read_order_file(f, root, index), len(rel_paths)) for f in files]
             agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts]}
@@ -227,11 +228,7 @@ def main(argv=None) -> int:
                     break
             if event is not None:
                 kind, pattern = event
-                print(
-                    f"clairvoyant agent: placing by {'the order in ' + pattern if kind == 'plan' else 'hashed owners (no order came before the first read)'}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"clairvoyant agent: placing by {'the order in ' + pattern if kind == 'plan' else 'hashed owners (no order came before the first read)'}", file=sys.stderr, flush=True)
                 engine, peers = start_engine(pattern if kind == "plan" else None)
                 server.set_engine(engine)
         if engine is not None:

@@ -207,7 +207,9 @@ def choose_backend(rank: int, world_size: int, backend: str | None = None) -> st
     chosen = backend or _env().get("CLAIRVOYANT_RENDEZVOUS") or None
     if chosen is not None:
         if chosen not in BACKENDS:
-            raise ConfigError(f"invalid value for 'backend' (or CLAIRVOYANT_RENDEZVOUS): {chosen!r}; expected one of {', '.join(BACKENDS)}")
+            raise ConfigError(
+                f"invalid value for 'backend' (or CLAIRVOYANT_RENDEZVOUS): {chosen!r}; expected one of {', '.join(BACKENDS)}"
+            )
         return chosen
     if world_size == 1:
         return "local"
@@ -270,7 +272,9 @@ def _store(rank: int, timeout: float):
     if pg is not None:
         return pg, "the torch.distributed process group"
     if not (addr and port):
-        raise ConfigError("the store rendezvous needs an initialized torch.distributed process group or MASTER_ADDR and MASTER_PORT")
+        raise ConfigError(
+            "the store rendezvous needs an initialized torch.distributed process group or MASTER_ADDR and MASTER_PORT"
+        )
     try:
         port_n = int(port)
     except ValueError as exc:
@@ -457,7 +461,9 @@ def _allgather_mpi(payload, rank, world_size, timeout):
 
     comm = _mpi_comm(rank, world_size)
     if comm is None:
-        raise ConfigError(f"the mpi rendezvous needs mpi4py and an MPI launch whose COMM_WORLD is rank {rank} of {world_size}")
+        raise ConfigError(
+            f"the mpi rendezvous needs mpi4py and an MPI launch whose COMM_WORLD is rank {rank} of {world_size}"
+        )
     deadline = time.monotonic() + timeout
     sizes = np.zeros(world_size, dtype=np.int64)
     _mpi_wait(comm.Iallgather(np.array([len(payload)], dtype=np.int64), sizes), deadline, timeout, "MPI allgather of sizes")
@@ -494,7 +500,9 @@ def _private_dir(path: str, create: bool = True, tighten: bool = False) -> str:
     if st.st_mode & 0o077 and tighten:
         os.chmod(path, 0o700)  # our own directory, opened up: close it again (as the Job API does)
     elif st.st_mode & 0o077:
-        raise ConfigError(f"refusing {path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users in; it must be 0700 (chmod 700 {path})")
+        raise ConfigError(
+            f"refusing {path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users in; it must be 0700 (chmod 700 {path})"
+        )
     return path
 
 
@@ -863,7 +871,9 @@ def listen_address(*, peers_hint: list | None = None) -> str:
         except ValueError:
             return _interface_address(chosen)
         if ip.is_unspecified:
-            raise ConfigError(f"invalid value for CLAIRVOYANT_LISTEN: {chosen} listens on every interface; name one address or interface")
+            raise ConfigError(
+                f"invalid value for CLAIRVOYANT_LISTEN: {chosen} listens on every interface; name one address or interface"
+            )
         return str(ip)
     targets = []
     if env.get("MASTER_ADDR"):
