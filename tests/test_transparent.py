@@ -327,10 +327,13 @@ def _agent_dirs(*bases) -> set:
     return out
 
 
-def test_a_peer_agent_killed_lets_the_other_leave_at_once_and_its_port_serve_a_relaunch(tmp_path, dataset):
-    """The surviving agent does not wait out CLAIRVOYANT_AGENT_LINGER (600 s here) for an agent
-    that is gone; both nodes' folders and the rendezvous leave nothing of the run, and a
-    relaunch on the same ports starts at once (and reclaims the killed agent's folder)."""
+@pytest.mark.parametrize("killed", ["agent", "launcher"])
+def test_a_killed_node_lets_the_agents_leave_at_once_and_the_ports_serve_a_relaunch(tmp_path, dataset, killed):
+    """Node 1's agent killed: the surviving agent does not wait out CLAIRVOYANT_AGENT_LINGER
+    (600 s here) for it. Node 1's launcher killed: its agent sees it detach and both agents
+    leave together once node 0's program is done. Either way node 0's folder and the rendezvous
+    leave nothing of the run, and a relaunch on the same ports starts at once (and reclaims a
+    killed agent's folder)."""
     _preload_or_skip()
     root, crcs, _ = dataset
     shared = tmp_path / "shared"
@@ -397,15 +400,19 @@ def test_a_peer_agent_killed_lets_the_other_leave_at_once_and_its_port_serve_a_r
         before = _agent_dirs(tmp, *map(str, shms))
         procs = launch("life-1")
         a0, a1 = agents()
-        os.kill(a1, signal.SIGKILL)
-        for p in procs:
+        os.kill(a1 if killed == "agent" else procs[1].pid, signal.SIGKILL)
+        for i, p in enumerate(procs):
             _, err = p.communicate(timeout=300)
-            assert p.returncode == 0, err
+            assert p.returncode == (-signal.SIGKILL if killed == "launcher" and i == 1 else 0), err
         assert _exits_within(a0, 120), "node 0's agent waits for the killed one"
-        for i in range(2):
-            _check_reads(tmp_path / f"life-1-{i}.json", crcs, 2)
+        _check_reads(tmp_path / "life-1-0.json", crcs, 2)
+        if killed == "agent":
+            _check_reads(tmp_path / "life-1-1.json", crcs, 2)
+        else:
+            assert _exits_within(a1, 120), "node 1's agent outlives its killed launcher"
         left = _agent_dirs(tmp, *map(str, shms)) - before
-        assert len(left) == 1, left  # the killed agent's, and nothing of node 0's
+        # The killed agent's folder (reclaimed by the next launcher), nothing of an agent that left.
+        assert len(left) == (1 if killed == "agent" else 0), left
         assert not list(shared.glob("rdv-*")), list(shared.iterdir())
 
         # The same ports at once; the killed agent's folder is reclaimed by the next launcher.
