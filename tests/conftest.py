@@ -1,7 +1,8 @@
 """Test-session setup: nothing a test does may stay on the machine after the session.
 
 - Shared memory and temporary files: before collection the session makes two folders of its
-  own, ``/dev/shm/clairvoyant-tests-*`` (else in the temporary directory) and
+  own, ``/dev/shm/clairvoyant-tests-*`` (inside ``$CLAIRVOYANT_SHM_DIR`` when set, else in
+  the temporary directory when there is no /dev/shm) and
   ``/tmp/clairvoyant-tests-*``, world-writable with the sticky bit like the real ones (tests
   run some processes as another user), and points ``CLAIRVOYANT_SHM_DIR`` and ``TMPDIR`` at
   them; every process a test starts inherits both. Both are removed when the session ends
@@ -35,7 +36,10 @@ def _session_dir(parent: str) -> str:
 def pytest_configure(config):
     if hasattr(config, "workerinput"):  # a worker of a distributed run: its controller set them
         return
-    shm_parent = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    # Inside the folder already given (a session started by a test: the outer one removes it).
+    shm_parent = os.environ.get("CLAIRVOYANT_SHM_DIR")
+    if not shm_parent and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        shm_parent = "/dev/shm"
     _SESSION_DIRS["saved"] = {k: os.environ.get(k) for k in ("CLAIRVOYANT_SHM_DIR", "TMPDIR")}
     _SESSION_DIRS["shm"] = _session_dir(shm_parent or tempfile.gettempdir())
     # pytest's own tmp_path folders stay where they were (their paths hold sockets, which allow
