@@ -1,18 +1,71 @@
-"""Test-session setup: nothing a test does may land in the user's cache directory.
+"""Test-session setup: nothing a test does may stay on the machine after the session.
 
-Indexes and the system description default to ``$CLAIRVOYANT_CACHE_DIR``, else
-``$XDG_CACHE_HOME/clairvoyant``, else ``~/.cache/clairvoyant``. The session points
-``CLAIRVOYANT_CACHE_DIR`` at a temporary directory before any test runs (subprocesses inherit
-it) and fails if by the end the user's cache directory holds an index of a dataset the session
-made.
+- Shared memory and temporary files: before collection the session makes two folders of its
+  own, ``/dev/shm/clairvoyant-tests-*`` (inside ``$CLAIRVOYANT_SHM_DIR`` when set, else in
+  the temporary directory when there is no /dev/shm) and
+  ``/tmp/clairvoyant-tests-*``, world-writable with the sticky bit like the real ones (tests
+  run some processes as another user), and points ``CLAIRVOYANT_SHM_DIR`` and ``TMPDIR`` at
+  them; every process a test starts inherits both. Both are removed when the session ends
+  (kept, and named, when a test failed). pytest's own ``tmp_path`` folders stay in the real
+  temporary directory, and only those of failed tests are kept (pyproject.toml).
+- The cache folder: indexes and the system description default to ``$CLAIRVOYANT_CACHE_DIR``,
+  else ``$XDG_CACHE_HOME/clairvoyant``, else ``~/.cache/clairvoyant``. The session points
+  ``CLAIRVOYANT_CACHE_DIR`` at a temporary directory before any test runs and fails if by the
+  end the user's cache directory holds an index of a dataset the session made.
+
+Tests that mean a real ``/dev/shm`` or ``/tmp`` path still name it themselves.
 """
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ENV = "CLAIRVOYANT_CACHE_DIR"
+_SESSION_DIRS: dict = {}
+
+
+def _session_dir(parent: str) -> str:
+    d = tempfile.mkdtemp(prefix="clairvoyant-tests-", dir=parent)
+    os.chmod(d, 0o1777)
+    return d
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # a worker of a distributed run: its controller set them
+        return
+    # Inside the folder already given (a session started by a test: the outer one removes it).
+    shm_parent = os.environ.get("CLAIRVOYANT_SHM_DIR")
+    if not shm_parent and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        shm_parent = "/dev/shm"
+    _SESSION_DIRS["saved"] = {k: os.environ.get(k) for k in ("CLAIRVOYANT_SHM_DIR", "TMPDIR")}
+    _SESSION_DIRS["shm"] = _session_dir(shm_parent or tempfile.gettempdir())
+    # pytest's own tmp_path folders stay where they were (their paths hold sockets, which allow
+    # 107 bytes); the `tmp_path_retention_policy` in pyproject.toml removes those of passed tests.
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    _SESSION_DIRS["tmp"] = _session_dir(tempfile.gettempdir())
+    os.environ["CLAIRVOYANT_SHM_DIR"] = _SESSION_DIRS["shm"]
+    os.environ["TMPDIR"] = _SESSION_DIRS["tmp"]
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if "tmp" not in _SESSION_DIRS:
+        return
+    for k, v in _SESSION_DIRS.pop("saved").items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    tempfile.tempdir = None
+    dirs = [_SESSION_DIRS.pop("shm"), _SESSION_DIRS.pop("tmp")]
+    if session.testsfailed:
+        print(f"\nnote: kept the session's folders for a look at the failures: {' '.join(dirs)}")
+        return
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def user_cache_dirs():

@@ -76,3 +76,30 @@ def test_a_staging_ring_larger_than_any_disk_names_the_setting(tmp_path, monkeyp
     err = capfd.readouterr().err
     assert "warning" not in err, f"a warning before the error: {err}"
     assert [f for _, _, fs in os.walk(tmp_path) for f in fs] == [], "files left behind"
+
+
+def test_a_job_leaves_only_its_index_in_the_cache_folder(tmp_path, monkeypatch):
+    """The index stays (kept between runs); its lock file goes with the scan that held it, and
+    one a killed scanner left goes with the next load of the index."""
+    for k in range(4):
+        d = tmp_path / "data" / f"c{k % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{k}.jpg").write_bytes(bytes([k]) * 100)
+    cache, shm = tmp_path / "cache", tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv("CLAIRVOYANT_CACHE_DIR", str(cache))
+    monkeypatch.setenv("CLAIRVOYANT_SHM_DIR", str(shm))
+
+    def run():
+        job = clairvoyant.Job(clairvoyant.ImageFolder(str(tmp_path / "data")), batch_size=2, epochs=1)
+        assert sum(1 for _ in job.epoch(0)) == 4
+        job.close()
+        return sorted(p.relative_to(cache) for p in cache.rglob("*") if p.is_file())
+
+    files = run()
+    assert files and not [f for f in files if f.name.endswith(".lock")], files
+    (cache / f"{files[0]}.lock").write_bytes(b"")  # as a scanner killed before removing it
+    os.chmod(cache / f"{files[0]}.lock", 0o600)
+    assert run() == files
+    # Nothing of the job in the shared-memory folder either (the per-user folder stays).
+    assert [f for _, _, fs in os.walk(shm) for f in fs] == []

@@ -115,6 +115,8 @@ def shm():
 def base_env(shm: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAIRVOYANT_", "TORCHELASTIC_", "RANK", "WORLD_SIZE", "LOCAL_"))}
     env.update(CLAIRVOYANT_SHM_DIR=str(shm), PYTHONUNBUFFERED="1")
+    if "CLAIRVOYANT_CACHE_DIR" in os.environ:  # the session's (tests/conftest.py)
+        env["CLAIRVOYANT_CACHE_DIR"] = os.environ["CLAIRVOYANT_CACHE_DIR"]
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -91,6 +91,8 @@ def clean_env(**extra):
     env.pop("WORLD_SIZE", None)
     env["PYTHONPATH"] = str(ROOT / "python") + os.pathsep + env.get("PYTHONPATH", "")
     env["CLAIRVOYANT_CACHE_DIR"] = os.environ.get("CLAIRVOYANT_CACHE_DIR", "")
+    if "CLAIRVOYANT_SHM_DIR" in os.environ:  # the session's (tests/conftest.py)
+        env["CLAIRVOYANT_SHM_DIR"] = os.environ["CLAIRVOYANT_SHM_DIR"]
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -267,12 +269,54 @@ def test_file_backend_repeated_and_1mb(shared):
     sizes = (10, 1 << 20, 3, 0, 5)
     outs = run_ranks(range(4), 4, env, calls=5, sizes=list(sizes))
     check_all(outs, 4, 5, sizes)
-    run_dir = shared / "rdv-r1"
+    # Each call's folder went with its last reader, and the run's with the last call's.
+    assert list(shared.iterdir()) == []
+
+
+def test_file_backend_folders_and_files_are_private(shared, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+    monkeypatch.setattr(_cluster, "_generation_read", lambda *a: None)  # keep the call's files
+    assert _cluster.allgather(b"x", rank=0, world_size=1, run_id="modes", backend="file") == [b"x"]
+    run_dir = shared / "rdv-modes"
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
-    # Generations older than the last two were removed.
-    assert sorted(p.name for p in run_dir.iterdir()) == ["3", "4"]
-    for f in (run_dir / "4").iterdir():
-        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    for gen in run_dir.iterdir():
+        assert stat.S_IMODE(gen.stat().st_mode) == 0o700, gen
+        for f in gen.iterdir():
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
+def test_file_backend_a_cancelled_call_takes_its_file_back(shared, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+    cancel, errors = threading.Event(), []
+
+    def wait():
+        try:
+            _cluster.allgather(b"x", rank=0, world_size=2, run_id="alone", timeout=600, backend="file", cancel=cancel)
+        except _cluster.RendezvousError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    cancel.set()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert errors and errors[0].missing == [1], errors
+    assert list(shared.iterdir()) == []
+
+
+def test_file_backend_removes_a_crashed_runs_folder_once_stale(shared, monkeypatch):
+    monkeypatch.setenv("CLAIRVOYANT_SHARED_DIR", str(shared))
+    old, recent = shared / "rdv-crashed" / "0", shared / "rdv-running" / "0"
+    for d in (old, recent):
+        d.mkdir(parents=True, mode=0o700)
+        (d / "rank-1").write_bytes(b"")
+    stale = time.time() - _cluster.RENDEZVOUS_STALE_S - 60
+    for p in (old / "rank-1", old, old.parent):
+        os.utime(p, (stale, stale))
+    assert _cluster.allgather(b"x", rank=0, world_size=1, run_id="next", backend="file") == [b"x"]
+    assert sorted(p.name for p in shared.iterdir()) == ["rdv-running"]
 
 
 def test_file_backend_missing_ranks_are_named(shared):
@@ -307,8 +351,13 @@ def test_file_backend_refuses_a_directory_others_can_enter(tmp_path):
 
 def test_file_backend_refuses_a_stale_file_of_the_same_run(shared):
     env = clean_env(CLAIRVOYANT_SHARED_DIR=shared)
+    # A finished run leaves nothing: the same id can be used again.
     check_all(run_ranks(range(2), 2, env, run="again"), 2, 1, (64,))
-    (out, _), = run_ranks([0], 2, env, run="again", timeout=1.0)
+    check_all(run_ranks(range(2), 2, env, run="again"), 2, 1, (64,))
+    # A run whose rank 1 never came (a crash) left rank 0's file: refused, not overwritten.
+    ((out, _),) = run_ranks([0], 2, env, run="again", timeout=0.5)
+    assert out["error"] == "RendezvousError" and "did not join" in out["message"], out
+    ((out, _),) = run_ranks([0], 2, env, run="again", timeout=1.0)
     assert out["error"] == "RendezvousError" and "earlier run with the same run id" in out["message"]
 
 

@@ -906,6 +906,7 @@ import fcntl, shutil, tempfile
 dst = os.path.join(tempfile.mkdtemp(), "copy")
 shutil.copyfile(p, dst)
 res["copyfile"] = h(open(dst, "rb").read())
+shutil.rmtree(os.path.dirname(dst))
 fd6 = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
 os.lseek(fd6, 7, os.SEEK_SET)
 before = link(fd6).startswith(COPY)

@@ -318,3 +318,38 @@ def test_dataset_pickles(dataset):
         assert torch.equal(img, want_img)
     sampler = pickle.loads(pickle.dumps(loader.sampler))
     assert type(sampler) is type(loader.sampler)
+
+
+def test_a_run_leaves_nothing_behind(image_dir, tmp_path):
+    """A training script's run through the drop-in ends normally: its shared-memory and
+    temporary folders hold no file of it, and the cache folder only the dataset's index."""
+    import subprocess
+    import sys
+    import textwrap
+
+    shm, tmp, cache = tmp_path / "shm", tmp_path / "tmp", tmp_path / "cache"
+    for d in (shm, tmp):
+        d.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import torch, torchvision
+        import clairvoyant.torch as ctorch
+
+        def to_tensor(img):
+            return torch.zeros(1)
+
+        ds = torchvision.datasets.ImageFolder({str(image_dir)!r}, to_tensor)
+        loader = ctorch.DataLoader(ds, batch_size=4, shuffle=True)
+        for epoch in range(2):
+            assert sum(len(y) for _, y in loader) == len(ds)
+        """
+    )
+    env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm), "TMPDIR": str(tmp), "CLAIRVOYANT_CACHE_DIR": str(cache)}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (shm / f"clairvoyant-{os.geteuid()}").is_dir(), "the run used this shared-memory folder"
+    for d in (shm, tmp):
+        left = [os.path.join(p, f) for p, _, fs in os.walk(d) for f in fs]
+        assert left == [], left
+    kept = [f for _, _, fs in os.walk(cache) for f in fs]
+    assert kept and not [f for f in kept if f.endswith(".lock")], kept

@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 
@@ -56,6 +57,7 @@ def _env(tmp_path, extra=None) -> dict:
     env["CLAIRVOYANT_SHM_DIR"] = str(tmp_path / "shm")
     env["CLAIRVOYANT_CACHE_DIR"] = str(tmp_path / "cache")
     env["CLAIRVOYANT_AGENT_LINGER"] = "20"
+    env["CLAIRVOYANT_AGENT_LOG"] = str(tmp_path / "agent-logs")  # an agent's folder goes with it
     os.makedirs(env["CLAIRVOYANT_SHM_DIR"], exist_ok=True)
     env.update(extra or {})
     return env
@@ -185,7 +187,7 @@ def _agent_pids(shm, root) -> list:
     whose command lines name ``root`` too): only an agent's own command line counts."""
     pids = []
     for p in glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.pid")) + glob.glob(
-        os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.pid")
+        os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}", "*", "agent.pid")
     ):
         try:
             pid = int(open(p).read())
@@ -292,6 +294,157 @@ def test_a_peer_agent_killed_mid_run_leaves_both_programs_finishing(tmp_path, da
         _check_reads(out, crcs, 3)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _exits_within(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` (not a child of ours: the agent runs in its own session) exits
+    within ``timeout`` seconds, awaited on a process descriptor."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def _agent_dirs(*bases) -> set:
+    """Every agent folder (``agent-*`` in a runtime folder, ``a-*`` in the short-path fallback)
+    under ``bases``."""
+    out = set()
+    for b in bases:
+        out |= set(glob.glob(os.path.join(b, "clairvoyant-*", "agent-*")))
+        out |= set(glob.glob(os.path.join(b, "clairvoyant-*", "a-*")))
+    return out
+
+
+@pytest.mark.parametrize("killed", ["agent", "launcher"])
+def test_a_killed_node_lets_the_agents_leave_at_once_and_the_ports_serve_a_relaunch(tmp_path, dataset, killed):
+    """Node 1's agent killed: the surviving agent does not wait out CLAIRVOYANT_AGENT_LINGER
+    (600 s here) for it. Node 1's launcher killed: its agent sees it detach and both agents
+    leave together once node 0's program is done. Either way node 0's folder and the rendezvous
+    leave nothing of the run, and a relaunch on the same ports starts at once (and reclaims a
+    killed agent's folder)."""
+    _preload_or_skip()
+    root, crcs, _ = dataset
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    cfg = _config(tmp_path / "node.toml", 1 << 20)
+    ports = [_free_port(), _free_port()]
+    # A short temporary folder of this test's own: agent folders move there when the runtime
+    # folder's path is too long for a socket.
+    tmp = tempfile.mkdtemp(prefix="cv-")
+    try:
+        shms = [tmp_path / "shm0", tmp_path / "shm1"]
+
+        def launch(run_id):
+            procs = []
+            for i in range(2):
+                shms[i].mkdir(exist_ok=True)
+                env = _env(tmp_path, node_env(i, str(shms[i]), str(shared), run_id))
+                env.update(CLAIRVOYANT_PORT=str(ports[i]), CLAIRVOYANT_AGENT_LINGER="600", TMPDIR=tmp)
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "clairvoyant",
+                            "run",
+                            "--dataset",
+                            root,
+                            "--config",
+                            cfg,
+                            "--nodes",
+                            "2",
+                            "--node-rank",
+                            str(i),
+                            "--",
+                            sys.executable,
+                            READER,
+                            root,
+                            "--shard",
+                            f"{i}/2",
+                            "--epochs",
+                            "2",
+                            "--delay",
+                            "0.005",
+                            "--out",
+                            str(tmp_path / f"{run_id}-{i}.json"),
+                        ],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )  # fmt: skip
+                )
+            return procs
+
+        def agents():
+            deadline = time.monotonic() + 120
+            pids = [[], []]
+            while not all(pids) and time.monotonic() < deadline:
+                time.sleep(0.2)
+                pids = [_agent_pids(str(shms[i]), root) + _agent_pids_under(tmp, root, i) for i in range(2)]
+            assert all(pids), f"agents: {pids}"
+            return [p[0] for p in pids]
+
+        before = _agent_dirs(tmp, *map(str, shms))
+        procs = launch("life-1")
+        a0, a1 = agents()
+        os.kill(a1 if killed == "agent" else procs[1].pid, signal.SIGKILL)
+        for i, p in enumerate(procs):
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == (-signal.SIGKILL if killed == "launcher" and i == 1 else 0), err
+        assert _exits_within(a0, 120), "node 0's agent waits for the killed one"
+        _check_reads(tmp_path / "life-1-0.json", crcs, 2)
+        if killed == "agent":
+            _check_reads(tmp_path / "life-1-1.json", crcs, 2)
+        else:
+            assert _exits_within(a1, 120), "node 1's agent outlives its killed launcher"
+        left = _agent_dirs(tmp, *map(str, shms)) - before
+        # The killed agent's folder (reclaimed by the next launcher), nothing of an agent that left.
+        assert len(left) == (1 if killed == "agent" else 0), left
+        assert not list(shared.glob("rdv-*")), list(shared.iterdir())
+
+        # The same ports at once; the killed agent's folder is reclaimed by the next launcher.
+        procs = launch("life-2")
+        b0, b1 = agents()
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+        assert _exits_within(b0, 120) and _exits_within(b1, 120)
+        assert _agent_dirs(tmp, *map(str, shms)) - before == set()
+        assert not list(shared.glob("rdv-*")), list(shared.iterdir())
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _agent_pids_under(tmp, root, node) -> list:
+    """Live agents of emulated node ``node`` serving ``root`` whose folder is under ``tmp``."""
+    pids = []
+    for p in glob.glob(os.path.join(tmp, "clairvoyant-*", "*", "agent.pid")):
+        try:
+            pid = int(open(p).read())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if os.fsencode(root) in args and b"clairvoyant._agent" in args and args[args.index(b"--node") + 1] == str(node).encode():
+                pids.append(pid)
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
 def _imagefolder(root, classes=3, per_class=24):
     from clairvoyant._emulation import make_imagefolder
 
@@ -324,7 +477,7 @@ def test_an_unmodified_torch_script_on_two_nodes(tmp_path, order):
         run_args=("--sampler-order",) if order == "sampler" else (),
     )
     if order == "sampler":
-        logs = _agent_logs(str(tmp_path / "shm0"), root) + _agent_logs(str(tmp_path / "shm1"), root)
+        logs = _agent_logs(str(tmp_path), root)
         assert logs.count("placing by the order in") >= 2 and "no order came before the first read" not in logs, logs
     for i, out in enumerate(outs):
         assert json.loads(out.read_text())["epochs"] == plain[i], f"node {i}: batches differ"
@@ -332,13 +485,10 @@ def test_an_unmodified_torch_script_on_two_nodes(tmp_path, order):
     assert fs <= 1.05 * total, (fs, total, stats)
 
 
-def _agent_logs(shm, root) -> str:
-    """The logs of the agents that served ``root``."""
+def _agent_logs(tmp_path, root) -> str:
+    """The logs of the agents that served ``root`` (kept in ``CLAIRVOYANT_AGENT_LOG``)."""
     text = ""
-    for p in sorted(
-        set(glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.log")))
-        | set(glob.glob(os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.log")))
-    ):
+    for p in sorted(glob.glob(os.path.join(tmp_path, "agent-logs", "*.log"))):
         log = open(p, errors="replace").read()
         if f"files under {root}," in log:
             text += log
@@ -367,7 +517,7 @@ def test_the_sampler_order_reaches_the_agent(tmp_path):
     # Placed by the order (prefilled, not only what was read), the minimum read.
     fs = s["pfs_bytes"] + s["reads"]["direct_bytes"]
     assert fs <= 1.05 * (total + (total - total // 2)), s
-    assert "placing by the order in" in _agent_logs(env["CLAIRVOYANT_SHM_DIR"], root)
+    assert "placing by the order in" in _agent_logs(str(tmp_path), root)
 
 
 def test_ranks_of_a_torchrun_launch_share_one_agent(tmp_path, dataset):

@@ -4,14 +4,17 @@ the interposed library ask it, through a Unix socket, where a dataset file's byt
 them from the shared memory arena themselves (see docs/transparent.md).
 
 Started by the first ``clairvoyant run`` of a job on a node (:mod:`clairvoyant._run`); exits
-when the last one that attached has gone."""
+when the last one that attached has gone and (with several nodes) every other node's agent is
+done or gone; on a normal exit it removes its folder (docs/transparent.md, "Life cycle")."""
 
 from __future__ import annotations
 
 import argparse
 import hashlib
 import os
+import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -218,6 +221,7 @@ def main(argv=None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    clean = False
     try:
         if engine is None:
             # Placed when the program says its order, or at its first read without one.
@@ -237,7 +241,8 @@ def main(argv=None) -> int:
         if engine is not None:
             server.wait_idle(args.idle_wait)
             if peers is not None:
-                _leave_together(node, nodes, args.run_id)
+                _leave_together(node, nodes, args.run_id, peers.cluster["peers"])
+        clean = True
     finally:
         if peers is not None:
             print(f"clairvoyant agent: peers: {engine.peer_stats()}", file=sys.stderr, flush=True)
@@ -246,20 +251,86 @@ def main(argv=None) -> int:
             engine.close()
         if peers is not None and peers.server is not None:
             peers.server.close()
+    if clean:
+        # Its log goes too: a failed agent's folder stays (for its log) until the next launcher
+        # on the node reclaims it.
+        from ._run import reclaim_agent_dir
+
+        reclaim_agent_dir(os.path.dirname(args.socket))
     return 0
 
 
-def _leave_together(node: int, nodes: int, run_id: str) -> None:
+#: How often a leaving agent checks that the agents it waits for are still there, how long one
+#: check may take, and how many checks in a row may go unanswered before that agent counts as
+#: gone (a refused connection counts at once).
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 2.0
+PROBE_MISSES = 3
+
+
+def _leave_together(node: int, nodes: int, run_id: str, addresses: list) -> None:
     """Keep serving the other nodes until every node's programs have finished (their reads of
     this node's cache would otherwise fall back to the file system), at most
-    ``CLAIRVOYANT_AGENT_LINGER`` seconds (default 300)."""
+    ``CLAIRVOYANT_AGENT_LINGER`` seconds (default 300); but not for an agent that is gone (its
+    peer server refuses connections, or does not answer :data:`PROBE_MISSES` checks in a row):
+    the nodes' meeting cannot complete without it, and its programs read the file system
+    directly now."""
     from . import _cluster
 
     linger = float(os.environ.get("CLAIRVOYANT_AGENT_LINGER", "300"))
+    done, cancel, failed = threading.Event(), threading.Event(), []
+
+    def meet():
+        try:
+            _cluster.allgather(b"done", rank=node, world_size=nodes, run_id=run_id, timeout=linger, cancel=cancel)
+        except BaseException as e:  # noqa: BLE001 - reported by the waiting thread
+            failed.append(e)
+        finally:
+            done.set()
+
+    meeting = threading.Thread(target=meet, name="clairvoyant-leave", daemon=True)
+    meeting.start()
+    misses = {i: 0 for i in range(len(addresses)) if i != node}
+    gone = None
+    while gone is None and not done.wait(PROBE_INTERVAL_S):
+        for i, count in misses.items():
+            why = _probe(addresses[i])
+            if why is None:
+                misses[i] = 0
+                continue
+            misses[i] = count + 1
+            if why == "refused" or misses[i] >= PROBE_MISSES:
+                gone = (i, why)
+                break
+    if gone is not None:
+        # It may just have finished and left: give the meeting a moment to see its file.
+        if not done.wait(2 * PROBE_INTERVAL_S):
+            cancel.set()
+            meeting.join(timeout=10)
+            i, why = gone
+            print(
+                f"clairvoyant agent: node {i}'s agent is gone (its peer server at {addresses[i]}: {why}); "
+                "leaving without waiting for the other nodes",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+    if failed:
+        print(f"clairvoyant agent: leaving without the other nodes: {failed[0]}", file=sys.stderr, flush=True)
+
+
+def _probe(address: str) -> str | None:
+    """None when a peer server listens at ``address`` (``host:port``, ``[v6]:port``), else why
+    not: "refused" (nothing listens: its process is gone) or another reason."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
     try:
-        _cluster.allgather(b"done", rank=node, world_size=nodes, run_id=run_id, timeout=linger)
-    except _cluster.RendezvousError as e:
-        print(f"clairvoyant agent: leaving without the other nodes: {e}", file=sys.stderr, flush=True)
+        with socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S):
+            return None
+    except ConnectionRefusedError:
+        return "refused"
+    except (OSError, ValueError) as e:
+        return str(e) or type(e).__name__
 
 
 if __name__ == "__main__":

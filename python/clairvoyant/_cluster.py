@@ -231,11 +231,19 @@ def choose_backend(rank: int, world_size: int, backend: str | None = None) -> st
 
 
 def allgather(
-    payload: bytes, *, rank: int, world_size: int, run_id: str, timeout: float = 120.0, backend: str | None = None
+    payload: bytes,
+    *,
+    rank: int,
+    world_size: int,
+    run_id: str,
+    timeout: float = 120.0,
+    backend: str | None = None,
+    cancel=None,
 ) -> list:
     """Every rank's ``payload``, indexed by rank. Every rank of the run must call it, in the same
     order as its other calls. Raises :class:`RendezvousError` naming the ranks that did not
-    show up within ``timeout`` seconds."""
+    show up within ``timeout`` seconds. ``cancel`` (a :class:`threading.Event`, file backend):
+    once set, the call gives up at once (RendezvousError) and takes this rank's file back."""
     _check_args(rank, world_size, timeout)
     payload = bytes(payload)
     chosen = choose_backend(rank, world_size, backend)
@@ -247,7 +255,7 @@ def allgather(
         return _allgather_store(payload, rank, world_size, run, generation, timeout)
     if chosen == "mpi":
         return _allgather_mpi(payload, rank, world_size, timeout)
-    return _allgather_file(payload, rank, world_size, run, generation, timeout)
+    return _allgather_file(payload, rank, world_size, run, generation, timeout, cancel)
 
 
 # store ----------------------------------------------------------------------------------------
@@ -534,14 +542,24 @@ def _read_private(path: str) -> bytes:
         return f.read()
 
 
-def _allgather_file(payload, rank, world_size, run, generation, timeout):
+def _allgather_file(payload, rank, world_size, run, generation, timeout, cancel=None):
     base = shared_dir()
     if base is None:
         raise ConfigError("the file rendezvous needs a shared directory: set CLAIRVOYANT_SHARED_DIR (or run under Slurm)")
     deadline = time.monotonic() + timeout
     base = _private_dir(base)
-    run_dir = _private_dir(os.path.join(base, f"rdv-{run}"))
-    gen_dir = _private_dir(os.path.join(run_dir, str(generation)))
+    _reclaim_stale_rendezvous(base)
+    run_dir = os.path.join(base, f"rdv-{run}")
+    for _ in range(8):  # the last reader of another call may remove run_dir just as it is made
+        try:
+            _private_dir(run_dir)
+            gen_dir = _private_dir(os.path.join(run_dir, str(generation)))
+            break
+        except ConfigError:
+            if os.path.lexists(run_dir):
+                raise
+    else:
+        gen_dir = _private_dir(os.path.join(run_dir, str(generation)))
     where = gen_dir
     mine = os.path.join(gen_dir, f"rank-{rank}")
     if os.path.lexists(mine):
@@ -552,14 +570,6 @@ def _allgather_file(payload, rank, world_size, run, generation, timeout):
             where=where,
         )
     _write_atomic(mine, _HEADER.pack(_MAGIC, rank, world_size, len(payload)) + payload)
-    # Every rank that reached this generation finished reading generation - 2: drop ours of it.
-    if generation >= 2:
-        old = os.path.join(run_dir, str(generation - 2))
-        try:
-            os.unlink(os.path.join(old, f"rank-{rank}"))
-            os.rmdir(old)  # succeeds for the last rank only
-        except OSError:
-            pass
     progress = _Progress(rank, world_size, "file", where)
     names = {r: f"rank-{r}" for r in range(world_size) if r != rank}
     sleep = 0.001
@@ -571,7 +581,15 @@ def _allgather_file(payload, rank, world_size, run, generation, timeout):
         if time.monotonic() >= deadline:
             raise _timeout_error(missing, world_size, timeout, "file", where)
         progress.tick(missing)
-        time.sleep(min(sleep, max(0.0, deadline - time.monotonic())))
+        pause = min(sleep, max(0.0, deadline - time.monotonic()))
+        if cancel is not None and cancel.wait(pause):
+            # The caller gave up (a member is gone): nobody alive waits for this file.
+            _remove_generation_file(mine, gen_dir, run_dir)
+            raise RendezvousError(
+                f"rank {rank}: gave up waiting for {_ranks_text(missing, world_size)}", missing=missing, backend="file", where=where
+            )
+        if cancel is None:
+            time.sleep(pause)
         sleep = min(sleep * 2, _MAX_SLEEP_S)
     out = []
     for r in range(world_size):
@@ -592,7 +610,59 @@ def _allgather_file(payload, rank, world_size, run, generation, timeout):
                 where=where,
             )
         out.append(data[_HEADER.size :])
+    _generation_read(gen_dir, run_dir, rank, world_size)
     return out
+
+
+#: A rendezvous folder none of whose entries changed for this long is a crashed run's: removed.
+RENDEZVOUS_STALE_S = 24 * 3600.0
+
+
+def _generation_read(gen_dir: str, run_dir: str, rank: int, world_size: int) -> None:
+    """This rank has read every file of the call in ``gen_dir``: mark it so (``read-<rank>``);
+    the rank that completes the set removes the call's folder, and the run's once empty, so a
+    finished run leaves nothing in the shared directory."""
+    try:
+        _write_atomic(os.path.join(gen_dir, f"read-{rank}"), b"")
+        present = set(os.listdir(gen_dir))
+    except OSError:
+        return
+    if all(f"read-{r}" in present for r in range(world_size)):
+        shutil.rmtree(gen_dir, ignore_errors=True)
+        try:
+            os.rmdir(run_dir)  # fails while another call's folder is in it
+        except OSError:
+            pass
+
+
+def _remove_generation_file(mine: str, gen_dir: str, run_dir: str) -> None:
+    for path, remove in ((mine, os.unlink), (gen_dir, os.rmdir), (run_dir, os.rmdir)):
+        try:
+            remove(path)
+        except OSError:
+            return
+
+
+def _reclaim_stale_rendezvous(base: str) -> None:
+    """Remove ``rdv-*`` folders of runs that crashed mid-rendezvous (nothing in them changed
+    for :data:`RENDEZVOUS_STALE_S`); a live rendezvous changes within its time-out."""
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("rdv-")]
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            newest = os.lstat(path).st_mtime
+            for entry, _, files in os.walk(path):
+                for n in files:
+                    newest = max(newest, os.lstat(os.path.join(entry, n)).st_mtime)
+                newest = max(newest, os.lstat(entry).st_mtime)
+        except OSError:
+            continue
+        if now - newest > RENDEZVOUS_STALE_S:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 # -- the job secret ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,13 +68,16 @@ def run_id_of(env) -> str:
 
 def _short_dir(key: str) -> str:
     """A private directory with a short path for the socket (Unix socket paths are limited to
-    107 bytes)."""
+    107 bytes). Folders of agents that are gone, in both places, are removed first."""
     from . import _cluster
 
     base = _cluster._user_runtime_dir()
+    _reclaim_agent_dirs(base, "agent-")
     d = os.path.join(base, f"agent-{key}")
+    top = os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}")
+    if os.path.isdir(top) and not os.path.islink(top):
+        _reclaim_agent_dirs(top, "a-")
     if len(os.path.join(d, "agent.sock")) > 100:
-        top = os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}")
         try:
             os.mkdir(top, 0o700)
         except FileExistsError:
@@ -85,6 +89,66 @@ def _short_dir(key: str) -> str:
     except FileExistsError:
         pass
     return _cluster._private_dir(d, create=False)
+
+
+def _open_lock(path: str) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+
+
+def _still_linked(fd: int, path: str) -> bool:
+    """Whether ``path`` is still the file open as ``fd`` (a folder removed while we waited for
+    its lock leaves us holding a lock on a file nobody else will open)."""
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _answers(sock: str) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(sock)
+            return True
+        except OSError:
+            return False
+
+
+def reclaim_agent_dir(d: str) -> bool:
+    """Remove the agent folder ``d`` when no launcher is in it (its ``agent.lock`` is free) and
+    no agent answers on its socket; whether it was removed. A launcher waiting for the lock
+    meanwhile finds the lock file unlinked and starts over (:class:`Agent`)."""
+    from . import _cluster
+
+    try:
+        _cluster._private_dir(d, create=False)
+        lock = _open_lock(os.path.join(d, "agent.lock"))
+    except (OSError, _native.ConfigError):
+        return False
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # a launcher is starting or attaching to this folder's agent
+        if not _still_linked(lock, os.path.join(d, "agent.lock")) or _answers(os.path.join(d, "agent.sock")):
+            return False
+        shutil.rmtree(d, ignore_errors=True)
+        return not os.path.lexists(d)
+    finally:
+        os.close(lock)
+
+
+def _reclaim_agent_dirs(base: str, prefix: str) -> None:
+    """Remove the ``prefix*`` folders under ``base`` of agents that are gone (killed, or failed
+    after starting: what a crashed run left)."""
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        reclaim_agent_dir(os.path.join(base, name))
 
 
 class Agent:
@@ -100,13 +164,22 @@ class Agent:
             )
         facts = json.dumps([root, run, nodes, node, order_file, config, lazy], sort_keys=True).encode()
         key = hashlib.blake2b(facts, digest_size=8).hexdigest()
-        self.dir = _short_dir(key)
-        self.socket = os.path.join(self.dir, "agent.sock")
-        self.log = os.path.join(self.dir, "agent.log")
         self.started = False
-        lock = os.open(os.path.join(self.dir, "agent.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
+        for _ in range(100):
+            self.dir = _short_dir(key)
+            self.socket = os.path.join(self.dir, "agent.sock")
+            self.log = os.path.join(self.dir, "agent.log")
+            try:
+                lock = _open_lock(os.path.join(self.dir, "agent.lock"))
+            except FileNotFoundError:
+                continue  # the folder was reclaimed just now
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if _still_linked(lock, os.path.join(self.dir, "agent.lock")):
+                break
+            os.close(lock)  # its agent left and removed the folder while we waited: start over
+        else:
+            raise _native.ConfigError(f"cannot take the lock in the agent folder {self.dir}: it keeps being removed")
+        try:
             try:
                 self.client = _native.AgentClient(self.socket)
             except ConnectionError:
@@ -140,6 +213,12 @@ class Agent:
         r, w = os.pipe()
         args += ["--ready-fd", str(w)]
         child_env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "CLAIRVOYANT_AGENT", "CLAIRVOYANT_ROOT")}
+        if env.get("CLAIRVOYANT_AGENT_LOG"):
+            # Kept: the agent's folder (with the default log) goes when the agent exits.
+            from . import _cluster
+
+            logs = _cluster._private_dir(env["CLAIRVOYANT_AGENT_LOG"])
+            self.log = os.path.join(logs, f"{os.path.basename(self.dir)}.{os.getpid()}.log")
         with open(self.log, "wb") as log:
             proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=child_env,

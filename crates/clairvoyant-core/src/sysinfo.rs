@@ -297,8 +297,18 @@ pub mod env {
         "CLAIRVOYANT_AGENT_LINGER",
         Kind::Seconds,
         "300",
-        "Seconds a node agent of a several-node run waits, after its programs ended, for the other \
-         nodes' agents to finish.",
+        "`clairvoyant run`, several nodes: the longest an agent whose launchers are done keeps \
+         serving agents of other nodes that are still running; an agent that is gone is not waited \
+         for (docs/transparent.md, \"Life cycle\").",
+    );
+
+    /// Where node agents' logs are kept.
+    pub const AGENT_LOG: Var = user(
+        "CLAIRVOYANT_AGENT_LOG",
+        Kind::Path,
+        "unset: each agent's log is in its own folder, which goes when the agent exits normally",
+        "`clairvoyant run`: a folder (created 0700) where each agent's log is written and kept, as \
+         <agent folder>.<launcher pid>.log.",
     );
 
     /// Limit of one round trip to the node agent.
@@ -342,7 +352,7 @@ pub mod env {
     );
 
     /// Every variable, in the order the documentation lists them.
-    pub const ALL: [Var; 29] = [
+    pub const ALL: [Var; 30] = [
         CONFIG,
         CACHE_DIR,
         SSD_DIR,
@@ -367,6 +377,7 @@ pub mod env {
         NODES,
         NODE_RANK,
         AGENT_LINGER,
+        AGENT_LOG,
         AGENT_TIMEOUT_MS,
         ROOT,
         AGENT,

@@ -40,9 +40,7 @@ impl PyAgentServer {
         let rel_paths = rel_paths
             .iter()
             .enumerate()
-            .map(|(i, r)| {
-                name_bytes(r).map_err(|e| errors::ArgumentTypeError::new_err(format!("rel_paths[{i}]: {e}")))
-            })
+            .map(|(i, r)| name_bytes(r).map_err(|e| errors::ArgumentTypeError::new_err(format!("rel_paths[{i}]: {e}"))))
             .collect::<PyResult<Vec<Vec<u8>>>>()?;
         let server = Server::start(engine.map(|e| e.engine.clone()), &socket, &root, rel_paths, &dir)
             .map_err(|e| errors::io(&e, format!("cannot start the node agent on {}: {e}", socket.display())))?;

@@ -338,6 +338,7 @@ pub fn load_or_build_container(
     let call_start = now_ns();
     if let Some(ix) = try_load(path, identity, explicit)? {
         if ix.freshness() == Freshness::Fresh {
+            super::index::IndexLock::reclaim(path);
             return Ok((ix, true));
         }
     }

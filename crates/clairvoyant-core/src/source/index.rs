@@ -401,26 +401,76 @@ pub(crate) fn index_path_in(index_dir: Option<&Path>, identity: &OsStr) -> Resul
 
 /// An exclusive `flock` on `<index>.lock`, released when dropped or when the process dies (the
 /// kernel drops it with the descriptor), so a crashed scanner never blocks the others for good.
+/// The holder removes the lock file when it is done, so none stays in the cache folder; a
+/// process that waited meanwhile holds a lock on a file no longer at the path, sees so
+/// (device and inode differ, or the path is gone) and locks the path anew.
 pub(crate) struct IndexLock {
     _file: File,
+    path: PathBuf,
 }
 
 impl IndexLock {
-    pub(crate) fn acquire(index_path: &Path) -> Result<IndexLock> {
+    fn path_of(index_path: &Path) -> PathBuf {
         let mut p = index_path.as_os_str().to_owned();
         p.push(".lock");
-        let path = PathBuf::from(p);
-        let file = secure::open_lock(&path)?;
+        PathBuf::from(p)
+    }
+
+    pub(crate) fn acquire(index_path: &Path) -> Result<IndexLock> {
+        let path = Self::path_of(index_path);
         loop {
-            // SAFETY: flock on a descriptor we own and keep open for the lifetime of the guard.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(IndexLock { _file: file });
+            let file = secure::open_lock(&path)?;
+            if !flock(&file, libc::LOCK_EX).map_err(|e| Error::io(&path, e))? {
+                continue;
             }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != ErrorKind::Interrupted {
-                return Err(Error::io(&path, e));
+            if still_linked(&file, &path) {
+                return Ok(IndexLock { _file: file, path });
             }
         }
+    }
+
+    /// Remove a lock file a holder left (killed between its scan and its removal), unless
+    /// someone holds it now.
+    pub(crate) fn reclaim(index_path: &Path) {
+        let path = Self::path_of(index_path);
+        if fs::symlink_metadata(&path).is_err() {
+            return;
+        }
+        let Ok(file) = secure::open_lock(&path) else { return };
+        if flock(&file, libc::LOCK_EX | libc::LOCK_NB).unwrap_or(false) && still_linked(&file, &path) {
+            let _ = fs::remove_file(&path);
+        }
+    }
+}
+
+impl Drop for IndexLock {
+    fn drop(&mut self) {
+        // Unlinked while still locked: a waiter then finds it gone and locks a fresh file.
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// `flock(op)` on `file`, retried on EINTR: Ok(false) when `LOCK_NB` finds it held.
+fn flock(file: &File, op: libc::c_int) -> std::io::Result<bool> {
+    loop {
+        // SAFETY: flock on a descriptor we own and keep open for the duration of the call.
+        if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::Interrupted => continue,
+            ErrorKind::WouldBlock => return Ok(false),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Whether `path` still names the file open as `file`.
+fn still_linked(file: &File, path: &Path) -> bool {
+    match (file.metadata(), fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
     }
 }
 
@@ -474,6 +524,7 @@ pub(crate) fn load_or_build(
     // Fast path without the lock: writes are atomic renames, so what we read is whole.
     if let Some(ix) = try_load(path, identity, explicit)? {
         if ix.freshness() == Freshness::Fresh {
+            IndexLock::reclaim(path);
             return Ok((ix, true));
         }
     }
@@ -742,6 +793,52 @@ mod tests {
         assert!(!reused, "a changed directory is rescanned");
         let err = load_or_build(&ip, OsStr::new("dir:/elsewhere"), true, build).unwrap_err();
         assert!(matches!(err, Error::BadIndex { .. }), "{err}");
+    }
+
+    /// The lock file lives only while a scan holds it; one a killed scanner left is removed by
+    /// the next load, and one held now is kept.
+    #[test]
+    fn index_lock_files_do_not_stay() {
+        let d = tempfile::tempdir().unwrap();
+        let ip = d.path().join("x.idx");
+        let lock = d.path().join("x.idx.lock");
+        let held = IndexLock::acquire(&ip).unwrap();
+        assert!(lock.exists());
+        IndexLock::reclaim(&ip);
+        assert!(lock.exists(), "a held lock is kept");
+        drop(held);
+        assert!(!lock.exists());
+        // Left by a killed holder (a file nobody holds): reclaimed.
+        secure::open_lock(&lock).unwrap();
+        IndexLock::reclaim(&ip);
+        assert!(!lock.exists());
+    }
+
+    /// Holders removing the file as they go never let two threads in at once.
+    #[test]
+    fn index_lock_excludes_while_its_file_comes_and_goes() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let d = tempfile::tempdir().unwrap();
+        let ip = Arc::new(d.path().join("x.idx"));
+        let inside = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (ip, inside) = (ip.clone(), inside.clone());
+                std::thread::spawn(move || {
+                    for _ in 0..200 {
+                        let _l = IndexLock::acquire(&ip).unwrap();
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                        std::thread::yield_now();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(!d.path().join("x.idx.lock").exists());
     }
 
     #[test]
