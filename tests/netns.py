@@ -249,7 +249,12 @@ class Nodes(_Base):
         self._check(node)
         script = f'mount -t tmpfs -o size={self.shm_size},mode=1777 clairvoyant-shm /dev/shm && exec "$@"'
         wrapped = ["ip", "netns", "exec", self.namespaces[node], "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]
-        return self._start(node, wrapped + [str(a) for a in argv], self._env(node, env), kw)
+        e = self._env(node, env)
+        # The node's /dev/shm is a fresh one: a shared-memory folder of the host's (the test
+        # session's own) is not there.
+        if os.path.normpath(e.get("CLAIRVOYANT_SHM_DIR", "/")).startswith("/dev/shm/"):
+            del e["CLAIRVOYANT_SHM_DIR"]
+        return self._start(node, wrapped + [str(a) for a in argv], e, kw)
 
     def _kill_node(self, node: int) -> None:
         super()._kill_node(node)

@@ -34,6 +34,7 @@ def _env(tmp_path, extra=None) -> dict:
     env["CLAIRVOYANT_SHM_DIR"] = str(tmp_path / "shm")
     env["CLAIRVOYANT_CACHE_DIR"] = str(tmp_path / "cache")
     env["CLAIRVOYANT_AGENT_LINGER"] = "20"
+    env["CLAIRVOYANT_AGENT_LOG"] = str(tmp_path / "agent-logs")  # an agent's folder goes with it
     os.makedirs(env["CLAIRVOYANT_SHM_DIR"], exist_ok=True)
     env.update(extra or {})
     return env
@@ -43,16 +44,12 @@ def _run(args, env, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "clairvoyant", "run", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _agent_log(shm, root) -> str:
-    """The logs of the agents that served ``root`` (their folder is under ``shm``, or in the
-    short-path fallback under the temporary directory)."""
+def _agent_log(logs, root) -> str:
+    """The logs of the agents that served ``root`` (kept in ``CLAIRVOYANT_AGENT_LOG``)."""
     import glob
 
     text = ""
-    for p in sorted(
-        set(glob.glob(os.path.join(shm, "clairvoyant-*", "*", "agent.log")))
-        | set(glob.glob(os.path.join("/tmp", f"clairvoyant-{os.geteuid()}", "*", "agent.log")))
-    ):
+    for p in sorted(glob.glob(os.path.join(logs, "*.log"))):
         log = open(p, errors="replace").read()
         if f"files under {root}," in log:
             text += log
@@ -140,7 +137,7 @@ def test_files_outside_the_sampler_order_are_cached_on_first_read(tmp_path):
         f"files outside it: {n_val} (val/), cached when first read"
     )
     assert r.stderr.count(note) == 1, r.stderr
-    log = _agent_log(env["CLAIRVOYANT_SHM_DIR"], root)
+    log = _agent_log(env["CLAIRVOYANT_AGENT_LOG"], root)
     assert "placing by the order in" in log and f"files outside it: {n_val}, placed by hashed owners" in log, log
 
 
@@ -219,7 +216,7 @@ def test_an_iterable_dataset_under_the_sampler_order_gets_a_notice(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout == plain
     assert r.stderr.count("Files is an iterable-style dataset: its order cannot be known ahead") == 1, r.stderr
-    assert "hashed owners (no order came before the first read)" in _agent_log(env["CLAIRVOYANT_SHM_DIR"], root)
+    assert "hashed owners (no order came before the first read)" in _agent_log(env["CLAIRVOYANT_AGENT_LOG"], root)
 
 
 def test_a_torchrun_launch_prints_the_nodes_figures_and_notices_once(tmp_path):
