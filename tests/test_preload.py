@@ -1140,3 +1140,55 @@ def test_the_threads_of_one_process_look_up_at_the_same_time(built, dataset, sta
     assert int((agent.state / "max_in_flight").read_text()) == n
     c = agent.counters()
     assert c["lookups"] == n and c["cached_reads"] >= n and c["fallbacks"] == 0, c
+
+
+
+STOPPED = r"""
+import json, os, sys, time
+root, rel, pause = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def open_read():
+    t = time.monotonic()
+    with open(os.path.join(root, rel), "rb") as f:
+        f.read()
+    return time.monotonic() - t
+open_read()
+print("stopme", flush=True)
+sys.stdin.readline()
+first = open_read()
+time.sleep(pause)
+print(json.dumps([first, open_read()]), flush=True)
+"""
+
+
+def test_a_stopped_agent_costs_one_time_out_then_short_probes(built, dataset, start_agent):
+    # The agent is stopped (SIGSTOP) after the program's first open. The next open waits the
+    # whole round-trip time-out (3 s) and marks the agent down; the next contact, 5.5 s later
+    # (past the first back-off, 1 s, and the fixed 5 s of before), is a probe whose greeting
+    # gives up after a short time-out: a second full time-out is not paid.
+    import signal
+
+    agent = start_agent("lookup")
+    env = env_for(built, dataset, agent.socket, CLAIRVOYANT_AGENT_TIMEOUT_MS=3000)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STOPPED, str(dataset), FILES[0], "5.5"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "stopme"
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            out, err = proc.communicate("go\n", timeout=60)
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    first, second = json.loads(out.splitlines()[-1])
+    assert first >= 2.5, f"the first open after the stop did not wait for the agent ({first:.2f} s)"
+    assert second < 1.5, f"the probe after the back-off waited {second:.2f} s, as long as a round trip"
+    assert "asking again in 1 s" in err

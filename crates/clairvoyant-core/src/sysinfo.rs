@@ -316,7 +316,9 @@ pub mod env {
         "CLAIRVOYANT_AGENT_TIMEOUT_MS",
         Kind::Milliseconds,
         "10000",
-        "Transparent mode: limit of one round trip to the node agent; past it the file is read directly.",
+        "Transparent mode: limit of one round trip to the node agent; past it the file is read directly \
+         and the agent is asked again after 1 s, then ever more seldom (up to 30 s), first with a \
+         short probe.",
     );
 
     /// The dataset root of transparent mode.

@@ -4,7 +4,7 @@
 //! a process-wide lock, so the threads of one process have as many lookups in flight as they
 //! have opens (a miss costs one read at the program's own concurrency).
 
-use crate::paths::{Config, RETRY_AFTER};
+use crate::paths::{retry_after, Config, PROBE_TIMEOUT, RETRY_FIRST};
 use crate::real;
 use clairvoyant_agent::dir::{counter, path_key, DirReader, Entry};
 use clairvoyant_agent::proto::{self, Reply, Request};
@@ -147,6 +147,8 @@ struct Conn {
     stream: Option<UnixStream>,
     sock_ino: u64,
     down_until: Option<Instant>,
+    /// Failed round trips or probes in a row (0: the agent answers).
+    failures: u32,
     session: Option<Arc<Session>>,
     /// Lookup connections not in use now.
     idle: Vec<Pooled>,
@@ -214,6 +216,7 @@ static CONN: ForkMutex = ForkMutex {
         stream: None,
         sock_ino: 0,
         down_until: None,
+        failures: 0,
         session: None,
         idle: Vec::new(),
     }),
@@ -279,6 +282,7 @@ pub extern "C" fn fork_child() {
     }
     c.pid = 0;
     c.down_until = None;
+    c.failures = 0;
     unsafe { libc::pthread_mutex_unlock(CONN.m.get()) };
 }
 
@@ -347,13 +351,15 @@ impl Conn {
             .as_ref()
             .is_some_and(|s| fd_ino(s.as_raw_fd()) == Some(self.sock_ino));
         self.forget_stream(ours);
-        self.down_until = Some(Instant::now() + RETRY_AFTER);
+        self.failures = self.failures.saturating_add(1);
+        let wait = retry_after(self.failures);
+        self.down_until = Some(Instant::now() + wait);
         crate::notice_once(
             "agent",
             &format!(
-                "clairvoyant: agent at {} failed ({why}); reading files directly, retrying in {} s",
+                "clairvoyant: agent at {} failed ({why}); reading files directly, asking again in {} s, then ever more seldom",
                 cfg.agent.display(),
-                RETRY_AFTER.as_secs()
+                wait.as_secs()
             ),
         );
     }
@@ -394,12 +400,21 @@ impl Conn {
         self.sock_ino = fd_ino(s.as_raw_fd()).unwrap_or(0);
         SOCK_FD.store(s.as_raw_fd(), Ordering::Relaxed);
         self.stream = Some(s);
-        let reply = self.round_trip(
+        // After a failure this is a probe: an agent that answers at all greets at once, so a
+        // stopped one costs the program a short wait, not another full time-out.
+        let within = if self.failures > 0 {
+            cfg.timeout.min(PROBE_TIMEOUT)
+        } else {
+            cfg.timeout
+        };
+        let s = self.stream.as_ref().ok_or("not connected")?;
+        let reply = round_trip_within(
+            s,
             &Request::Hello {
                 version: proto::VERSION,
                 pid: self.pid,
             },
-            cfg,
+            within,
         )?;
         let Reply::Hello {
             version,
@@ -460,11 +475,6 @@ impl Conn {
         }
         Ok(())
     }
-
-    fn round_trip(&mut self, req: &Request, cfg: &Config) -> Result<Reply, String> {
-        let s = self.stream.as_ref().ok_or("not connected")?;
-        round_trip(s, req, cfg)
-    }
 }
 
 /// A new connection to the agent, from a process of this user only.
@@ -497,11 +507,15 @@ fn connect_pooled(cfg: &Config) -> Option<Pooled> {
 }
 
 fn round_trip(s: &UnixStream, req: &Request, cfg: &Config) -> Result<Reply, String> {
+    round_trip_within(s, req, cfg.timeout)
+}
+
+fn round_trip_within(s: &UnixStream, req: &Request, within: Duration) -> Result<Reply, String> {
     let mut w = s;
     proto::write_request(&mut w, req).map_err(|e| format!("send: {e}"))?;
     let mut rd = Deadline {
         s,
-        until: Instant::now() + cfg.timeout,
+        until: Instant::now() + within,
     };
     proto::read_reply(&mut rd).map_err(|e| format!("receive: {e}"))
 }
@@ -570,6 +584,10 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             let res = exchange(&p.stream, rel, cfg);
             let l = Locked::new();
             let c = l.conn();
+            if res.is_ok() {
+                // Answered: the agent is back (a greeting alone does not say so).
+                c.failures = 0;
+            }
             if res.is_ok() && c.pid == std::process::id() {
                 c.idle.push(p);
             } else {
@@ -581,13 +599,17 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             // Every slot in use: share the main connection.
             let l = Locked::new();
             let c = l.conn();
-            match c.ensure(cfg) {
+            let res = match c.ensure(cfg) {
                 Ok(()) => match c.stream.as_ref() {
                     Some(s) => exchange(s, rel, cfg),
                     None => Err("not connected".into()),
                 },
                 Err(e) => Err(e),
+            };
+            if res.is_ok() {
+                c.failures = 0;
             }
+            res
         }
     };
     let (reply, inline) = match answer {
@@ -654,7 +676,7 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
         Reply::Unknown => Found::Unknown,
         Reply::Error { message } => {
             // The connection is fine; the agent could not answer this one.
-            Locked::new().conn().down_until = Some(Instant::now() + RETRY_AFTER);
+            Locked::new().conn().down_until = Some(Instant::now() + RETRY_FIRST);
             crate::notice_once(
                 "agent-error",
                 &format!(

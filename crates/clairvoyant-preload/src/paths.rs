@@ -56,8 +56,21 @@ fn standin_for(root: &[u8], var: Option<&OsStr>) -> bool {
         }
     }
 }
-/// After a failed round trip, how long the agent is not asked again.
-pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// After a failed round trip, how long the agent is not asked again; doubled after each failed
+/// probe (a stopped agent costs one time-out, then short probes ever more seldom).
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest time between two probes of an agent that does not answer.
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long the greeting of a probe (the first connection after a failure) may take: an agent
+/// that answers at all answers a greeting in microseconds.
+pub const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// How long the agent is not asked after `failures` failures in a row (at least one).
+pub fn retry_after(failures: u32) -> Duration {
+    RETRY_FIRST
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(RETRY_MAX)
+}
 
 pub struct Config {
     /// The root as given and its canonical form (when different), without trailing '/'
@@ -195,6 +208,14 @@ pub fn classify_from(roots: &[Vec<u8>], base: &[u8], path: &[u8]) -> Place {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_that_keeps_failing_is_asked_ever_more_seldom() {
+        let waits: Vec<u64> = (1..=8).map(|n| retry_after(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(retry_after(u32::MAX), RETRY_MAX);
+        assert!(PROBE_TIMEOUT < RETRY_FIRST);
+    }
 
     #[test]
     fn standin_setting() {
