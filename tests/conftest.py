@@ -65,6 +65,20 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nnote: kept the session's folders for a look at the failures: {' '.join(dirs)}")
         return
     for d in dirs:
+        _remove_after_multiprocessing(d)
+
+
+def _remove_after_multiprocessing(d: str) -> None:
+    """Remove ``d`` now, or, when this process's multiprocessing keeps its own temporary folder
+    in it, right after multiprocessing removes that folder at exit (its finalizers run by falling
+    priority; the folder's is -100), so neither trips over the other."""
+    import multiprocessing.process
+    import multiprocessing.util
+
+    mine = multiprocessing.process.current_process()._config.get("tempdir")
+    if mine and os.path.realpath(mine).startswith(os.path.realpath(d) + os.sep):
+        multiprocessing.util.Finalize(None, shutil.rmtree, args=(d,), kwargs={"ignore_errors": True}, exitpriority=-200)
+    else:
         shutil.rmtree(d, ignore_errors=True)
 
 
