@@ -171,3 +171,23 @@ def test_the_drop_in_reads_its_epochs_through_the_registry(monkeypatch):
         _dropin._epochs_arg(None)
     monkeypatch.setenv("CLAIRVOYANT_EPOCHS", "4")
     assert _dropin._epochs_arg(None) == 4
+
+
+def test_the_package_reads_its_variables_only_through_the_registry():
+    import re
+
+    # Reads of os.environ / env mappings by name, not writes (a launcher sets them for its
+    # children). The interpreter start-up hook stays on os.environ: it runs in every program
+    # and must not load the native module to find out it has nothing to do.
+    read = re.compile(r"""(?:environ|env)(?:\.get\(|\[)\s*["']CLAIRVOYANT_[A-Z0-9_]+["']\s*(?:\)|,|\](?!\s*=[^=]))""")
+    root = REPO / "python" / "clairvoyant"
+    allowed = {root / "_settings.py", root / "_hook" / "sitecustomize.py"}
+    harness = {"bench.py", "demo.py", "_emulation.py"}
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if path not in allowed and path.name not in harness and not path.name.startswith("_bench")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if read.search(line)
+    ]
+    assert not found, "read these through clairvoyant._settings.get:\n" + "\n".join(found)

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import _native
+from . import _native, _settings
 
 
 def list_dataset(root: str) -> list:
@@ -277,7 +277,7 @@ def _leave_together(node: int, nodes: int, run_id: str, addresses: list) -> None
     directly now."""
     from . import _cluster
 
-    linger = float(os.environ.get("CLAIRVOYANT_AGENT_LINGER", "300"))
+    linger = _settings.get("CLAIRVOYANT_AGENT_LINGER")
     done, cancel, failed = threading.Event(), threading.Event(), []
 
     def meet():

@@ -46,6 +46,7 @@ import tempfile
 import time
 import zlib
 
+from . import _settings
 from .errors import ClairvoyantError, ConfigError, CorruptError
 
 BACKENDS = ("store", "mpi", "file")
@@ -172,7 +173,7 @@ def _store_applies(rank: int) -> bool:
     env = _env()
     if not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
         return False
-    return _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")) or _truthy(env.get("CLAIRVOYANT_STORE_MASTER"))
+    return _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")) or _settings.get("CLAIRVOYANT_STORE_MASTER", False, env)
 
 
 def _mpi_comm(rank: int, world_size: int):
@@ -194,8 +195,8 @@ def shared_dir() -> str | None:
     """The shared directory for the file backend and the job secret: ``CLAIRVOYANT_SHARED_DIR``,
     else ``~/.cache/clairvoyant/rendezvous`` under Slurm, else None."""
     env = _env()
-    if env.get("CLAIRVOYANT_SHARED_DIR"):
-        return env["CLAIRVOYANT_SHARED_DIR"]
+    if _settings.get("CLAIRVOYANT_SHARED_DIR", None, env):
+        return _settings.get("CLAIRVOYANT_SHARED_DIR", None, env)
     if env.get("SLURM_JOB_ID"):
         return os.path.join(os.path.expanduser("~"), ".cache", "clairvoyant", "rendezvous")
     return None
@@ -286,7 +287,7 @@ def _store(rank: int, timeout: float):
     from torch.distributed import TCPStore
 
     store = None
-    if rank == 0 and _truthy(env.get("CLAIRVOYANT_STORE_MASTER")) and not _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")):
+    if rank == 0 and _settings.get("CLAIRVOYANT_STORE_MASTER", False, env) and not _truthy(env.get("TORCHELASTIC_USE_AGENT_STORE")):
         try:
             store = TCPStore(addr, port_n, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=timeout))
         except Exception:  # the port is taken: a store exists already; join it as a client
@@ -682,7 +683,7 @@ def _user_runtime_dir() -> str:
     (every process of this user walks the same sequence, so they still meet); after 8 refusals
     the error names the first."""
     env = _env()
-    root = env.get("CLAIRVOYANT_SHM_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
+    root = _settings.get("CLAIRVOYANT_SHM_DIR", None, env) or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
     first = None
     for i in range(8):
         path = os.path.join(root, f"clairvoyant-{os.geteuid()}" + (f".{i}" if i else ""))
@@ -754,7 +755,7 @@ def job_secret(*, rank: int, world_size: int, run_id: str, timeout: float = 120.
     /dev/shm (or ``CLAIRVOYANT_SHM_DIR``). Otherwise a ConfigError says how to provide one."""
     _check_args(rank, world_size, timeout)
     env = _env()
-    text = env.get("CLAIRVOYANT_SECRET")
+    text = _settings.raw("CLAIRVOYANT_SECRET", env)
     if text is not None:
         if len(text) < 16:
             raise ConfigError(f"invalid value for CLAIRVOYANT_SECRET: {len(text)} characters, at least 16 are needed")
@@ -864,7 +865,7 @@ def listen_address(*, peers_hint: list | None = None) -> str:
     address the kernel picks to reach ``MASTER_ADDR`` (or the first of ``peers_hint``, of
     ``CLAIRVOYANT_PEERS``, or Slurm's first node), else 127.0.0.1. Never a wildcard address."""
     env = _env()
-    chosen = (env.get("CLAIRVOYANT_LISTEN") or "").strip()
+    chosen = _settings.get("CLAIRVOYANT_LISTEN", "", env)
     if chosen:
         try:
             ip = ipaddress.ip_address(chosen)
@@ -879,7 +880,7 @@ def listen_address(*, peers_hint: list | None = None) -> str:
     if env.get("MASTER_ADDR"):
         targets.append(env["MASTER_ADDR"])
     targets += [_strip_port(p) for p in (peers_hint or [])[:1]]
-    peers = [p for p in re.split(r"[,\s]+", env.get("CLAIRVOYANT_PEERS", "")) if p]
+    peers = [p for p in re.split(r"[,\s]+", _settings.get("CLAIRVOYANT_PEERS", "", env)) if p]
     targets += [_strip_port(p) for p in peers[:1]]
     loopback, named = None, None
     for target in targets:
@@ -926,15 +927,15 @@ def node_id() -> str:
     and the device of the shared-memory directory (so two containers with one host name on
     different machines, or with separate /dev/shm on one machine, differ)."""
     env = _env()
-    if env.get("CLAIRVOYANT_NODE_ID"):
-        return env["CLAIRVOYANT_NODE_ID"]
+    if _settings.get("CLAIRVOYANT_NODE_ID", None, env):
+        return _settings.get("CLAIRVOYANT_NODE_ID", None, env)
     parts = [socket.gethostname()]
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             parts.append(f.read().strip())
     except OSError:
         pass
-    shm = env.get("CLAIRVOYANT_SHM_DIR") or "/dev/shm"
+    shm = _settings.get("CLAIRVOYANT_SHM_DIR", None, env) or "/dev/shm"
     try:
         parts.append(f"{os.stat(shm).st_dev:x}")
     except OSError:

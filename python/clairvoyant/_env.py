@@ -42,6 +42,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from . import _settings
 from .errors import ConfigError
 
 _RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -156,7 +157,7 @@ def run_id(env=None) -> str:
     """The run the local ranks of one job share: ``CLAIRVOYANT_RUN_ID``, else torchrun's run id,
     else the Slurm job step; "" when none is set (callers then derive one)."""
     env = os.environ if env is None else env
-    run = env.get("CLAIRVOYANT_RUN_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
+    run = _settings.raw("CLAIRVOYANT_RUN_ID", env) or env.get("TORCHELASTIC_RUN_ID") or ""
     if run.strip().lower() == "none":
         run = ""
     if not run and env.get("SLURM_JOB_ID"):

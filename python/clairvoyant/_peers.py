@@ -45,7 +45,7 @@ class Setup:
 def wanted(peers, world_size: int, local_ranks, env=None) -> bool:
     """Whether this job is one node of several."""
     env = os.environ if env is None else env
-    setting = env.get("CLAIRVOYANT_PEERS", "").strip()
+    setting = _settings.get("CLAIRVOYANT_PEERS", "", env)
     if peers is False or setting.lower() in ("off", "0", "false", "no"):
         return False
     if world_size <= len(local_ranks):
@@ -66,7 +66,7 @@ def job_id(**facts) -> int:
 
 
 def _explicit_peers(env) -> list | None:
-    setting = env.get("CLAIRVOYANT_PEERS", "").strip()
+    setting = _settings.get("CLAIRVOYANT_PEERS", "", env)
     if not setting or setting.lower() in ("on", "1", "true", "yes", "off", "0", "false", "no"):
         return None
     peers = [p.strip() for p in setting.split(",") if p.strip()]
@@ -112,7 +112,7 @@ def setup(
                 )
             bind = explicit[index]
         else:
-            port = int(env.get("CLAIRVOYANT_PORT", "0") or 0)
+            port = _settings.get("CLAIRVOYANT_PORT", 0, env)
             host = _cluster.listen_address()
             bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         server = _native.PeerServer(bind, secret, jid)

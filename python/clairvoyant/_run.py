@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 
-from . import _native
+from . import _native, _settings
 from ._env import _first_int
 
 #: How long a launcher waits for the node agent to index the dataset and start.
@@ -213,11 +213,11 @@ class Agent:
         r, w = os.pipe()
         args += ["--ready-fd", str(w)]
         child_env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "CLAIRVOYANT_AGENT", "CLAIRVOYANT_ROOT")}
-        if env.get("CLAIRVOYANT_AGENT_LOG"):
+        if _settings.get("CLAIRVOYANT_AGENT_LOG", None, env):
             # Kept: the agent's folder (with the default log) goes when the agent exits.
             from . import _cluster
 
-            logs = _cluster._private_dir(env["CLAIRVOYANT_AGENT_LOG"])
+            logs = _cluster._private_dir(_settings.get("CLAIRVOYANT_AGENT_LOG", None, env))
             self.log = os.path.join(logs, f"{os.path.basename(self.dir)}.{os.getpid()}.log")
         with open(self.log, "wb") as log:
             proc = subprocess.Popen(
@@ -316,7 +316,7 @@ def main(args) -> int:
         raise _native.ConfigError("--order-file and --sampler-order both give the order: use one")
     agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order)
     env = preload_env(root, agent.socket, library=lib)
-    if env.get("CLAIRVOYANT_VERIFY") == "process":
+    if _settings.get("CLAIRVOYANT_VERIFY", None, env) == "process":
         print(
             "clairvoyant run: CLAIRVOYANT_VERIFY=process: each cached copy is checked once per process; "
             "later opens of it are unchecked (bytes damaged in the cache afterwards are served as they are)",

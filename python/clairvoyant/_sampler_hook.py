@@ -15,6 +15,8 @@ import hashlib
 import os
 import sys
 
+from . import _settings
+
 _done = False
 
 
@@ -25,7 +27,7 @@ def _notice(msg: str, first_of_node: bool | None = None) -> None:
         from ._run import reports_stats
 
         first_of_node = reports_stats(os.environ)
-    if first_of_node and not os.environ.get("CLAIRVOYANT_QUIET"):
+    if first_of_node and not _settings.get("CLAIRVOYANT_QUIET", False):
         print(f"clairvoyant run: {msg}", file=sys.stderr, flush=True)
 
 
@@ -70,8 +72,10 @@ def plan(loader) -> bool:
 
     from torch.utils.data import IterableDataset
 
-    root = os.environ["CLAIRVOYANT_ROOT"]
-    socket = os.environ["CLAIRVOYANT_AGENT"]
+    root = _settings.get("CLAIRVOYANT_ROOT")
+    socket = _settings.get("CLAIRVOYANT_AGENT")
+    if root is None or socket is None:
+        return False  # not under `clairvoyant run`
     if isinstance(loader.dataset, IterableDataset):
         _notice(
             f"{type(loader.dataset).__name__} is an iterable-style dataset: its order cannot be known ahead; "
@@ -91,14 +95,14 @@ def plan(loader) -> bool:
     files = [os.path.abspath(f) for f in files]
     if not all(f.startswith(inside) for f in files):
         return False
-    nodes = int(os.environ.get("CLAIRVOYANT_NODES", "1") or 1)
+    nodes = _settings.get("CLAIRVOYANT_NODES", 1)
     world = int(sampler.num_replicas)
     if world % nodes:
         _notice(f"{world} ranks do not split evenly over {nodes} nodes; the node agent places without the order")
         return False
     per_node = world // nodes
     first_of_node = int(sampler.rank) % per_node == 0
-    epochs = int(os.environ.get("CLAIRVOYANT_EPOCHS", "3") or 3)
+    epochs = _settings.get("CLAIRVOYANT_EPOCHS", 3)
     first = epoch_of(sampler) or 0
     directory = os.path.dirname(socket)
     # Every rank computes the same orders: the same name, so the agent sees one order.

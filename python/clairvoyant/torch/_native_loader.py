@@ -106,7 +106,7 @@ def native_choice(loader, requested: Optional[bool]) -> tuple:
     if requested is False:
         return None, "native_decode=False"
     if _env_off():
-        return None, f"CLAIRVOYANT_NATIVE_DECODE={os.environ['CLAIRVOYANT_NATIVE_DECODE']}"
+        return None, f"CLAIRVOYANT_NATIVE_DECODE={_settings.raw('CLAIRVOYANT_NATIVE_DECODE')}"
     try:
         from torchvision.datasets import DatasetFolder
     except ImportError:  # pragma: no cover - a folder root implies torchvision
