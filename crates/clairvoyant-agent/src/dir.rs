@@ -121,6 +121,8 @@ struct Map {
 // SAFETY: the mapping is only accessed through atomics (entries, counters) or read-only header
 // bytes written before the mapping is shared; the pointer stays valid until drop.
 unsafe impl Send for Map {}
+// SAFETY: shared references reach the mapping only through atomics and the read-only header, as for Send
+// above.
 unsafe impl Sync for Map {}
 
 impl Drop for Map {
@@ -266,11 +268,14 @@ impl DirWriter {
         }
         // SAFETY: fd is ours; closed on every path below.
         let res = (|| {
+            // SAFETY: `fd` is the file just created, open until the close below; ftruncate takes only
+            // numbers.
             if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
                 return Err(with_path(path, "size the cache directory", io::Error::last_os_error()));
             }
             Map::new(fd, len, path)
         })();
+        // SAFETY: `fd` is ours, opened above; the mapping made from it (if any) stays valid after the close.
         unsafe { libc::close(fd) };
         let mut map = res?;
         map.slots = slots;
@@ -390,6 +395,7 @@ impl DirReader {
         };
         // SAFETY: st is plain data filled by the kernel.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a live, writable `stat`; a bad fd is reported as EBADF.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return Err(with_path(
                 path,
