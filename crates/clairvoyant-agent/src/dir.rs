@@ -44,12 +44,19 @@ pub const MAX_SLOTS: u32 = 1 << 28;
 
 /// Indexes into the counters block.
 pub mod counter {
+    /// Opens of dataset files by interposed processes.
     pub const OPENS: usize = 0;
+    /// Reads served from the arena.
     pub const CACHED_READS: usize = 1;
+    /// Bytes served from the arena.
     pub const CACHED_BYTES: usize = 2;
+    /// Reads served from bytes the agent sent inline.
     pub const INLINE_READS: usize = 3;
+    /// Bytes served from bytes the agent sent inline.
     pub const INLINE_BYTES: usize = 4;
+    /// Reads of tracked dataset files that went to the file itself.
     pub const DIRECT_READS: usize = 5;
+    /// Bytes read from the file itself by those reads.
     pub const DIRECT_BYTES: usize = 6;
     /// The agent was unreachable or failed; the file was read directly.
     pub const FALLBACKS: usize = 7;
@@ -57,6 +64,7 @@ pub mod counter {
     pub const CORRUPT: usize = 8;
     /// The file changed after it was cached; the file was read directly.
     pub const STALE: usize = 9;
+    /// Mappings of dataset files served from the cache.
     pub const MMAPS: usize = 10;
     /// Round trips to the agent.
     pub const LOOKUPS: usize = 11;
@@ -92,10 +100,16 @@ pub fn path_key(rel: &[u8]) -> u64 {
 /// Where a cached file's bytes are in the arena, and what they must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
+    /// The file's index in the agent's dataset.
     pub file: u32,
+    /// Where the file's bytes start in the arena.
     pub offset: u64,
+    /// The file's size in bytes.
     pub size: u64,
+    /// [`crate::checksum`] of the file's bytes.
     pub checksum: u64,
+    /// The file's last change when the entry was filled, in ns since the epoch (see the module
+    /// documentation).
     pub mtime_ns: u64,
 }
 

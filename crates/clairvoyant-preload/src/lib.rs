@@ -14,6 +14,9 @@
 //! as a stand-in, and every call that would otherwise reveal the arena is answered for the
 //! dataset file, or first turns the stand-in into a real open of the file (`make_real`).
 
+// Every public item of this crate is documented, and stays so.
+#![warn(missing_docs)]
+
 mod client;
 mod paths;
 mod real;
