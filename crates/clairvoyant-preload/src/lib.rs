@@ -672,8 +672,8 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
 #[no_mangle]
 pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
     if n > buflen {
-        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__read_chk`, which reports the
-        // overflow itself without writing.
+        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__read_chk`, which detects the
+        // overflow and aborts (__chk_fail) before writing anything.
         return unsafe { real::__read_chk(fd, buf, n, buflen) };
     }
     // SAFETY: n <= buflen here, so `buf` is writable for `n` bytes, the contract of `read`.
@@ -707,8 +707,8 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: of
 #[no_mangle]
 pub unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t {
     if n > buflen {
-        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__pread_chk`, which reports the
-        // overflow itself without writing.
+        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__pread_chk`, which detects the
+        // overflow and aborts (__chk_fail) before writing anything.
         return unsafe { real::__pread_chk(fd, buf, n, off, buflen) };
     }
     // SAFETY: n <= buflen here, so `buf` is writable for `n` bytes, the contract of `pread`.
@@ -720,8 +720,8 @@ pub unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off
 #[no_mangle]
 pub unsafe extern "C" fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t {
     if n > buflen {
-        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__pread64_chk`, which reports
-        // the overflow itself without writing.
+        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__pread64_chk`, which detects the
+        // overflow and aborts (__chk_fail) before writing anything.
         return unsafe { real::__pread64_chk(fd, buf, n, off, buflen) };
     }
     // SAFETY: n <= buflen here, so `buf` is writable for `n` bytes, the contract of `pread64`.
