@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::proto::{self, Reply, Request};
 
+/// A connection to the node agent's socket.
 pub struct Client {
     r: BufReader<UnixStream>,
     w: UnixStream,

@@ -44,12 +44,19 @@ pub const MAX_SLOTS: u32 = 1 << 28;
 
 /// Indexes into the counters block.
 pub mod counter {
+    /// Opens of dataset files by interposed processes.
     pub const OPENS: usize = 0;
+    /// Reads served from the arena.
     pub const CACHED_READS: usize = 1;
+    /// Bytes served from the arena.
     pub const CACHED_BYTES: usize = 2;
+    /// Reads served from bytes the agent sent inline.
     pub const INLINE_READS: usize = 3;
+    /// Bytes served from bytes the agent sent inline.
     pub const INLINE_BYTES: usize = 4;
+    /// Reads of tracked dataset files that went to the file itself.
     pub const DIRECT_READS: usize = 5;
+    /// Bytes read from the file itself by those reads.
     pub const DIRECT_BYTES: usize = 6;
     /// The agent was unreachable or failed; the file was read directly.
     pub const FALLBACKS: usize = 7;
@@ -57,6 +64,7 @@ pub mod counter {
     pub const CORRUPT: usize = 8;
     /// The file changed after it was cached; the file was read directly.
     pub const STALE: usize = 9;
+    /// Mappings of dataset files served from the cache.
     pub const MMAPS: usize = 10;
     /// Round trips to the agent.
     pub const LOOKUPS: usize = 11;
@@ -92,10 +100,16 @@ pub fn path_key(rel: &[u8]) -> u64 {
 /// Where a cached file's bytes are in the arena, and what they must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
+    /// The file's index in the agent's dataset.
     pub file: u32,
+    /// Where the file's bytes start in the arena.
     pub offset: u64,
+    /// The file's size in bytes.
     pub size: u64,
+    /// [`crate::checksum`] of the file's bytes.
     pub checksum: u64,
+    /// The file's last change when the entry was filled, in ns since the epoch (see the module
+    /// documentation).
     pub mtime_ns: u64,
 }
 
@@ -121,6 +135,8 @@ struct Map {
 // SAFETY: the mapping is only accessed through atomics (entries, counters) or read-only header
 // bytes written before the mapping is shared; the pointer stays valid until drop.
 unsafe impl Send for Map {}
+// SAFETY: shared references reach the mapping only through atomics and the read-only header, as for Send
+// above.
 unsafe impl Sync for Map {}
 
 impl Drop for Map {
@@ -266,11 +282,14 @@ impl DirWriter {
         }
         // SAFETY: fd is ours; closed on every path below.
         let res = (|| {
+            // SAFETY: `fd` is the file just created, open until the close below; ftruncate takes only
+            // numbers.
             if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
                 return Err(with_path(path, "size the cache directory", io::Error::last_os_error()));
             }
             Map::new(fd, len, path)
         })();
+        // SAFETY: `fd` is ours, opened above; the mapping made from it (if any) stays valid after the close.
         unsafe { libc::close(fd) };
         let mut map = res?;
         map.slots = slots;
@@ -390,6 +409,7 @@ impl DirReader {
         };
         // SAFETY: st is plain data filled by the kernel.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is a live, writable `stat`; a bad fd is reported as EBADF.
         if unsafe { libc::fstat(fd, &mut st) } != 0 {
             return Err(with_path(
                 path,

@@ -9,6 +9,9 @@
 //! because it is linked into `libclairvoyant_preload.so`, which is loaded into every process of
 //! a transparent-mode job; the preload library depends on it with default features off.
 
+// Every public item of this crate is documented, and stays so.
+#![warn(missing_docs)]
+
 pub mod client;
 pub mod dir;
 pub mod proto;

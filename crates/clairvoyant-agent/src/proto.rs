@@ -54,19 +54,33 @@ const REP_OK: u8 = 0x88;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     /// First message of every connection.
-    Hello { version: u32, pid: u32 },
+    Hello {
+        /// [`VERSION`] of the client's protocol.
+        version: u32,
+        /// The client's process id.
+        pid: u32,
+    },
     /// Where are the bytes of this file? `rel` is relative to the dataset root, normalized
     /// ([`is_normalized_rel`]), no leading '/', at most [`MAX_REL`] bytes.
-    Lookup { rel: Vec<u8> },
+    Lookup {
+        /// The file's path relative to the dataset root.
+        rel: Vec<u8>,
+    },
     /// A launcher (`clairvoyant run`) registers; the agent lives while any attached connection
     /// is open.
-    Attach { pid: u32 },
+    Attach {
+        /// The launcher's process id.
+        pid: u32,
+    },
     /// Ask for the agent's counters as JSON (answered by `Reply::Json`).
     Stats,
     /// The program's read order is known: per-node order files (`{node}` in `path` stands for
     /// each node's index; format as for `clairvoyant run --order-file`). Answered by `Ok` when
     /// the agent will place by it, `Error` when it has placed already.
-    Plan { path: Vec<u8> },
+    Plan {
+        /// The order files' path, with `{node}` for the node's index.
+        path: Vec<u8>,
+    },
 }
 
 /// A message from the agent to a client.
@@ -75,29 +89,51 @@ pub enum Reply {
     /// Answer to `Request::Hello`: the dataset root the agent serves, the shared directory of
     /// cached files ([`crate::dir`]) and the arena file that holds cached bytes, if any.
     Hello {
+        /// [`VERSION`] of the agent's protocol.
         version: u32,
+        /// The dataset root the agent serves.
         root: Vec<u8>,
+        /// The shared directory of cached files.
         dir_path: PathBuf,
+        /// The arena file that holds cached bytes; `None` when there is none.
         arena_path: Option<PathBuf>,
+        /// The arena's length in bytes.
         arena_len: u64,
     },
     /// The file's bytes are in the arena at `offset`.
     Cached {
+        /// The file's index in the agent's dataset.
         file: u32,
+        /// The file's size in bytes.
         size: u64,
+        /// Where the file's bytes start in the arena.
         offset: u64,
+        /// [`crate::checksum`] of the file's bytes.
         checksum: u64,
     },
     /// Followed on the stream by exactly `size` raw bytes of the file.
-    Inline { file: u32, size: u64, checksum: u64 },
+    Inline {
+        /// The file's index in the agent's dataset.
+        file: u32,
+        /// The file's size in bytes: the number of raw bytes that follow.
+        size: u64,
+        /// [`crate::checksum`] of those bytes.
+        checksum: u64,
+    },
     /// Not cached anywhere reachable: read the file system.
     Direct,
     /// Not a file of the dataset.
     Unknown,
     /// The agent failed to answer; the client reads the file system.
-    Error { message: String },
+    Error {
+        /// Why the agent could not answer.
+        message: String,
+    },
     /// Answer to `Request::Stats`.
-    Json { text: String },
+    Json {
+        /// The counters as a JSON document.
+        text: String,
+    },
     /// Answer to `Request::Attach`.
     Ok,
 }

@@ -573,6 +573,7 @@ fn statvfs_free(p: &Path) -> Result<u64> {
     })?;
     // SAFETY: `st` is plain old data written by statvfs; `c` is a valid NUL-terminated string.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated C string alive for the call; `st` is a live, writable `statvfs`.
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
     if rc != 0 {
         return Err(Error::io(p, std::io::Error::last_os_error()));

@@ -13,6 +13,9 @@ use prost::Message;
 /// Writes `items` into the main database of a new environment in `dir`, opened with `flags`.
 fn write(dir: &Path, flags: DatabaseFlags, items: &[(Vec<u8>, Vec<u8>)]) {
     std::fs::create_dir_all(dir).unwrap();
+    // SAFETY: LMDB needs an environment opened once per process and its files left alone while open: `dir` is
+    // this test's own temporary directory, and the environment is closed (prepare_for_closing) before
+    // anything else opens or touches it.
     let env = unsafe { EnvOpenOptions::new().map_size(1 << 26).open(dir).unwrap() };
     let wtxn = env.write_txn().unwrap();
     let db = env

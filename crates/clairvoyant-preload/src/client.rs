@@ -30,6 +30,7 @@ pub struct Arena {
 
 // SAFETY: a read-only shared mapping, unmapped only on drop.
 unsafe impl Send for Arena {}
+// SAFETY: the mapping is read-only and unmapped only on drop, so shared references only read immutable bytes.
 unsafe impl Sync for Arena {}
 
 impl Arena {
@@ -283,6 +284,8 @@ pub extern "C" fn fork_child() {
     c.pid = 0;
     c.down_until = None;
     c.failures = 0;
+    // SAFETY: the forking thread (this one, in the child) locked this mutex in fork_prepare; unlocking
+    // releases that lock once.
     unsafe { libc::pthread_mutex_unlock(CONN.m.get()) };
 }
 
@@ -290,6 +293,8 @@ fn peer_uid(fd: i32) -> io::Result<u32> {
     // SAFETY: getsockopt into a zeroed ucred of the right length.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live locals; `len` holds the size of `cred`, so the kernel writes within
+    // it.
     let r = unsafe {
         libc::getsockopt(
             fd,

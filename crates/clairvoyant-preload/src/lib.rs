@@ -14,6 +14,9 @@
 //! as a stand-in, and every call that would otherwise reveal the arena is answered for the
 //! dataset file, or first turns the stand-in into a real open of the file (`make_real`).
 
+// Every public item of this crate is documented, and stays so.
+#![warn(missing_docs)]
+
 mod client;
 mod paths;
 mod real;
@@ -176,6 +179,7 @@ fn last_change_ns(st: &libc::stat) -> u64 {
 pub(crate) fn real_fstat(fd: c_int) -> Option<libc::stat> {
     // SAFETY: plain fstat into a zeroed struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live, writable `stat`; fstat writes at most one and reports a bad fd as EBADF.
     let mut r = unsafe { real::fstat(fd, &mut st) };
     if r != 0 && errno() == libc::ENOSYS {
         // glibc before 2.33 exports no `fstat` symbol, only `__fxstat`.
@@ -475,6 +479,9 @@ unsafe fn open_common(dirfd: c_int, path: *const c_char, flags: c_int, call: imp
 /// C's `open`.
 #[no_mangle]
 pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_ulong) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(libc::AT_FDCWD, path, flags, || real::open(path, flags, mode)) }
 }
 
@@ -482,6 +489,9 @@ pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_ulong) 
 /// C's `open64`.
 #[no_mangle]
 pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_ulong) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(libc::AT_FDCWD, path, flags, || real::open64(path, flags, mode)) }
 }
 
@@ -489,6 +499,9 @@ pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_ulong
 /// C's `openat`.
 #[no_mangle]
 pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_ulong) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(dirfd, path, flags, || real::openat(dirfd, path, flags, mode)) }
 }
 
@@ -496,6 +509,9 @@ pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int,
 /// C's `openat64`.
 #[no_mangle]
 pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_ulong) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(dirfd, path, flags, || real::openat64(dirfd, path, flags, mode)) }
 }
 
@@ -504,6 +520,9 @@ pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_in
 #[no_mangle]
 pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
     let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(libc::AT_FDCWD, path, flags, || real::creat(path, mode)) }
 }
 
@@ -512,6 +531,9 @@ pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
     let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(libc::AT_FDCWD, path, flags, || real::creat64(path, mode)) }
 }
 
@@ -519,6 +541,9 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
 /// glibc's fortified `open`.
 #[no_mangle]
 pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(libc::AT_FDCWD, path, flags, || real::__open_2(path, flags)) }
 }
 
@@ -526,6 +551,9 @@ pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
 /// glibc's fortified `open64`.
 #[no_mangle]
 pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(libc::AT_FDCWD, path, flags, || real::__open64_2(path, flags)) }
 }
 
@@ -533,6 +561,9 @@ pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int 
 /// glibc's fortified `openat`.
 #[no_mangle]
 pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(dirfd, path, flags, || real::__openat_2(dirfd, path, flags)) }
 }
 
@@ -540,6 +571,9 @@ pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_
 /// glibc's fortified `openat64`.
 #[no_mangle]
 pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: the caller keeps C's contract for this call (`path` NUL-terminated and alive, or null, which
+    // open_common checks); open_common only reads `path`, and the closure passes the same arguments to libc's
+    // definition.
     unsafe { open_common(dirfd, path, flags, || real::__openat64_2(dirfd, path, flags)) }
 }
 
@@ -628,6 +662,8 @@ fn read_common(fd: c_int, bufs: &[(*mut u8, usize)], pos: Option<off_t>, call: i
 /// C's `read`.
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    // SAFETY: the caller's arguments go unchanged to libc's `read`; `buf` writable for `n` bytes is the
+    // caller's contract, which read_common relies on too.
     read_common(fd, &[(buf as *mut u8, n)], None, || unsafe { real::read(fd, buf, n) })
 }
 
@@ -636,8 +672,11 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
 #[no_mangle]
 pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, buflen: size_t) -> ssize_t {
     if n > buflen {
+        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__read_chk`, which detects the
+        // overflow and aborts (__chk_fail) before writing anything.
         return unsafe { real::__read_chk(fd, buf, n, buflen) };
     }
+    // SAFETY: n <= buflen here, so `buf` is writable for `n` bytes, the contract of `read`.
     unsafe { read(fd, buf, n) }
 }
 
@@ -645,6 +684,8 @@ pub unsafe extern "C" fn __read_chk(fd: c_int, buf: *mut c_void, n: size_t, bufl
 /// C's `pread`.
 #[no_mangle]
 pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
+    // SAFETY: the caller's arguments go unchanged to libc's `pread`; `buf` writable for `n` bytes is the
+    // caller's contract, which read_common relies on too.
     read_common(fd, &[(buf as *mut u8, n)], Some(off), || unsafe {
         real::pread(fd, buf, n, off)
     })
@@ -654,6 +695,8 @@ pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_
 /// C's `pread64`.
 #[no_mangle]
 pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
+    // SAFETY: the caller's arguments go unchanged to libc's `pread64`; `buf` writable for `n` bytes is the
+    // caller's contract, which read_common relies on too.
     read_common(fd, &[(buf as *mut u8, n)], Some(off), || unsafe {
         real::pread64(fd, buf, n, off)
     })
@@ -664,8 +707,11 @@ pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: of
 #[no_mangle]
 pub unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t {
     if n > buflen {
+        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__pread_chk`, which detects the
+        // overflow and aborts (__chk_fail) before writing anything.
         return unsafe { real::__pread_chk(fd, buf, n, off, buflen) };
     }
+    // SAFETY: n <= buflen here, so `buf` is writable for `n` bytes, the contract of `pread`.
     unsafe { pread(fd, buf, n, off) }
 }
 
@@ -674,8 +720,11 @@ pub unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off
 #[no_mangle]
 pub unsafe extern "C" fn __pread64_chk(fd: c_int, buf: *mut c_void, n: size_t, off: off_t, buflen: size_t) -> ssize_t {
     if n > buflen {
+        // SAFETY: n > buflen: the caller's arguments go unchanged to glibc's `__pread64_chk`, which detects the
+        // overflow and aborts (__chk_fail) before writing anything.
         return unsafe { real::__pread64_chk(fd, buf, n, off, buflen) };
     }
+    // SAFETY: n <= buflen here, so `buf` is writable for `n` bytes, the contract of `pread64`.
     unsafe { pread64(fd, buf, n, off) }
 }
 
@@ -705,6 +754,7 @@ unsafe fn vectored(
     if !TABLE.has(fd) {
         return call();
     }
+    // SAFETY: our own contract: `iov` holds `cnt` valid iovecs, as the caller promised libc.
     match unsafe { iovs(iov, cnt) } {
         Some(b) => read_common(fd, &b, pos, call),
         None => call(),
@@ -715,7 +765,10 @@ unsafe fn vectored(
 /// C's `readv`.
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    // SAFETY: the closure passes the caller's arguments unchanged to libc's `readv`; `vectored` relies on the
+    // caller's contract that `iov` holds `cnt` valid iovecs (it checks null and the count range).
     let call = || unsafe { real::readv(fd, iov, cnt) };
+    // SAFETY: `iov` holds `cnt` iovecs (the caller's readv contract), as `vectored` requires.
     unsafe { vectored(fd, iov, cnt, None, call) }
 }
 
@@ -723,7 +776,10 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
 /// C's `preadv`.
 #[no_mangle]
 pub unsafe extern "C" fn preadv(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
+    // SAFETY: the closure passes the caller's arguments unchanged to libc's `preadv`; `vectored` relies on
+    // the caller's contract that `iov` holds `cnt` valid iovecs (it checks null and the count range).
     let call = || unsafe { real::preadv(fd, iov, cnt, off) };
+    // SAFETY: `iov` holds `cnt` iovecs (the caller's preadv contract), as `vectored` requires.
     unsafe { vectored(fd, iov, cnt, Some(off), call) }
 }
 
@@ -731,7 +787,10 @@ pub unsafe extern "C" fn preadv(fd: c_int, iov: *const iovec, cnt: c_int, off: o
 /// C's `preadv64`.
 #[no_mangle]
 pub unsafe extern "C" fn preadv64(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t {
+    // SAFETY: the closure passes the caller's arguments unchanged to libc's `preadv64`; `vectored` relies on
+    // the caller's contract that `iov` holds `cnt` valid iovecs (it checks null and the count range).
     let call = || unsafe { real::preadv64(fd, iov, cnt, off) };
+    // SAFETY: `iov` holds `cnt` iovecs (the caller's preadv64 contract), as `vectored` requires.
     unsafe { vectored(fd, iov, cnt, Some(off), call) }
 }
 
@@ -749,6 +808,8 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if TABLE.has(fd) {
         TABLE.set(fd, None);
     }
+    // SAFETY: close takes only the fd number; our table slot for it is cleared above, so nothing of ours
+    // refers to the fd afterwards.
     unsafe { real::close(fd) }
 }
 
@@ -788,6 +849,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
     if !real_before(fd) {
         return -1;
     }
+    // SAFETY: dup takes only fd numbers (no memory); an invalid fd is the kernel's EBADF.
     let r = unsafe { real::dup(fd) };
     copy_slot(fd, r);
     r
@@ -800,6 +862,7 @@ pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
     if fd != new && !real_before(fd) {
         return -1;
     }
+    // SAFETY: dup2 takes only fd numbers (no memory); an invalid fd is the kernel's EBADF.
     let r = unsafe { real::dup2(fd, new) };
     copy_slot(fd, r);
     r
@@ -812,6 +875,7 @@ pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
     if fd != new && flags & libc::O_CLOEXEC == 0 && !real_before(fd) {
         return -1;
     }
+    // SAFETY: dup3 takes only fd numbers (no memory); an invalid fd is the kernel's EBADF.
     let r = unsafe { real::dup3(fd, new, flags) };
     copy_slot(fd, r);
     r
@@ -834,6 +898,8 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if fcntl_needs_real(cmd, arg) && !real_before(fd) {
         return -1;
     }
+    // SAFETY: the caller's arguments pass unchanged to libc's `fcntl`, which reads `arg` only as `cmd`
+    // requires (the caller's contract for that command).
     let r = unsafe { real::fcntl(fd, cmd, arg) };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         copy_slot(fd, r);
@@ -848,6 +914,8 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if fcntl_needs_real(cmd, arg) && !real_before(fd) {
         return -1;
     }
+    // SAFETY: the caller's arguments pass unchanged to libc's `fcntl64`, which reads `arg` only as `cmd`
+    // requires (the caller's contract for that command).
     let r = unsafe { real::fcntl64(fd, cmd, arg) };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         copy_slot(fd, r);
@@ -885,6 +953,7 @@ fn map_cached(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_i
     let got = copy_out(bytes, off as u64, &[(p as *mut u8, len)]);
     // SAFETY: p..p+len is the mapping just made.
     if prot != libc::PROT_READ | libc::PROT_WRITE && unsafe { libc::mprotect(p, len, prot) } != 0 {
+        // SAFETY: p..p+len is the anonymous mapping made above, not yet handed to anyone.
         unsafe { libc::munmap(p, len) };
         set_errno(saved);
         return None;
@@ -926,6 +995,8 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
+    // SAFETY: the caller's arguments pass unchanged to libc's `mmap`; `map_common` never dereferences `addr`,
+    // and a MAP_FIXED over live memory is the caller's own request.
     map_common(addr, len, prot, flags, fd, off, || unsafe {
         real::mmap(addr, len, prot, flags, fd, off)
     })
@@ -942,6 +1013,8 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
+    // SAFETY: the caller's arguments pass unchanged to libc's `mmap64`; `map_common` never dereferences
+    // `addr`, and a MAP_FIXED over live memory is the caller's own request.
     map_common(addr, len, prot, flags, fd, off, || unsafe {
         real::mmap64(addr, len, prot, flags, fd, off)
     })
@@ -976,6 +1049,7 @@ static STREAM_COUNT: AtomicUsize = AtomicUsize::new(0);
 unsafe extern "C" fn ck_read(c: *mut c_void, buf: *mut c_char, n: size_t) -> ssize_t {
     // SAFETY: c is the Cookie made in `cookie_stream`, alive until ck_close.
     let fd = unsafe { (*(c as *const Cookie)).fd };
+    // SAFETY: stdio hands its own buffer, writable for `n` bytes (fopencookie's read contract).
     unsafe { read(fd, buf as *mut c_void, n) }
 }
 
@@ -983,10 +1057,13 @@ unsafe extern "C" fn ck_seek(c: *mut c_void, pos: *mut i64, whence: c_int) -> c_
     // SAFETY: as in ck_read; pos is stdio's in/out offset.
     let fd = unsafe { (*(c as *const Cookie)).fd };
     // SEEK_END of a stand-in is the dataset file's end too: the copy has the file's size.
+    // SAFETY: lseek takes only numbers; `*pos` reads stdio's valid in/out offset (fopencookie's seek
+    // contract).
     let r = unsafe { real::lseek(fd, *pos, whence) };
     if r < 0 {
         return -1;
     }
+    // SAFETY: `pos` is stdio's writable offset (fopencookie's seek contract).
     unsafe { *pos = r };
     0
 }
@@ -999,6 +1076,8 @@ unsafe extern "C" fn ck_close(c: *mut c_void) -> c_int {
         STREAM_FILE[c.slot].store(0, Ordering::Release);
         STREAM_COUNT.fetch_sub(1, Ordering::Relaxed);
     }
+    // SAFETY: the stream owns `c.fd` (fopen's or fdopen's fd, given to the stream) and stdio closes it once,
+    // here.
     unsafe { close(c.fd) }
 }
 
@@ -1074,6 +1153,8 @@ unsafe fn fopen_common(path: *const c_char, mode: *const c_char, call: impl Fn()
                     std::ptr::null_mut()
                 };
                 let f = if f.is_null() {
+                    // SAFETY: `fd` is the open fd made above; `mode` is the caller's NUL-terminated mode
+                    // string (checked non-null above).
                     unsafe { real::fdopen(fd, mode) }
                 } else {
                     f
@@ -1081,6 +1162,8 @@ unsafe fn fopen_common(path: *const c_char, mode: *const c_char, call: impl Fn()
                 if f.is_null() {
                     let e = errno();
                     TABLE.set(fd, None);
+                    // SAFETY: `fd` was opened above by this call and no stream took it, so closing it undoes
+                    // our own open.
                     unsafe { real::close(fd) };
                     set_errno(e);
                 } else {
@@ -1096,6 +1179,8 @@ unsafe fn fopen_common(path: *const c_char, mode: *const c_char, call: impl Fn()
 /// C's `fopen`.
 #[no_mangle]
 pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE {
+    // SAFETY: `path` and `mode` are the caller's NUL-terminated C strings (fopen_common returns the real call
+    // for null ones) and pass unchanged to libc's `fopen`.
     unsafe { fopen_common(path, mode, || real::fopen(path, mode)) }
 }
 
@@ -1103,6 +1188,8 @@ pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut
 /// C's `fopen64`.
 #[no_mangle]
 pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
+    // SAFETY: `path` and `mode` are the caller's NUL-terminated C strings (fopen_common returns the real call
+    // for null ones) and pass unchanged to libc's `fopen64`.
     unsafe { fopen_common(path, mode, || real::fopen64(path, mode)) }
 }
 
@@ -1110,6 +1197,7 @@ pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *m
 /// C's `fdopen`.
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
+    // SAFETY: the caller's fd and NUL-terminated mode string pass unchanged to libc's `fdopen`.
     let call = || unsafe { real::fdopen(fd, mode) };
     if !TABLE.has(fd) || mode.is_null() {
         return call();
@@ -1152,6 +1240,8 @@ fn stream_fd(f: *mut FILE) -> Option<c_int> {
 pub unsafe extern "C" fn fileno(f: *mut FILE) -> c_int {
     match stream_fd(f) {
         Some(fd) if fd >= 0 => fd,
+        // SAFETY: `f` is not one of our cookie streams: the caller's FILE (or null) passes unchanged to
+        // libc's `fileno`.
         _ => unsafe { real::fileno(f) },
     }
 }
@@ -1162,6 +1252,8 @@ pub unsafe extern "C" fn fileno(f: *mut FILE) -> c_int {
 pub unsafe extern "C" fn fileno_unlocked(f: *mut FILE) -> c_int {
     match stream_fd(f) {
         Some(fd) if fd >= 0 => fd,
+        // SAFETY: `f` is not one of our cookie streams: the caller's FILE (or null) passes unchanged to
+        // libc's `fileno_unlocked`.
         _ => unsafe { real::fileno_unlocked(f) },
     }
 }

@@ -49,6 +49,7 @@ fn standin_for(root: &[u8], var: Option<&OsStr>) -> bool {
             };
             // SAFETY: statfs into a zeroed struct; c is a C string.
             let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+            // SAFETY: `c` is a NUL-terminated C string alive for the call; `fs` is a live, writable `statfs`.
             if unsafe { libc::statfs(c.as_ptr(), &mut fs) } != 0 {
                 return false;
             }

@@ -67,6 +67,8 @@ macro_rules! reals {
                 }
                 // SAFETY: p is libc's definition of this symbol, whose C prototype is this one.
                 let f: unsafe extern "C" fn($($t),*) -> $r = unsafe { std::mem::transmute(p) };
+                // SAFETY: each wrapper is an `unsafe fn` with its C function's contract, which the caller
+                // keeps; the arguments pass unchanged.
                 unsafe { f($($a),*) }
             }
         )*
@@ -88,6 +90,8 @@ macro_rules! reals_variadic {
                 }
                 // SAFETY: p is libc's definition of this variadic symbol.
                 let f: unsafe extern "C" fn($($t),*, ...) -> $r = unsafe { std::mem::transmute(p) };
+                // SAFETY: as in `reals!`; the extra argument is passed as one machine word, which the callee
+                // reads only when `cmd`/`flags` call for it, as the caller's C call would.
                 unsafe { f($($a),*, $v) }
             }
         )*

@@ -107,6 +107,8 @@ pub(crate) fn open(cfg: &Config, dirfd: c_int, path: *const c_char, p: &[u8], re
     // The file's metadata only: it resolves the path as the open would (symlinks followed).
     // SAFETY: a plain stat into a zeroed struct; path is the caller's C string.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is the caller's NUL-terminated C string (null-checked by the open wrappers); `st` is a
+    // live, writable `stat`.
     if unsafe { real::fstatat(dirfd, path, &mut st, 0) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Tried::Real(None);
     }
@@ -273,6 +275,7 @@ pub(crate) fn make_real(fd: c_int, info: &Arc<FdInfo>) -> bool {
     };
     // SAFETY: fcntl/lseek on an open fd.
     let fdflags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    // SAFETY: lseek takes only numbers; `fd` is the open stand-in fd being made real.
     let pos = unsafe { real::lseek(fd, 0, libc::SEEK_CUR) };
     if fdflags < 0 || pos < 0 {
         return fail(std::io::Error::last_os_error().to_string());
@@ -295,6 +298,8 @@ pub(crate) fn make_real(fd: c_int, info: &Arc<FdInfo>) -> bool {
     // SAFETY: both fds are open; fd's old description (the copy) is closed by dup3.
     if unsafe { real::dup3(tmp, fd, cloexec) } < 0 {
         let e = std::io::Error::last_os_error().to_string();
+        // SAFETY: `tmp` is the fd opened above, ours alone; closing it on this failure path leaks nothing and
+        // touches no caller fd.
         unsafe { real::close(tmp) };
         return fail(e);
     }
@@ -390,6 +395,8 @@ fn empty_path(path: *const c_char, flags: c_int) -> bool {
 /// C's `fstat`.
 #[no_mangle]
 pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
+    // SAFETY: `buf` is the caller's writable `struct stat` (C's contract for this call); put_stat writes
+    // exactly one. Otherwise the arguments pass unchanged to libc's `fstat`.
     with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) }).unwrap_or_else(|| unsafe { real::fstat(fd, buf) })
 }
 
@@ -397,6 +404,8 @@ pub unsafe extern "C" fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int {
 /// C's `fstat64`.
 #[no_mangle]
 pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int {
+    // SAFETY: `buf` is the caller's writable `struct stat64` (C's contract for this call); put_stat writes
+    // exactly one. Otherwise the arguments pass unchanged to libc's `fstat64`.
     with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) }).unwrap_or_else(|| unsafe { real::fstat64(fd, buf) })
 }
 
@@ -404,7 +413,10 @@ pub unsafe extern "C" fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int {
 /// glibc's old `fstat` entry point.
 #[no_mangle]
 pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int {
+    // SAFETY: `buf` is the caller's writable `struct stat` (C's contract for this call); put_stat writes
+    // exactly one.
     with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) })
+        // SAFETY: the caller's arguments pass unchanged to glibc's `__fxstat`.
         .unwrap_or_else(|| unsafe { real::__fxstat(ver, fd, buf) })
 }
 
@@ -412,7 +424,10 @@ pub unsafe extern "C" fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -
 /// glibc's old `fstat64` entry point.
 #[no_mangle]
 pub unsafe extern "C" fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int {
+    // SAFETY: `buf` is the caller's writable `struct stat64` (C's contract for this call); put_stat writes
+    // exactly one.
     with_stat(fd, |st| unsafe { put_stat(st, buf as *mut c_void) })
+        // SAFETY: the caller's arguments pass unchanged to glibc's `__fxstat64`.
         .unwrap_or_else(|| unsafe { real::__fxstat64(ver, fd, buf) })
 }
 
@@ -421,10 +436,13 @@ pub unsafe extern "C" fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat6
 #[no_mangle]
 pub unsafe extern "C" fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut libc::stat, flags: c_int) -> c_int {
     if empty_path(path, flags) {
+        // SAFETY: `buf` is the caller's writable `struct stat` (C's contract for this call); put_stat writes
+        // exactly one.
         if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
             return r;
         }
     }
+    // SAFETY: the caller's arguments pass unchanged to libc's `fstatat`.
     unsafe { real::fstatat(dirfd, path, buf, flags) }
 }
 
@@ -433,10 +451,13 @@ pub unsafe extern "C" fn fstatat(dirfd: c_int, path: *const c_char, buf: *mut li
 #[no_mangle]
 pub unsafe extern "C" fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int {
     if empty_path(path, flags) {
+        // SAFETY: `buf` is the caller's writable `struct stat64` (C's contract for this call); put_stat
+        // writes exactly one.
         if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
             return r;
         }
     }
+    // SAFETY: the caller's arguments pass unchanged to libc's `fstatat64`.
     unsafe { real::fstatat64(dirfd, path, buf, flags) }
 }
 
@@ -451,10 +472,13 @@ pub unsafe extern "C" fn __fxstatat(
     flags: c_int,
 ) -> c_int {
     if empty_path(path, flags) {
+        // SAFETY: `buf` is the caller's writable `struct stat` (C's contract for this call); put_stat writes
+        // exactly one.
         if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
             return r;
         }
     }
+    // SAFETY: the caller's arguments pass unchanged to glibc's `__fxstatat`.
     unsafe { real::__fxstatat(ver, dirfd, path, buf, flags) }
 }
 
@@ -469,10 +493,13 @@ pub unsafe extern "C" fn __fxstatat64(
     flags: c_int,
 ) -> c_int {
     if empty_path(path, flags) {
+        // SAFETY: `buf` is the caller's writable `struct stat64` (C's contract for this call); put_stat
+        // writes exactly one.
         if let Some(r) = with_stat(dirfd, |st| unsafe { put_stat(st, buf as *mut c_void) }) {
             return r;
         }
     }
+    // SAFETY: the caller's arguments pass unchanged to glibc's `__fxstatat64`.
     unsafe { real::__fxstatat64(ver, dirfd, path, buf, flags) }
 }
 
@@ -525,6 +552,7 @@ pub unsafe extern "C" fn statx(
             return r;
         }
     }
+    // SAFETY: the caller's arguments pass unchanged to libc's `statx`.
     unsafe { real::statx(dirfd, path, flags, mask, buf) }
 }
 
@@ -546,6 +574,8 @@ macro_rules! real_first {
                 if !ready($fd) {
                     return <$r as real::Fail>::fail();
                 }
+                // SAFETY: the caller's arguments pass unchanged to libc's `$name` (same C prototype); `ready`
+                // only turns a stand-in fd into a real open, touching no caller memory.
                 unsafe { real::$name($($a),*) }
             }
         )*
@@ -576,6 +606,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int {
     if req != libc::FIOCLEX && !ready(fd) {
         return -1;
     }
+    // SAFETY: the caller's arguments pass unchanged to libc's `ioctl` (same C prototype); `ready` only turns
+    // a stand-in fd into a real open, touching no caller memory.
     unsafe { real::ioctl(fd, req, arg) }
 }
 
@@ -613,6 +645,8 @@ pub unsafe extern "C" fn posix_spawn_file_actions_adddup2(fa: *mut c_void, fd: c
     if !ready(fd) {
         return libc::EIO;
     }
+    // SAFETY: the caller's arguments pass unchanged to libc's `posix_spawn_file_actions_adddup2` (same C
+    // prototype); `ready` only turns a stand-in fd into a real open, touching no caller memory.
     unsafe { real::posix_spawn_file_actions_adddup2(fa, fd, newfd) }
 }
 

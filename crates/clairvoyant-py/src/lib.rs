@@ -1,6 +1,9 @@
 //! Thin PyO3 bindings: the private module `clairvoyant._native`. Each file mirrors a core module;
 //! bodies extract arguments, call the core with the GIL released and convert results.
 
+// Every public item of this crate is documented, and stays so.
+#![warn(missing_docs)]
+
 use pyo3::prelude::*;
 
 mod agent;

@@ -240,6 +240,8 @@ struct Inner {
 // SAFETY: the ring is written only in byte ranges allocated to one producer under the staging
 // lock and read by the consumer only after the entry is marked ready under the same lock.
 unsafe impl Sync for Inner {}
+// SAFETY: sending moves no thread-bound state: the ring is raw shared memory whose ranges are handed out
+// under the staging lock, as for Sync above.
 unsafe impl Send for Inner {}
 
 /// One job on one rank.

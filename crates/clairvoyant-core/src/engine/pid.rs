@@ -42,6 +42,8 @@ mod tests {
         assert!(child >= 0);
         if child == 0 {
             let ok = super::current() == std::process::id() && super::current() != parent;
+            // SAFETY: _exit is async-signal-safe and ends the forked child without running the parent's
+            // atexit handlers or unwinding.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };
         }
         let mut status = 0;

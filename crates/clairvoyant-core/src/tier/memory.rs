@@ -22,6 +22,8 @@ pub struct MemoryTier {
 // SAFETY: the mapping is written only in byte ranges claimed through the state segment and read
 // after the claim is published (release/acquire on the state word).
 unsafe impl Send for MemoryTier {}
+// SAFETY: shared references write only ranges claimed through the state segment and read only published ones,
+// as for Send above.
 unsafe impl Sync for MemoryTier {}
 
 impl MemoryTier {

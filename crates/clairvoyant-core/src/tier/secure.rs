@@ -446,8 +446,8 @@ mod tests {
     fn chown(p: &Path, uid: u32) {
         use std::os::unix::ffi::OsStrExt;
         let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path; lchown does not follow a symlink there.
         assert_eq!(
+            // SAFETY: a valid NUL-terminated path; lchown does not follow a symlink there.
             unsafe { libc::lchown(c.as_ptr(), uid, uid) },
             0,
             "lchown {}",

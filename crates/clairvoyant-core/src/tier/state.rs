@@ -90,6 +90,7 @@ pub struct StateSegment {
 
 // SAFETY: the mapping is only accessed through atomics.
 unsafe impl Send for StateSegment {}
+// SAFETY: shared references touch the mapping only through atomics.
 unsafe impl Sync for StateSegment {}
 
 fn seg_len(samples: usize) -> u64 {
