@@ -399,16 +399,17 @@ pub mod env {
 
     /// The cache directory (see [`CACHE_DIR`]); not created.
     pub fn cache_dir() -> PathBuf {
-        if let Some(d) = get(CACHE_DIR) {
-            return PathBuf::from(d);
-        }
-        if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|s| !s.is_empty()) {
-            return PathBuf::from(x).join("clairvoyant");
-        }
-        if let Some(h) = std::env::var_os("HOME").filter(|s| !s.is_empty()) {
-            return PathBuf::from(h).join(".cache").join("clairvoyant");
-        }
-        std::env::temp_dir().join("clairvoyant")
+        user_cache_dir().unwrap_or_else(|| std::env::temp_dir().join("clairvoyant"))
+    }
+
+    /// `$CLAIRVOYANT_CACHE_DIR`, else `$XDG_CACHE_HOME/clairvoyant`, else
+    /// `$HOME/.cache/clairvoyant`; None when none of them is set. The one derivation of the
+    /// cache directory (indexes use it too).
+    pub fn user_cache_dir() -> Option<PathBuf> {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        var(CACHE_DIR.name)
+            .or_else(|| var("XDG_CACHE_HOME").map(|x| x.join("clairvoyant")))
+            .or_else(|| var("HOME").map(|h| h.join(".cache").join("clairvoyant")))
     }
 }
 

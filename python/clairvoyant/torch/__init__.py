@@ -16,6 +16,6 @@ protocol in ``clairvoyant.torch._datasets``).
 """
 
 from ._dropin import DataLoader
-from ._legacy import ImageFolder, JobLoader, LoaderError, pil_loader
+from ._job_loader import ImageFolder, JobLoader, LoaderError, pil_loader
 
 __all__ = ["DataLoader", "ImageFolder", "JobLoader", "LoaderError", "pil_loader"]

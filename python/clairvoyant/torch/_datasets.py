@@ -54,9 +54,9 @@ def _tv_decode_image(fn: Callable) -> Callable:
 def _byte_decoder(loader: Callable) -> Optional[Callable]:
     """A function of the file's bytes that returns what ``loader(path)`` returns, or None when
     clairvoyant cannot stand in for this loader's file reading."""
-    from . import _legacy
+    from . import _job_loader
 
-    if loader is _legacy.pil_loader:
+    if loader is _job_loader.pil_loader:
         return _pil_decode
     # A loader cannot be one of torchvision's unless torchvision is already imported: looking
     # there first keeps classifying a dataset from importing torchvision (seconds per rank).

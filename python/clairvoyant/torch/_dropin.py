@@ -35,7 +35,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleP
 
 from .. import _env, _settings
 from ..errors import ArgumentTypeError, CancelledError, ConfigError, EpochConsumedError, ExhaustedError
-from . import _datasets, _legacy, _native_loader, _order, _rank
+from . import _datasets, _job_loader, _native_loader, _order, _rank
 
 __all__ = ["DataLoader"]
 
@@ -136,8 +136,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self._cv = None
         self._cv_reason: Optional[str] = None
         self._resume: Optional[dict] = None
-        if isinstance(dataset, _legacy.ImageFolder):
-            jl = _legacy.JobLoader(
+        if isinstance(dataset, _job_loader.ImageFolder):
+            jl = _job_loader.JobLoader(
                 dataset,
                 batch_size=None if batch_size in (None, 1) else batch_size,
                 num_workers=num_workers,

@@ -15,8 +15,9 @@ use super::Source;
 use crate::error::{Error, Result};
 use crate::tier::secure;
 
-/// Overrides the directory where indexes are kept.
-pub const CACHE_DIR_ENV: &str = "CLAIRVOYANT_CACHE_DIR";
+/// Overrides the directory where indexes are kept (the registry's
+/// [`crate::sysinfo::env::CACHE_DIR`]).
+pub const CACHE_DIR_ENV: &str = crate::sysinfo::env::CACHE_DIR.name;
 
 const MAGIC: &[u8; 8] = b"CVINDEX\0";
 /// Bumped on any change of the layout below; other versions are treated as damaged and rebuilt.
@@ -371,22 +372,15 @@ pub(crate) fn dir_mtime_ns(path: &Path) -> std::io::Result<i64> {
     Ok(m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()))
 }
 
-/// `$CLAIRVOYANT_CACHE_DIR`, else `$XDG_CACHE_HOME/clairvoyant`, else `~/.cache/clairvoyant`.
+/// `$CLAIRVOYANT_CACHE_DIR`, else `$XDG_CACHE_HOME/clairvoyant`, else `~/.cache/clairvoyant`
+/// ([`crate::sysinfo::env::user_cache_dir`]).
 pub fn default_index_dir() -> Result<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(d) = var(CACHE_DIR_ENV) {
-        return Ok(d);
-    }
-    if let Some(d) = var("XDG_CACHE_HOME") {
-        return Ok(d.join("clairvoyant"));
-    }
-    if let Some(h) = var("HOME") {
-        return Ok(h.join(".cache").join("clairvoyant"));
-    }
-    Err(Error::config(
-        "index_dir",
-        format!("none given and neither {CACHE_DIR_ENV}, XDG_CACHE_HOME nor HOME is set"),
-    ))
+    crate::sysinfo::env::user_cache_dir().ok_or_else(|| {
+        Error::config(
+            "index_dir",
+            format!("none given and neither {CACHE_DIR_ENV}, XDG_CACHE_HOME nor HOME is set"),
+        )
+    })
 }
 
 /// Where the index for `identity` lives in `index_dir` (or the default directory).
