@@ -705,6 +705,7 @@ IDENTITY_BODY = """
     listing, fs_state, cfg = sys.argv[1:4]
     fs = clairvoyant.EmulatedFs(fs_state, open_latency_ms=2.0, bandwidth_mbps=400.0)
     job = clairvoyant.Job(clairvoyant.FileList(listing, emulated=fs), batch_size=8, epochs=2, config=cfg)
+    print("ATTACHED", flush=True)
     wrong = 0
     for e in range(2):
         for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)):
@@ -739,7 +740,12 @@ def test_unrelated_runs_with_run_id_none_do_not_share(tmp_path, shm):
     without.write_text("[staging]\ncapacity = \"8 MiB\"\nthreads = 2\n[pfs]\nread_mbps = 50.0\n")
     s = script(tmp_path, "unrelated", IDENTITY_BODY)
     procs = []
+    # Run b starts once run a's ranks hold their node cache: two runs whose caches have the same
+    # name (no run id, equal classes) are told apart by which local ranks are taken; ranks of
+    # both starting at the same instant can pair across the runs (docs/architecture.md).
     for run_name, cfg in (("a", with_memory), ("b", without)):
+        for p in procs:
+            assert p.stdout.readline().strip() == "ATTACHED", "run a's rank did not start"
         for rank in range(2):
             env = base_env(
                 shm, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2, TORCHELASTIC_RUN_ID="none",
