@@ -19,7 +19,7 @@ use crate::tier::{Acquire, Verified, READY};
 pub const PEER_DEADLINE_FACTOR: f64 = 2.0;
 /// The shortest deadline of a peer fetch: a peer that is alive answers a small sample well
 /// within it even on a loaded node; a stopped one costs the data path about this much once.
-pub const PEER_DEADLINE_FLOOR: Duration = Duration::from_secs(1);
+pub const PEER_DEADLINE_FLOOR: Duration = Duration::from_secs(2);
 /// The longest deadline of a peer fetch, whatever the model says of a large sample.
 pub const PEER_DEADLINE_CEILING: Duration = Duration::from_secs(5);
 
