@@ -17,12 +17,16 @@ pub const MAX_SIDE: u32 = 16_384;
 /// An 8-bit RGB image, rows top to bottom, pixels interleaved (HWC).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rgb {
+    /// Columns.
     pub width: u32,
+    /// Rows.
     pub height: u32,
+    /// `height * width * 3` bytes, R G B per pixel.
     pub data: Vec<u8>,
 }
 
 impl Rgb {
+    /// A black image of the given size.
     pub fn new(width: u32, height: u32) -> Self {
         Rgb {
             width,

@@ -1,6 +1,7 @@
 //! Native image decoding and torchvision-compatible augmentation for training input: JPEG/PNG
 //! bytes in, one contiguous batch (uint8 HWC/CHW or normalized float32 CHW) out, samples decoded
 //! in parallel on a bounded thread pool. No Python here; `clairvoyant-py` binds it.
+#![warn(missing_docs)]
 
 pub mod image;
 pub mod transform;
@@ -16,18 +17,32 @@ pub use transform::{Interpolation, Op, SampleRng, Size};
 pub enum Error {
     /// The bytes are not a decodable JPEG/PNG (truncated, damaged, other format).
     #[error("corrupt image: {reason}")]
-    Corrupt { reason: String },
+    Corrupt {
+        /// What the decoder found wrong.
+        reason: String,
+    },
     /// A pipeline parameter is invalid.
     #[error("invalid {key}: {reason}")]
-    Config { key: String, reason: String },
+    Config {
+        /// The parameter, as the transform names it.
+        key: String,
+        /// Why its value is refused.
+        reason: String,
+    },
     /// The caller's buffers do not match the pipeline.
     #[error("output buffer: {reason}")]
-    Output { reason: String },
+    Output {
+        /// How the buffer differs from what the pipeline writes.
+        reason: String,
+    },
     /// One sample of a batch failed; `index` is its position in the batch.
     #[error("sample {sample} (batch position {index}): {source}")]
     Sample {
+        /// Position in the batch.
         index: usize,
+        /// The sample's id, as the caller gave it.
         sample: u64,
+        /// Why it failed.
         source: Box<Error>,
     },
 }
@@ -41,13 +56,20 @@ pub enum Output {
     U8Chw,
     /// float32, (N, 3, H, W): `v / 255` (`ToTensor`, `ToDtype(float32, scale=True)`), then
     /// `(x - mean) / std` per channel (`Normalize`; mean 0, std 1 for none).
-    F32Chw { mean: [f32; 3], std: [f32; 3] },
+    F32Chw {
+        /// Per-channel mean subtracted after scaling to [0, 1].
+        mean: [f32; 3],
+        /// Per-channel divisor applied after the mean.
+        std: [f32; 3],
+    },
 }
 
 /// A transform list and the output it ends in.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
+    /// The transforms, applied in order.
     pub ops: Vec<Op>,
+    /// What the batch holds after the last transform.
     pub output: Output,
     /// Apply the EXIF Orientation tag (`ImageOps.exif_transpose`). torchvision's `ImageFolder`
     /// does not, so the default is off.
@@ -57,14 +79,19 @@ pub struct Plan {
 /// Which random stream a sample uses (see [`SampleRng`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SampleKey {
+    /// The job's seed.
     pub seed: u64,
+    /// The epoch the sample is drawn in.
     pub epoch: u64,
+    /// The sample's id.
     pub sample: u64,
 }
 
 /// The caller's batch buffer.
 pub enum OutBuf<'a> {
+    /// For [`Output::U8Hwc`] and [`Output::U8Chw`].
     U8(&'a mut [u8]),
+    /// For [`Output::F32Chw`].
     F32(&'a mut [f32]),
 }
 
@@ -135,10 +162,12 @@ impl Pipeline {
         })
     }
 
+    /// The validated plan.
     pub fn plan(&self) -> &Plan {
         &self.plan
     }
 
+    /// Decode threads in the pool.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
     }

@@ -13,6 +13,7 @@ use crate::Error;
 /// downscale factor), which is what torchvision applies to PIL images whatever `antialias` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interpolation {
+    /// Pillow's BILINEAR (triangle filter).
     Bilinear,
     /// Pillow's BICUBIC (a = -0.5, fast_image_resize's CatmullRom).
     Bicubic,
@@ -30,30 +31,52 @@ impl Interpolation {
 /// `Resize`'s `size`: an int (the shorter side) or `(h, w)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Size {
+    /// The shorter side becomes this many pixels, keeping the aspect ratio.
     Shorter(u32),
-    Exact { h: u32, w: u32 },
+    /// Exactly `h` x `w`.
+    Exact {
+        /// Rows.
+        h: u32,
+        /// Columns.
+        w: u32,
+    },
 }
 
 /// One transform, parameters as torchvision names them; sizes are `(h, w)`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
+    /// `RandomResizedCrop(size=(h, w), scale, ratio, interpolation)`.
     RandomResizedCrop {
+        /// Output rows.
         h: u32,
+        /// Output columns.
         w: u32,
+        /// Range of the crop's area as a fraction of the image's.
         scale: (f64, f64),
+        /// Range of the crop's aspect ratio (width / height).
         ratio: (f64, f64),
+        /// Resampling filter.
         interpolation: Interpolation,
     },
+    /// `RandomHorizontalFlip(p)`.
     RandomHorizontalFlip {
+        /// Probability of flipping.
         p: f64,
     },
+    /// `Resize(size, interpolation, max_size)`.
     Resize {
+        /// Target size.
         size: Size,
+        /// Upper bound on the longer side when `size` is the shorter one.
         max_size: Option<u32>,
+        /// Resampling filter.
         interpolation: Interpolation,
     },
+    /// `CenterCrop((h, w))`.
     CenterCrop {
+        /// Output rows.
         h: u32,
+        /// Output columns.
         w: u32,
     },
 }
@@ -72,9 +95,11 @@ fn mix(mut z: u64) -> u64 {
 }
 
 impl SampleRng {
+    /// The stream of `sample` in `epoch` of the job seeded `seed`.
     pub fn new(seed: u64, epoch: u64, sample: u64) -> Self {
         SampleRng(mix(mix(mix(seed) ^ epoch) ^ sample))
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         mix(self.0)
@@ -83,6 +108,7 @@ impl SampleRng {
     pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
+    /// Uniform in [lo, hi).
     pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * self.unit()
     }
