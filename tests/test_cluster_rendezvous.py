@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from clairvoyant import _cluster
-from clairvoyant.errors import ConfigError, CorruptError
+from clairvoyant.errors import AccessDeniedError, ConfigError, CorruptError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -345,7 +345,7 @@ def test_file_backend_refuses_a_directory_others_can_enter(tmp_path):
     os.chmod(d, 0o755)
     env = clean_env(CLAIRVOYANT_SHARED_DIR=d)
     (out, _), = run_ranks([0], 2, env)
-    assert out["error"] == "ConfigError"
+    assert out["error"] == "AccessDeniedError"
     assert str(d) in out["message"] and "0755" in out["message"]
 
 
@@ -514,7 +514,7 @@ def test_secret_group_readable_file_is_refused(monkeypatch, shared):
     f = shared / "secret-bad"
     f.write_bytes(os.urandom(32))
     os.chmod(f, 0o640)
-    with pytest.raises(ConfigError, match=f"refusing {f}: mode 0640"):
+    with pytest.raises(AccessDeniedError, match=f"refusing {f}: has mode 0640"):
         _secret_as_rank1(monkeypatch, shared)
 
 
@@ -523,7 +523,7 @@ def test_secret_symlink_is_refused(monkeypatch, shared, tmp_path):
     target.write_bytes(os.urandom(32))
     os.chmod(target, 0o600)
     os.symlink(target, shared / "secret-bad")
-    with pytest.raises(ConfigError, match=f"refusing {shared / 'secret-bad'}: a symbolic link"):
+    with pytest.raises(AccessDeniedError, match=f"refusing {shared / 'secret-bad'}: is a symbolic link"):
         _secret_as_rank1(monkeypatch, shared)
 
 
@@ -534,7 +534,7 @@ def test_secret_foreign_owned_file_is_refused(monkeypatch, shared):
     f.write_bytes(os.urandom(32))
     os.chmod(f, 0o600)
     os.chown(f, 65534, 65534)
-    with pytest.raises(ConfigError, match=f"refusing {f}: owned by uid 65534"):
+    with pytest.raises(AccessDeniedError, match=f"refusing {f}: is owned by uid 65534"):
         _secret_as_rank1(monkeypatch, shared)
 
 

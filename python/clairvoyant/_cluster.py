@@ -30,7 +30,6 @@ Nothing here starts a service: every function reuses what the launcher already r
 from __future__ import annotations
 
 import datetime
-import errno
 import hashlib
 import ipaddress
 import os
@@ -38,7 +37,6 @@ import re
 import secrets
 import shutil
 import socket
-import stat
 import struct
 import subprocess
 import sys
@@ -46,7 +44,7 @@ import tempfile
 import time
 import zlib
 
-from . import _settings
+from . import _native, _settings
 from .errors import ClairvoyantError, ConfigError, CorruptError
 
 BACKENDS = ("store", "mpi", "file")
@@ -481,30 +479,12 @@ def _allgather_mpi(payload, rank, world_size, timeout):
 
 
 def _private_dir(path: str, create: bool = True, tighten: bool = False) -> str:
-    """``path`` as a directory owned by this user with no group or other permissions (created so,
-    parents included, when missing); anything else is refused with the path named. ``tighten``:
-    a directory of ours that others may enter is closed to them (chmod 0700) instead."""
-    path = os.path.abspath(path)
-    if create:
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create the private directory {path}: {exc.strerror}") from exc
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        raise ConfigError(f"cannot use the directory {path}: {exc.strerror}") from exc
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"refusing {path}: not a directory (a symbolic link or a file); clairvoyant needs a private directory there")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(f"refusing {path}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
-    if st.st_mode & 0o077 and tighten:
-        os.chmod(path, 0o700)  # our own directory, opened up: close it again (as the Job API does)
-    elif st.st_mode & 0o077:
-        raise ConfigError(
-            f"refusing {path}: mode {stat.S_IMODE(st.st_mode):04o} lets other users in; it must be 0700 (chmod 700 {path})"
-        )
-    return path
+    """``path`` (made absolute) as a directory owned by this user with no group or other
+    permissions: created so, parents included, when missing and ``create``; anything else (a
+    symlink, a file, a directory of another user, one of ours others may enter unless
+    ``tighten``, which closes it) is refused with ``AccessDeniedError`` naming it (the core's
+    rule, ``tier::secure::private_dir_at``)."""
+    return os.fsdecode(_native.private_dir(os.path.abspath(path), create, tighten))
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -524,23 +504,9 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _read_private(path: str) -> bytes:
-    """A file's bytes, refused unless it is a regular file owned by this user with mode 0600
-    (never followed through a symbolic link)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ConfigError(f"refusing {path}: a symbolic link") from exc
-        raise
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"refusing {path}: not a regular file")
-        if st.st_uid != os.geteuid():
-            raise ConfigError(f"refusing {path}: owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
-        if stat.S_IMODE(st.st_mode) != 0o600:
-            raise ConfigError(f"refusing {path}: mode {stat.S_IMODE(st.st_mode):04o}, expected 0600 (readable only by this user)")
-        return f.read()
+    """A file's bytes, refused (``AccessDeniedError``) unless it is a regular file owned by this
+    user with mode 0600, never followed through a symbolic link (the core's rule)."""
+    return _native.read_private(path)
 
 
 def _allgather_file(payload, rank, world_size, run, generation, timeout, cancel=None):
@@ -556,7 +522,7 @@ def _allgather_file(payload, rank, world_size, run, generation, timeout, cancel=
             _private_dir(run_dir)
             gen_dir = _private_dir(os.path.join(run_dir, str(generation)))
             break
-        except ConfigError:
+        except OSError:
             if os.path.lexists(run_dir):
                 raise
     else:
@@ -681,24 +647,8 @@ def _user_runtime_dir() -> str:
     that name (or planted a symlink or a file there), the next of ``clairvoyant-<uid>.1``,
     ``.2``, ... that is ours is used with a warning naming the refused path, as the Job API does
     (every process of this user walks the same sequence, so they still meet); after 8 refusals
-    the error names the first."""
-    env = _env()
-    root = _settings.get("CLAIRVOYANT_SHM_DIR", None, env) or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
-    first = None
-    for i in range(8):
-        path = os.path.join(root, f"clairvoyant-{os.geteuid()}" + (f".{i}" if i else ""))
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise ConfigError(f"cannot create the private directory {path}: {exc.strerror}") from exc
-        try:
-            return _private_dir(path, create=False, tighten=True)
-        except ConfigError as exc:
-            print(f"clairvoyant: {exc}; using another name", file=sys.stderr, flush=True)
-            first = first or exc
-    raise first
+    the error names the first. One implementation, the core's (``tier::secure::private_dir``)."""
+    return os.fsdecode(_native.user_runtime_dir())
 
 
 def _secret_file(directory: str, rank: int, world_size: int, run: str, timeout: float) -> bytes:

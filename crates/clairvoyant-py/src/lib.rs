@@ -10,6 +10,7 @@ mod agent;
 mod decode;
 mod engine;
 mod errors;
+mod fs;
 mod model;
 mod peer;
 mod schedule;
@@ -30,5 +31,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sim::register(m)?;
     decode::register(m)?;
     agent::register(m)?;
+    fs::register(m)?;
     Ok(())
 }

@@ -72,6 +72,76 @@ pub fn make_private_dir(dir: &Path) -> Result<()> {
     check_private_dir(dir)
 }
 
+/// `dir` as a private directory of this user: created 0700 with any missing parents when
+/// `create` (the parents get 0700 too), then checked as [`check_private_dir`] does, except that
+/// a folder the user named (`tighten` false: the rendezvous directory, agent logs) that others
+/// may enter is refused rather than closed: its mode is the user's choice, and others may
+/// have read it already. The run's own folders are closed again (`tighten` true).
+pub fn private_dir_at(dir: &Path, create: bool, tighten: bool) -> Result<()> {
+    if create {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| Error::io(dir, e))?;
+    }
+    if !tighten {
+        let md = std::fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?;
+        if md.is_dir() && md.uid() == uid() && md.mode() & 0o077 != 0 {
+            return Err(Error::untrusted(
+                dir,
+                format!(
+                    "has mode {:04o}, which lets other users in; it must be 0700 (chmod 700 {})",
+                    md.mode() & 0o7777,
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    check_private_dir(dir)
+}
+
+/// The bytes of a file only this user may read (a job secret, a rendezvous file written by
+/// another rank of this user): opened with `O_NOFOLLOW`, and refused unless it is a regular
+/// file owned by this user with mode 0600. Unlike [`open_existing`], a looser mode is refused,
+/// not tightened: someone else may have read it already.
+pub fn read_private(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                Error::untrusted(path, "is a symbolic link")
+            } else {
+                Error::io(path, e)
+            }
+        })?;
+    let md = f.metadata().map_err(|e| Error::io(path, e))?;
+    if !md.is_file() {
+        return Err(Error::untrusted(path, "is not a regular file"));
+    }
+    if md.uid() != uid() {
+        return Err(Error::untrusted(
+            path,
+            format!("is owned by uid {}, not by this user (uid {})", md.uid(), uid()),
+        ));
+    }
+    if md.mode() & 0o7777 != 0o600 {
+        return Err(Error::untrusted(
+            path,
+            format!(
+                "has mode {:04o}; it must be 0600 (readable by this user only)",
+                md.mode() & 0o7777
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(md.len() as usize);
+    f.read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
+    Ok(bytes)
+}
+
 /// `dir` must be a directory (not a symlink) owned by this user; its mode is reduced to 0700.
 pub fn check_private_dir(dir: &Path) -> Result<()> {
     let md = std::fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?;
@@ -423,6 +493,42 @@ mod tests {
         let f = open_existing(&p, false).unwrap();
         assert_eq!(f.metadata().unwrap().mode() & 0o777, 0o600, "mode repaired");
         assert!(open_existing(t.path(), false).is_err(), "a directory is not a segment");
+    }
+
+    #[test]
+    fn private_dir_at_creates_parents_and_read_private_refuses_loose_files() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("a/b");
+        private_dir_at(&d, true, false).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        assert!(matches!(
+            private_dir_at(&t.path().join("missing"), false, false),
+            Err(Error::Io { .. })
+        ));
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = private_dir_at(&d, false, false).unwrap_err();
+        assert!(e.to_string().contains("has mode 0755"), "{e}");
+        private_dir_at(&d, false, true).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700, "closed again");
+        let f = d.join("secret");
+        std::fs::write(&f, b"s3cret").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_private(&f).unwrap(), b"s3cret");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = read_private(&f).unwrap_err();
+        assert!(e.to_string().contains("has mode 0640"), "{e}");
+        assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o777, 0o640, "never tightened");
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        let e = read_private(&link).unwrap_err();
+        assert!(
+            matches!(e, Error::Untrusted { .. }) && e.to_string().contains("symbolic link"),
+            "{e}"
+        );
+        assert!(
+            matches!(read_private(&d), Err(Error::Untrusted { .. })),
+            "a directory is refused"
+        );
     }
 
     #[test]
