@@ -16,12 +16,16 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// How a [`Client`] connects and when it gives up on a peer.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
+    /// The job's shared secret (the handshake proves both sides hold it).
     pub secret: Secret,
+    /// Job id bound into the handshake: a server of another job is refused.
     pub job: u64,
     /// Connections kept per peer: how many fetches to one peer run at once.
     pub connections_per_peer: usize,
+    /// Longest wait for a TCP connection and the handshake's first reply.
     pub connect_timeout: Duration,
     /// Longest silence tolerated inside a reply (on top of the request's `wait`).
     pub io_timeout: Duration,
@@ -48,15 +52,22 @@ pub enum Fetch {
     Corrupt,
 }
 
+/// Counters since the client was made.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientStats {
+    /// Samples received and verified.
     pub fetched: u64,
+    /// Their bytes.
     pub bytes: u64,
+    /// Answers "held but not filled yet".
     pub not_yet: u64,
+    /// Answers "not cached there".
     pub not_held: u64,
     /// Replies saying the peer failed to read the sample (answered as `NotHeld`).
     pub failed: u64,
+    /// Fetches answered [`Fetch::PeerDown`].
     pub peer_down: u64,
+    /// Replies whose bytes failed their checksum or length.
     pub corrupt: u64,
     /// Per peer: how many times it was marked down.
     pub down_events: Vec<u64>,
@@ -230,6 +241,7 @@ impl Client {
         g.down_until.is_some_and(|t| Instant::now() < t)
     }
 
+    /// The counters now.
     pub fn stats(&self) -> ClientStats {
         let c = &self.counters;
         ClientStats {

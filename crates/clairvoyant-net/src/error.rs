@@ -9,17 +9,32 @@ use std::net::SocketAddr;
 pub enum NetError {
     /// A secret was too short or not valid hex.
     #[error("invalid secret: {reason}")]
-    Secret { reason: String },
+    Secret {
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A peer index outside the client's peer list.
     #[error("no peer {peer}: the client knows {peers} peers")]
-    BadPeer { peer: usize, peers: usize },
+    BadPeer {
+        /// The index asked for.
+        peer: usize,
+        /// Peers the client knows.
+        peers: usize,
+    },
     /// A configuration value that cannot work.
     #[error("invalid config {key}: {reason}")]
-    Config { key: &'static str, reason: String },
+    Config {
+        /// The setting.
+        key: &'static str,
+        /// Why its value cannot work.
+        reason: String,
+    },
     /// The server could not bind or start its accept thread.
     #[error("cannot serve on {addr}: {source}")]
     Bind {
+        /// The address asked for.
         addr: SocketAddr,
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
@@ -31,25 +46,48 @@ pub enum NetError {
 pub enum FrameError {
     /// Fewer bytes than the header (or header + payload) needs.
     #[error("truncated frame: {have} bytes, need {need}")]
-    Truncated { have: usize, need: usize },
+    Truncated {
+        /// Bytes present.
+        have: usize,
+        /// Bytes needed.
+        need: usize,
+    },
     /// The first four bytes are not the protocol magic.
     #[error("bad magic {got:02x?}")]
-    Magic { got: [u8; 4] },
+    Magic {
+        /// The bytes found.
+        got: [u8; 4],
+    },
     /// A protocol version this build does not speak.
     #[error("unsupported protocol version {got} (this build speaks {})", crate::frame::VERSION)]
-    Version { got: u8 },
+    Version {
+        /// The version found.
+        got: u8,
+    },
     /// An unknown frame kind.
     #[error("unknown frame kind {got}")]
-    Kind { got: u8 },
+    Kind {
+        /// The kind byte found.
+        got: u8,
+    },
     /// Flag bits that version 1 does not define.
     #[error("unknown flags {got:#06x} on a {kind} frame")]
-    Flags { kind: &'static str, got: u16 },
+    Flags {
+        /// The frame's kind.
+        kind: &'static str,
+        /// The flag bits found.
+        got: u16,
+    },
     /// A payload length outside what the kind allows (checked before anything is allocated).
     #[error("{kind} frame with a {len}-byte payload (allowed {min}..={max})")]
     Length {
+        /// The frame's kind.
         kind: &'static str,
+        /// The payload length found.
         len: u32,
+        /// Smallest length allowed.
         min: u32,
+        /// Largest length allowed.
         max: u32,
     },
 }

@@ -13,6 +13,7 @@ pub const VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 24;
 /// Handshake nonces and MACs (HMAC-SHA256) are 32 bytes.
 pub const NONCE_LEN: usize = 32;
+/// Bytes of a handshake MAC (HMAC-SHA256).
 pub const MAC_LEN: usize = 32;
 /// Largest sample a `Data` frame may carry (1 GiB).
 pub const MAX_DATA: u32 = 1 << 30;
@@ -61,6 +62,7 @@ impl Kind {
         })
     }
 
+    /// The kind's name, for messages.
     pub fn name(self) -> &'static str {
         match self {
             Kind::Hello => "Hello",
@@ -91,7 +93,9 @@ impl Kind {
 /// A decoded header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
+    /// What the frame is.
     pub kind: Kind,
+    /// The sample it concerns (0 where none).
     pub sample: u32,
     /// Payload bytes that follow the header.
     pub len: u32,
@@ -100,10 +104,12 @@ pub struct Header {
 }
 
 impl Header {
+    /// A header with these fields.
     pub fn new(kind: Kind, sample: u32, len: u32, arg: u64) -> Header {
         Header { kind, sample, len, arg }
     }
 
+    /// The header's wire bytes.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC);

@@ -3,6 +3,7 @@
 //! that fetches from other nodes into its own buffers. No Python; no dependency on the core.
 //!
 //! Wire format, handshake and fault handling: `docs/architecture.md`, "Peer transport".
+#![warn(missing_docs)]
 
 mod client;
 mod error;

@@ -59,6 +59,7 @@ impl Secret {
         Secret(k)
     }
 
+    /// The secret as 64 lower-case hex digits (to hand to the other ranks).
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }

@@ -31,7 +31,9 @@ pub enum Served {
     /// The bytes and the checksum recorded when they were read from the dataset (xxh3-64, the
     /// client checks it). `bytes` stays valid while the value lives (e.g. holds an Arc).
     Ready {
+        /// The sample's bytes.
         bytes: Box<dyn AsRef<[u8]> + Send>,
+        /// Their xxh3-64.
         checksum: u64,
     },
     /// Held here but not filled yet (after waiting at most the request's `wait`).
@@ -64,10 +66,12 @@ pub trait Provider: Send + Sync + 'static {
     }
 }
 
+/// Where and how a [`Server`] listens.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Address to listen on; port 0 picks an ephemeral port (see [`Server::local_addr`]).
     pub bind: SocketAddr,
+    /// The job's shared secret (the handshake proves both sides hold it).
     pub secret: Secret,
     /// Job id bound into the handshake: a client of another job is refused.
     pub job: u64,
@@ -83,10 +87,15 @@ pub struct ServerConfig {
 /// Counters since start. `cpu_seconds` is the CPU time of the server's threads (Linux).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServerStats {
+    /// Samples sent.
     pub served: u64,
+    /// Their bytes.
     pub bytes: u64,
+    /// Answers "held but not filled yet".
     pub not_yet: u64,
+    /// Answers "not cached here".
     pub not_held: u64,
+    /// Samples the provider failed to read.
     pub failed: u64,
     /// Connections accepted in total.
     pub connections: u64,
@@ -98,6 +107,7 @@ pub struct ServerStats {
     pub auth_failures: u64,
     /// Malformed or out-of-place frames (the connection is closed).
     pub rejected_frames: u64,
+    /// CPU time of the server's threads, in seconds.
     pub cpu_seconds: f64,
 }
 
@@ -459,6 +469,7 @@ struct Shared {
     live_cv: Condvar,
 }
 
+/// A running peer server: serves the provider's samples until dropped.
 pub struct Server {
     shared: Arc<Shared>,
     addr: SocketAddr,
@@ -467,6 +478,7 @@ pub struct Server {
 }
 
 impl Server {
+    /// Listen on `cfg.bind` and serve `provider`'s samples to clients of the same job.
     pub fn start(cfg: ServerConfig, provider: Arc<dyn Provider>) -> Result<Server, NetError> {
         if cfg.max_connections == 0 {
             return Err(NetError::Config {
@@ -541,10 +553,12 @@ impl Server {
         Ok(server)
     }
 
+    /// The address it listens on (the port picked when `bind` asked for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
 
+    /// The counters now.
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.counters;
         ServerStats {
