@@ -88,6 +88,8 @@ def test_srun_job_on_two_nodes_reads_once(slurm, tmp_path):
     assert fs <= total * 1.02, f"the cluster read {fs / total:.3f}x the dataset"
     servers = [res["peers"]["server"] for res in ranks if "server" in res["peers"]]
     assert len(servers) == 2 and all(s["served"] > 0 for s in servers), "each node's server served the other node"
+    left = sorted(os.listdir(tmp_path / "rendezvous"))
+    assert left == [], f"the run left {left} in the shared directory"
 
 
 def test_srun_runs_the_dropin(slurm, imagenet, tmp_path):

@@ -691,7 +691,27 @@ def _secret_file(directory: str, rank: int, world_size: int, run: str, timeout: 
     data = _read_private(path)
     if len(data) < SECRET_BYTES:
         raise ConfigError(f"refusing {path}: {len(data)} bytes, a job secret has {SECRET_BYTES}")
+    _secret_files[run] = path
     return data
+
+
+# Secret files this process read, by run segment: rank 0 removes its run's once every rank
+# has it (:func:`release_job_secret`).
+_secret_files: dict = {}
+
+
+def release_job_secret(*, rank: int, run_id: str) -> None:
+    """Remove the run's ``secret-<run>`` file once every rank holds the secret (call after a
+    collective that every rank enters only with the secret in hand). Rank 0 removes it; the
+    others forget its path. Nothing happens for a secret from the environment or MPI. A run
+    killed before this point leaves the file, and a restart with the same run id uses it."""
+    path = _secret_files.pop(_run_segment(run_id), None)
+    if rank != 0 or path is None:
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def job_secret(*, rank: int, world_size: int, run_id: str, timeout: float = 120.0, single_host: bool = False) -> bytes:

@@ -132,6 +132,8 @@ def setup(
         if server is not None:
             server.close()
         raise
+    # Every rank entered the gather with the secret in hand: its file is no longer needed.
+    _cluster.release_job_secret(rank=rank, run_id=run_id or f"job-{jid:016x}")
     try:
         return _assemble(me, [json.loads(b) for b in blobs], server, explicit, secret, jid)
     except BaseException:
