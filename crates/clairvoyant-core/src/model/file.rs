@@ -169,7 +169,7 @@ struct FileClass {
 }
 
 /// The dotted key (under `prefix`) and the reason of an error serde gave for a table. toml keeps
-/// an error's key path private and shows it only in its text (`<message>\nin `a.b`\n`); an
+/// an error's key path private and shows it only in its text (``<message>\nin `a.b` ``); an
 /// unknown key is named in serde's message (``unknown field `x`, expected one of `a`, `b` ``).
 fn key_and_reason(e: &toml::de::Error, prefix: &str) -> (String, String) {
     let message = e.message().trim().to_string();
