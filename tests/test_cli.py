@@ -150,10 +150,20 @@ def test_probe_warns_about_page_cached_and_tiny_files_and_says_how_to_use_the_fi
     assert "probe: probe:" not in r.stderr
 
 
-def test_probe_warnings_only_when_the_figures_are_suspect():
-    slow = "[pfs]\nread_mbps = [[1, 180.0], [8, 900.0]]\nopen_latency_ms = 0.8\n"
+def test_probe_warnings_only_when_the_figures_are_suspect(tmp_path):
+    from clairvoyant._native import SystemModel
+
+    def model(text):
+        path = tmp_path / "system.toml"
+        path.write_text(text)
+        return SystemModel.load(path)
+
+    slow = model("[pfs]\nread_mbps = [[1, 180.0], [8, 900.0]]\nopen_latency_ms = 0.8\n")
     assert cli.probe_warnings(slow, 110_000) == []
-    cached = "[pfs]\nread_mbps = [[1, 9000.0], [8, 30000.0]]\nopen_latency_ms = 0.8\n"
+    cached = model("[pfs]\nread_mbps = [[1, 9000.0], [8, 30000.0]]\nopen_latency_ms = 0.8\n")
+    assert any("page cache" in w for w in cli.probe_warnings(cached, 110_000))
+    fast_open = model("[pfs]\nread_mbps = 180.0\nopen_latency_ms = 0.001\n")
+    assert any("opens took 1.0 us" in w for w in cli.probe_warnings(fast_open, 110_000))
     assert any("page cache" in w for w in cli.probe_warnings(cached, 110_000))
     assert any("tiny" in w for w in cli.probe_warnings(slow, 4000))
 

@@ -12,8 +12,35 @@ from clairvoyant import _env, config
 def test_defaults_need_no_configuration(monkeypatch, tmp_path):
     monkeypatch.setenv("CLAIRVOYANT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CLAIRVOYANT_CONFIG", raising=False)
-    path, text = config.resolve(None)
-    assert path is None and "[staging]" in text and 'kind = "memory"' in text
+    model = config.resolve(None)
+    assert model.path is None and model.staging_capacity > 0 and model.memory_class() is not None
+    text = model.to_toml()
+    assert "[staging]" in text and 'kind = "memory"' in text
+
+
+def test_a_file_becomes_a_typed_model(tmp_path):
+    cfg = tmp_path / "system.toml"
+    cfg.write_text(
+        'preprocess_mbps = 900\n[staging]\ncapacity = "64 MiB"\nthreads = 3\n'
+        "[pfs]\nread_mbps = [[1, 200.0], [8, 1600.0]]\nopen_latency_ms = 2.5\n"
+        '[[class]]\nname = "ram"\nkind = "memory"\ncapacity = "1 GiB"\nthreads = 2\nread_mbps = 5000\n'
+        '[[class]]\nname = "ssd"\nkind = "directory"\npath = "scratch"\ncapacity = 0\n'
+    )
+    model = config.resolve(cfg)
+    assert model.path == str(cfg)
+    assert (model.staging_capacity, model.staging_threads) == (64 << 20, 3)
+    assert model.pfs_read_mbps == [(1.0, 200.0), (8.0, 1600.0)] and model.pfs_open_latency_ms == 2.5
+    assert (model.preprocess_mbps, model.compute_mbps, model.interconnect_mbps) == (900.0, None, None)
+    ram, ssd = model.classes
+    assert (ram.name, ram.kind, ram.path, ram.capacity, ram.threads) == ("ram", "memory", None, 1 << 30, 2)
+    assert ram.read_mbps == [(1.0, 5000.0)] and model.memory_class().name == "ram"
+    assert (ssd.kind, ssd.path, ssd.capacity) == ("directory", str(tmp_path / "scratch"), 0)
+    # Written and read back: the same description.
+    again = tmp_path / "again.toml"
+    model.save(again)
+    assert again.read_text() == model.to_toml()
+    assert clairvoyant._native.SystemModel.load(again).to_toml() == model.to_toml()
+    assert clairvoyant._native.SystemModel.detect().path is None
 
 
 @pytest.mark.parametrize(
@@ -41,8 +68,9 @@ def test_missing_config_file_is_reported(tmp_path):
 def test_env_override_applies(monkeypatch, tmp_path):
     monkeypatch.setenv("CLAIRVOYANT_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CLAIRVOYANT_MEMORY", "3MiB")
-    _, text = config.resolve(None)
-    assert 'capacity = "3 MiB"' in text
+    model = config.resolve(None)
+    assert model.memory_class().capacity == 3 << 20
+    assert 'capacity = "3 MiB"' in model.to_toml()
 
 
 def test_probe_writes_a_config_a_job_accepts(tmp_path):

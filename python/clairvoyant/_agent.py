@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     source = FileList([os.path.join(root, p) for p in rel_paths], [0] * len(rel_paths), index_dir=args.index_dir)
     from . import config as _config
 
-    _, model_toml = _config.resolve(args.config)
+    model = _config.resolve(args.config)
     nodes, node = max(1, args.nodes), args.node
 
     def start_engine(order_pattern):
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
             os.environ.setdefault("CLAIRVOYANT_RENDEZVOUS", "file")
             peers = _peers.setup(
                 source=source,
-                model_toml=model_toml,
+                model=model,
                 rank=node,
                 world_size=nodes,
                 local_ranks=[node],
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         try:
             engine = _native.Engine(
                 source._native, 1, 1, 0, True, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
-                model_toml, None, 0, cluster, agent,
+                model.to_toml(), None, 0, cluster, agent,
             )  # fmt: skip
         except BaseException:
             if peers is not None and peers.server is not None:

@@ -132,12 +132,9 @@ def predict(training: dict, data_dir: Path, out_dir: Path, log=print) -> dict:
     mean = sum(sizes) / len(sizes)
     batch_bytes = mean * cfg["batch_size"]
     workers = cfg["num_workers_per_rank"]
-    _, engine_toml = config.resolve(None)
-    import tomllib
-
-    engine = tomllib.loads(engine_toml)
-    threads = int(engine["staging"]["threads"])
-    memory = next((c for c in engine.get("class", []) if c.get("kind") == "memory"), None)
+    engine = config.resolve(None)
+    threads = engine.staging_threads
+    memory = engine.memory_class()
 
     pytorch_system = (
         "class = []\n[system.staging]\n"
@@ -147,12 +144,13 @@ def predict(training: dict, data_dir: Path, out_dir: Path, log=print) -> dict:
     if memory is not None:
         memory_lines = (
             "[[system.class]]\nname = \"memory\"\nkind = \"memory\"\n"
-            f"capacity = {memory['capacity']!r}\nthreads = {int(memory['threads'])}\n"
-            f"read_mbps = {memory['read_mbps']!r}\nwrite_mbps = {memory['write_mbps']!r}\n"
+            f"capacity = {simulator.toml_size(memory.capacity)}\nthreads = {memory.threads}\n"
+            f"read_mbps = {simulator.toml_curve(memory.read_mbps)}\n"
+            f"write_mbps = {simulator.toml_curve(memory.write_mbps)}\n"
         )
     clairvoyant_system = (
-        f"[system.staging]\ncapacity = {engine['staging']['capacity']!r}\nthreads = {threads}\n"
-        f"write_mbps = {engine['staging']['write_mbps']!r}\n" + memory_lines
+        f"[system.staging]\ncapacity = {simulator.toml_size(engine.staging_capacity)}\nthreads = {threads}\n"
+        f"write_mbps = {simulator.toml_curve(engine.staging_write_mbps)}\n" + memory_lines
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = {}

@@ -177,11 +177,11 @@ def _plan(args) -> int:
 
 def _probe(args) -> int:
     mean = _mean_file_size(args.path)
-    text = _native.probe(args.path, args.output, args.ssd_dir, args.max_files, args.budget)
-    for warning in probe_warnings(text, mean):
+    model = _native.probe(args.path, args.output, args.ssd_dir, args.max_files, args.budget)
+    for warning in probe_warnings(model, mean):
         print(f"clairvoyant probe: warning: {warning}", file=sys.stderr)
     if args.output is None:
-        print(text)
+        print(model.to_toml())
         print("clairvoyant probe: to use this description, save it with -o FILE", file=sys.stderr)
     else:
         print(f"wrote {args.output}", file=sys.stderr)
@@ -227,27 +227,13 @@ def _bytes(n: float) -> str:
     return f"{n:,.0f} bytes" if n < 1024 else f"{n / 1024:.1f} KiB"
 
 
-def probe_warnings(toml_text: str, mean_file_bytes) -> list:
-    """Why the storage figures of a probe may not describe the storage: files read from the page
-    cache (opens or reads far faster than a device), or files so small that each read measures
-    an open."""
-    try:
-        import tomllib
-    except ImportError:  # Python < 3.11
-        tomllib = None
+def probe_warnings(model, mean_file_bytes) -> list:
+    """Why the storage figures of a probe (a :class:`clairvoyant._native.SystemModel`) may not
+    describe the storage: files read from the page cache (opens or reads far faster than a
+    device), or files so small that each read measures an open."""
     out = []
-    open_ms = peak = None
-    if tomllib is not None:
-        pfs = tomllib.loads(toml_text).get("pfs", {})
-        open_ms = pfs.get("open_latency_ms")
-        rates = pfs.get("read_mbps")
-        if isinstance(rates, (int, float)):
-            peak = float(rates)
-        elif rates:
-            peak = max(float(r[1]) for r in rates)
-    else:
-        m = re.search(r"open_latency_ms\s*=\s*([0-9.eE+-]+)", toml_text)
-        open_ms = float(m.group(1)) if m else None
+    open_ms = model.pfs_open_latency_ms
+    peak = max(mbps for _, mbps in model.pfs_read_mbps)
     if (open_ms is not None and open_ms < CACHED_OPEN_MS) or (peak is not None and peak > CACHED_READ_MBPS):
         what = []
         if open_ms is not None and open_ms < CACHED_OPEN_MS:
@@ -284,9 +270,9 @@ def _config(args) -> int:
             return 1
         return 0
 
-    path, text = config.resolve(args.config)
-    print(f"# resolved from {path or 'machine defaults'}")
-    print(text or "")
+    model = config.resolve(args.config)
+    print(f"# resolved from {model.path or 'machine defaults'}")
+    print(model.to_toml())
     return 0
 
 

@@ -1,6 +1,6 @@
 """System description (performance model) resolution: an explicit TOML file, else
 ``$CLAIRVOYANT_CONFIG``, else ``<cache dir>/system.toml``, else defaults detected from the
-machine. Returns the model as TOML text for the engine."""
+machine. Returns a typed :class:`clairvoyant._native.SystemModel`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import os
 from . import _native
 
 
-def resolve(config=None) -> tuple:
-    """(path used or None, model TOML text)."""
-    return _native.resolve_config(None if config is None else os.fspath(config))
+def resolve(config=None) -> "_native.SystemModel":
+    """The description in force (its ``path`` is the file used, None for machine defaults), with
+    the environment's overrides applied and validated."""
+    return _native.SystemModel.resolve(None if config is None else os.fspath(config))
 
 
 def default_path() -> str:

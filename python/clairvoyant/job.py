@@ -161,7 +161,8 @@ class Job:
         self.batch_size, self.seed, self.drop_last = batch_size, seed, drop_last
         from . import config as _config
 
-        self.config_path, model_toml = _config.resolve(config)
+        model = _config.resolve(config)
+        self.config_path = model.path
         if peers is not None and not isinstance(peers, (bool, np.bool_)):
             raise _TypeError(f"'peers' must be a bool or None, not {type(peers).__name__}")
         run = where.run_id if run_id is None else run_id
@@ -170,7 +171,7 @@ class Job:
         if _peers.wanted(peers, where.world_size, where.local_ranks):
             self._peers = _peers.setup(
                 source=self.source,
-                model_toml=model_toml,
+                model=model,
                 rank=where.rank,
                 world_size=where.world_size,
                 local_ranks=where.local_ranks,
@@ -187,7 +188,7 @@ class Job:
             cluster = self._peers.cluster
         try:
             self._engine = self._start_engine(
-                batch_size, epochs, orders, seed, drop_last, run, model_toml, start_epoch, cluster
+                batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster
             )
         except BaseException:
             if self._peers is not None and self._peers.server is not None:
@@ -203,7 +204,7 @@ class Job:
         self._final_stats = None
         self._closed = False
 
-    def _start_engine(self, batch_size, epochs, orders, seed, drop_last, run, model_toml, start_epoch, cluster):
+    def _start_engine(self, batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster):
         return _native.Engine(
             self.source._native,
             batch_size,
@@ -214,7 +215,7 @@ class Job:
             self.world_size,
             self.local_ranks,
             run,
-            model_toml,
+            model.to_toml(),  # the engine takes the description as a file's text
             orders,
             start_epoch,
             cluster,

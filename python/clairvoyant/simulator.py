@@ -240,17 +240,28 @@ def _unit(values: Iterable[Optional[float]]) -> tuple:
     return "s", 1.0
 
 
-def _engine_system() -> tuple:
-    """The engine's staging buffer and memory class, as this machine's configuration gives them:
-    (staging dict, memory class dict or None)."""
-    import tomllib
-
+def _engine_system():
+    """The engine's system description, as this machine's configuration gives it."""
     from . import config
 
-    _, text = config.resolve(None)
-    engine = tomllib.loads(text)
-    memory = next((c for c in engine.get("class", []) if c.get("kind") == "memory"), None)
-    return engine["staging"], memory
+    return config.resolve(None)
+
+
+def toml_size(n: int) -> str:
+    """A capacity in bytes as a TOML value, as the system file writes it: whole TiB, GiB or MiB
+    as a size ('8 GiB'), else the integer."""
+    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n > 0 and n % mult == 0:
+            return repr(f"{n // mult} {unit}")
+    return str(n)
+
+
+def toml_curve(points) -> str:
+    """A throughput curve [(threads or readers, MB/s), ...] as a TOML value, as the system file
+    writes it: one number when constant, else [[x, MB/s], ...] with whole counts as integers."""
+    if len(points) == 1 and points[0][0] == 1.0:
+        return repr(float(points[0][1]))
+    return repr([[int(x) if float(x).is_integer() and abs(x) < 1e15 else float(x), float(y)] for x, y in points])
 
 
 def cluster_scenario_toml(
@@ -284,8 +295,9 @@ def cluster_scenario_toml(
             raise ConfigError(f"{name} must be at least 1, got {v!r}")
     if compute_per_batch <= 0:
         raise ConfigError(f"compute_per_batch must be > 0 seconds, got {compute_per_batch!r}")
-    staging, memory = _engine_system()
-    threads = int(staging["threads"])
+    engine = _engine_system()
+    memory = engine.memory_class()
+    threads = engine.staging_threads
     mean = sum(sizes) / len(sizes)
     compute_mbps = batch_size * mean / compute_per_batch / 1e6
     cores = int(cores or os.cpu_count() or 1)
@@ -316,9 +328,9 @@ def cluster_scenario_toml(
         lines.append(f"preprocess_mbps = {preprocess_mbps * decoders / threads!r}")
     lines += [
         "[system.staging]",
-        f"capacity = {staging['capacity']!r}",
+        f"capacity = {toml_size(engine.staging_capacity)}",
         f"threads = {threads}",
-        f"write_mbps = {staging['write_mbps']!r}",
+        f"write_mbps = {toml_curve(engine.staging_write_mbps)}",
         "[system.pfs]",
         f"read_mbps = {fs_bandwidth / 1e6!r}",
         f"open_latency_ms = {fs_latency * 1e3!r}",
@@ -326,9 +338,9 @@ def cluster_scenario_toml(
         'name = "memory"',
         'kind = "memory"',
         f"capacity = {int(memory_per_node)}",
-        f"threads = {int(memory['threads']) if memory else 2}",
-        f"read_mbps = {memory['read_mbps'] if memory else 4000.0!r}",
-        f"write_mbps = {memory['write_mbps'] if memory else 4000.0!r}",
+        f"threads = {memory.threads if memory else 2}",
+        f"read_mbps = {toml_curve(memory.read_mbps) if memory else '4000.0'}",
+        f"write_mbps = {toml_curve(memory.write_mbps) if memory else '4000.0'}",
     ]
     return "\n".join(lines) + "\n"
 

@@ -11,86 +11,14 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// t(γ): aggregate throughput in bytes/s at γ concurrent transfers, piecewise linear between the
-/// given points and flat beyond the ends.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Curve {
-    points: Vec<(f64, f64)>,
-}
+/// t(γ): the model's throughput table (MB/s at γ concurrent transfers), the same type and
+/// interpolation the engine and the simulator use.
+pub use clairvoyant_core::model::Curve;
 
-impl Curve {
-    /// `points` are (readers, MB/s) with MB = 10^6 bytes. Readers must be >= 1 and strictly
-    /// increasing, throughputs finite and > 0.
-    pub fn new(points: Vec<(f64, f64)>) -> Result<Curve, String> {
-        if points.is_empty() {
-            return Err("has no points".into());
-        }
-        for (i, &(x, y)) in points.iter().enumerate() {
-            if !(x.is_finite() && x >= 1.0) {
-                return Err(format!("point {i}: readers must be >= 1, got {x}"));
-            }
-            if !(y.is_finite() && y > 0.0) {
-                return Err(format!("point {i}: MB/s must be finite and > 0, got {y}"));
-            }
-            if i > 0 && x <= points[i - 1].0 {
-                return Err(format!(
-                    "point {i}: readers must increase, got {x} after {}",
-                    points[i - 1].0
-                ));
-            }
-        }
-        Ok(Curve { points })
-    }
-
-    /// Parses `"1:60,2:100,4:160,8:200"` (readers:MB/s pairs) or one number (constant MB/s).
-    pub fn parse(text: &str) -> Result<Curve, String> {
-        let text = text.trim();
-        if let Ok(v) = text.parse::<f64>() {
-            return Curve::new(vec![(1.0, v)]);
-        }
-        let mut points = Vec::new();
-        for part in text.split(',') {
-            let (x, y) = part
-                .split_once(':')
-                .ok_or_else(|| format!("'{part}' is not readers:MB/s (e.g. 1:60,2:100,4:160,8:200)"))?;
-            let x: f64 = x
-                .trim()
-                .parse()
-                .map_err(|_| format!("'{x}' is not a number of readers"))?;
-            let y: f64 = y
-                .trim()
-                .parse()
-                .map_err(|_| format!("'{y}' is not a throughput in MB/s"))?;
-            points.push((x, y));
-        }
-        Curve::new(points)
-    }
-
-    /// The points as given: (readers, MB/s).
-    pub fn points(&self) -> &[(f64, f64)] {
-        &self.points
-    }
-
-    /// Aggregate throughput at `readers` concurrent transfers, MB/s.
-    pub fn mbps_at(&self, readers: f64) -> f64 {
-        let p = &self.points;
-        if readers <= p[0].0 {
-            return p[0].1;
-        }
-        for w in p.windows(2) {
-            let ((x0, y0), (x1, y1)) = (w[0], w[1]);
-            if readers <= x1 {
-                return y0 + (y1 - y0) * (readers - x0) / (x1 - x0);
-            }
-        }
-        p[p.len() - 1].1
-    }
-
-    /// Bytes per second each of `n >= 1` concurrent transfers receives: t(n)/n.
-    fn per_transfer_bps(&self, n: usize) -> f64 {
-        let n = n.max(1) as f64;
-        self.mbps_at(n) * 1e6 / n
-    }
+/// Bytes per second each of `n >= 1` concurrent transfers receives: t(n)/n.
+fn per_transfer_bps(curve: &Curve, n: usize) -> f64 {
+    let n = n.max(1) as f64;
+    curve.at(n) * 1e6 / n
 }
 
 /// The processor-sharing state, in seconds since `origin` and bytes.
@@ -123,7 +51,7 @@ impl Sharing {
     pub fn advance(&mut self, now: f64) {
         if now > self.at {
             if self.active > 0 {
-                self.served += (now - self.at) * self.curve.per_transfer_bps(self.active);
+                self.served += (now - self.at) * per_transfer_bps(&self.curve, self.active);
             }
             self.at = now;
         }
@@ -144,7 +72,7 @@ impl Sharing {
         if left <= 0.0 || self.active == 0 {
             0.0
         } else {
-            left / self.curve.per_transfer_bps(self.active)
+            left / per_transfer_bps(&self.curve, self.active)
         }
     }
 
@@ -218,27 +146,29 @@ mod tests {
     use super::*;
 
     fn table() -> Curve {
-        Curve::parse("1:60,2:100,4:160,8:200").unwrap()
+        Curve::parse_pairs("1:60,2:100,4:160,8:200", "--bandwidth").unwrap()
     }
 
     #[test]
     fn curve_interpolates_and_is_flat_beyond_the_ends() {
         let c = table();
-        assert_eq!(c.mbps_at(1.0), 60.0);
-        assert_eq!(c.mbps_at(3.0), 130.0);
-        assert_eq!(c.mbps_at(6.0), 180.0);
-        assert_eq!(c.mbps_at(64.0), 200.0);
-        assert_eq!(c.mbps_at(0.5), 60.0);
-        assert_eq!(Curve::parse("250").unwrap().mbps_at(9.0), 250.0);
+        assert_eq!(c.at(1.0), 60.0);
+        assert_eq!(c.at(3.0), 130.0);
+        assert_eq!(c.at(6.0), 180.0);
+        assert_eq!(c.at(64.0), 200.0);
+        assert_eq!(c.at(0.5), 60.0);
+        assert_eq!(Curve::parse_pairs("250", "--bandwidth").unwrap().at(9.0), 250.0);
     }
 
     #[test]
     fn bad_curves_are_refused_with_the_reason() {
-        assert!(Curve::parse("").unwrap_err().contains("readers:MB/s"));
-        assert!(Curve::parse("1:60,1:70").unwrap_err().contains("increase"));
-        assert!(Curve::parse("0:60").unwrap_err().contains(">= 1"));
-        assert!(Curve::parse("1:-5").unwrap_err().contains("> 0"));
-        assert!(Curve::parse("1:x").unwrap_err().contains("'x'"));
+        let err = |text: &str| Curve::parse_pairs(text, "--bandwidth").unwrap_err().to_string();
+        assert!(err("").contains("readers:MB/s"));
+        assert!(err("1:60,1:70").contains("increasing"));
+        assert!(err("0:60").contains(">= 1"));
+        assert!(err("1:-5").contains("> 0"));
+        assert!(err("1:x").contains("'x'"));
+        assert!(err("1:x").contains("--bandwidth"));
     }
 
     #[test]
@@ -272,7 +202,7 @@ mod tests {
 
     #[test]
     fn real_transfers_follow_the_curve() {
-        let bw = Bandwidth::new(Curve::parse("1:100,4:200").unwrap());
+        let bw = Bandwidth::new(Curve::parse_pairs("1:100,4:200", "--bandwidth").unwrap());
         let t = Instant::now();
         bw.transfer(10_000_000); // 0.1 s alone
         let one = t.elapsed().as_secs_f64();

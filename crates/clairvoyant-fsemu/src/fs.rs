@@ -297,7 +297,7 @@ impl EmuFs {
         Stats {
             uptime_s: self.started.elapsed().as_secs_f64(),
             open_latency_ms: self.spec.open_latency.as_secs_f64() * 1e3,
-            bandwidth_mbps: self.spec.bandwidth.points().to_vec(),
+            bandwidth_mbps: self.spec.bandwidth.0.clone(),
             opens: t.opens.load(Ordering::Relaxed),
             reads: t.reads.load(Ordering::Relaxed),
             bytes: t.bytes.load(Ordering::Relaxed),

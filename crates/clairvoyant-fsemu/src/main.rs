@@ -104,7 +104,7 @@ fn main() -> Result<()> {
     if args.threads == 0 {
         bail!("--threads must be at least 1");
     }
-    let curve = Curve::parse(&args.bandwidth).map_err(|r| anyhow::anyhow!("--bandwidth {}: {r}", args.bandwidth))?;
+    let curve = Curve::parse_pairs(&args.bandwidth, "--bandwidth")?;
     let spec = Spec {
         open_latency: Duration::from_secs_f64(args.open_latency_ms / 1e3),
         bandwidth: curve,

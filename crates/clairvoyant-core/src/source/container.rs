@@ -12,15 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use super::index::{begin_file, default_index_dir, now_ns, open_file, put_bytes, seal_file, Fnv1a, Freshness, Reader};
+use super::index::{
+    begin_file, index_file_in, now_ns, open_file, put_bytes, seal_file, Fnv1a, Freshness, IndexFile, Reader,
+    RACY_WINDOW_NS,
+};
 use super::Source;
 use crate::error::{Error, Result};
 
 /// Bumped on any change of the stored layout; other versions are rebuilt.
 const CONTAINER_INDEX_VERSION: u32 = 3;
 const MAGIC: &[u8; 8] = b"CVCONTNR";
-/// As for file indexes: a file modified this close to the scan may have changed unseen.
-const RACY_WINDOW_NS: i64 = 2_000_000_000;
 
 /// One file of a container, with its size and mtime when indexed (checked at open and per read).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -284,9 +285,40 @@ impl ContainerIndex {
         }
         fresh
     }
+}
 
-    fn save(&self, path: &Path) -> Result<()> {
-        crate::tier::secure::write_private(path, &self.to_bytes())
+impl IndexFile for ContainerIndex {
+    type Identity = str;
+    fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        ContainerIndex::from_bytes(bytes, path)
+    }
+    fn to_bytes(&self) -> Vec<u8> {
+        ContainerIndex::to_bytes(self)
+    }
+    fn identity(&self) -> &str {
+        &self.identity
+    }
+    fn describe(identity: &str) -> String {
+        identity.to_string()
+    }
+    fn freshness(&self) -> Freshness {
+        ContainerIndex::freshness(self)
+    }
+    fn built_ns(&self) -> i64 {
+        self.built_ns
+    }
+    /// A container's scanner is format code: check that it built the index asked for and that
+    /// every record lies within its file, then stamp the build time.
+    fn seal(&mut self, identity: &str) -> Result<()> {
+        if self.identity != identity {
+            return Err(Error::config(
+                "index",
+                format!("built for {}, expected {identity}", self.identity),
+            ));
+        }
+        self.validate()?;
+        self.built_ns = now_ns();
+        Ok(())
     }
 }
 
@@ -295,73 +327,24 @@ pub(crate) fn mtime_ns(m: &fs::Metadata) -> i64 {
 }
 
 /// Where the index of a container lives: `index_path` if given, else in `index_dir` (default:
-/// [`default_index_dir`]).
+/// [`default_index_dir`](super::index::default_index_dir)).
 pub fn container_index_path(identity: &str, index_dir: Option<&Path>, index_path: Option<&Path>) -> Result<PathBuf> {
-    if let Some(p) = index_path {
-        return Ok(p.to_path_buf());
+    match index_path {
+        Some(p) => Ok(p.to_path_buf()),
+        None => index_file_in(index_dir, ContainerIndex::file_name(identity)),
     }
-    let dir = match index_dir {
-        Some(d) => d.to_path_buf(),
-        None => default_index_dir()?,
-    };
-    let dir = crate::tier::secure::trusted_dir(&dir, true)?.unwrap_or(dir);
-    Ok(dir.join(ContainerIndex::file_name(identity)))
-}
-
-fn try_load(path: &Path, identity: &str, explicit: bool) -> Result<Option<ContainerIndex>> {
-    let Some(bytes) = crate::tier::secure::read_trusted(path)? else {
-        return Ok(None);
-    };
-    let Ok(ix) = ContainerIndex::from_bytes(&bytes, path) else {
-        return Ok(None);
-    };
-    if ix.identity != identity {
-        if explicit {
-            return Err(Error::BadIndex {
-                index: path.to_path_buf(),
-                reason: format!("belongs to another dataset ({}), not to {identity}", ix.identity),
-            });
-        }
-        return Ok(None);
-    }
-    Ok(Some(ix))
 }
 
 /// Loads the index at `path` for `identity` while it is fresh, else runs `build` under the lock,
-/// validates and saves its result. Returns the index and whether it was reused.
+/// validates and saves its result (the one path of every index file,
+/// [`load_or_build`](super::index::load_or_build)). Returns the index and whether it was reused.
 pub fn load_or_build_container(
     path: &Path,
     identity: &str,
     explicit: bool,
     build: impl FnOnce() -> Result<ContainerIndex>,
 ) -> Result<(ContainerIndex, bool)> {
-    let call_start = now_ns();
-    if let Some(ix) = try_load(path, identity, explicit)? {
-        if ix.freshness() == Freshness::Fresh {
-            super::index::IndexLock::reclaim(path);
-            return Ok((ix, true));
-        }
-    }
-    super::index::make_parent(path)?;
-    let _lock = super::index::IndexLock::acquire(path)?;
-    if let Some(ix) = try_load(path, identity, explicit)? {
-        match ix.freshness() {
-            Freshness::Fresh => return Ok((ix, true)),
-            Freshness::Racy if ix.built_ns >= call_start => return Ok((ix, true)),
-            _ => {}
-        }
-    }
-    let mut ix = build()?;
-    if ix.identity != identity {
-        return Err(Error::config(
-            "index",
-            format!("built for {}, expected {identity}", ix.identity),
-        ));
-    }
-    ix.validate()?;
-    ix.built_ns = now_ns();
-    ix.save(path)?;
-    Ok((ix, false))
+    super::index::load_or_build(path, identity, explicit, build)
 }
 
 /// The records of a source, column-wise with names in one string: about 40 bytes plus the name
@@ -763,5 +746,48 @@ mod tests {
         bad.records[1].len = 50;
         let err = bad.validate().unwrap_err().to_string();
         assert!(err.contains("blob") && err.contains("r1"), "{err}");
+    }
+
+    /// A container index goes through the one load-or-build path of every index file: built
+    /// once, reused while fresh, sealed (identity, record ranges, build time) before it is saved,
+    /// and an explicitly named index of another dataset is refused.
+    #[test]
+    fn load_or_build_reuses_checks_and_refuses_foreign_indexes() {
+        let d = tempfile::tempdir().unwrap();
+        let id = sample(d.path()).identity;
+        let path = container_index_path(&id, Some(&d.path().join("ix")), None).unwrap();
+        assert_eq!(
+            path.file_name().unwrap().to_str().unwrap(),
+            ContainerIndex::file_name(&id)
+        );
+        // The blob was just written: its mtime is racy, so wait for the index to be fresh by
+        // building with a scan start well after it.
+        let build = || {
+            let mut ix = sample(d.path());
+            ix.scan_start_ns = now_ns() + 3 * RACY_WINDOW_NS;
+            Ok(ix)
+        };
+        let (a, reused) = load_or_build_container(&path, &id, false, build).unwrap();
+        assert!(!reused && a.built_ns > 0);
+        let (b, reused) = load_or_build_container(&path, &id, false, || panic!("must not rebuild")).unwrap();
+        assert!(reused);
+        assert_eq!(a, b);
+        let e = load_or_build_container(&path, "test:/elsewhere", true, build).unwrap_err();
+        assert!(
+            matches!(&e, Error::BadIndex { reason, .. } if reason.contains("another dataset")),
+            "{e}"
+        );
+        // Not explicit: an index of another dataset at the path is rebuilt; what the build gives
+        // is checked before it is saved.
+        let e = load_or_build_container(&path, "test:/elsewhere", false, build).unwrap_err();
+        assert!(matches!(&e, Error::Config { key, .. } if key == "index"), "{e}");
+        let bad = || {
+            let mut ix = sample(d.path());
+            ix.records[1].len = 50;
+            Ok(ix)
+        };
+        let other = d.path().join("ix").join("other");
+        assert!(load_or_build_container(&other, &id, false, bad).is_err());
+        assert!(!other.exists(), "an index that fails its checks is not saved");
     }
 }

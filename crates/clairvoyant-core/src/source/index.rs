@@ -28,7 +28,7 @@ const FILE_SUFFIX: &str = ".cvidx";
 /// A directory modified this close to (or after) the start of a scan may have changed within the
 /// same timestamp tick as the scan read it, so its unchanged mtime proves nothing ("racy git").
 /// 2 s covers the coarsest common granularity (FAT; some NFS servers store whole seconds).
-const RACY_WINDOW_NS: i64 = 2_000_000_000;
+pub(crate) const RACY_WINDOW_NS: i64 = 2_000_000_000;
 
 /// 64-bit FNV-1a (http://www.isthe.com/chongo/tech/comp/fnv/): tiny, stable across platforms and
 /// releases, good enough to tell datasets apart and to detect damage (not an adversary).
@@ -385,12 +385,19 @@ pub fn default_index_dir() -> Result<PathBuf> {
 
 /// Where the index for `identity` lives in `index_dir` (or the default directory).
 pub(crate) fn index_path_in(index_dir: Option<&Path>, identity: &OsStr) -> Result<PathBuf> {
+    index_file_in(index_dir, Index::file_name(identity))
+}
+
+/// `file_name` in `index_dir`, else in [`default_index_dir`]; a folder another user could
+/// write is replaced by the trusted one [`secure::trusted_dir`] names. Every kind of index file
+/// is placed here.
+pub(crate) fn index_file_in(index_dir: Option<&Path>, file_name: String) -> Result<PathBuf> {
     let dir = match index_dir {
         Some(d) => d.to_path_buf(),
         None => default_index_dir()?,
     };
     let dir = secure::trusted_dir(&dir, true)?.unwrap_or(dir);
-    Ok(dir.join(Index::file_name(identity)))
+    Ok(dir.join(file_name))
 }
 
 /// An exclusive `flock` on `<index>.lock`, released when dropped or when the process dies (the
@@ -468,23 +475,70 @@ fn still_linked(file: &File, path: &Path) -> bool {
     }
 }
 
+/// What the one load-or-build path needs of a kind of index file (a file index, a container
+/// index): its bytes (header, version and checksum checked by [`open_file`]), the dataset it
+/// describes, whether that dataset is unchanged, and what to check before it is saved.
+pub(crate) trait IndexFile: Sized {
+    /// The dataset identity (`OsStr` for file indexes, `str` for containers).
+    type Identity: ?Sized + PartialEq;
+    /// Decodes and checks a stored index; damage is an error.
+    fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self>;
+    /// The stored form.
+    fn to_bytes(&self) -> Vec<u8>;
+    /// The dataset this index belongs to.
+    fn identity(&self) -> &Self::Identity;
+    /// `identity` for an error message.
+    fn describe(identity: &Self::Identity) -> String;
+    /// Whether the dataset is as it was when indexed.
+    fn freshness(&self) -> Freshness;
+    /// Wall clock (ns since the Unix epoch) when the index was built.
+    fn built_ns(&self) -> i64;
+    /// Checks a freshly built index for `identity` before it is saved (and stamps it).
+    fn seal(&mut self, _identity: &Self::Identity) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl IndexFile for Index {
+    type Identity = OsStr;
+    fn from_bytes(bytes: &[u8], path: &Path) -> Result<Self> {
+        Index::from_bytes(bytes, path)
+    }
+    fn to_bytes(&self) -> Vec<u8> {
+        Index::to_bytes(self)
+    }
+    fn identity(&self) -> &OsStr {
+        &self.identity
+    }
+    fn describe(identity: &OsStr) -> String {
+        Index::describe_identity(identity)
+    }
+    fn freshness(&self) -> Freshness {
+        Index::freshness(self)
+    }
+    fn built_ns(&self) -> i64 {
+        self.built_ns
+    }
+}
+
 /// Reads the index at `path` if it belongs to `identity`. Missing or damaged: None (rebuild). Of
-/// another dataset: `BadIndex` when the caller named the file explicitly, else None.
-fn try_load(path: &Path, identity: &OsStr, explicit: bool) -> Result<Option<Index>> {
+/// another dataset: `BadIndex` when the caller named the file explicitly, else None. Only a file
+/// of this user that no other can write is read (see [`secure::read_trusted`]).
+fn try_load<I: IndexFile>(path: &Path, identity: &I::Identity, explicit: bool) -> Result<Option<I>> {
     let Some(bytes) = secure::read_trusted(path)? else {
         return Ok(None);
     };
-    let Ok(index) = Index::from_bytes(&bytes, path) else {
+    let Ok(index) = I::from_bytes(&bytes, path) else {
         return Ok(None);
     };
-    if index.identity != identity {
+    if index.identity() != identity {
         if explicit {
             return Err(Error::BadIndex {
                 index: path.to_path_buf(),
                 reason: format!(
                     "belongs to another dataset ({}), not to {}",
-                    Index::describe_identity(&index.identity),
-                    Index::describe_identity(identity)
+                    I::describe(index.identity()),
+                    I::describe(identity)
                 ),
             });
         }
@@ -506,17 +560,18 @@ pub(crate) fn make_parent(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Loads the index at `path` for `identity` if still fresh, else scans with `build` under the
-/// lock and saves the result. Returns the index and whether it was reused (no scan here).
-pub(crate) fn load_or_build(
+/// Loads the index at `path` for `identity` if still fresh, else builds it with `build` under the
+/// lock, seals ([`IndexFile::seal`]) and saves the result atomically and privately. Returns the
+/// index and whether it was reused (no scan here). Every kind of index file goes through here.
+pub(crate) fn load_or_build<I: IndexFile>(
     path: &Path,
-    identity: &OsStr,
+    identity: &I::Identity,
     explicit: bool,
-    build: impl FnOnce() -> Result<Index>,
-) -> Result<(Index, bool)> {
+    build: impl FnOnce() -> Result<I>,
+) -> Result<(I, bool)> {
     let call_start = now_ns();
     // Fast path without the lock: writes are atomic renames, so what we read is whole.
-    if let Some(ix) = try_load(path, identity, explicit)? {
+    if let Some(ix) = try_load::<I>(path, identity, explicit)? {
         if ix.freshness() == Freshness::Fresh {
             IndexLock::reclaim(path);
             return Ok((ix, true));
@@ -526,15 +581,16 @@ pub(crate) fn load_or_build(
     let _lock = IndexLock::acquire(path)?;
     // Another process may have scanned while we waited. A racy index built after this call began
     // is as fresh as a scan we would start now, so take it rather than scanning once per rank.
-    if let Some(ix) = try_load(path, identity, explicit)? {
+    if let Some(ix) = try_load::<I>(path, identity, explicit)? {
         match ix.freshness() {
             Freshness::Fresh => return Ok((ix, true)),
-            Freshness::Racy if ix.built_ns >= call_start => return Ok((ix, true)),
+            Freshness::Racy if ix.built_ns() >= call_start => return Ok((ix, true)),
             _ => {}
         }
     }
-    let ix = build()?;
-    ix.save(path)?;
+    let mut ix = build()?;
+    ix.seal(identity)?;
+    secure::write_private(path, &ix.to_bytes())?;
     Ok((ix, false))
 }
 
@@ -777,13 +833,13 @@ mod tests {
         };
         let ip = d.path().join("ix").join(Index::file_name("id"));
         let id = OsString::from(format!("dir:{}", data.display()));
-        let (a, reused) = load_or_build(&ip, &id, false, build).unwrap();
+        let (a, reused) = load_or_build(&ip, id.as_os_str(), false, build).unwrap();
         assert!(!reused);
-        let (b, reused) = load_or_build(&ip, &id, false, || panic!("must not rescan")).unwrap();
+        let (b, reused) = load_or_build(&ip, id.as_os_str(), false, || panic!("must not rescan")).unwrap();
         assert!(reused);
         assert_eq!(a, b);
         fs::write(data.join("new"), b"").unwrap();
-        let (_, reused) = load_or_build(&ip, &id, false, build).unwrap();
+        let (_, reused) = load_or_build(&ip, id.as_os_str(), false, build).unwrap();
         assert!(!reused, "a changed directory is rescanned");
         let err = load_or_build(&ip, OsStr::new("dir:/elsewhere"), true, build).unwrap_err();
         assert!(matches!(err, Error::BadIndex { .. }), "{err}");
