@@ -111,16 +111,60 @@ def test_scenario_file_with_base(tmp_path):
         clairvoyant.simulate(f, progress=False)
 
 
+def test_a_scenario_dict_is_the_scenario_file_it_would_be(tmp_path):
+    f = tmp_path / "cluster.toml"
+    f.write_text(
+        'base = "mnist"\nname = "cluster"\nworkers = 2\nepochs = 1\n[dataset]\nsamples = 640\nmean = "1kB"\n[[system.class]]\nname = "ram"\ncapacity = "1MB"\n'
+    )
+    d = {
+        "base": "mnist",
+        "name": "cluster",
+        "workers": 2,
+        "epochs": 1,
+        "dataset": {"samples": 640, "mean": "1kB"},
+        "system": {"class": [{"name": "ram", "capacity": "1MB"}]},
+    }
+    from_file = clairvoyant.simulate(f, ["clairvoyant"], progress=False)
+    from_dict = clairvoyant.simulate(d, ["clairvoyant"], progress=False)
+    assert from_dict.data == from_file.data and from_dict.to_json() == from_file.to_json()
+    assert scenario_toml(d) == scenario_toml(f)
+    # Overrides are typed values: a string stays a string.
+    with pytest.raises(clairvoyant.ConfigError, match=r"'epochs'.*string"):
+        clairvoyant.simulate(d, set={"epochs": "3"}, progress=False)
+
+
+@pytest.mark.parametrize(
+    "scenario, field",
+    [
+        ({"base": "mnist", "workerz": 2}, "'workerz'.*unknown field"),
+        ({"base": "mnist", "dataset": {"samples": "many"}}, "'dataset.samples'.*string"),
+        ({"base": "mnist", "dataset": {"mean": None}}, "'dataset.mean'.*NoneType"),
+        ({"base": "mnist", "system": {"pfs": {"read_mbps": [[1, object()]]}}}, r"'system.pfs.read_mbps\[0\]\[1\]'.*object"),
+        ({"base": "mnist", "name": "mine", "epochs": 2**70}, "'epochs'.*64-bit.*"),
+        ({"base": "mnist", "name": "mine", "epochs": 0}, r"'epochs'.*\(in scenario 'mine'\)"),
+    ],
+)
+def test_a_bad_scenario_dict_names_the_field(scenario, field):
+    with pytest.raises(clairvoyant.ConfigError, match=field):
+        clairvoyant.simulate(scenario, progress=False)
+
+
+def test_command_line_values_are_typed_as_toml_writes_them():
+    assert _native.sim_value("3") == 3 and _native.sim_value("1.5") == 1.5 and _native.sim_value("true") is True
+    assert _native.sim_value('"64GB"') == "64GB" and _native.sim_value("64GB") == "64GB"
+    assert _native.sim_value("[[1, 330], [8, 2870.5]]") == [[1, 330], [8, 2870.5]]
+
+
 def test_cancel_raises_cancelled():
-    sim = _native.Simulation("imagenet-1k", ["staging-buffer"], [("workers", "16")], None, [])
+    sim = _native.Simulation("imagenet-1k", ["staging-buffer"], [("workers", 16)], None, [])
     threading.Timer(0.3, sim.cancel).start()
     with pytest.raises(clairvoyant.CancelledError):
         sim.result()
 
 
 def test_progress_reaches_the_total():
-    sim = _native.Simulation("mnist", ["naive"], [("epochs", "2")], None, [])
-    assert sim.result() is not None
+    sim = _native.Simulation("mnist", ["naive"], [("epochs", 2)], None, [])
+    assert isinstance(sim.result(), dict)
     done, total = sim.progress()
     assert total > 0 and done == total
 

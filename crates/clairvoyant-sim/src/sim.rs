@@ -181,53 +181,40 @@ impl<'a> Run<'a> {
     /// to every policy, which runs until it needs the next epoch (so at most a few epochs'
     /// orders are held at a time). Policies are set up and advanced on all cores.
     pub fn simulate_all(&self, policies: &[Policy]) -> Result<Vec<PolicyResult>> {
-        enum Slot<'r, 'a> {
-            /// Set up when first advanced (so that the longest set-up overlaps the other
-            /// policies' first epoch instead of holding them back).
-            Pending(Policy),
-            Sim(Box<Sim<'r, 'a>>),
-            Done(PolicyResult),
-            Perfect,
-        }
-        impl<'r, 'a> Slot<'r, 'a> {
-            fn build(&mut self, run: &'r Run<'a>) -> Result<()> {
-                if let Slot::Pending(p) = *self {
-                    *self = match Sim::build(run, p)? {
-                        Ok(sim) => Slot::Sim(Box::new(sim)),
-                        Err(reason) => Slot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
-                    };
-                }
-                Ok(())
-            }
-
-            fn policy(&self) -> Policy {
-                match self {
-                    Slot::Pending(p) => *p,
-                    Slot::Sim(sim) => sim.policy,
-                    Slot::Done(r) => r.policy,
-                    Slot::Perfect => Policy::Perfect,
-                }
-            }
-        }
-        let mut slots: Vec<Slot> = policies
+        let mut slots: Vec<PolicySlot> = policies
             .iter()
             .map(|&p| match p {
-                Policy::Perfect => Slot::Perfect,
-                _ => Slot::Pending(p),
+                Policy::Perfect => PolicySlot::Perfect,
+                _ => PolicySlot::Pending(p),
             })
             .collect();
+        let want_perfect = slots.iter().any(|s| matches!(s, PolicySlot::Perfect));
+        let perfect = self.run_epochs(&mut slots, want_perfect)?;
+        slots
+            .into_iter()
+            .map(|slot| match slot {
+                PolicySlot::Sim(sim) => sim.finish(),
+                PolicySlot::Done(r) => Ok(r),
+                PolicySlot::Perfect => Ok(PolicyResult::perfect(perfect.clone())),
+                PolicySlot::Pending(_) => unreachable!("every policy was set up"),
+            })
+            .collect()
+    }
+
+    /// Every epoch through every slot that simulates; returns Perfect's epoch times (when
+    /// `want_perfect`).
+    fn run_epochs<'r>(&'r self, slots: &mut [PolicySlot<'r, 'a>], want_perfect: bool) -> Result<Vec<f64>> {
         let layout = self.layout();
         let batches: Vec<Vec<std::ops::Range<u64>>> =
             (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
         let per_epoch: u64 = batches.iter().flatten().map(|b| b.end - b.start).sum();
         let mut perfect = Vec::with_capacity(self.scenario.epochs as usize);
-        let want_perfect = slots.iter().any(|s| matches!(s, Slot::Perfect));
         // Advance the costliest simulations first so that none starts last and runs alone; the
         // next epoch's order is shuffled meanwhile.
-        let mut busy: Vec<(usize, &mut Slot)> = slots
+        let mut busy: Vec<(usize, &mut PolicySlot)> = slots
             .iter_mut()
             .enumerate()
-            .filter(|(_, s)| matches!(s, Slot::Pending(_)))
+            .filter(|(_, s)| matches!(s, PolicySlot::Pending(_)))
             .collect();
         busy.sort_by_key(|(i, s)| (std::cmp::Reverse(crate::cost(s.policy())), *i));
         let mut next = (self.scenario.epochs > 0).then(|| EpochData::new(self, 0));
@@ -238,36 +225,69 @@ impl<'a> Run<'a> {
                 perfect.push(data.perfect_seconds(&batches, self.scenario.compute_bps()));
                 self.progress.done.fetch_add(per_epoch, AtOrd::Relaxed);
             }
-            let (advanced, prepared) = rayon::join(
-                || {
-                    busy.par_iter_mut().with_max_len(1).try_for_each(|(_, slot)| {
-                        slot.build(self)?;
-                        match slot {
-                            Slot::Sim(sim) => sim.advance(e, data.clone()),
-                            _ => Ok(()),
-                        }
-                    })
-                },
-                || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
-            );
-            advanced?;
-            next = prepared;
-            busy.retain(|(_, s)| matches!(s, Slot::Sim(_)));
+            next = self.advance_epoch(&mut busy, e, data)?;
+            busy.retain(|(_, s)| matches!(s, PolicySlot::Sim(_)));
         }
         // Without epochs nothing was advanced: set up what is left (for its errors).
         busy.par_iter_mut()
             .with_max_len(1)
             .try_for_each(|(_, slot)| slot.build(self))?;
-        drop(busy);
-        slots
-            .into_iter()
-            .map(|slot| match slot {
-                Slot::Sim(sim) => sim.finish(),
-                Slot::Done(r) => Ok(r),
-                Slot::Perfect => Ok(PolicyResult::perfect(perfect.clone())),
-                Slot::Pending(_) => unreachable!("every policy was set up"),
-            })
-            .collect()
+        Ok(perfect)
+    }
+
+    /// Epoch `e` (`data`) through every slot in `busy`, on all cores, while the next epoch's
+    /// order is prepared; returns that order (None after the last epoch).
+    fn advance_epoch<'r>(
+        &'r self,
+        busy: &mut [(usize, &mut PolicySlot<'r, 'a>)],
+        e: u32,
+        data: Arc<EpochData>,
+    ) -> Result<Option<EpochData>> {
+        let (advanced, prepared) = rayon::join(
+            || {
+                busy.par_iter_mut().with_max_len(1).try_for_each(|(_, slot)| {
+                    slot.build(self)?;
+                    match slot {
+                        PolicySlot::Sim(sim) => sim.advance(e, data.clone()),
+                        _ => Ok(()),
+                    }
+                })
+            },
+            || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
+        );
+        advanced?;
+        Ok(prepared)
+    }
+}
+
+/// One policy in [`Run::simulate_all`], from set-up to result.
+enum PolicySlot<'r, 'a> {
+    /// Set up when first advanced (so that the longest set-up overlaps the other policies'
+    /// first epoch instead of holding them back).
+    Pending(Policy),
+    Sim(Box<Sim<'r, 'a>>),
+    Done(PolicyResult),
+    Perfect,
+}
+
+impl<'r, 'a> PolicySlot<'r, 'a> {
+    fn build(&mut self, run: &'r Run<'a>) -> Result<()> {
+        if let PolicySlot::Pending(p) = *self {
+            *self = match Sim::build(run, p)? {
+                Ok(sim) => PolicySlot::Sim(Box::new(sim)),
+                Err(reason) => PolicySlot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
+            };
+        }
+        Ok(())
+    }
+
+    fn policy(&self) -> Policy {
+        match self {
+            PolicySlot::Pending(p) => *p,
+            PolicySlot::Sim(sim) => sim.policy,
+            PolicySlot::Done(r) => r.policy,
+            PolicySlot::Perfect => Policy::Perfect,
+        }
     }
 }
 
@@ -551,6 +571,16 @@ impl Stream {
             known: Vec::new(),
         }
     }
+}
+
+/// Where a staging read comes from (see `Sim::fetch`).
+enum Decision {
+    /// Read from a class (local or a peer's): the location and when the read ends.
+    Done(usize, f64),
+    /// Read from the PFS; keep the copy in this class when given.
+    Pfs(Option<usize>),
+    /// Read from a peer or the PFS; keep the copy in this class when given.
+    Elsewhere(Option<usize>),
 }
 
 /// The staging side of one worker.
@@ -1442,19 +1472,28 @@ impl Sim<'_, '_> {
     /// Bring sample `k` (`s` bytes) for a worker of `node` starting at `t`: where it was read
     /// from and when the read ended.
     fn fetch(&mut self, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> (usize, f64) {
+        let (loc, end, keep) = match self.decide(node, k, s, t, epoch) {
+            Decision::Done(loc, end) => return (loc, end),
+            Decision::Pfs(keep) => (LOC_PFS, self.pfs_read(t, s), keep),
+            Decision::Elsewhere(keep) => {
+                let (loc, end) = self.fetch_elsewhere(node, k, s, t);
+                (loc, end, keep)
+            }
+        };
+        if let Some(j) = keep {
+            self.publish(node, k, j, end + s as f64 * self.class_write_spb[j]);
+        }
+        (loc, end)
+    }
+
+    /// Where a worker of `node` reads `k` from at `t`, decided with the cache borrowed; a
+    /// policy whose workers keep what they read admits `k` to a class here.
+    fn decide(&mut self, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> Decision {
         let ku = k as usize;
         let sf = s as f64;
-        // Decide with the cache borrowed, then read.
-        enum Then {
-            Done(usize, f64),
-            /// Read from the PFS; keep the copy in this class when given.
-            Pfs(Option<usize>),
-            /// Read from a peer or the PFS; keep the copy in this class when given.
-            Elsewhere(Option<usize>),
-        }
-        let then = match &mut self.cache {
-            Cache::None => Then::Pfs(None),
-            Cache::Everywhere(j) => Then::Done(LOC_CLASS + *j, t + sf * self.class_read_spb[*j]),
+        match &mut self.cache {
+            Cache::None => Decision::Pfs(None),
+            Cache::Everywhere(j) => Decision::Done(LOC_CLASS + *j, t + sf * self.class_read_spb[*j]),
             Cache::Single {
                 held,
                 cached,
@@ -1471,9 +1510,9 @@ impl Sim<'_, '_> {
                 };
                 if h.owner() == node as u32 {
                     let j = h.class() as usize;
-                    Then::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
+                    Decision::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
                 } else if let Some(spb) = remote_spb {
-                    Then::Done(LOC_REMOTE, t + self.peer_latency + sf * spb)
+                    Decision::Done(LOC_REMOTE, t + self.peer_latency + sf * spb)
                 } else {
                     let admit_now = h.owner() == NONE
                         && match admit {
@@ -1491,36 +1530,24 @@ impl Sim<'_, '_> {
                         held[ku].set(node as u32, j as u8);
                         cached[node].push(k);
                     }
-                    Then::Pfs(slot)
+                    Decision::Pfs(slot)
                 }
             }
             Cache::Placed { local, .. } => {
                 let Slot { avail: a, class: j } = local[node][ku];
                 if j == UNCACHED {
-                    Then::Elsewhere(None)
+                    Decision::Elsewhere(None)
                 } else if a.is_finite() {
                     // In the class, or being written there: read it (after the write).
                     let j = j as usize;
-                    Then::Done(LOC_CLASS + j, t.max(a) + sf * self.class_read_spb[j])
+                    Decision::Done(LOC_CLASS + j, t.max(a) + sf * self.class_read_spb[j])
                 } else {
                     // Not here yet: this read also writes it to its local class (the node
                     // reads each sample once).
-                    Then::Elsewhere(Some(j as usize))
+                    Decision::Elsewhere(Some(j as usize))
                 }
             }
-        };
-        let (loc, end, keep) = match then {
-            Then::Done(loc, end) => return (loc, end),
-            Then::Pfs(keep) => (LOC_PFS, self.pfs_read(t, s), keep),
-            Then::Elsewhere(keep) => {
-                let (loc, end) = self.fetch_elsewhere(node, k, s, t);
-                (loc, end, keep)
-            }
-        };
-        if let Some(j) = keep {
-            self.publish(node, k, j, end + sf * self.class_write_spb[j]);
         }
-        (loc, end)
     }
 
     /// Read `k` for `node` from a peer that has it by `t` when that is faster, else from the PFS.
