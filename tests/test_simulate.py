@@ -263,3 +263,23 @@ def test_predict_cluster_contention_and_errors():
         _predict(sizes, 2, s, fs_bandwidth=12.0)
     with pytest.raises(ValueError, match="nodes"):
         _predict(sizes, 0, s)
+
+
+def test_the_training_benchmark_validation_scenario_resolves():
+    from clairvoyant import _validate
+
+    cfg = {
+        "ranks": 2,
+        "epochs": 3,
+        "batch_size": 16,
+        "seed": 5,
+        "num_workers_per_rank": 2,
+        "compute_bytes_per_second_per_rank": 3.3e6,
+        "bandwidth_mbps": 12,
+    }
+    system = {"class": [], "staging": {"capacity": 100_000, "threads": 2, "write_mbps": 100000.0}}
+    scenario = _validate._scenario("bench-pytorch", cfg, [1000] * 64, 27.5, system, 1, 2.0)
+    text = scenario_toml(scenario)
+    assert 'name = "bench-pytorch"' in text and "nodes_per_machine = 2" in text and "open_latency_ms = 2.0" in text
+    r = clairvoyant.simulate(scenario, ["staging-buffer"], sizes=[1000] * 64, progress=False)
+    assert len(r.policies["staging-buffer"].epoch_seconds) == 3
