@@ -283,3 +283,12 @@ def test_the_training_benchmark_validation_scenario_resolves():
     assert 'name = "bench-pytorch"' in text and "nodes_per_machine = 2" in text and "open_latency_ms = 2.0" in text
     r = clairvoyant.simulate(scenario, ["staging-buffer"], sizes=[1000] * 64, progress=False)
     assert len(r.policies["staging-buffer"].epoch_seconds) == 3
+
+
+def test_numpy_numbers_are_values_too():
+    np = pytest.importorskip("numpy")
+    plain = clairvoyant.simulate("mnist", ["staging-buffer"], epochs=1, set={"workers": 2, "system.compute_mbps": 1.5}, progress=False)
+    numpy = clairvoyant.simulate(
+        "mnist", ["staging-buffer"], epochs=1, set={"workers": np.int64(2), "system.compute_mbps": np.float32(1.5)}, progress=False
+    )
+    assert numpy.data == plain.data

@@ -54,6 +54,13 @@ fn to_toml(v: &Bound<'_, PyAny>, key: &str) -> PyResult<toml::Value> {
             .map(|(i, x)| to_toml(&x?, &format!("{key}[{i}]")));
         return items.collect::<PyResult<Vec<_>>>().map(toml::Value::Array);
     }
+    // Other numbers (numpy's, for one): integers by `__index__`, the rest by `__float__`.
+    if let Ok(n) = v.extract::<i64>() {
+        return Ok(toml::Value::Integer(n));
+    }
+    if let Ok(x) = v.extract::<f64>() {
+        return Ok(toml::Value::Float(x));
+    }
     let kind = v.get_type().name()?;
     Err(config(format!(
         "is a {kind}; expected a number, a string, a bool, a list or a dict"
