@@ -1,4 +1,7 @@
-//! Scenarios: a cluster, a dataset and a training run, described in TOML.
+//! Scenarios: a cluster, a dataset and a training run, described in TOML (or a table of the same
+//! shape handed over from Python). A document is merged with its `base` preset and overrides as
+//! a table, then read into typed structs (`file`, serde) and validated once by
+//! [`Scenario::from_doc`]; errors name the dotted key and the file.
 //!
 //! ```toml
 //! name = "my-cluster"
