@@ -323,3 +323,22 @@ def test_the_native_stubs_name_everything_the_module_exports():
     stub = (Path(_native.__file__).parent / "_native.pyi").read_text()
     missing = [n for n in dir(_native) if not n.startswith("_") and not re.search(rf"^(def|class) {n}\b|^{n}: |\b{n} as {n}\b", stub, re.M)]
     assert not missing, f"add these to clairvoyant/_native.pyi: {missing}"
+
+
+def test_the_simulator_stubs_take_the_native_parameters():
+    import ast
+    import inspect
+
+    stub = ast.parse((Path(_native.__file__).parent / "_native.pyi").read_text())
+    defs = {n.name: n for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+    def params(fn: ast.FunctionDef) -> list:
+        return [a.arg for a in fn.args.args if a.arg != "self"]
+
+    for name in ("sim_presets", "sim_policies", "sim_scenario_toml", "sim_value"):
+        assert params(defs[name]) == list(inspect.signature(getattr(_native, name)).parameters), name
+    methods = {n.name: n for n in defs["Simulation"].body if isinstance(n, ast.FunctionDef)}
+    assert params(methods["__init__"]) == list(inspect.signature(_native.Simulation).parameters)
+    for name in ("progress", "finished", "cancel", "result"):
+        native = [p for p in inspect.signature(getattr(_native.Simulation, name)).parameters if p != "self"]
+        assert params(methods[name]) == native, name

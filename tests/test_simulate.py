@@ -111,16 +111,60 @@ def test_scenario_file_with_base(tmp_path):
         clairvoyant.simulate(f, progress=False)
 
 
+def test_a_scenario_dict_is_the_scenario_file_it_would_be(tmp_path):
+    f = tmp_path / "cluster.toml"
+    f.write_text(
+        'base = "mnist"\nname = "cluster"\nworkers = 2\nepochs = 1\n[dataset]\nsamples = 640\nmean = "1kB"\n[[system.class]]\nname = "ram"\ncapacity = "1MB"\n'
+    )
+    d = {
+        "base": "mnist",
+        "name": "cluster",
+        "workers": 2,
+        "epochs": 1,
+        "dataset": {"samples": 640, "mean": "1kB"},
+        "system": {"class": [{"name": "ram", "capacity": "1MB"}]},
+    }
+    from_file = clairvoyant.simulate(f, ["clairvoyant"], progress=False)
+    from_dict = clairvoyant.simulate(d, ["clairvoyant"], progress=False)
+    assert from_dict.data == from_file.data and from_dict.to_json() == from_file.to_json()
+    assert scenario_toml(d) == scenario_toml(f)
+    # Overrides are typed values: a string stays a string.
+    with pytest.raises(clairvoyant.ConfigError, match=r"'epochs'.*string"):
+        clairvoyant.simulate(d, set={"epochs": "3"}, progress=False)
+
+
+@pytest.mark.parametrize(
+    "scenario, field",
+    [
+        ({"base": "mnist", "workerz": 2}, "'workerz'.*unknown field"),
+        ({"base": "mnist", "dataset": {"samples": "many"}}, "'dataset.samples'.*string"),
+        ({"base": "mnist", "dataset": {"mean": None}}, "'dataset.mean'.*NoneType"),
+        ({"base": "mnist", "system": {"pfs": {"read_mbps": [[1, object()]]}}}, r"'system.pfs.read_mbps\[0\]\[1\]'.*object"),
+        ({"base": "mnist", "name": "mine", "epochs": 2**70}, "'epochs'.*64-bit.*"),
+        ({"base": "mnist", "name": "mine", "epochs": 0}, r"'epochs'.*\(in scenario 'mine'\)"),
+    ],
+)
+def test_a_bad_scenario_dict_names_the_field(scenario, field):
+    with pytest.raises(clairvoyant.ConfigError, match=field):
+        clairvoyant.simulate(scenario, progress=False)
+
+
+def test_command_line_values_are_typed_as_toml_writes_them():
+    assert _native.sim_value("3") == 3 and _native.sim_value("1.5") == 1.5 and _native.sim_value("true") is True
+    assert _native.sim_value('"64GB"') == "64GB" and _native.sim_value("64GB") == "64GB"
+    assert _native.sim_value("[[1, 330], [8, 2870.5]]") == [[1, 330], [8, 2870.5]]
+
+
 def test_cancel_raises_cancelled():
-    sim = _native.Simulation("imagenet-1k", ["staging-buffer"], [("workers", "16")], None, [])
+    sim = _native.Simulation("imagenet-1k", ["staging-buffer"], [("workers", 16)], None, [])
     threading.Timer(0.3, sim.cancel).start()
     with pytest.raises(clairvoyant.CancelledError):
         sim.result()
 
 
 def test_progress_reaches_the_total():
-    sim = _native.Simulation("mnist", ["naive"], [("epochs", "2")], None, [])
-    assert sim.result() is not None
+    sim = _native.Simulation("mnist", ["naive"], [("epochs", 2)], None, [])
+    assert isinstance(sim.result(), dict)
     done, total = sim.progress()
     assert total > 0 and done == total
 
@@ -219,3 +263,32 @@ def test_predict_cluster_contention_and_errors():
         _predict(sizes, 2, s, fs_bandwidth=12.0)
     with pytest.raises(ValueError, match="nodes"):
         _predict(sizes, 0, s)
+
+
+def test_the_training_benchmark_validation_scenario_resolves():
+    from clairvoyant import _validate
+
+    cfg = {
+        "ranks": 2,
+        "epochs": 3,
+        "batch_size": 16,
+        "seed": 5,
+        "num_workers_per_rank": 2,
+        "compute_bytes_per_second_per_rank": 3.3e6,
+        "bandwidth_mbps": 12,
+    }
+    system = {"class": [], "staging": {"capacity": 100_000, "threads": 2, "write_mbps": 100000.0}}
+    scenario = _validate._scenario("bench-pytorch", cfg, [1000] * 64, 27.5, system, 1, 2.0)
+    text = scenario_toml(scenario)
+    assert 'name = "bench-pytorch"' in text and "nodes_per_machine = 2" in text and "open_latency_ms = 2.0" in text
+    r = clairvoyant.simulate(scenario, ["staging-buffer"], sizes=[1000] * 64, progress=False)
+    assert len(r.policies["staging-buffer"].epoch_seconds) == 3
+
+
+def test_numpy_numbers_are_values_too():
+    np = pytest.importorskip("numpy")
+    plain = clairvoyant.simulate("mnist", ["staging-buffer"], epochs=1, set={"workers": 2, "system.compute_mbps": 1.5}, progress=False)
+    numpy = clairvoyant.simulate(
+        "mnist", ["staging-buffer"], epochs=1, set={"workers": np.int64(2), "system.compute_mbps": np.float32(1.5)}, progress=False
+    )
+    assert numpy.data == plain.data

@@ -1,6 +1,6 @@
 """Type stubs of the private native module. Use the public API in `clairvoyant` instead."""
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -249,23 +249,29 @@ class AgentClient:
 
 def sim_presets() -> list[str]: ...
 def sim_policies() -> list[str]: ...
-def sim_scenario_toml(scenario: str, sets: Sequence[tuple[str, str]] = ...) -> str: ...
+
+# A scenario: a preset name, a TOML file path, or a dict holding what such a file holds (values
+# bool, int, float, str, lists and dicts). Overrides: (dotted key, typed value).
+def sim_scenario_toml(scenario: str | dict[str, Any], sets: Sequence[tuple[str, Any]] = ...) -> str: ...
+def sim_value(text: str) -> Any:
+    """A `--set` value as a command line writes it: a TOML value, else the text itself."""
 
 class Simulation:
-    """A simulation running on its own thread; the result is JSON text."""
+    """A simulation running on its own thread; the result is a dict (the documented JSON
+    document, as `json.loads` would give it)."""
 
     def __init__(
         self,
-        scenario: str,
+        scenario: str | dict[str, Any],
         policies: Sequence[str] = ...,
-        sets: Sequence[tuple[str, str]] = ...,
+        sets: Sequence[tuple[str, Any]] = ...,
         sizes: Optional[Sequence[int]] = None,
         sweep: Sequence[tuple[str, Sequence[str]]] = ...,
     ) -> None: ...
     def progress(self) -> tuple[int, int]: ...
     def finished(self) -> bool: ...
     def cancel(self) -> None: ...
-    def result(self, timeout: Optional[float] = None) -> Optional[str]: ...
+    def result(self, timeout: Optional[float] = None) -> Optional[dict[str, Any]]: ...
 
 # Native decode (crate clairvoyant-decode); see docs/decode.md. ops are tuples:
 # ("random_resized_crop", h, w, (scale_lo, scale_hi), (ratio_lo, ratio_hi), interpolation),

@@ -89,31 +89,26 @@ def measure_pytorch_mbps(paths: list, labels: list, state: Path, batch_size: int
     return sum(Path(paths[k]).stat().st_size for k in pick) / (time.perf_counter() - t) / 1e6
 
 
-def _scenario(name: str, cfg: dict, sizes: list, beta: float, system: str, workers_per_node: int, latency_ms: float) -> str:
+def _scenario(name: str, cfg: dict, sizes: list, beta: float, system: dict, workers_per_node: int, latency_ms: float) -> dict:
+    """The simulator scenario of one loader of the training benchmark (the sizes go separately)."""
     nodes = cfg["ranks"] // workers_per_node
-    return f"""
-name = "{name}"
-workers = {cfg['ranks']}
-workers_per_node = {workers_per_node}
-epochs = {cfg['epochs']}
-batch_size = {cfg['batch_size']}
-seed = {cfg['seed']}
-pfs_sharing = "fifo"
-[cpu]
-cores = {os.cpu_count() or 1}
-nodes_per_machine = {nodes}
-processes_per_worker = {1 + cfg['num_workers_per_rank']}
-[dataset]
-samples = {len(sizes)}
-mean = 1
-[system]
-compute_mbps = {cfg['compute_bytes_per_second_per_rank'] / 1e6!r}
-preprocess_mbps = {beta!r}
-{system}
-[system.pfs]
-read_mbps = {float(cfg['bandwidth_mbps'])!r}
-open_latency_ms = {latency_ms!r}
-"""
+    return {
+        "name": name,
+        "workers": cfg["ranks"],
+        "workers_per_node": workers_per_node,
+        "epochs": cfg["epochs"],
+        "batch_size": cfg["batch_size"],
+        "seed": cfg["seed"],
+        "pfs_sharing": "fifo",
+        "cpu": {"cores": os.cpu_count() or 1, "nodes_per_machine": nodes, "processes_per_worker": 1 + cfg["num_workers_per_rank"]},
+        "dataset": {"samples": len(sizes), "mean": 1},
+        "system": {
+            "compute_mbps": cfg["compute_bytes_per_second_per_rank"] / 1e6,
+            "preprocess_mbps": beta,
+            **system,
+            "pfs": {"read_mbps": float(cfg["bandwidth_mbps"]), "open_latency_ms": latency_ms},
+        },
+    }
 
 
 def predict(training: dict, data_dir: Path, out_dir: Path, log=print) -> dict:
@@ -136,31 +131,38 @@ def predict(training: dict, data_dir: Path, out_dir: Path, log=print) -> dict:
     threads = engine.staging_threads
     memory = engine.memory_class()
 
-    pytorch_system = (
-        "class = []\n[system.staging]\n"
-        f"capacity = {int(batch_bytes * (1 + 2 * workers))}\nthreads = {workers}\nwrite_mbps = 100000.0\n"
-    )
-    memory_lines = ""
+    pytorch_system = {
+        "class": [],
+        "staging": {"capacity": int(batch_bytes * (1 + 2 * workers)), "threads": workers, "write_mbps": 100000.0},
+    }
+    clairvoyant_system = {
+        "staging": {
+            "capacity": simulator.size_value(engine.staging_capacity),
+            "threads": threads,
+            "write_mbps": simulator.curve_value(engine.staging_write_mbps),
+        },
+    }
     if memory is not None:
-        memory_lines = (
-            "[[system.class]]\nname = \"memory\"\nkind = \"memory\"\n"
-            f"capacity = {simulator.toml_size(memory.capacity)}\nthreads = {memory.threads}\n"
-            f"read_mbps = {simulator.toml_curve(memory.read_mbps)}\n"
-            f"write_mbps = {simulator.toml_curve(memory.write_mbps)}\n"
-        )
-    clairvoyant_system = (
-        f"[system.staging]\ncapacity = {simulator.toml_size(engine.staging_capacity)}\nthreads = {threads}\n"
-        f"write_mbps = {simulator.toml_curve(engine.staging_write_mbps)}\n" + memory_lines
-    )
+        clairvoyant_system["class"] = [
+            {
+                "name": "memory",
+                "kind": "memory",
+                "capacity": simulator.size_value(memory.capacity),
+                "threads": memory.threads,
+                "read_mbps": simulator.curve_value(memory.read_mbps),
+                "write_mbps": simulator.curve_value(memory.write_mbps),
+            }
+        ]
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = {}
     for loader, policy, system, wpn, b in (
         ("pytorch", "staging-buffer", pytorch_system, 1, beta_pytorch),
         ("clairvoyant", "clairvoyant", clairvoyant_system, cfg["ranks"], beta * workers / threads),
     ):
+        scenario = _scenario(f"bench-{loader}", cfg, sizes, b, system, wpn, latency_ms)
         path = out_dir / f"validate-{loader}.toml"
-        path.write_text(_scenario(f"bench-{loader}", cfg, sizes, b, system, wpn, latency_ms))
-        r = simulator.simulate(path, [policy], sizes=sizes, progress=False)
+        path.write_text(simulator.scenario_toml(scenario))  # kept with the results, to rerun
+        r = simulator.simulate(scenario, [policy], sizes=sizes, progress=False)
         predicted = r.data["policies"][policy]["epoch_seconds"]
         measured = training["epoch_seconds"][loader]
         rows[loader] = {

@@ -282,12 +282,13 @@ def _simulate(args) -> int:
     sets = []
     for key, value in (("workers", args.workers), ("epochs", args.epochs), ("seed", args.seed)):
         if value is not None:
-            sets.append((key, str(value)))
+            sets.append((key, value))
     for item in args.set:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise SystemExit(f"clairvoyant simulate: --set {item!r}: expected KEY=VALUE, e.g. system.compute_mbps=320")
-        sets.append((key.strip(), value.strip()))
+        # As written on a command line: a TOML value (3, 1.5, "64GB", [[1, 330]]), else the text.
+        sets.append((key.strip(), _native.sim_value(value.strip())))
     if args.show:
         print(_native.sim_scenario_toml(args.scenario, sets), end="")
         return 0
@@ -306,7 +307,7 @@ def _simulate(args) -> int:
         src = ImageFolder(args.sizes_from)
         sizes = [src.size(k) for k in range(len(src))]
     sim = _native.Simulation(args.scenario, policies, sets, sizes, axes)
-    data = json.loads(_wait(sim, args.progress is not False))
+    data = _wait(sim, args.progress is not False)
     result = simulator.SweepResult(data) if axes else simulator.SimulationResult(data)
     if args.json:
         print(result.to_json())
@@ -318,16 +319,16 @@ def _simulate(args) -> int:
     return 0
 
 
-def _wait(sim, show: bool) -> str:
-    """The simulation's JSON result, with progress on stderr while it runs."""
+def _wait(sim, show: bool) -> dict:
+    """The simulation's result document, with progress on stderr while it runs."""
     progress = Progress("simulating", "samples") if show else None
     try:
         while True:
-            text = sim.result(0.25)
+            data = sim.result(0.25)
             if progress is not None:
                 progress.update(*sim.progress())
-            if text is not None:
-                return text
+            if data is not None:
+                return data
     finally:
         if progress is not None:
             progress.close()

@@ -8,8 +8,9 @@ policy, and where the time goes.
     sweep = clairvoyant.simulate("imagenet-22k", sweep={"ram": [32, 64, 128], "ssd": [128, 256]})
     sweep.plot("what-if.png")
 
-Scenarios are presets (:func:`presets`) or TOML files (see docs/simulator.md); the simulation
-itself runs in the native core on all cores.
+Scenarios are presets (:func:`presets`), TOML files (see docs/simulator.md) or dicts holding
+what such a file holds; the simulation itself runs in the native core on all cores, and its
+result comes back as dicts and lists.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from . import _native
 from .errors import ConfigError
 
 PathLike = Union[str, Path]
+ScenarioLike = Union[str, Path, Mapping[str, Any]]
 
 
 def presets() -> list:
@@ -37,9 +39,9 @@ def policies() -> list:
     return list(_native.sim_policies())
 
 
-def scenario_toml(scenario: PathLike = "imagenet-1k", set: Optional[Mapping[str, Any]] = None) -> str:
-    """The scenario (a preset or a TOML file, with overrides) as TOML text."""
-    return _native.sim_scenario_toml(str(scenario), _sets(set))
+def scenario_toml(scenario: ScenarioLike = "imagenet-1k", set: Optional[Mapping[str, Any]] = None) -> str:
+    """The scenario (a preset, a TOML file or a dict, with overrides) as TOML text."""
+    return _native.sim_scenario_toml(_scenario(scenario), _sets(set))
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ class SweepResult:
 
 
 def simulate(
-    scenario: PathLike = "imagenet-1k",
+    scenario: ScenarioLike = "imagenet-1k",
     policies: Optional[Iterable[str]] = None,
     *,
     workers: Optional[int] = None,
@@ -163,7 +165,8 @@ def simulate(
 ) -> Union[SimulationResult, SweepResult]:
     """Simulate a training run.
 
-    ``scenario``: a preset name (:func:`presets`) or a TOML file. ``policies``: names (all when
+    ``scenario``: a preset name (:func:`presets`), a TOML file, or a dict with what such a file
+    holds (``{"base": "mnist", "workers": 2, "dataset": {...}}``). ``policies``: names (all when
     None). ``workers``/``epochs``/``seed`` override the scenario's; ``set`` overrides any dotted
     key (``{"system.compute_mbps": 320, "system.class.ram.capacity": "64GB"}``); ``sizes``
     replaces the dataset by these sample sizes (bytes), e.g. a real dataset's. ``sweep`` maps one
@@ -177,19 +180,18 @@ def simulate(
             overrides[key] = value
     axes = [(str(k), [str(v) for v in values]) for k, values in (sweep or {}).items()]
     sim = _native.Simulation(
-        str(scenario),
+        _scenario(scenario),
         list(policies or []),
         _sets(overrides),
         None if sizes is None else [int(s) for s in sizes],
         axes,
     )
     show = sys.stderr.isatty() if progress is None else progress
-    text = _wait(sim, show)
-    data = json.loads(text)
+    data = _wait(sim, show)
     return SweepResult(data) if axes else SimulationResult(data)
 
 
-def _wait(sim, show: bool) -> str:
+def _wait(sim, show: bool) -> dict:
     bar = None
     if show:
         try:
@@ -200,33 +202,40 @@ def _wait(sim, show: bool) -> str:
             bar = None
     try:
         while True:
-            text = sim.result(0.25)
+            data = sim.result(0.25)
             if bar is not None:
                 done, total = sim.progress()
                 if total and bar.total != total:
                     bar.total = total
                 bar.n = done
                 bar.refresh()
-            if text is not None:
-                return text
+            if data is not None:
+                return data
     finally:
         if bar is not None:
             bar.close()
 
 
 def _sets(overrides: Optional[Mapping[str, Any]]) -> list:
-    out = []
-    for key, value in (overrides or {}).items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, (int, float)):
-            text = repr(value)
-        elif isinstance(value, str):
-            text = json.dumps(value)  # a TOML basic string
-        else:
-            text = json.dumps(value)  # lists (curves) are valid TOML arrays
-        out.append((str(key), text))
-    return out
+    """(dotted key, value) pairs; the values go to the native core as they are (numbers,
+    strings, bools, lists, dicts)."""
+    return [(str(key), _plain(value)) for key, value in (overrides or {}).items()]
+
+
+def _scenario(scenario: ScenarioLike):
+    """A preset name or file path as a string; a mapping as a dict (nested mappings too)."""
+    if isinstance(scenario, Mapping):
+        return _plain(scenario)
+    return str(scenario)
+
+
+def _plain(value: Any) -> Any:
+    """Mappings as dicts and tuples as lists, all the way down; other values as they are."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _unit(values: Iterable[Optional[float]]) -> tuple:
@@ -247,24 +256,24 @@ def _engine_system():
     return config.resolve(None)
 
 
-def toml_size(n: int) -> str:
-    """A capacity in bytes as a TOML value, as the system file writes it: whole TiB, GiB or MiB
-    as a size ('8 GiB'), else the integer."""
+def size_value(n: int):
+    """A capacity in bytes as the system file writes it: whole TiB, GiB or MiB as a size
+    ('8 GiB'), else the integer."""
     for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
         if n > 0 and n % mult == 0:
-            return repr(f"{n // mult} {unit}")
-    return str(n)
+            return f"{n // mult} {unit}"
+    return int(n)
 
 
-def toml_curve(points) -> str:
-    """A throughput curve [(threads or readers, MB/s), ...] as a TOML value, as the system file
-    writes it: one number when constant, else [[x, MB/s], ...] with whole counts as integers."""
+def curve_value(points):
+    """A throughput curve [(threads or readers, MB/s), ...] as the system file writes it: one
+    number when constant, else [[x, MB/s], ...] with whole counts as integers."""
     if len(points) == 1 and points[0][0] == 1.0:
-        return repr(float(points[0][1]))
-    return repr([[int(x) if float(x).is_integer() and abs(x) < 1e15 else float(x), float(y)] for x, y in points])
+        return float(points[0][1])
+    return [[int(x) if float(x).is_integer() and abs(x) < 1e15 else float(x), float(y)] for x, y in points]
 
 
-def cluster_scenario_toml(
+def cluster_scenario(
     *,
     sizes: Sequence[int],
     nodes: int,
@@ -281,9 +290,10 @@ def cluster_scenario_toml(
     cores: Optional[int] = None,
     preprocess_mbps: Optional[float] = None,
     processes_per_rank: int = 2,
-) -> str:
-    """The scenario of an emulated cluster (see :func:`predict_cluster`) as TOML text; the sample
-    sizes are not in it (pass them as ``sizes`` to :func:`simulate`)."""
+) -> dict:
+    """The scenario of an emulated cluster (see :func:`predict_cluster`) as a dict, as a scenario
+    file would hold it; the sample sizes are not in it (pass them as ``sizes`` to
+    :func:`simulate`)."""
     import os
 
     if fs_bandwidth < 1e5:
@@ -299,50 +309,44 @@ def cluster_scenario_toml(
     memory = engine.memory_class()
     threads = engine.staging_threads
     mean = sum(sizes) / len(sizes)
-    compute_mbps = batch_size * mean / compute_per_batch / 1e6
-    cores = int(cores or os.cpu_count() or 1)
-    lines = [
-        'name = "emulated-cluster"',
-        f"workers = {nodes * ranks_per_node}",
-        f"workers_per_node = {ranks_per_node}",
-        f"epochs = {epochs}",
-        f"batch_size = {batch_size}",
-        f"seed = {seed}",
-        'pfs_sharing = "fifo"',
-        "[dataset]",
-        f"samples = {len(sizes)}",
-        "mean = 1",
-        "[cpu]",
-        f"cores = {cores}",
-        f"nodes_per_machine = {nodes}",
-        f"processes_per_worker = {int(processes_per_rank)}",
-        "[network]",
-        f"latency_ms = {network_latency * 1e3!r}",
-        "[system]",
-        f"compute_mbps = {compute_mbps!r}",
-        f"interconnect_mbps = {float(network_mbps)!r}",
-    ]
+    system: dict = {
+        "compute_mbps": batch_size * mean / compute_per_batch / 1e6,
+        "interconnect_mbps": float(network_mbps),
+    }
     if preprocess_mbps:
         # Decode runs in the rank's decode processes beside the staging threads: spread over them.
         decoders = max(1, int(processes_per_rank) - 1)
-        lines.append(f"preprocess_mbps = {preprocess_mbps * decoders / threads!r}")
-    lines += [
-        "[system.staging]",
-        f"capacity = {toml_size(engine.staging_capacity)}",
-        f"threads = {threads}",
-        f"write_mbps = {toml_curve(engine.staging_write_mbps)}",
-        "[system.pfs]",
-        f"read_mbps = {fs_bandwidth / 1e6!r}",
-        f"open_latency_ms = {fs_latency * 1e3!r}",
-        "[[system.class]]",
-        'name = "memory"',
-        'kind = "memory"',
-        f"capacity = {int(memory_per_node)}",
-        f"threads = {memory.threads if memory else 2}",
-        f"read_mbps = {toml_curve(memory.read_mbps) if memory else '4000.0'}",
-        f"write_mbps = {toml_curve(memory.write_mbps) if memory else '4000.0'}",
+        system["preprocess_mbps"] = preprocess_mbps * decoders / threads
+    system["staging"] = {"capacity": size_value(engine.staging_capacity), "threads": threads, "write_mbps": curve_value(engine.staging_write_mbps)}
+    system["pfs"] = {"read_mbps": fs_bandwidth / 1e6, "open_latency_ms": fs_latency * 1e3}
+    system["class"] = [
+        {
+            "name": "memory",
+            "kind": "memory",
+            "capacity": int(memory_per_node),
+            "threads": memory.threads if memory else 2,
+            "read_mbps": curve_value(memory.read_mbps) if memory else 4000.0,
+            "write_mbps": curve_value(memory.write_mbps) if memory else 4000.0,
+        }
     ]
-    return "\n".join(lines) + "\n"
+    return {
+        "name": "emulated-cluster",
+        "workers": nodes * ranks_per_node,
+        "workers_per_node": ranks_per_node,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "seed": seed,
+        "pfs_sharing": "fifo",
+        "dataset": {"samples": len(sizes), "mean": 1},
+        "cpu": {"cores": int(cores or os.cpu_count() or 1), "nodes_per_machine": nodes, "processes_per_worker": int(processes_per_rank)},
+        "network": {"latency_ms": network_latency * 1e3},
+        "system": system,
+    }
+
+
+def cluster_scenario_toml(**kwargs) -> str:
+    """:func:`cluster_scenario` (same arguments) as TOML text, to save as a scenario file."""
+    return scenario_toml(cluster_scenario(**kwargs))
 
 
 def predict_cluster(
@@ -375,10 +379,7 @@ def predict_cluster(
     Returns ``{"epoch_seconds": [...], "fs_bytes": int, "fs_reads_vs_dataset": float,
     "samples_by_location": {...}, "scenario": TOML text}`` (the simulator's clairvoyant policy
     with cluster-wide placement; see docs/simulator.md)."""
-    import os
-    import tempfile
-
-    text = cluster_scenario_toml(
+    scenario = cluster_scenario(
         sizes=sizes,
         nodes=nodes,
         ranks_per_node=ranks_per_node,
@@ -395,13 +396,7 @@ def predict_cluster(
         preprocess_mbps=preprocess_mbps,
         processes_per_rank=processes_per_rank,
     )
-    fd, path = tempfile.mkstemp(prefix="clairvoyant-cluster-", suffix=".toml")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        r = simulate(path, ["clairvoyant"], sizes=[int(s) for s in sizes], progress=False)
-    finally:
-        os.unlink(path)
+    r = simulate(scenario, ["clairvoyant"], sizes=[int(s) for s in sizes], progress=False)
     p = r.data["policies"]["clairvoyant"]
     if p["error"]:
         raise ConfigError(f"the simulator cannot run this cluster: {p['error']}")
@@ -410,5 +405,5 @@ def predict_cluster(
         "fs_bytes": int(p["pfs_bytes"]),
         "fs_reads_vs_dataset": p["pfs_reads_vs_dataset"],
         "samples_by_location": p["samples_by_location"],
-        "scenario": text,
+        "scenario": scenario_toml(scenario),
     }

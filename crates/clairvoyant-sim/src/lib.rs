@@ -305,13 +305,29 @@ fn sweep_with(
     })
 }
 
+/// Where a request's scenario comes from.
+#[derive(Clone, Debug)]
+pub enum ScenarioSource {
+    /// A preset name or a scenario TOML file.
+    Named(String),
+    /// A scenario table as a file would hold it (`base`, `[dataset]`, `[system]`, ...), given
+    /// from Python; a relative `dataset.path` is relative to the working directory.
+    Table(toml::Table),
+}
+
+impl Default for ScenarioSource {
+    fn default() -> Self {
+        ScenarioSource::Named("imagenet-1k".into())
+    }
+}
+
 /// A whole simulation request, as the CLI and Python take it.
 #[derive(Clone, Debug, Default)]
 pub struct Request {
-    /// A preset name or a scenario TOML file.
-    pub scenario: String,
-    /// Dotted-key overrides applied in order (`workers=16`, `system.compute_mbps=320`).
-    pub sets: Vec<(String, String)>,
+    /// A preset, a scenario file or a scenario table.
+    pub scenario: ScenarioSource,
+    /// Dotted-key overrides applied in order (`workers` = 16, `system.compute_mbps` = 320).
+    pub sets: Vec<(String, toml::Value)>,
     /// Policy names; empty = all.
     pub policies: Vec<String>,
     /// Sample sizes that replace the scenario's dataset (a real dataset's sizes).
@@ -320,11 +336,21 @@ pub struct Request {
     pub sweep: Vec<Axis>,
 }
 
-/// The scenario document a request describes (preset or file, with its overrides).
+/// The scenario document a request describes (preset, file or table, with its overrides).
 pub fn request_doc(req: &Request) -> Result<toml::Table> {
-    let mut doc = scenario::load(&req.scenario)?;
+    let mut doc = match &req.scenario {
+        ScenarioSource::Named(name) => scenario::load(name)?,
+        ScenarioSource::Table(table) => {
+            // Errors name the scenario by its own name, as there is no file to name.
+            let origin = match table.get("name").and_then(|n| n.as_str()) {
+                Some(name) => format!("scenario '{name}'"),
+                None => "the scenario table".to_string(),
+            };
+            scenario::from_table(table.clone(), &origin, None, "scenario")?
+        }
+    };
     for (k, v) in &req.sets {
-        scenario::set(&mut doc, k, v)?;
+        scenario::set_value(&mut doc, k, v.clone())?;
     }
     Ok(doc)
 }

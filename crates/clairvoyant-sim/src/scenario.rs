@@ -1,4 +1,7 @@
-//! Scenarios: a cluster, a dataset and a training run, described in TOML.
+//! Scenarios: a cluster, a dataset and a training run, described in TOML (or a table of the same
+//! shape handed over from Python). A document is merged with its `base` preset and overrides as
+//! a table, then read into typed structs (`file`, serde) and validated once by
+//! [`Scenario::from_doc`]; errors name the dotted key and the file.
 //!
 //! ```toml
 //! name = "my-cluster"
@@ -36,6 +39,8 @@
 //! version), rounded to whole bytes; a draw below one byte is drawn again (a normal distribution
 //! truncated at zero). When `std` is large against `mean` this raises the mean; the report states
 //! the dataset's actual size.
+
+mod file;
 
 use std::f64::consts::PI;
 use std::path::{Path, PathBuf};
@@ -236,8 +241,9 @@ pub struct Scenario {
     pub pfs_sharing: PfsSharing,
 }
 
-/// How concurrent PFS readers share t(γ).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// How concurrent PFS readers share t(γ) (`pfs_sharing = "share"` or `"fifo"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum PfsSharing {
     /// NoPFS's model (default): each of γ concurrent transfers runs at t(γ)/γ, fixed when it
     /// starts; the aggregate is also capped at t(γ).
@@ -320,26 +326,36 @@ pub fn load(name_or_path: &str) -> Result<toml::Table> {
 /// Parse a scenario document (see [`load`]); `origin` is named in errors.
 pub fn from_toml_str(text: &str, origin: &Path) -> Result<toml::Table> {
     let o = origin.display().to_string();
-    let mut own: toml::Table = text
+    let own: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| err(&o, "toml", format!("syntax error: {}", e.message().trim())))?;
+    let stem = origin
+        .file_stem()
+        .map_or("scenario".into(), |s| s.to_string_lossy().into_owned());
     // Relative dataset paths are relative to the file.
-    if let Some(toml::Value::Table(d)) = own.get_mut("dataset") {
+    let dir = origin.parent().filter(|d| !d.as_os_str().is_empty());
+    from_table(own, &o, dir, &stem)
+}
+
+/// A scenario document from a table already in hand (a parsed file, or a mapping given from
+/// Python): its `base` preset is resolved and overridden, a relative `dataset.path` is taken
+/// relative to `dir` (when given), and it is named `default_name` unless it names itself.
+/// `origin` is named in errors.
+pub fn from_table(mut own: toml::Table, origin: &str, dir: Option<&Path>, default_name: &str) -> Result<toml::Table> {
+    if let (Some(toml::Value::Table(d)), Some(dir)) = (own.get_mut("dataset"), dir) {
         if let Some(toml::Value::String(p)) = d.get_mut("path") {
             let pb = PathBuf::from(&*p);
             if pb.is_relative() {
-                if let Some(dir) = origin.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    *p = dir.join(pb).display().to_string();
-                }
+                *p = dir.join(pb).display().to_string();
             }
         }
     }
     let mut doc = match own.remove("base") {
         None => toml::Table::new(),
-        Some(toml::Value::String(b)) => preset(&b).map_err(|e| err(&o, "base", e))?,
+        Some(toml::Value::String(b)) => preset(&b).map_err(|e| err(origin, "base", e))?,
         Some(v) => {
             return Err(err(
-                &o,
+                origin,
                 "base",
                 format!("found {}; expected a preset name", describe_toml(&v)),
             ))
@@ -349,12 +365,9 @@ pub fn from_toml_str(text: &str, origin: &Path) -> Result<toml::Table> {
     doc.remove("name");
     merge(&mut doc, own);
     if !doc.contains_key("name") {
-        let stem = origin
-            .file_stem()
-            .map_or("scenario".into(), |s| s.to_string_lossy().into_owned());
-        doc.insert("name".into(), toml::Value::String(stem));
+        doc.insert("name".into(), toml::Value::String(default_name.into()));
     }
-    doc.insert("origin".into(), toml::Value::String(o));
+    doc.insert("origin".into(), toml::Value::String(origin.into()));
     Ok(doc)
 }
 
@@ -389,14 +402,25 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 }
 
 /// Set the dotted `key` of a scenario document to `value` (parsed as a TOML value, else taken
-/// as a string): `epochs=3`, `system.compute_mbps=320`, `system.class.ram.capacity=64GB`,
-/// `system.pfs.read_mbps=[[1,330],[8,2870]]`. A class is addressed by its name.
+/// as a string, as a command line writes it): `epochs=3`, `system.compute_mbps=320`,
+/// `system.class.ram.capacity=64GB`, `system.pfs.read_mbps=[[1,330],[8,2870]]`. A class is
+/// addressed by its name.
 pub fn set(doc: &mut toml::Table, key: &str, value: &str) -> Result<()> {
-    let parsed: toml::Value = format!("v = {value}")
+    set_value(doc, key, parse_value(value))
+}
+
+/// A value as a command line writes it: a TOML value (`3`, `1.5`, `true`, `"64GB"`,
+/// `[[1, 330]]`), else the text itself as a string (`64GB`).
+pub fn parse_value(text: &str) -> toml::Value {
+    format!("v = {text}")
         .parse::<toml::Table>()
         .ok()
         .and_then(|mut t| t.remove("v"))
-        .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        .unwrap_or_else(|| toml::Value::String(text.to_string()))
+}
+
+/// Set the dotted `key` of a scenario document to a typed `value` (see [`set`]).
+pub fn set_value(doc: &mut toml::Table, key: &str, parsed: toml::Value) -> Result<()> {
     let parts: Vec<&str> = key.split('.').collect();
     if parts.iter().any(|p| p.is_empty()) {
         return Err(Error::config(key, "is not a dotted key such as system.compute_mbps"));
@@ -464,6 +488,7 @@ pub fn to_toml_string(doc: &toml::Table) -> String {
     toml::to_string_pretty(&d).unwrap_or_default()
 }
 
+/// Names the origin in every error of one resolution.
 struct Reader<'a> {
     origin: &'a str,
 }
@@ -473,55 +498,32 @@ impl Reader<'_> {
         err(self.origin, key, reason)
     }
 
-    fn keys(&self, t: &toml::Table, prefix: &str, allowed: &[&str]) -> Result<()> {
-        for k in t.keys() {
-            if !allowed.contains(&k.as_str()) {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                return Err(self.err(&key, format!("unknown key; allowed here: {}", allowed.join(", "))));
-            }
-        }
-        Ok(())
-    }
-
-    fn int(&self, t: &toml::Table, key: &str, full: &str, min: u64, max: u64) -> Result<Option<u64>> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(toml::Value::Integer(n)) if *n >= min as i64 && (*n as u64) <= max => Ok(Some(*n as u64)),
-            Some(v) => Err(self.err(
-                full,
-                format!("found {}; expected an integer from {min} to {max}", describe_toml(v)),
-            )),
+    /// `v` (default `default`) when it lies in `min..=max`.
+    fn range(&self, key: &str, v: Option<u64>, default: u64, min: u64, max: u64) -> Result<u64> {
+        match v {
+            None => Ok(default),
+            Some(n) if (min..=max).contains(&n) => Ok(n),
+            Some(n) => Err(self.err(key, format!("is {n}; expected an integer from {min} to {max}"))),
         }
     }
 
-    fn string(&self, t: &toml::Table, key: &str, full: &str) -> Result<Option<String>> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(self.err(full, format!("found {}; expected a string", describe_toml(v)))),
+    /// A required `v` in `min..=max`; `missing` says what to give.
+    fn required(&self, key: &str, v: Option<u64>, min: u64, max: u64, missing: &str) -> Result<u64> {
+        match v {
+            None => Err(self.err(key, format!("missing; {missing}"))),
+            Some(n) => self.range(key, Some(n), n, min, max),
         }
     }
+}
 
-    /// A byte size: an integer, or a string with a unit ("107.7kB").
-    fn bytes(&self, t: &toml::Table, key: &str, full: &str) -> Result<Option<f64>> {
-        match t.get(key) {
-            None => Ok(None),
-            Some(toml::Value::Integer(n)) if *n >= 0 => Ok(Some(*n as f64)),
-            Some(toml::Value::Float(x)) if *x >= 0.0 && x.is_finite() => Ok(Some(*x)),
-            Some(toml::Value::String(s)) => parse_fractional_bytes(s).map(Some).map_err(|r| self.err(full, r)),
-            Some(v) => Err(self.err(
-                full,
-                format!(
-                    "found {}; expected a size such as 110000 or \"107.7kB\"",
-                    describe_toml(v)
-                ),
-            )),
-        }
-    }
+/// The run's shape: who trains how long on what batches.
+struct Shape {
+    workers: u32,
+    workers_per_node: u32,
+    epochs: u32,
+    batch_size: u32,
+    seed: u64,
+    drop_last: bool,
 }
 
 /// Like [`parse_bytes`] but keeps fractions of a byte (a mean may be 107.7 kB = 107,700 bytes;
@@ -549,102 +551,103 @@ impl Scenario {
             .unwrap_or("the scenario")
             .to_string();
         let r = Reader { origin: &origin };
-        const TOP: &[&str] = &[
-            "name",
-            "origin",
-            "description",
-            "workers",
-            "workers_per_node",
-            "epochs",
-            "batch_size",
-            "seed",
-            "drop_last",
-            "staging_buffer_source",
-            "dataset",
-            "system",
-            "cpu",
-            "network",
-            "pfs_sharing",
-        ];
-        r.keys(doc, "", TOP)?;
-        let name = r.string(doc, "name", "name")?.unwrap_or_else(|| "scenario".into());
-        let description = r.string(doc, "description", "description")?.unwrap_or_default();
-        let workers = r.int(doc, "workers", "workers", 1, 1 << 20)?.unwrap_or(1) as u32;
-        let workers_per_node = r
-            .int(doc, "workers_per_node", "workers_per_node", 1, 1 << 16)?
-            .unwrap_or(1) as u32;
+        let f = file::parse(doc).map_err(|(key, reason)| r.err(&key, reason))?;
+        let shape = Scenario::shape(&r, &f)?;
+        let (samples, sizes) = Scenario::dataset(&r, &f.dataset)?;
+        let system = Scenario::system(&r, f.system.clone().unwrap_or_default())?;
+        let staging_buffer_source = Scenario::staging_source(&r, &system, f.staging_buffer_source.as_deref())?;
+        let cpu = f
+            .cpu
+            .as_ref()
+            .map(|c| Scenario::cpu(&r, c, shape.workers / shape.workers_per_node))
+            .transpose()?;
+        let peer_latency_s = match f.network.latency_ms {
+            None => 0.0,
+            Some(x) if x >= 0.0 && x.is_finite() => x / 1e3,
+            Some(x) => return Err(r.err("network.latency_ms", format!("is {x}; expected milliseconds >= 0"))),
+        };
+        Layout::new(samples, shape.workers, shape.batch_size, shape.drop_last).map_err(|e| match e {
+            Error::Config { reason, .. } => r.err("batch_size", reason),
+            other => other,
+        })?;
+        Ok(Scenario {
+            name: f.name.unwrap_or_else(|| "scenario".into()),
+            description: f.description.unwrap_or_default(),
+            workers: shape.workers,
+            workers_per_node: shape.workers_per_node,
+            epochs: shape.epochs,
+            batch_size: shape.batch_size,
+            seed: shape.seed,
+            drop_last: shape.drop_last,
+            samples,
+            sizes,
+            staging_buffer_source,
+            system,
+            cpu,
+            peer_latency_s,
+            pfs_sharing: f.pfs_sharing.unwrap_or_default(),
+        })
+    }
+
+    /// The top-level numbers, in range, with their defaults.
+    fn shape(r: &Reader, f: &file::ScenarioFile) -> Result<Shape> {
+        let workers = r.range("workers", f.workers, 1, 1, 1 << 20)? as u32;
+        let workers_per_node = r.range("workers_per_node", f.workers_per_node, 1, 1, 1 << 16)? as u32;
         if !workers.is_multiple_of(workers_per_node) {
             return Err(r.err(
                 "workers_per_node",
                 format!("is {workers_per_node}, which does not divide workers = {workers}"),
             ));
         }
-        let epochs = r.int(doc, "epochs", "epochs", 1, 1 << 20)?.unwrap_or(1) as u32;
-        let batch_size = r.int(doc, "batch_size", "batch_size", 1, 1 << 24)?.unwrap_or(32) as u32;
-        let seed = match doc.get("seed") {
-            None => 0,
-            Some(toml::Value::Integer(n)) => *n as u64,
-            Some(v) => return Err(r.err("seed", format!("found {}; expected an integer", describe_toml(v)))),
-        };
-        let drop_last = match doc.get("drop_last") {
-            None => false,
-            Some(toml::Value::Boolean(b)) => *b,
-            Some(v) => {
+        Ok(Shape {
+            workers,
+            workers_per_node,
+            epochs: r.range("epochs", f.epochs, 1, 1, 1 << 20)? as u32,
+            batch_size: r.range("batch_size", f.batch_size, 32, 1, 1 << 24)? as u32,
+            seed: f.seed.unwrap_or(0) as u64,
+            drop_last: f.drop_last.unwrap_or(false),
+        })
+    }
+
+    /// `[dataset]`: the number of samples and where their sizes come from.
+    fn dataset(r: &Reader, d: &file::DatasetFile) -> Result<(u64, Sizes)> {
+        if let Some(path) = &d.path {
+            let given = [
+                ("samples", d.samples.is_some()),
+                ("mean", d.mean.is_some()),
+                ("std", d.std.is_some()),
+            ];
+            if let Some((k, _)) = given.iter().find(|(_, present)| *present) {
                 return Err(r.err(
-                    "drop_last",
-                    format!("found {}; expected true or false", describe_toml(v)),
-                ))
+                    &format!("dataset.{k}"),
+                    "cannot be combined with dataset.path (the sizes come from the dataset)",
+                ));
             }
-        };
-
-        let empty = toml::Table::new();
-        let dataset = match doc.get("dataset") {
-            None => &empty,
-            Some(toml::Value::Table(t)) => t,
-            Some(v) => return Err(r.err("dataset", format!("found {}; expected a table", describe_toml(v)))),
-        };
-        r.keys(dataset, "dataset", &["samples", "mean", "std", "seed", "path"])?;
-        let (samples, sizes) = if let Some(path) = r.string(dataset, "path", "dataset.path")? {
-            for k in ["samples", "mean", "std"] {
-                if dataset.contains_key(k) {
-                    return Err(r.err(
-                        &format!("dataset.{k}"),
-                        "cannot be combined with dataset.path (the sizes come from the dataset)",
-                    ));
-                }
-            }
-            let src = clairvoyant_core::source::dir::image_folder(Path::new(&path), None)?;
+            let src = clairvoyant_core::source::dir::image_folder(Path::new(path), None)?;
             let sizes: Vec<u64> = (0..src.len() as u32).map(|k| src.size(k)).collect();
-            (sizes.len() as u64, Sizes::Given(sizes))
-        } else {
-            let samples = r
-                .int(dataset, "samples", "dataset.samples", 1, u32::MAX as u64)?
-                .ok_or_else(|| r.err("dataset.samples", "missing; give the number of samples or dataset.path"))?;
-            let mean = r
-                .bytes(dataset, "mean", "dataset.mean")?
-                .ok_or_else(|| r.err("dataset.mean", "missing; give the mean sample size, e.g. \"110kB\""))?;
-            if mean < 1.0 {
-                return Err(r.err("dataset.mean", format!("is {mean} bytes; must be at least 1 byte")));
-            }
-            let std = r.bytes(dataset, "std", "dataset.std")?.unwrap_or(0.0);
-            let dseed = match dataset.get("seed") {
-                None => 0,
-                Some(toml::Value::Integer(n)) => *n as u64,
-                Some(v) => {
-                    return Err(r.err(
-                        "dataset.seed",
-                        format!("found {}; expected an integer", describe_toml(v)),
-                    ))
-                }
-            };
-            (samples, Sizes::Normal { mean, std, seed: dseed })
-        };
+            return Ok((sizes.len() as u64, Sizes::Given(sizes)));
+        }
+        let samples = r.required(
+            "dataset.samples",
+            d.samples,
+            1,
+            u32::MAX as u64,
+            "give the number of samples or dataset.path",
+        )?;
+        let mean = d
+            .mean
+            .ok_or_else(|| r.err("dataset.mean", "missing; give the mean sample size, e.g. \"110kB\""))?
+            .0;
+        if mean < 1.0 {
+            return Err(r.err("dataset.mean", format!("is {mean} bytes; must be at least 1 byte")));
+        }
+        let std = d.std.map_or(0.0, |s| s.0);
+        let seed = d.seed.unwrap_or(0) as u64;
+        Ok((samples, Sizes::Normal { mean, std, seed }))
+    }
 
-        let mut system_doc = match doc.get("system") {
-            None => toml::Table::new(),
-            Some(toml::Value::Table(t)) => t.clone(),
-            Some(v) => return Err(r.err("system", format!("found {}; expected a table", describe_toml(v)))),
-        };
+    /// `[system]`, read by the core's system model on the neutral base; c is required.
+    fn system(r: &Reader, mut system_doc: toml::Table) -> Result<SystemModel> {
         // A simulated directory class needs no real path.
         if let Some(toml::Value::Array(classes)) = system_doc.get_mut("class") {
             for c in classes.iter_mut().filter_map(|c| c.as_table_mut()) {
@@ -654,104 +657,49 @@ impl Scenario {
                 }
             }
         }
-        let base = neutral_system();
-        let system = SystemModel::from_toml_table(&system_doc, Path::new(&origin), base).map_err(|e| match e {
-            Error::Config { key, reason } => Error::config(format!("system.{key}"), reason),
-            other => other,
-        })?;
+        let system =
+            SystemModel::from_toml_table(&system_doc, Path::new(r.origin), neutral_system()).map_err(|e| match e {
+                Error::Config { key, reason } => Error::config(format!("system.{key}"), reason),
+                other => other,
+            })?;
         if system.compute_mbps.is_none() {
             return Err(r.err(
                 "system.compute_mbps",
                 "missing; the simulator needs the training throughput c of a worker (MB/s)",
             ));
         }
-        let staging_buffer_source = match r.string(doc, "staging_buffer_source", "staging_buffer_source")? {
-            None => None,
-            Some(s) if s == "pfs" => None,
-            Some(s) => Some(system.class_index(&s).ok_or_else(|| {
+        Ok(system)
+    }
+
+    /// `staging_buffer_source`: `None` for the PFS, else the index of a class of `system`.
+    fn staging_source(r: &Reader, system: &SystemModel, name: Option<&str>) -> Result<Option<usize>> {
+        match name {
+            None | Some("pfs") => Ok(None),
+            Some(s) => system.class_index(s).map(Some).ok_or_else(|| {
                 let names: Vec<&str> = system.classes.iter().map(|c| c.name.as_str()).collect();
                 r.err(
                     "staging_buffer_source",
                     format!("is '{s}'; expected \"pfs\" or a class name ({})", names.join(", ")),
                 )
-            })?),
-        };
-        let cpu = match doc.get("cpu") {
-            None => None,
-            Some(toml::Value::Table(t)) => {
-                r.keys(t, "cpu", &["cores", "nodes_per_machine", "processes_per_worker"])?;
-                let cores = r
-                    .int(t, "cores", "cpu.cores", 1, 1 << 20)?
-                    .ok_or_else(|| r.err("cpu.cores", "missing; give the cores of one machine"))?;
-                let nodes = workers / workers_per_node;
-                let per_machine = r
-                    .int(t, "nodes_per_machine", "cpu.nodes_per_machine", 1, 1 << 20)?
-                    .unwrap_or(1);
-                if per_machine > nodes as u64 {
-                    return Err(r.err(
-                        "cpu.nodes_per_machine",
-                        format!("is {per_machine}, more than the scenario's {nodes} node(s)"),
-                    ));
-                }
-                let procs = r
-                    .int(t, "processes_per_worker", "cpu.processes_per_worker", 1, 1 << 16)?
-                    .unwrap_or(2);
-                Some(Cpu {
-                    cores: cores as u32,
-                    nodes_per_machine: per_machine as u32,
-                    processes_per_worker: procs as u32,
-                })
-            }
-            Some(v) => return Err(r.err("cpu", format!("found {}; expected a table", describe_toml(v)))),
-        };
-        let peer_latency_s = match doc.get("network") {
-            None => 0.0,
-            Some(toml::Value::Table(t)) => {
-                r.keys(t, "network", &["latency_ms"])?;
-                match t.get("latency_ms") {
-                    None => 0.0,
-                    Some(toml::Value::Integer(n)) if *n >= 0 => *n as f64 / 1e3,
-                    Some(toml::Value::Float(x)) if *x >= 0.0 && x.is_finite() => x / 1e3,
-                    Some(v) => {
-                        return Err(r.err(
-                            "network.latency_ms",
-                            format!("found {}; expected a number of milliseconds >= 0", describe_toml(v)),
-                        ))
-                    }
-                }
-            }
-            Some(v) => return Err(r.err("network", format!("found {}; expected a table", describe_toml(v)))),
-        };
-        let pfs_sharing = match r.string(doc, "pfs_sharing", "pfs_sharing")?.as_deref() {
-            None | Some("share") => PfsSharing::Share,
-            Some("fifo") => PfsSharing::Fifo,
-            Some(other) => {
-                return Err(r.err(
-                    "pfs_sharing",
-                    format!("is '{other}'; expected \"share\" (t(γ)/γ per reader) or \"fifo\" (one timeline)"),
-                ))
-            }
-        };
-        Layout::new(samples, workers, batch_size, drop_last).map_err(|e| match e {
-            Error::Config { reason, .. } => r.err("batch_size", reason),
-            other => other,
-        })?;
-        Ok(Scenario {
-            name,
-            description,
-            workers,
-            workers_per_node,
-            epochs,
-            batch_size,
-            seed,
-            drop_last,
-            samples,
-            sizes,
-            staging_buffer_source,
-            system,
-            cpu,
-            peer_latency_s,
-            pfs_sharing,
+            }),
+        }
+    }
+
+    /// `[cpu]` for a scenario of `nodes` nodes.
+    fn cpu(r: &Reader, c: &file::CpuFile, nodes: u32) -> Result<Cpu> {
+        let cores = r.required("cpu.cores", c.cores, 1, 1 << 20, "give the cores of one machine")?;
+        let per_machine = r.range("cpu.nodes_per_machine", c.nodes_per_machine, 1, 1, 1 << 20)?;
+        if per_machine > nodes as u64 {
+            return Err(r.err(
+                "cpu.nodes_per_machine",
+                format!("is {per_machine}, more than the scenario's {nodes} node(s)"),
+            ));
+        }
+        let procs = r.range("cpu.processes_per_worker", c.processes_per_worker, 2, 1, 1 << 16)?;
+        Ok(Cpu {
+            cores: cores as u32,
+            nodes_per_machine: per_machine as u32,
+            processes_per_worker: procs as u32,
         })
     }
 
@@ -927,6 +875,82 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("dataset.mean"), "{e}");
+    }
+
+    #[test]
+    fn unknown_and_mistyped_fields_are_named_with_the_file() {
+        let msg = |text: &str| {
+            from_toml_str(&format!("base = \"mnist\"\n{text}"), Path::new("typed.toml"))
+                .and_then(|d| Scenario::from_doc(&d))
+                .unwrap_err()
+                .to_string()
+        };
+        let cases = [
+            ("workerz = 4", "'workerz'", "unknown field `workerz`"),
+            ("[network]\nlatency = 1", "'network.latency'", "unknown field `latency`"),
+            (
+                "workers = \"four\"",
+                "'workers'",
+                "invalid type: string \"four\", expected an integer >= 0",
+            ),
+            ("epochs = 1.5", "'epochs'", "invalid type: floating point `1.5`"),
+            ("seed = true", "'seed'", "expected an integer"),
+            ("drop_last = 1", "'drop_last'", "expected a boolean"),
+            ("dataset = 3", "'dataset'", "expected a table"),
+            (
+                "[dataset]\nstd = true",
+                "'dataset.std'",
+                "expected a size such as 110000",
+            ),
+            (
+                "[dataset]\nmean = -5",
+                "'dataset.mean'",
+                "expected a size such as 110000",
+            ),
+            (
+                "[network]\nlatency_ms = \"fast\"",
+                "'network.latency_ms'",
+                "expected a number",
+            ),
+            ("pfs_sharing = \"lifo\"", "'pfs_sharing'", "expected `share` or `fifo`"),
+            ("system = [1]", "'system'", "expected a table"),
+        ];
+        for (text, key, reason) in cases {
+            let m = msg(text);
+            assert!(
+                m.contains(key) && m.contains(reason) && m.contains("typed.toml"),
+                "{text}: {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_table_in_hand_is_a_scenario_like_a_file() {
+        let file = from_toml_str(
+            "base = \"mnist\"\nworkers = 2\n[dataset]\nmean = \"1kB\"\n",
+            Path::new("from-file.toml"),
+        )
+        .unwrap();
+        let mut own = toml::Table::new();
+        own.insert("base".into(), "mnist".into());
+        own.insert("workers".into(), 2.into());
+        let mut dataset = toml::Table::new();
+        dataset.insert("mean".into(), "1kB".into());
+        own.insert("dataset".into(), dataset.into());
+        let table = from_table(own, "scenario given in code", None, "from-file").unwrap();
+        let (a, b) = (Scenario::from_doc(&file).unwrap(), Scenario::from_doc(&table).unwrap());
+        assert_eq!(
+            (a.name.as_str(), a.workers, &a.sizes),
+            (b.name.as_str(), b.workers, &b.sizes)
+        );
+        assert_eq!(a.system, b.system);
+        // Typed overrides; errors name the origin given.
+        let mut doc = table.clone();
+        set_value(&mut doc, "epochs", toml::Value::String("3".into())).unwrap();
+        let e = Scenario::from_doc(&doc).unwrap_err().to_string();
+        assert!(e.contains("'epochs'") && e.contains("scenario given in code"), "{e}");
+        assert_eq!(parse_value("3"), toml::Value::Integer(3));
+        assert_eq!(parse_value("64GB"), toml::Value::String("64GB".into()));
     }
 
     #[test]

@@ -37,6 +37,14 @@ use rayon::prelude::*;
 use crate::policy::Policy;
 use crate::scenario::Scenario;
 
+mod heap;
+mod order;
+mod setup;
+
+use heap::{argmin, min_time, Ev, MinHeap};
+use order::{locality_reassign, substitute_pick};
+use setup::{cache_setup, fill_slots, iters_per_epoch, Rates, Setup};
+
 /// Progress of a simulation, shared with whoever shows it; `cancel` stops it.
 #[derive(Debug, Default)]
 pub struct Progress {
@@ -181,53 +189,40 @@ impl<'a> Run<'a> {
     /// to every policy, which runs until it needs the next epoch (so at most a few epochs'
     /// orders are held at a time). Policies are set up and advanced on all cores.
     pub fn simulate_all(&self, policies: &[Policy]) -> Result<Vec<PolicyResult>> {
-        enum Slot<'r, 'a> {
-            /// Set up when first advanced (so that the longest set-up overlaps the other
-            /// policies' first epoch instead of holding them back).
-            Pending(Policy),
-            Sim(Box<Sim<'r, 'a>>),
-            Done(PolicyResult),
-            Perfect,
-        }
-        impl<'r, 'a> Slot<'r, 'a> {
-            fn build(&mut self, run: &'r Run<'a>) -> Result<()> {
-                if let Slot::Pending(p) = *self {
-                    *self = match Sim::build(run, p)? {
-                        Ok(sim) => Slot::Sim(Box::new(sim)),
-                        Err(reason) => Slot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
-                    };
-                }
-                Ok(())
-            }
-
-            fn policy(&self) -> Policy {
-                match self {
-                    Slot::Pending(p) => *p,
-                    Slot::Sim(sim) => sim.policy,
-                    Slot::Done(r) => r.policy,
-                    Slot::Perfect => Policy::Perfect,
-                }
-            }
-        }
-        let mut slots: Vec<Slot> = policies
+        let mut slots: Vec<PolicySlot> = policies
             .iter()
             .map(|&p| match p {
-                Policy::Perfect => Slot::Perfect,
-                _ => Slot::Pending(p),
+                Policy::Perfect => PolicySlot::Perfect,
+                _ => PolicySlot::Pending(p),
             })
             .collect();
+        let want_perfect = slots.iter().any(|s| matches!(s, PolicySlot::Perfect));
+        let perfect = self.run_epochs(&mut slots, want_perfect)?;
+        slots
+            .into_iter()
+            .map(|slot| match slot {
+                PolicySlot::Sim(sim) => sim.finish(),
+                PolicySlot::Done(r) => Ok(r),
+                PolicySlot::Perfect => Ok(PolicyResult::perfect(perfect.clone())),
+                PolicySlot::Pending(_) => unreachable!("every policy was set up"),
+            })
+            .collect()
+    }
+
+    /// Every epoch through every slot that simulates; returns Perfect's epoch times (when
+    /// `want_perfect`).
+    fn run_epochs<'r>(&'r self, slots: &mut [PolicySlot<'r, 'a>], want_perfect: bool) -> Result<Vec<f64>> {
         let layout = self.layout();
         let batches: Vec<Vec<std::ops::Range<u64>>> =
             (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
         let per_epoch: u64 = batches.iter().flatten().map(|b| b.end - b.start).sum();
         let mut perfect = Vec::with_capacity(self.scenario.epochs as usize);
-        let want_perfect = slots.iter().any(|s| matches!(s, Slot::Perfect));
         // Advance the costliest simulations first so that none starts last and runs alone; the
         // next epoch's order is shuffled meanwhile.
-        let mut busy: Vec<(usize, &mut Slot)> = slots
+        let mut busy: Vec<(usize, &mut PolicySlot)> = slots
             .iter_mut()
             .enumerate()
-            .filter(|(_, s)| matches!(s, Slot::Pending(_)))
+            .filter(|(_, s)| matches!(s, PolicySlot::Pending(_)))
             .collect();
         busy.sort_by_key(|(i, s)| (std::cmp::Reverse(crate::cost(s.policy())), *i));
         let mut next = (self.scenario.epochs > 0).then(|| EpochData::new(self, 0));
@@ -238,36 +233,69 @@ impl<'a> Run<'a> {
                 perfect.push(data.perfect_seconds(&batches, self.scenario.compute_bps()));
                 self.progress.done.fetch_add(per_epoch, AtOrd::Relaxed);
             }
-            let (advanced, prepared) = rayon::join(
-                || {
-                    busy.par_iter_mut().with_max_len(1).try_for_each(|(_, slot)| {
-                        slot.build(self)?;
-                        match slot {
-                            Slot::Sim(sim) => sim.advance(e, data.clone()),
-                            _ => Ok(()),
-                        }
-                    })
-                },
-                || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
-            );
-            advanced?;
-            next = prepared;
-            busy.retain(|(_, s)| matches!(s, Slot::Sim(_)));
+            next = self.advance_epoch(&mut busy, e, data)?;
+            busy.retain(|(_, s)| matches!(s, PolicySlot::Sim(_)));
         }
         // Without epochs nothing was advanced: set up what is left (for its errors).
         busy.par_iter_mut()
             .with_max_len(1)
             .try_for_each(|(_, slot)| slot.build(self))?;
-        drop(busy);
-        slots
-            .into_iter()
-            .map(|slot| match slot {
-                Slot::Sim(sim) => sim.finish(),
-                Slot::Done(r) => Ok(r),
-                Slot::Perfect => Ok(PolicyResult::perfect(perfect.clone())),
-                Slot::Pending(_) => unreachable!("every policy was set up"),
-            })
-            .collect()
+        Ok(perfect)
+    }
+
+    /// Epoch `e` (`data`) through every slot in `busy`, on all cores, while the next epoch's
+    /// order is prepared; returns that order (None after the last epoch).
+    fn advance_epoch<'r>(
+        &'r self,
+        busy: &mut [(usize, &mut PolicySlot<'r, 'a>)],
+        e: u32,
+        data: Arc<EpochData>,
+    ) -> Result<Option<EpochData>> {
+        let (advanced, prepared) = rayon::join(
+            || {
+                busy.par_iter_mut().with_max_len(1).try_for_each(|(_, slot)| {
+                    slot.build(self)?;
+                    match slot {
+                        PolicySlot::Sim(sim) => sim.advance(e, data.clone()),
+                        _ => Ok(()),
+                    }
+                })
+            },
+            || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
+        );
+        advanced?;
+        Ok(prepared)
+    }
+}
+
+/// One policy in [`Run::simulate_all`], from set-up to result.
+enum PolicySlot<'r, 'a> {
+    /// Set up when first advanced (so that the longest set-up overlaps the other policies'
+    /// first epoch instead of holding them back).
+    Pending(Policy),
+    Sim(Box<Sim<'r, 'a>>),
+    Done(PolicyResult),
+    Perfect,
+}
+
+impl<'r, 'a> PolicySlot<'r, 'a> {
+    fn build(&mut self, run: &'r Run<'a>) -> Result<()> {
+        if let PolicySlot::Pending(p) = *self {
+            *self = match Sim::build(run, p)? {
+                Ok(sim) => PolicySlot::Sim(Box::new(sim)),
+                Err(reason) => PolicySlot::Done(PolicyResult::failed(p, reason, p != Policy::ParallelStaging)),
+            };
+        }
+        Ok(())
+    }
+
+    fn policy(&self) -> Policy {
+        match self {
+            PolicySlot::Pending(p) => *p,
+            PolicySlot::Sim(sim) => sim.policy,
+            PolicySlot::Done(r) => r.policy,
+            PolicySlot::Perfect => Policy::Perfect,
+        }
     }
 }
 
@@ -344,49 +372,6 @@ fn check_cancel(p: &Progress) -> Result<()> {
         return Err(Error::Cancelled);
     }
     Ok(())
-}
-
-/// Actor `id` (a pool of threads) is free at time `t`; the heap pops the earliest first, ties
-/// by lowest id.
-#[derive(Clone, Copy, Debug)]
-struct Ev {
-    t: f64,
-    id: u32,
-}
-
-impl Ev {
-    /// The heap key: times are non-negative (or infinite), so their bit patterns order like
-    /// the numbers; ties go to the lowest id. One integer comparison, no branches on floats.
-    #[inline]
-    fn key(self) -> u128 {
-        debug_assert!(self.t >= 0.0, "event times are never negative");
-        ((self.t.to_bits() as u128) << 32) | self.id as u128
-    }
-
-    #[inline]
-    fn from_key(k: u128) -> Ev {
-        Ev {
-            t: f64::from_bits((k >> 32) as u64),
-            id: k as u32,
-        }
-    }
-}
-
-impl PartialEq for Ev {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Ev {}
-impl PartialOrd for Ev {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Ev {
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.t.total_cmp(&self.t).then(o.id.cmp(&self.id))
-    }
 }
 
 const NONE: u32 = u32::MAX;
@@ -553,6 +538,16 @@ impl Stream {
     }
 }
 
+/// Where a staging read comes from (see `Sim::fetch`).
+enum Decision {
+    /// Read from a class (local or a peer's): the location and when the read ends.
+    Done(usize, f64),
+    /// Read from the PFS; keep the copy in this class when given.
+    Pfs(Option<usize>),
+    /// Read from a peer or the PFS; keep the copy in this class when given.
+    Elsewhere(Option<usize>),
+}
+
 /// The staging side of one worker.
 struct Fetcher {
     epoch: u32,
@@ -637,324 +632,6 @@ struct Sim<'r, 'a> {
     substituted: u64,
     full_randomization: bool,
     pending_progress: u64,
-}
-
-/// A set-up step's outcome: `Ok(Err(reason))` when the policy cannot run the scenario (a result
-/// of its own, not an error), `Err` for a failure.
-type Setup<T> = Result<std::result::Result<T, String>>;
-
-/// What a policy caches, where its workers' samples come from first and in which order.
-struct CacheSetup {
-    cache: Cache,
-    order: Order,
-    fills: Vec<FillList>,
-    full_randomization: bool,
-}
-
-/// Seconds per byte of each transfer the simulation charges.
-struct Rates {
-    /// Writing a sample into staging (or preprocessing it, whichever is slower).
-    write_spb: f64,
-    class_read_spb: Vec<f64>,
-    class_write_spb: Vec<f64>,
-    /// Fetching from another node's class j; None where the class cannot be served remotely.
-    remote_spb: Vec<Option<f64>>,
-}
-
-impl Rates {
-    fn of(sc: &Scenario) -> Rates {
-        let m = &sc.system;
-        let per_thread = |curve: &clairvoyant_core::model::Curve, p: u32| {
-            let p = p.max(1) as f64;
-            curve.at(p) / p * 1e6
-        };
-        // Preprocessing is CPU work: with more busy processes than cores it slows down.
-        let contention = sc.cpu.map_or(1.0, |c| c.slowdown(sc.workers_per_node));
-        let beta = m.preprocess_mbps.map_or(0.0, |b| contention / (b * 1e6));
-        Rates {
-            write_spb: beta.max(1.0 / per_thread(&m.staging.write_mbps, m.staging.threads)),
-            class_read_spb: m
-                .classes
-                .iter()
-                .map(|c| 1.0 / per_thread(&c.read_mbps, c.threads))
-                .collect(),
-            class_write_spb: m
-                .classes
-                .iter()
-                .map(|c| 1.0 / per_thread(&c.write_mbps, c.threads))
-                .collect(),
-            remote_spb: (0..m.classes.len())
-                .map(|j| m.remote_fetch_seconds(j, 1_000_000).map(|s| s / 1e6))
-                .collect(),
-        }
-    }
-}
-
-/// A cache of one copy per sample, nothing held yet: admitted to `admit_to` (fastest first) by
-/// `admit`; `remote`: other nodes' copies are fetched.
-fn single_cache(run: &Run, admit_to: Vec<usize>, admit: Admit, remote: bool) -> Cache {
-    let nodes = run.scenario.nodes() as usize;
-    Cache::Single {
-        held: huge_vec(run.sizes.len(), Held::new(f64::INFINITY, NONE, UNCACHED)),
-        cached: vec![Vec::new(); nodes],
-        used: vec![vec![0; run.scenario.system.classes.len()]; nodes],
-        admit_to,
-        admit,
-        remote,
-    }
-}
-
-/// What `policy` caches and in which order its workers read.
-fn cache_setup(run: &Run, policy: Policy, threads: usize) -> Setup<CacheSetup> {
-    let m = &run.scenario.system;
-    let memory = m.memory_class().filter(|&j| m.classes[j].enabled());
-    let enabled: Vec<usize> = (0..m.classes.len()).filter(|&j| m.classes[j].enabled()).collect();
-    let mut setup = CacheSetup {
-        cache: Cache::None,
-        order: Order::Global,
-        fills: Vec::new(),
-        full_randomization: true,
-    };
-    match policy {
-        Policy::Perfect | Policy::Naive => {}
-        Policy::StagingBuffer => match staging_buffer_cache(run) {
-            Ok(cache) => setup.cache = cache,
-            Err(reason) => return Ok(Err(reason)),
-        },
-        Policy::DeepIoOrdered | Policy::DeepIoOpportunistic => {
-            let Some(mem) = memory else {
-                return Ok(Err("DeepIO caches in memory; the system has no memory class".into()));
-            };
-            if policy == Policy::DeepIoOpportunistic {
-                setup.order = Order::Opportunistic;
-            }
-            setup.cache = single_cache(run, vec![mem], Admit::Always, true);
-        }
-        Policy::LbannDynamic | Policy::LbannPreloading => {
-            let Some(mem) = memory else {
-                return Ok(Err(
-                    "the LBANN data store caches in memory; the system has no memory class".into(),
-                ));
-            };
-            match lbann_cache(run, policy, mem, &mut setup.fills) {
-                Ok(cache) => setup.cache = cache,
-                Err(reason) => return Ok(Err(reason)),
-            }
-        }
-        Policy::LocalityAware => {
-            setup.order = Order::Locality;
-            setup.cache = single_cache(run, enabled, Admit::Always, false);
-        }
-        Policy::ParallelStaging => return Ok(parallel_staging_setup(run, enabled)),
-        Policy::Clairvoyant => setup.cache = clairvoyant_cache(run, threads, &mut setup.fills)?,
-    }
-    Ok(Ok(setup))
-}
-
-/// The staging-buffer baseline: the whole dataset already in class `staging_buffer_source` on
-/// every node.
-fn staging_buffer_cache(run: &Run) -> std::result::Result<Cache, String> {
-    let sc = run.scenario;
-    let Some(j) = sc.staging_buffer_source else {
-        return Ok(Cache::None);
-    };
-    let c = &sc.system.classes[j];
-    let total_bytes: u64 = run.sizes.iter().sum();
-    if total_bytes > c.capacity {
-        return Err(format!(
-            "the dataset ({}) does not fit class '{}' ({}) that staging_buffer_source names",
-            format_bytes(total_bytes),
-            c.name,
-            format_bytes(c.capacity)
-        ));
-    }
-    Ok(Cache::Everywhere(j))
-}
-
-/// LBANN's data store in memory class `mem`: filled in the first epoch (dynamic), or samples
-/// dealt to nodes round robin and preloaded (`fills` gets one list per node).
-fn lbann_cache(run: &Run, policy: Policy, mem: usize, fills: &mut Vec<FillList>) -> std::result::Result<Cache, String> {
-    let m = &run.scenario.system;
-    let nodes = run.scenario.nodes() as usize;
-    let total_bytes: u64 = run.sizes.iter().sum();
-    let aggregate = m.classes[mem].capacity.saturating_mul(nodes as u64);
-    if total_bytes > aggregate {
-        return Err(format!(
-            "the dataset ({}) exceeds the aggregate memory of {nodes} node(s) ({})",
-            format_bytes(total_bytes),
-            format_bytes(aggregate)
-        ));
-    }
-    if policy == Policy::LbannDynamic {
-        return Ok(single_cache(run, vec![mem], Admit::FirstEpoch, true));
-    }
-    let mut cache = single_cache(run, vec![mem], Admit::Never, true);
-    let Cache::Single { held, used, .. } = &mut cache else {
-        unreachable!()
-    };
-    let mut lists: Vec<Vec<u32>> = vec![Vec::new(); nodes];
-    for (k, (h, &size)) in held.iter_mut().zip(run.sizes).enumerate() {
-        let n = k % nodes;
-        h.set(n as u32, mem as u8);
-        used[n][mem] += size;
-        lists[n].push(k as u32);
-    }
-    if let Some(n) = (0..nodes).find(|&n| used[n][mem] > m.classes[mem].capacity) {
-        return Err(format!(
-            "node {n}'s share of the dataset ({}) exceeds its memory ({})",
-            format_bytes(used[n][mem]),
-            format_bytes(m.classes[mem].capacity)
-        ));
-    }
-    for (n, list) in lists.into_iter().enumerate() {
-        fills.push(FillList {
-            node: n as u32,
-            class: mem,
-            order: list,
-            need: Vec::new(),
-            cursor: 0,
-        });
-    }
-    Ok(cache)
-}
-
-/// Parallel staging: the first epoch's order cut into one contiguous shard per worker; each
-/// worker keeps what fits in its share of its node's classes `enabled` and reads only that.
-fn parallel_staging_setup(run: &Run, enabled: Vec<usize>) -> std::result::Result<CacheSetup, String> {
-    let sc = run.scenario;
-    let m = &sc.system;
-    let (f, workers) = (run.sizes.len(), sc.workers as usize);
-    if enabled.is_empty() {
-        return Err("parallel staging copies shards to local storage; the system has no storage class".into());
-    }
-    let mut cache = single_cache(run, enabled.clone(), Admit::Never, false);
-    let Cache::Single { held, used, .. } = &mut cache else {
-        unreachable!()
-    };
-    let global = run.schedule.global_order(0);
-    let mut stored: Vec<Vec<u32>> = vec![Vec::new(); workers];
-    let mut lists: HashMap<(usize, usize), Vec<u32>> = HashMap::new();
-    for (w, shard) in stored.iter_mut().enumerate() {
-        let n = w / sc.workers_per_node as usize;
-        let (lo, hi) = (w * f / workers, (w + 1) * f / workers);
-        let mut mine = vec![0u64; m.classes.len()];
-        for &k in &global[lo..hi] {
-            let s = run.sizes[k as usize];
-            let room = enabled
-                .iter()
-                .copied()
-                .find(|&j| mine[j] + s <= m.classes[j].capacity / sc.workers_per_node as u64);
-            if let Some(j) = room {
-                mine[j] += s;
-                used[n][j] += s;
-                held[k as usize].set(n as u32, j as u8);
-                shard.push(k);
-                lists.entry((n, j)).or_default().push(k);
-            }
-        }
-    }
-    let len = stored.iter().map(|s| s.len()).min().unwrap_or(0);
-    if len == 0 {
-        return Err("no worker can store any sample of its shard".into());
-    }
-    let mut keys: Vec<(usize, usize)> = lists.keys().copied().collect();
-    keys.sort_unstable();
-    let fills = keys
-        .into_iter()
-        .map(|key| FillList {
-            node: key.0 as u32,
-            class: key.1,
-            order: lists.remove(&key).unwrap_or_default(),
-            need: Vec::new(),
-            cursor: 0,
-        })
-        .collect();
-    Ok(CacheSetup {
-        cache,
-        order: Order::Shards { stored, len },
-        fills,
-        full_randomization: workers == 1 && len == f,
-    })
-}
-
-/// The engine's placement: per node from its ranks' access counts, or (several nodes with an
-/// interconnect) one placement for the whole cluster; `fills` gets each node's fill lists.
-fn clairvoyant_cache(run: &Run, threads: usize, fills: &mut Vec<FillList>) -> Result<Cache> {
-    let sc = run.scenario;
-    let m = &sc.system;
-    let (f, nodes, workers) = (run.sizes.len(), sc.nodes() as usize, sc.workers as usize);
-    let wpn = sc.workers_per_node as usize;
-    let groups: Vec<Vec<u32>> = (0..nodes)
-        .map(|n| ((n * wpn) as u32..((n + 1) * wpn) as u32).collect())
-        .collect();
-    let total_bytes: u64 = run.sizes.iter().sum();
-    let mean = (total_bytes / f.max(1) as u64).max(1);
-    let useful = m.useful_classes(mean, (workers * threads) as u32);
-    let caps: Vec<u64> = (0..m.classes.len())
-        .map(|j| if useful.contains(&j) { m.classes[j].capacity } else { 0 })
-        .collect();
-    let counts = AccessCounts::compute_groups(&run.schedule, &groups)?;
-    let mut local = Vec::with_capacity(nodes);
-    let mut first = huge_vec(
-        f,
-        Copy {
-            avail: f64::INFINITY,
-            node: NONE,
-            class: UNCACHED,
-        },
-    );
-    if nodes > 1 && m.interconnect_mbps.is_some() {
-        // Peers: one placement for the whole cluster (coverage, then replicas).
-        let plan =
-            crate::cluster::cluster_placement(&run.schedule, &groups, &counts, |k| run.sizes[k as usize], &caps)?;
-        check_cancel(run.progress)?;
-        for (k, (c, &h)) in first.iter_mut().zip(&plan.home).enumerate() {
-            if h != NONE {
-                c.node = h;
-                c.class = plan.class_of[h as usize][k];
-            }
-        }
-        for (n, ((acc, lists), classes)) in counts.into_iter().zip(plan.fill_order).zip(plan.class_of).enumerate() {
-            local.push(node_slots(n as u32, acc, lists, classes, f, fills));
-        }
-    } else {
-        // Each node on its own: the engine's one-node placement.
-        for (n, acc) in counts.into_iter().enumerate() {
-            check_cancel(run.progress)?;
-            let p = Placement::compute(&acc, |k| run.sizes[k as usize], &caps);
-            local.push(node_slots(n as u32, acc, p.fill_order, p.class_of, f, fills));
-        }
-    }
-    Ok(Cache::Placed { local, first })
-}
-
-/// The thread slots of each fill list, after the `first` slots of the staging threads; and the
-/// number of slots in all.
-fn fill_slots(sc: &Scenario, fills: &[FillList], first: usize) -> (Vec<std::ops::Range<usize>>, usize) {
-    let mut slots = Vec::with_capacity(fills.len());
-    let mut next = first;
-    for fl in fills {
-        let p = sc.system.classes[fl.class].threads.max(1) as usize;
-        slots.push(next..next + p);
-        next += p;
-    }
-    (slots, next)
-}
-
-/// Iterations per epoch: a worker's batches, or (shards) its shard's.
-fn iters_per_epoch(run: &Run, order: &Order) -> usize {
-    let sc = run.scenario;
-    match order {
-        Order::Shards { len, .. } => {
-            let b = sc.batch_size as usize;
-            if sc.drop_last && *len >= b {
-                len / b
-            } else {
-                len.div_ceil(b)
-            }
-        }
-        _ => run.layout().batches_per_rank() as usize,
-    }
 }
 
 impl Fetcher {
@@ -1442,19 +1119,28 @@ impl Sim<'_, '_> {
     /// Bring sample `k` (`s` bytes) for a worker of `node` starting at `t`: where it was read
     /// from and when the read ended.
     fn fetch(&mut self, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> (usize, f64) {
+        let (loc, end, keep) = match self.decide(node, k, s, t, epoch) {
+            Decision::Done(loc, end) => return (loc, end),
+            Decision::Pfs(keep) => (LOC_PFS, self.pfs_read(t, s), keep),
+            Decision::Elsewhere(keep) => {
+                let (loc, end) = self.fetch_elsewhere(node, k, s, t);
+                (loc, end, keep)
+            }
+        };
+        if let Some(j) = keep {
+            self.publish(node, k, j, end + s as f64 * self.class_write_spb[j]);
+        }
+        (loc, end)
+    }
+
+    /// Where a worker of `node` reads `k` from at `t`, decided with the cache borrowed; a
+    /// policy whose workers keep what they read admits `k` to a class here.
+    fn decide(&mut self, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> Decision {
         let ku = k as usize;
         let sf = s as f64;
-        // Decide with the cache borrowed, then read.
-        enum Then {
-            Done(usize, f64),
-            /// Read from the PFS; keep the copy in this class when given.
-            Pfs(Option<usize>),
-            /// Read from a peer or the PFS; keep the copy in this class when given.
-            Elsewhere(Option<usize>),
-        }
-        let then = match &mut self.cache {
-            Cache::None => Then::Pfs(None),
-            Cache::Everywhere(j) => Then::Done(LOC_CLASS + *j, t + sf * self.class_read_spb[*j]),
+        match &mut self.cache {
+            Cache::None => Decision::Pfs(None),
+            Cache::Everywhere(j) => Decision::Done(LOC_CLASS + *j, t + sf * self.class_read_spb[*j]),
             Cache::Single {
                 held,
                 cached,
@@ -1471,9 +1157,9 @@ impl Sim<'_, '_> {
                 };
                 if h.owner() == node as u32 {
                     let j = h.class() as usize;
-                    Then::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
+                    Decision::Done(LOC_CLASS + j, t.max(h.avail) + sf * self.class_read_spb[j])
                 } else if let Some(spb) = remote_spb {
-                    Then::Done(LOC_REMOTE, t + self.peer_latency + sf * spb)
+                    Decision::Done(LOC_REMOTE, t + self.peer_latency + sf * spb)
                 } else {
                     let admit_now = h.owner() == NONE
                         && match admit {
@@ -1491,36 +1177,24 @@ impl Sim<'_, '_> {
                         held[ku].set(node as u32, j as u8);
                         cached[node].push(k);
                     }
-                    Then::Pfs(slot)
+                    Decision::Pfs(slot)
                 }
             }
             Cache::Placed { local, .. } => {
                 let Slot { avail: a, class: j } = local[node][ku];
                 if j == UNCACHED {
-                    Then::Elsewhere(None)
+                    Decision::Elsewhere(None)
                 } else if a.is_finite() {
                     // In the class, or being written there: read it (after the write).
                     let j = j as usize;
-                    Then::Done(LOC_CLASS + j, t.max(a) + sf * self.class_read_spb[j])
+                    Decision::Done(LOC_CLASS + j, t.max(a) + sf * self.class_read_spb[j])
                 } else {
                     // Not here yet: this read also writes it to its local class (the node
                     // reads each sample once).
-                    Then::Elsewhere(Some(j as usize))
+                    Decision::Elsewhere(Some(j as usize))
                 }
             }
-        };
-        let (loc, end, keep) = match then {
-            Then::Done(loc, end) => return (loc, end),
-            Then::Pfs(keep) => (LOC_PFS, self.pfs_read(t, s), keep),
-            Then::Elsewhere(keep) => {
-                let (loc, end) = self.fetch_elsewhere(node, k, s, t);
-                (loc, end, keep)
-            }
-        };
-        if let Some(j) = keep {
-            self.publish(node, k, j, end + sf * self.class_write_spb[j]);
         }
-        (loc, end)
     }
 
     /// Read `k` for `node` from a peer that has it by `t` when that is faster, else from the PFS.
@@ -1775,288 +1449,5 @@ impl Sim<'_, '_> {
     }
 }
 
-/// `vec![value; n]` backed by transparent huge pages where the system allows it: the caches
-/// are indexed by random sample numbers, and with 4 KiB pages nearly every lookup would also
-/// miss the TLB.
-/// One node's placement in the simulation: its classes' fill lists (in first-need order, with
-/// each sample's first need) appended to `fills`, and its `f` slots, each in its class.
-fn node_slots(
-    node: u32,
-    acc: AccessCounts,
-    fill_order: Vec<Vec<u32>>,
-    class_of: Vec<u8>,
-    f: usize,
-    fills: &mut Vec<FillList>,
-) -> Vec<Slot> {
-    for (j, list) in fill_order.into_iter().enumerate() {
-        if !list.is_empty() {
-            fills.push(FillList {
-                node,
-                class: j,
-                need: list.iter().map(|&k| acc.first_need[k as usize]).collect(),
-                order: list,
-                cursor: 0,
-            });
-        }
-    }
-    drop(acc);
-    let mut slots = huge_vec(
-        f,
-        Slot {
-            avail: f64::INFINITY,
-            class: UNCACHED,
-        },
-    );
-    for (slot, class) in slots.iter_mut().zip(class_of) {
-        slot.class = class;
-    }
-    slots
-}
-
-/// The index of the earliest of some times (the first on ties, as `Iterator::min_by`) and
-/// that time; written without data-dependent branches (the times are unpredictable).
-#[inline]
-fn argmin(v: &[f64]) -> (usize, f64) {
-    let mut best = (0, v[0]);
-    for (i, &x) in v.iter().enumerate().skip(1) {
-        let better = x < best.1;
-        best.0 = if better { i } else { best.0 };
-        best.1 = if better { x } else { best.1 };
-    }
-    best
-}
-
-/// A binary min-heap of integer keys (bit patterns of non-negative f64, which order like the
-/// numbers, possibly with an id below them). `std::collections::BinaryHeap` chooses between
-/// children with a branch that the CPU cannot predict (the times are random); choosing with a
-/// conditional move cuts the cost of the event and PFS queues by about a third of the whole
-/// simulation's. Keys pop in the same order, so results do not change.
-struct MinHeap<T> {
-    v: Vec<T>,
-}
-
-impl<T> Default for MinHeap<T> {
-    fn default() -> Self {
-        MinHeap { v: Vec::new() }
-    }
-}
-
-impl<T: std::marker::Copy + Ord> MinHeap<T> {
-    #[inline]
-    fn len(&self) -> usize {
-        self.v.len()
-    }
-
-    #[inline]
-    fn peek(&self) -> Option<T> {
-        self.v.first().copied()
-    }
-
-    /// Replace the smallest key by `x` (what `BinaryHeap::peek_mut` does).
-    fn replace_top(&mut self, x: T) {
-        let n = self.v.len();
-        assert!(n > 0, "replace_top on an empty heap");
-        let mut i = 0;
-        let mut child = 1;
-        while child + 1 < n {
-            child += (self.v[child + 1] < self.v[child]) as usize;
-            if x <= self.v[child] {
-                break;
-            }
-            self.v[i] = self.v[child];
-            i = child;
-            child = 2 * i + 1;
-        }
-        if child + 1 == n && self.v[child] < x {
-            self.v[i] = self.v[child];
-            i = child;
-        }
-        self.v[i] = x;
-    }
-
-    fn push(&mut self, x: T) {
-        self.v.push(x);
-        let mut i = self.v.len() - 1;
-        while i > 0 {
-            let parent = (i - 1) / 2;
-            if self.v[parent] <= x {
-                break;
-            }
-            self.v[i] = self.v[parent];
-            i = parent;
-        }
-        self.v[i] = x;
-    }
-
-    /// Remove the smallest: the hole at the root moves down to a leaf along the smaller
-    /// children (branch-free choice), then the last element fills it and moves up.
-    fn pop(&mut self) -> Option<T> {
-        let top = *self.v.first()?;
-        let last = self.v.pop().expect("not empty");
-        let n = self.v.len();
-        if n == 0 {
-            return Some(top);
-        }
-        let mut i = 0;
-        let mut child = 1;
-        while child + 1 < n {
-            child += (self.v[child + 1] < self.v[child]) as usize;
-            self.v[i] = self.v[child];
-            i = child;
-            child = 2 * i + 1;
-        }
-        if child < n {
-            self.v[i] = self.v[child];
-            i = child;
-        }
-        while i > 0 {
-            let parent = (i - 1) / 2;
-            if self.v[parent] <= last {
-                break;
-            }
-            self.v[i] = self.v[parent];
-            i = parent;
-        }
-        self.v[i] = last;
-        Some(top)
-    }
-}
-
-/// The earliest of some times.
-fn min_time(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
 /// How many samples ahead of a thread the cache entries of its next samples are prefetched.
 const PREFETCH_AHEAD: usize = 3;
-
-/// DeepIO's opportunistic choice for `node` at (`epoch`, `pos`): a list of cached samples (any
-/// node's with peers, else the node's own) and an index in it, by a hash of the three.
-#[inline]
-fn substitute_pick(cached: &[Vec<u32>], peers: bool, node: usize, epoch: u32, pos: usize) -> Option<(&[u32], usize)> {
-    let h = splitmix64(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
-    let list = if peers {
-        let lists = || cached.iter().filter(|c| !c.is_empty());
-        let n = lists().count();
-        lists().nth((h % n.max(1) as u64) as usize)?
-    } else {
-        Some(&cached[node]).filter(|c| !c.is_empty())?
-    };
-    Some((list, (splitmix64(h) % list.len() as u64) as usize))
-}
-
-/// Yang and Cong's reordering: every global batch keeps its samples and every worker its batch
-/// size, but a sample cached on a node goes to a worker of that node while it has room; the
-/// rest fill the remaining places in order.
-fn locality_reassign(streams: &[RankEpoch], held: &[Held], wpn: usize) -> Vec<RankEpoch> {
-    let workers = streams.len();
-    let nb = streams[0].batch_ends.len();
-    let mut out: Vec<RankEpoch> = streams
-        .iter()
-        .map(|s| RankEpoch {
-            samples: Vec::with_capacity(s.samples.len()),
-            batch_ends: Vec::with_capacity(nb),
-        })
-        .collect();
-    // Owners gathered first, in one pass (the lookups are random; this way they overlap).
-    let owners: Vec<Vec<u32>> = streams
-        .iter()
-        .map(|s| s.samples.iter().map(|&k| held[k as usize].owner()).collect())
-        .collect();
-    let mut room = vec![0usize; workers];
-    let mut rest = Vec::new();
-    for b in 0..nb {
-        rest.clear();
-        for (w, s) in streams.iter().enumerate() {
-            let start = if b == 0 { 0 } else { s.batch_ends[b - 1] as usize };
-            room[w] = s.batch_ends[b] as usize - start;
-        }
-        for (s, own) in streams.iter().zip(&owners) {
-            let start = if b == 0 { 0 } else { s.batch_ends[b - 1] as usize };
-            let end = s.batch_ends[b] as usize;
-            for (&k, &o) in s.samples[start..end].iter().zip(&own[start..end]) {
-                let target = if o == NONE {
-                    None
-                } else {
-                    (o as usize * wpn..(o as usize + 1) * wpn).find(|&w| room[w] > 0)
-                };
-                match target {
-                    Some(w) => {
-                        room[w] -= 1;
-                        out[w].samples.push(k);
-                    }
-                    None => rest.push(k),
-                }
-            }
-        }
-        let mut w = 0;
-        for &k in &rest {
-            while room[w] == 0 {
-                w += 1;
-            }
-            room[w] -= 1;
-            out[w].samples.push(k);
-        }
-        for o in out.iter_mut() {
-            o.batch_ends.push(o.samples.len() as u32);
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BinaryHeap;
-
-    #[test]
-    fn min_heap_pops_like_the_standard_heap() {
-        // Random pushes, pops and top replacements on both; the same keys come out in the
-        // same order (duplicates included).
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x = splitmix64(x);
-            x
-        };
-        let mut ours: MinHeap<u64> = MinHeap::default();
-        let mut std_heap: BinaryHeap<std::cmp::Reverse<u64>> = BinaryHeap::new();
-        for _ in 0..200_000 {
-            let key = next() % 1000; // many ties
-            match next() % 3 {
-                0 => {
-                    ours.push(key);
-                    std_heap.push(std::cmp::Reverse(key));
-                }
-                1 => assert_eq!(ours.pop(), std_heap.pop().map(|r| r.0)),
-                _ if ours.len() > 0 => {
-                    ours.replace_top(key);
-                    *std_heap.peek_mut().unwrap() = std::cmp::Reverse(key);
-                }
-                _ => {}
-            }
-            assert_eq!(ours.peek(), std_heap.peek().map(|r| r.0));
-            assert_eq!(ours.len(), std_heap.len());
-        }
-        while let Some(k) = std_heap.pop() {
-            assert_eq!(ours.pop(), Some(k.0));
-        }
-        assert_eq!(ours.pop(), None);
-    }
-
-    #[test]
-    fn event_keys_order_by_time_then_id() {
-        let e = |t: f64, id: u32| Ev { t, id }.key();
-        assert!(e(0.0, 5) < e(0.0, 6));
-        assert!(e(1.0, 9) < e(1.5, 0));
-        assert!(e(1e300, u32::MAX) < e(f64::INFINITY, 0));
-        let back = Ev::from_key(e(2.5, 7));
-        assert_eq!((back.t, back.id), (2.5, 7));
-    }
-
-    #[test]
-    fn argmin_takes_the_first_minimum() {
-        assert_eq!(argmin(&[3.0, 1.0, 1.0, 2.0]), (1, 1.0));
-        assert_eq!(argmin(&[0.5]), (0, 0.5));
-        assert_eq!(argmin(&[f64::INFINITY, 4.0, f64::INFINITY]), (1, 4.0));
-    }
-}
