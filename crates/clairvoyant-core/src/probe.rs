@@ -83,6 +83,38 @@ impl ProbeOptions<'_> {
 /// Takes about `opts.budget_s` seconds. The result is validated.
 pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
     let start = Instant::now();
+    let threads = check_options(opts)?;
+    let budget = Duration::from_secs_f64(opts.budget_s);
+    let (storage_share, memory_share) = if opts.ssd_dir.is_some() {
+        (0.5, 0.15)
+    } else {
+        (0.8, 0.2)
+    };
+    let storage_end = start + budget.mul_f64(storage_share);
+    let memory_end = storage_end + budget.mul_f64(memory_share);
+    let end = start + budget;
+
+    // The dataset.
+    opts.say(&format!("probe: looking for files under {}", dataset.display()));
+    let walk_end = start + budget.mul_f64(storage_share * 0.25);
+    let (files, mean_size) = probe_files(dataset, opts.max_files, walk_end)?;
+
+    let mut base = SystemModel::detect();
+    base.pfs = probe_storage(&files, &threads, storage_end, opts)?;
+    set_memory_curves(&mut base, probe_memory(&threads, memory_end, opts));
+    if let Some(dir) = &opts.ssd_dir {
+        let size = (mean_size as usize).clamp(4 << 10, 8 << 20);
+        let (read, write) = probe_dir(dir, size, &threads, end, opts)?;
+        set_directory_class(&mut base, dir, read, write)?;
+    }
+
+    opts.say(&format!("probe: done in {:.1} s", start.elapsed().as_secs_f64()));
+    base.validate()?;
+    Ok(base)
+}
+
+/// The probe's thread counts, sorted and without repeats, once the options are checked.
+fn check_options(opts: &ProbeOptions) -> Result<Vec<u32>> {
     let mut threads = opts.threads.clone();
     threads.sort_unstable();
     threads.dedup();
@@ -104,20 +136,13 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
     if opts.max_files == 0 {
         return Err(Error::config("max_files", "is 0; at least 1 file must be read"));
     }
-    let budget = Duration::from_secs_f64(opts.budget_s);
-    let (storage_share, memory_share) = if opts.ssd_dir.is_some() {
-        (0.5, 0.15)
-    } else {
-        (0.8, 0.2)
-    };
-    let storage_end = start + budget.mul_f64(storage_share);
-    let memory_end = storage_end + budget.mul_f64(memory_share);
-    let end = start + budget;
+    Ok(threads)
+}
 
-    // The dataset.
-    opts.say(&format!("probe: looking for files under {}", dataset.display()));
-    let walk_end = start + budget.mul_f64(storage_share * 0.25);
-    let mut files = walk(dataset, opts.max_files.saturating_mul(16).max(1024), walk_end)?;
+/// Up to `max_files` of the dataset's non-empty files found by `walk_end`, in a fixed random
+/// order, and the mean size of all files found.
+fn probe_files(dataset: &Path, max_files: usize, walk_end: Instant) -> Result<(Vec<(PathBuf, u64)>, u64)> {
+    let mut files = walk(dataset, max_files.saturating_mul(16).max(1024), walk_end)?;
     if files.is_empty() {
         return Err(Error::config(
             "dataset",
@@ -126,17 +151,18 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
     }
     let mean_size = files.iter().map(|f| f.1).sum::<u64>() / files.len() as u64;
     shuffle(&mut files, 0x5eed_c1a1_4701_a417);
-    files.truncate(opts.max_files);
+    files.truncate(max_files);
+    Ok((files, mean_size))
+}
 
-    let mut base = SystemModel::detect();
-
-    // Storage: t(γ) and the open latency.
+/// Storage: t(γ) and the open latency, each thread count reading its own files by `end`.
+fn probe_storage(files: &[(PathBuf, u64)], threads: &[u32], end: Instant, opts: &ProbeOptions) -> Result<PfsSpec> {
     let mut points = Vec::new();
     let (mut open_total, mut opens) = (Duration::ZERO, 0u64);
-    let groups = split_files(&files, threads.len());
+    let groups = split_files(files, threads.len());
     for (k, &p) in threads.iter().enumerate() {
         let left = threads.len() - k;
-        let deadline = Instant::now() + storage_end.saturating_duration_since(Instant::now()) / left as u32;
+        let deadline = Instant::now() + end.saturating_duration_since(Instant::now()) / left as u32;
         let r = read_files(&groups[k], p, deadline)?;
         open_total += r.open_time;
         opens += r.opens;
@@ -154,21 +180,28 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
         0.0
     };
     opts.say(&format!("probe: storage open latency {:.3} ms", open_latency_s * 1e3));
-    base.pfs = PfsSpec {
+    Ok(PfsSpec {
         read_mbps: Curve(points),
         open_latency_s,
-    };
+    })
+}
 
-    // Memory.
+/// Memory: the copy rate with each thread count, by `end`.
+fn probe_memory(threads: &[u32], end: Instant, opts: &ProbeOptions) -> Curve {
     let mut points = Vec::new();
     for (k, &p) in threads.iter().enumerate() {
         let left = threads.len() - k;
-        let deadline = Instant::now() + memory_end.saturating_duration_since(Instant::now()) / left as u32;
+        let deadline = Instant::now() + end.saturating_duration_since(Instant::now()) / left as u32;
         let mbps = memcpy_rate(p, deadline);
         opts.say(&format!("probe: memory copy, {p} threads: {mbps:.0} MB/s"));
         points.push((p as f64, mbps));
     }
-    let mem = Curve(points);
+    Curve(points)
+}
+
+/// The memory copy rate as the staging buffer's write rate and the memory class's rates (a
+/// memory class is added first if the model has none).
+fn set_memory_curves(base: &mut SystemModel, mem: Curve) {
     base.staging.write_mbps = mem.clone();
     match base.memory_class() {
         Some(j) => {
@@ -182,34 +215,32 @@ pub fn probe(dataset: &Path, opts: &ProbeOptions) -> Result<SystemModel> {
             base.classes.insert(0, c);
         }
     }
+}
 
-    // The SSD directory.
-    if let Some(dir) = &opts.ssd_dir {
-        let size = (mean_size as usize).clamp(4 << 10, 8 << 20);
-        let (read, write) = probe_dir(dir, size, &threads, end, opts)?;
-        let j = base
-            .classes
-            .iter()
-            .position(|c| matches!(&c.kind, ClassKind::Directory { path } if path == dir))
-            .or_else(|| base.class_index("ssd"));
-        let j = match j {
-            Some(j) => j,
-            None => {
-                base.classes
-                    .push(defaults::directory_class("ssd", dir.clone(), Some(0)));
-                base.classes.len() - 1
-            }
-        };
-        let c = &mut base.classes[j];
-        c.kind = ClassKind::Directory { path: dir.clone() };
-        c.capacity = defaults::round_mib((free_space(dir)? as f64 * defaults::DISK_SHARE) as u64);
-        c.read_mbps = read;
-        c.write_mbps = write;
-    }
-
-    opts.say(&format!("probe: done in {:.1} s", start.elapsed().as_secs_f64()));
-    base.validate()?;
-    Ok(base)
+/// The SSD directory's measured rates and capacity on its class (the class on `dir`, else the
+/// one named "ssd", else a new one).
+fn set_directory_class(base: &mut SystemModel, dir: &Path, read: Curve, write: Curve) -> Result<()> {
+    let j = base
+        .classes
+        .iter()
+        .position(|c| matches!(&c.kind, ClassKind::Directory { path } if path == dir))
+        .or_else(|| base.class_index("ssd"));
+    let j = match j {
+        Some(j) => j,
+        None => {
+            base.classes
+                .push(defaults::directory_class("ssd", dir.to_path_buf(), Some(0)));
+            base.classes.len() - 1
+        }
+    };
+    let c = &mut base.classes[j];
+    c.kind = ClassKind::Directory {
+        path: dir.to_path_buf(),
+    };
+    c.capacity = defaults::round_mib((free_space(dir)? as f64 * defaults::DISK_SHARE) as u64);
+    c.read_mbps = read;
+    c.write_mbps = write;
+    Ok(())
 }
 
 /// MB/s for `bytes` in `t` to 4 significant digits (measurements are not more precise, and the
@@ -421,66 +452,15 @@ fn probe_dir(dir: &Path, size: usize, threads: &[u32], end: Instant, opts: &Prob
         let slice = end.saturating_duration_since(Instant::now()) / (threads.len() - k) as u32;
         let write_end = Instant::now() + slice / 2;
         let max_files = (cap_bytes / size as u64).max(p as u64) as usize;
-        // Write.
-        let next = AtomicUsize::new(0);
         let start = Instant::now();
-        let written: Vec<Vec<PathBuf>> = std::thread::scope(|s| -> Result<Vec<Vec<PathBuf>>> {
-            let workers: Vec<_> = (0..p)
-                .map(|t| {
-                    let (next, data, scratch) = (&next, &data, scratch.0.path());
-                    s.spawn(move || -> Result<Vec<PathBuf>> {
-                        let mut mine = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= max_files || (!mine.is_empty() && Instant::now() >= write_end) {
-                                return Ok(mine);
-                            }
-                            let path = scratch.join(format!("p{p}-t{t}-{i}"));
-                            let mut f = crate::tier::secure::create_new(&path).map_err(|e| Error::io(&path, e))?;
-                            f.write_all(data).map_err(|e| Error::io(&path, e))?;
-                            f.sync_all().map_err(|e| Error::io(&path, e))?;
-                            drop_from_cache(&f);
-                            mine.push(path);
-                        }
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| w.join().expect("probe writer panicked"))
-                .collect()
-        })?;
+        let written = write_files(scratch.0.path(), &data, p, max_files, write_end)?;
         let n: usize = written.iter().map(Vec::len).sum();
         let w = rate(n as u64 * size as u64, start.elapsed());
         // Read back, each thread its own files.
         let read_end = Instant::now() + slice / 2;
         let start = Instant::now();
-        let got = AtomicU64::new(0);
-        std::thread::scope(|s| -> Result<()> {
-            let workers: Vec<_> = written
-                .iter()
-                .map(|mine| {
-                    let got = &got;
-                    s.spawn(move || -> Result<()> {
-                        let mut buf = vec![0u8; size];
-                        for (i, path) in mine.iter().enumerate() {
-                            if i > 0 && Instant::now() >= read_end {
-                                break;
-                            }
-                            let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
-                            f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
-                            got.fetch_add(size as u64, Ordering::Relaxed);
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            for w in workers {
-                w.join().expect("probe reader panicked")?;
-            }
-            Ok(())
-        })?;
-        let r = rate(got.into_inner(), start.elapsed());
+        let got = read_back(&written, size, read_end)?;
+        let r = rate(got, start.elapsed());
         for path in written.iter().flatten() {
             let _ = std::fs::remove_file(path);
         }
@@ -493,6 +473,70 @@ fn probe_dir(dir: &Path, size: usize, threads: &[u32], end: Instant, opts: &Prob
     }
     drop(scratch);
     Ok((Curve(rp), Curve(wp)))
+}
+
+/// Write up to `max_files` copies of `data` into `scratch` with `p` threads, each fsync'ed and
+/// dropped from the page cache, until `write_end` (each thread writes at least one): the files
+/// each thread wrote.
+fn write_files(scratch: &Path, data: &[u8], p: u32, max_files: usize, write_end: Instant) -> Result<Vec<Vec<PathBuf>>> {
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| -> Result<Vec<Vec<PathBuf>>> {
+        let workers: Vec<_> = (0..p)
+            .map(|t| {
+                let next = &next;
+                s.spawn(move || -> Result<Vec<PathBuf>> {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= max_files || (!mine.is_empty() && Instant::now() >= write_end) {
+                            return Ok(mine);
+                        }
+                        let path = scratch.join(format!("p{p}-t{t}-{i}"));
+                        let mut f = crate::tier::secure::create_new(&path).map_err(|e| Error::io(&path, e))?;
+                        f.write_all(data).map_err(|e| Error::io(&path, e))?;
+                        f.sync_all().map_err(|e| Error::io(&path, e))?;
+                        drop_from_cache(&f);
+                        mine.push(path);
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("probe writer panicked"))
+            .collect()
+    })
+}
+
+/// Read the files of `size` bytes back, one thread per writer's files, until `read_end` (each
+/// thread reads at least one): the bytes read.
+fn read_back(written: &[Vec<PathBuf>], size: usize, read_end: Instant) -> Result<u64> {
+    let got = AtomicU64::new(0);
+    std::thread::scope(|s| -> Result<()> {
+        let workers: Vec<_> = written
+            .iter()
+            .map(|mine| {
+                let got = &got;
+                s.spawn(move || -> Result<()> {
+                    let mut buf = vec![0u8; size];
+                    for (i, path) in mine.iter().enumerate() {
+                        if i > 0 && Instant::now() >= read_end {
+                            break;
+                        }
+                        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+                        f.read_exact(&mut buf).map_err(|e| Error::io(path, e))?;
+                        got.fetch_add(size as u64, Ordering::Relaxed);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().expect("probe reader panicked")?;
+        }
+        Ok(())
+    })?;
+    Ok(got.into_inner())
 }
 
 #[cfg(test)]

@@ -52,41 +52,56 @@ impl Engine {
     /// on this node and not yet filled; a fill in progress elsewhere is waited for at most
     /// `wait` (then: [`Local::Direct`]).
     pub fn local(&self, sample: u32, wait: Duration) -> Local {
-        let inner = &self.inner;
-        let Some(&class) = inner.node.class_of.get(sample as usize) else {
+        let Some(&class) = self.inner.node.class_of.get(sample as usize) else {
             return Local::Direct;
         };
-        let len = inner.source.size(sample);
         if class == UNCACHED {
-            return match inner.peer_of(sample) {
-                Some(_) => {
-                    let mut bytes = vec![0u8; len as usize];
-                    match inner.read_origin(sample, &mut bytes) {
-                        Ok(Src::Peer) => {
-                            let sum = checksum(&bytes);
-                            Local::Bytes {
-                                bytes,
-                                checksum: sum,
-                                source: Src::Peer,
-                            }
-                        }
-                        // The peer could not answer and the dataset was read instead: hand
-                        // those bytes over rather than have the program read them again.
-                        Ok(source) => {
-                            let sum = checksum(&bytes);
-                            Local::Bytes {
-                                bytes,
-                                checksum: sum,
-                                source,
-                            }
-                        }
-                        Err(e) => Local::Failed(e.to_string()),
-                    }
-                }
-                None => Local::Direct,
-            };
+            return self.local_elsewhere(sample);
         }
         let class = class as usize;
+        let filled_here = match self.local_fill(class, sample, wait) {
+            Ok(Some(f)) => f,
+            Ok(None) => return Local::Direct,
+            Err(failed) => return failed,
+        };
+        self.local_cached(class, sample, filled_here)
+    }
+
+    /// A sample placed on no class of this node: from the node that caches it (or the
+    /// dataset, if that node could not answer), else read directly by the program.
+    fn local_elsewhere(&self, sample: u32) -> Local {
+        let inner = &self.inner;
+        if inner.peer_of(sample).is_none() {
+            return Local::Direct;
+        }
+        let mut bytes = vec![0u8; inner.source.size(sample) as usize];
+        match inner.read_origin(sample, &mut bytes) {
+            Ok(Src::Peer) => {
+                let sum = checksum(&bytes);
+                Local::Bytes {
+                    bytes,
+                    checksum: sum,
+                    source: Src::Peer,
+                }
+            }
+            // The peer could not answer and the dataset was read instead: hand those bytes
+            // over rather than have the program read them again.
+            Ok(source) => {
+                let sum = checksum(&bytes);
+                Local::Bytes {
+                    bytes,
+                    checksum: sum,
+                    source,
+                }
+            }
+            Err(e) => Local::Failed(e.to_string()),
+        }
+    }
+
+    /// Have a sample placed in `class` filled (by this call if no one else has): whether this
+    /// call filled it; None: not ready in time, or its file changed since it was filled.
+    fn local_fill(&self, class: usize, sample: u32, wait: Duration) -> Result<Option<bool>, Local> {
+        let inner = &self.inner;
         let state = inner.node.cache.state();
         let mut filled_here = false;
         let ready = match state.acquire(sample, wait) {
@@ -98,16 +113,22 @@ impl Engine {
                         filled_here = state.state(sample) == READY;
                         filled_here
                     }
-                    Err(e) => return Local::Failed(e.to_string()),
+                    Err(e) => return Err(Local::Failed(e.to_string())),
                 }
             }
             Acquire::Busy | Acquire::NoSpace => false,
         };
-        if !ready || !inner.current(sample) {
-            return Local::Direct;
-        }
+        Ok((ready && inner.current(sample)).then_some(filled_here))
+    }
+
+    /// Where a filled sample of `class` is handed out from: in place in the memory arena (its
+    /// bytes verified unless this call just filled them), or a verified copy of a directory
+    /// class's.
+    fn local_cached(&self, class: usize, sample: u32, filled_here: bool) -> Local {
+        let inner = &self.inner;
+        let len = inner.source.size(sample);
         let place = inner.node.offset[sample as usize];
-        let (sum, _) = state.record(sample);
+        let (sum, _) = inner.node.cache.state().record(sample);
         match inner.node.stores[class] {
             // Just read from its origin into the arena, its checksum computed from those bytes:
             // hashing them again here would only cost time (the program verifies its copy).

@@ -259,177 +259,50 @@ pub struct Engine {
 
 impl Engine {
     pub fn start(source: Arc<dyn Source>, model: &SystemModel, spec: JobSpec) -> Result<Engine> {
-        model.validate()?;
-        let sched = &spec.schedule;
-        if source.len() as u64 != sched.num_samples() as u64 {
-            return Err(Error::config(
-                "num_samples",
-                format!(
-                    "the schedule has {} samples but the source has {}",
-                    sched.num_samples(),
-                    source.len()
-                ),
-            ));
-        }
-        validate_ranks(&spec)?;
-        let (largest, largest_size) = source.largest().unwrap_or((0, 0));
-        // A node agent stages nothing; a file too large for its classes is read directly.
-        if spec.agent.is_none() && largest_size > model.staging.capacity {
-            return Err(Error::TooLarge {
-                sample: largest as u64,
-                path: source.path(largest).display().to_string(),
-                size: largest_size,
-                what: "the staging buffer (staging.capacity)".into(),
-                capacity: model.staging.capacity,
-            });
-        }
-        // A sample larger than a storage class is simply not placed there (see `plan`).
-
-        // This rank's stream over the whole run.
-        if spec.first_epoch >= sched.epochs {
-            return Err(Error::config(
-                "start_epoch",
-                format!("{} is not below the job's {} epochs", spec.first_epoch, sched.epochs),
-            ));
-        }
+        check_job(source.as_ref(), model, &spec)?;
         let f = source.len();
         let total_bytes = source.total_bytes();
         let typical = if f == 0 { 0 } else { total_bytes / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
-        let fingerprint = source.fingerprint();
-        let (node, fill_order, mine, plan_origin) = match join_share(fingerprint, f, &spec.local_ranks) {
-            Some(node) => {
-                let mut ranks = node.ranks.lock().unwrap_or_else(|p| p.into_inner());
-                if !ranks.contains(&spec.rank) {
-                    ranks.push(spec.rank);
-                }
-                drop(ranks);
-                (node, None, None, PlanOrigin::Process)
-            }
-            None => {
-                let (node, fill_order, mine, origin) = Self::node_share(&source, model, &spec, &useful, total_bytes)?;
-                let node = Arc::new(node);
-                NODE_SHARES
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(Arc::downgrade(&node));
-                (node, Some(fill_order), mine, origin)
-            }
-        };
+        let Joined {
+            node,
+            fill_order,
+            mine,
+            origin: plan_origin,
+        } = Self::share_for(&source, model, &spec, &useful, total_bytes)?;
         // This rank's stream over the whole run: from the node's plan, else shuffled here.
-        let streams: Vec<crate::schedule::RankEpoch> = match mine {
-            Some(s) => s,
-            None => match sched.streams_from(&[spec.rank], spec.first_epoch) {
-                Ok(s) => s.into_iter().map(|e| e.into_iter().next().expect("one rank")).collect(),
-                Err(e) => {
-                    if node.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
-                        node.cache.detach();
-                    }
-                    return Err(e);
-                }
-            },
+        let streams = match mine {
+            Some(s) => Ok(s),
+            None => rank_streams(&spec),
         };
-        let mut stream = VecDeque::new();
-        let mut epoch_starts = vec![0u64; spec.first_epoch as usize + 1];
-        let mut batch_ends: Vec<Arc<[u32]>> = vec![Arc::from(Vec::new()); spec.first_epoch as usize];
-        for e in streams {
-            stream.extend(e.samples.iter().copied());
-            epoch_starts.push(stream.len() as u64);
-            batch_ends.push(Arc::from(e.batch_ends));
-        }
-        let placement_summary = node.summary.clone();
-        let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
-
         let ring_cap = if spec.agent.is_some() {
             4096
         } else {
             model.staging.capacity
         };
-        let ring = node
-            .cache
-            .create_ring(spec.rank, ring_cap.max(1))
-            .and_then(|(path, file)| RingBuf::new(file, path));
-        let ring = match ring {
+        let ring = streams.and_then(|s| Ok((s, open_ring(&node, spec.rank, ring_cap)?)));
+        let (streams, ring) = match ring {
             Ok(r) => r,
             Err(e) => {
                 // This engine will not use the share it joined or created.
-                if node.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    node.cache.detach();
-                }
+                leave_share(&node);
                 return Err(e);
             }
         };
-        // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples served
-        // from the memory class take no ring space, so this must cover every batch a consumer
-        // keeps in flight (e.g. decode workers x prefetch depth x batch size) or the staging
-        // prefetcher stalls behind them; an entry costs ~48 bytes.
-        let max_entries = 1 << 16;
-        let epochs = sched.epochs as usize;
-        let inner = Arc::new(Inner {
-            source,
-            batch_ends: RwLock::new(batch_ends),
-            appending: Mutex::new(()),
+        let placement_summary = node.summary.clone();
+        let prepared = Prepared {
             node,
-            left: AtomicBool::new(false),
-            stamps,
-            checked: (0..f).map(|_| AtomicU32::new(0)).collect(),
-            round: AtomicU32::new(1),
             ring,
-            ring_losses: AtomicU64::new(0),
             ring_cap,
-            max_entries,
-            st: Mutex::new(StagingState {
-                entries: VecDeque::new(),
-                next_alloc: 0,
-                next_consume: 0,
-                ring_head: 0,
-                ring_tail: 0,
-                stream,
-                stream_base: 0,
-                epoch_starts,
-                detached: Vec::new(),
-                detached_tail: None,
-            }),
-            produced: Condvar::new(),
-            freed: Condvar::new(),
-            grown: Condvar::new(),
-            shutdown: AtomicBool::new(false),
-            producers_gone: AtomicBool::new(false),
-            fill_timeout: Duration::from_secs(30),
-            stats: Mutex::new(
-                (0..epochs)
-                    .map(|e| EpochStats {
-                        epoch: e as u32,
-                        ..Default::default()
-                    })
-                    .collect(),
-            ),
-            pfs_bytes: AtomicU64::new(0),
-            pfs_files: AtomicU64::new(0),
-            pfs_at_epoch_start: Mutex::new((0, 0)),
-            peer_faster: peer_faster(model, typical, spec.local_ranks.len() as u32),
-            pfs_speed: (model.pfs.open_latency_s, model.pfs_per_reader_mbps(1) * 1e6),
-            peer_bytes: AtomicU64::new(0),
-            peer_misses: AtomicU64::new(0),
-            peer_fallbacks: AtomicU64::new(0),
-            peer_corrupt: AtomicU64::new(0),
-            peer_at_epoch_start: Mutex::new((0, 0)),
-            served_samples: AtomicU64::new(0),
-            served_bytes: AtomicU64::new(0),
-            prefilled: std::sync::OnceLock::new(),
-            owner_pid: pid::current(),
-            readahead: crate::readahead::staging_gate(
-                model,
-                typical,
-                spec.local_ranks.len() as u32,
-                spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap_or(0) as u32,
-            ),
-        });
-
+            stream: StreamParts::new(streams, spec.first_epoch),
+            typical,
+        };
+        let inner = Arc::new(Inner::new(source, model, &spec, prepared));
+        let filler = Filler::of(&spec.local_ranks, spec.rank, spec.agent.as_ref());
         // The engine exists before its threads: if one cannot start (a thread or process
         // limit), dropping it stops and joins those already running.
         let engine = Engine {
-            inner: inner.clone(),
+            inner,
             threads: Mutex::new(Vec::new()),
             placement_summary,
             plan_origin,
@@ -437,71 +310,115 @@ impl Engine {
             schedule: spec.schedule,
             rank: spec.rank,
         };
-        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| -> Result<()> {
-            let handle = std::thread::Builder::new().name(name.clone()).spawn(f).map_err(|e| {
-                Error::config(
-                    "threads",
-                    format!(
-                        "cannot start thread {name}: {e} (a limit on threads or processes, such as \
-                         ulimit -u; fewer class or staging threads need fewer)"
-                    ),
-                )
-            })?;
-            engine.threads.lock().unwrap_or_else(|p| p.into_inner()).push(handle);
-            Ok(())
-        };
-        let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
-        let local_count = spec.local_ranks.len();
-        let prefill = spec.agent.as_ref().is_none_or(|a| a.prefill);
-        for (i, &j) in useful.iter().enumerate() {
-            let Some(fill_order) = &fill_order else { break };
-            if !prefill {
-                break;
+        engine.spawn_prefetchers(model, &useful, fill_order, &filler)?;
+        Ok(engine)
+    }
+
+    /// This process's node share for the dataset, joined if there is one, else created (see
+    /// [`Engine::node_share`]) and registered.
+    fn share_for(
+        source: &Arc<dyn Source>,
+        model: &SystemModel,
+        spec: &JobSpec,
+        useful: &[usize],
+        total_bytes: u64,
+    ) -> Result<Joined> {
+        if let Some(node) = join_share(source.fingerprint(), source.len(), &spec.local_ranks) {
+            let mut ranks = node.ranks.lock().unwrap_or_else(|p| p.into_inner());
+            if !ranks.contains(&spec.rank) {
+                ranks.push(spec.rank);
             }
-            let on_read = spec.agent.as_ref().map_or(&[][..], |a| &a.fill_on_read[..]);
-            let share: Arc<Vec<u32>> = Arc::new(
-                fill_order[i]
-                    .iter()
-                    .filter(|&&k| !on_read.get(k as usize).copied().unwrap_or(false))
-                    .enumerate()
-                    .filter(|(n, _)| n % local_count == local_index)
-                    .map(|(_, &k)| k)
-                    .collect(),
-            );
-            let next = Arc::new(AtomicUsize::new(0));
-            // A node agent's prefill runs at the read-concurrency controller's pace (it stages
-            // nothing, its gate is free for this); a rank's at the class's thread count.
-            let agent = spec.agent.is_some();
-            let count = if agent {
-                inner.readahead.max_threads()
-            } else {
-                model.classes[j].threads.max(1) as usize
-            };
-            for t in 0..count {
-                let (inner, share, next) = (inner.clone(), share.clone(), next.clone());
-                spawn(
-                    format!("cv-class{i}-{t}"),
-                    Box::new(move || {
-                        if agent {
-                            inner.agent_prefill(i, &share, &next)
-                        } else {
-                            inner.class_prefetch(i, &share, &next)
-                        }
-                    }),
-                )?;
+            drop(ranks);
+            return Ok(Joined {
+                node,
+                fill_order: None,
+                mine: None,
+                origin: PlanOrigin::Process,
+            });
+        }
+        let (node, fill_order, mine, origin) = Self::node_share(source, model, spec, useful, total_bytes)?;
+        let node = Arc::new(node);
+        NODE_SHARES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&node));
+        Ok(Joined {
+            node,
+            fill_order: Some(fill_order),
+            mine,
+            origin,
+        })
+    }
+
+    /// Start the class prefetchers (with the node's fill orders, held by the engine that made
+    /// the node's share) and the staging prefetchers.
+    fn spawn_prefetchers(
+        &self,
+        model: &SystemModel,
+        useful: &[usize],
+        fill_order: Option<Vec<Vec<u32>>>,
+        filler: &Filler<'_>,
+    ) -> Result<()> {
+        if let (Some(fill_order), true) = (&fill_order, filler.prefill) {
+            for (i, &j) in useful.iter().enumerate() {
+                let share = Arc::new(filler.share_of(&fill_order[i]));
+                // A node agent's prefill runs at the read-concurrency controller's pace (it
+                // stages nothing, its gate is free for this); a rank's at the class's thread
+                // count.
+                let count = if filler.agent {
+                    self.inner.readahead.max_threads()
+                } else {
+                    model.classes[j].threads.max(1) as usize
+                };
+                self.spawn_class(i, share, count, filler.agent)?;
             }
         }
         // A node agent stages nothing: programs read the node cache through `local`.
-        let staging_threads = if spec.agent.is_some() {
+        let staging_threads = if filler.agent {
             0
         } else {
-            inner.readahead.max_threads()
+            self.inner.readahead.max_threads()
         };
         for t in 0..staging_threads {
-            let inner = inner.clone();
-            spawn(format!("cv-staging-{t}"), Box::new(move || inner.staging_prefetch()))?;
+            let inner = self.inner.clone();
+            self.spawn(format!("cv-staging-{t}"), Box::new(move || inner.staging_prefetch()))?;
         }
-        Ok(engine)
+        Ok(())
+    }
+
+    /// Start `count` threads filling class `i` with `share` (a node agent's prefill, or a
+    /// rank's class prefetch).
+    fn spawn_class(&self, i: usize, share: Arc<Vec<u32>>, count: usize, agent: bool) -> Result<()> {
+        let next = Arc::new(AtomicUsize::new(0));
+        for t in 0..count {
+            let (inner, share, next) = (self.inner.clone(), share.clone(), next.clone());
+            self.spawn(
+                format!("cv-class{i}-{t}"),
+                Box::new(move || {
+                    if agent {
+                        inner.agent_prefill(i, &share, &next)
+                    } else {
+                        inner.class_prefetch(i, &share, &next)
+                    }
+                }),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Start a named thread that the engine joins when it shuts down.
+    fn spawn(&self, name: String, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        let handle = std::thread::Builder::new().name(name.clone()).spawn(f).map_err(|e| {
+            Error::config(
+                "threads",
+                format!(
+                    "cannot start thread {name}: {e} (a limit on threads or processes, such as \
+                     ulimit -u; fewer class or staging threads need fewer)"
+                ),
+            )
+        })?;
+        self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(handle);
+        Ok(())
     }
 
     /// Answers other nodes' requests for this node's cached samples.
@@ -530,13 +447,7 @@ impl Engine {
         // The node cache: every local rank derives the same key, agrees on the capacities the
         // first rank decided, and so shares the very same plan.
         let f = source.len();
-        let mut requests = class_requests(model, useful, total_bytes);
-        if let Some(c) = &spec.cluster {
-            // The capacities this node announced to the others (they place samples by them).
-            for (r, &cap) in requests.iter_mut().zip(&c.capacities[c.node]) {
-                r.capacity = cap;
-            }
-        }
+        let requests = node_requests(model, spec, useful, total_bytes);
         let specs: Vec<&crate::model::ClassSpec> = useful.iter().map(|&j| &model.classes[j]).collect();
         let key = node_key(spec, source.fingerprint(), &specs);
         let rank_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap();
@@ -544,50 +455,12 @@ impl Engine {
         let ring_reserve = if spec.agent.is_some() {
             0
         } else {
+            check_ring_room(model, &cache)?;
             model.staging.capacity.saturating_mul(spec.local_ranks.len() as u64)
         };
-        if spec.agent.is_none() {
-            // A staging ring lives in shared memory or, when that is too small, on disk: one
-            // that fits neither is a configuration error now, before any class is sized by it.
-            let free = |p: &std::path::Path| crate::sysinfo::free_space(p).unwrap_or(u64::MAX);
-            let (shm, disk) = (cache.dir().to_path_buf(), crate::tier::secure::disk_base());
-            let room = free(&shm).max(free(&disk));
-            if model.staging.capacity > room {
-                return Err(Error::config(
-                    "staging.capacity",
-                    format!(
-                        "a staging ring of {} per rank fits neither in shared memory ({}, {} free) nor on disk \
-                         ({}, {} free); lower staging.capacity (or CLAIRVOYANT_STAGING)",
-                        crate::model::human_bytes(model.staging.capacity),
-                        shm.display(),
-                        crate::model::human_bytes(free(&shm)),
-                        disk.display(),
-                        crate::model::human_bytes(free(&disk))
-                    ),
-                ));
-            }
-        }
         let capacities = cache.setup(&requests, ring_reserve)?;
         if let Some(c) = &spec.cluster {
-            for (r, &got) in requests.iter().zip(&capacities) {
-                if got < r.capacity {
-                    crate::tier::warn_once(
-                        &format!("cluster-capacity:{}", r.name),
-                        &format!(
-                            "storage class '{}' got {} of the {} this node announced; samples that do not fit are read from their origin",
-                            r.name,
-                            crate::model::format_bytes(got),
-                            crate::model::format_bytes(r.capacity)
-                        ),
-                    );
-                }
-            }
-            if c.nodes.len() >= crate::plan::NO_NODE as usize {
-                return Err(Error::config(
-                    "nodes",
-                    format!("{} nodes; at most {}", c.nodes.len(), crate::plan::NO_NODE - 1),
-                ));
-            }
+            check_cluster_capacities(c, &requests, &capacities)?;
         }
         let (plan, mine, origin) = shared_plan(&cache, source, spec, &capacities)?;
         let NodePlan { placement, primary, .. } = plan;
@@ -597,23 +470,12 @@ impl Engine {
             peers: c.peers.clone(),
             peer_wait: c.peer_wait,
         });
-
-        let mut stores = Vec::new();
-        let mut placement_summary = Vec::new();
-        for (i, r) in requests.iter().enumerate() {
-            placement_summary.push((r.name.clone(), placement.samples[i], placement.used[i]));
-            stores.push(if cache.tier(i).shared_path().is_some() {
-                ClassStore::Mapped
-            } else {
-                ClassStore::Copy
-            });
-        }
+        let (stores, placement_summary) = stores_and_summary(&cache, &requests, &placement);
         if rank_index == 0 {
             if let Some(mem) = stores.iter().position(|s| *s == ClassStore::Mapped) {
                 reuse::record_and_reuse(&cache, source.as_ref(), mem, &placement.class_of, &placement.offset);
             }
         }
-
         let node = NodeShare {
             cache,
             class_of: placement.class_of,
@@ -1084,5 +946,335 @@ fn peer_faster(model: &SystemModel, typical: u64, readers: u32) -> bool {
     match model.remote_fetch_seconds(local, typical.max(1)) {
         Some(peer) => peer <= model.fetch_seconds(crate::model::Location::Pfs, typical.max(1), readers.max(1)),
         None => true,
+    }
+}
+
+/// A node share this engine uses: joined, or created by it (then with the node's fill orders
+/// and, when the node's plan carried it, this rank's stream).
+struct Joined {
+    node: Arc<NodeShare>,
+    fill_order: Option<Vec<Vec<u32>>>,
+    mine: Option<Vec<crate::schedule::RankEpoch>>,
+    origin: PlanOrigin,
+}
+
+/// A rank's stream laid out for the staging state.
+struct StreamParts {
+    /// The samples of every epoch served, in order.
+    stream: VecDeque<u32>,
+    /// Start position of each epoch, then the stream's end.
+    epoch_starts: Vec<u64>,
+    /// Each epoch's batch ends (empty before the first epoch served).
+    batch_ends: Vec<Arc<[u32]>>,
+}
+
+impl StreamParts {
+    /// Lay out `streams`, the rank's epochs from `first_epoch` on.
+    fn new(streams: Vec<crate::schedule::RankEpoch>, first_epoch: u32) -> StreamParts {
+        let mut stream = VecDeque::new();
+        let mut epoch_starts = vec![0u64; first_epoch as usize + 1];
+        let mut batch_ends: Vec<Arc<[u32]>> = vec![Arc::from(Vec::new()); first_epoch as usize];
+        for e in streams {
+            stream.extend(e.samples.iter().copied());
+            epoch_starts.push(stream.len() as u64);
+            batch_ends.push(Arc::from(e.batch_ends));
+        }
+        StreamParts {
+            stream,
+            epoch_starts,
+            batch_ends,
+        }
+    }
+}
+
+/// What a starting engine has gathered before it builds its shared state.
+struct Prepared {
+    node: Arc<NodeShare>,
+    ring: RingBuf,
+    ring_cap: u64,
+    stream: StreamParts,
+    /// The dataset's mean sample size.
+    typical: u64,
+}
+
+/// How this rank fills the node's classes, from its job's spec.
+struct Filler<'a> {
+    local_index: usize,
+    local_count: usize,
+    /// A node agent's job.
+    agent: bool,
+    /// Placed samples are filled ahead of use.
+    prefill: bool,
+    /// Samples filled only when first read.
+    on_read: &'a [bool],
+}
+
+impl<'a> Filler<'a> {
+    /// The filling role of `rank` among `local_ranks` (a node agent's with `agent`).
+    fn of(local_ranks: &[u32], rank: u32, agent: Option<&'a AgentSpec>) -> Filler<'a> {
+        Filler {
+            local_index: local_ranks.iter().position(|&r| r == rank).unwrap(),
+            local_count: local_ranks.len(),
+            agent: agent.is_some(),
+            prefill: agent.is_none_or(|a| a.prefill),
+            on_read: agent.map_or(&[][..], |a| &a.fill_on_read[..]),
+        }
+    }
+
+    /// This rank's share of a class's fill order: every `local_count`-th sample filled ahead.
+    fn share_of(&self, fill_order: &[u32]) -> Vec<u32> {
+        fill_order
+            .iter()
+            .filter(|&&k| !self.on_read.get(k as usize).copied().unwrap_or(false))
+            .enumerate()
+            .filter(|(n, _)| n % self.local_count == self.local_index)
+            .map(|(_, &k)| k)
+            .collect()
+    }
+}
+
+impl Inner {
+    /// The engine's shared state, before any thread runs.
+    fn new(source: Arc<dyn Source>, model: &SystemModel, spec: &JobSpec, p: Prepared) -> Inner {
+        let f = source.len();
+        let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
+        let readers = spec.local_ranks.len() as u32;
+        let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap_or(0) as u32;
+        Inner {
+            source,
+            batch_ends: RwLock::new(p.stream.batch_ends),
+            appending: Mutex::new(()),
+            node: p.node,
+            left: AtomicBool::new(false),
+            stamps,
+            checked: (0..f).map(|_| AtomicU32::new(0)).collect(),
+            round: AtomicU32::new(1),
+            ring: p.ring,
+            ring_losses: AtomicU64::new(0),
+            ring_cap: p.ring_cap,
+            // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples
+            // served from the memory class take no ring space, so this must cover every batch a
+            // consumer keeps in flight (e.g. decode workers x prefetch depth x batch size) or
+            // the staging prefetcher stalls behind them; an entry costs ~48 bytes.
+            max_entries: 1 << 16,
+            st: Mutex::new(StagingState::new(p.stream.stream, p.stream.epoch_starts)),
+            produced: Condvar::new(),
+            freed: Condvar::new(),
+            grown: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            producers_gone: AtomicBool::new(false),
+            fill_timeout: Duration::from_secs(30),
+            stats: Mutex::new(
+                (0..spec.schedule.epochs)
+                    .map(|epoch| EpochStats {
+                        epoch,
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            pfs_bytes: AtomicU64::new(0),
+            pfs_files: AtomicU64::new(0),
+            pfs_at_epoch_start: Mutex::new((0, 0)),
+            peer_faster: peer_faster(model, p.typical, readers),
+            pfs_speed: (model.pfs.open_latency_s, model.pfs_per_reader_mbps(1) * 1e6),
+            peer_bytes: AtomicU64::new(0),
+            peer_misses: AtomicU64::new(0),
+            peer_fallbacks: AtomicU64::new(0),
+            peer_corrupt: AtomicU64::new(0),
+            peer_at_epoch_start: Mutex::new((0, 0)),
+            served_samples: AtomicU64::new(0),
+            served_bytes: AtomicU64::new(0),
+            prefilled: std::sync::OnceLock::new(),
+            owner_pid: pid::current(),
+            readahead: crate::readahead::staging_gate(model, p.typical, readers, local_index),
+        }
+    }
+}
+
+/// Give up this engine's use of `node` (starting failed): the last user leaves the node cache.
+fn leave_share(node: &NodeShare) {
+    if node.engines.fetch_sub(1, Ordering::AcqRel) == 1 {
+        node.cache.detach();
+    }
+}
+
+/// This rank's epochs from the job's first epoch on, shuffled here.
+fn rank_streams(spec: &JobSpec) -> Result<Vec<crate::schedule::RankEpoch>> {
+    let s = spec.schedule.streams_from(&[spec.rank], spec.first_epoch)?;
+    Ok(s.into_iter().map(|e| e.into_iter().next().expect("one rank")).collect())
+}
+
+/// Create and map this rank's staging ring of `ring_cap` bytes in the node cache.
+fn open_ring(node: &NodeShare, rank: u32, ring_cap: u64) -> Result<RingBuf> {
+    node.cache
+        .create_ring(rank, ring_cap.max(1))
+        .and_then(|(path, file)| RingBuf::new(file, path))
+}
+
+/// The job fits its source and model: sample counts agree, ranks describe one machine, the
+/// largest sample fits the staging ring, and the first epoch is one of the job's.
+fn check_job(source: &dyn Source, model: &SystemModel, spec: &JobSpec) -> Result<()> {
+    model.validate()?;
+    let sched = &spec.schedule;
+    if source.len() as u64 != sched.num_samples() as u64 {
+        return Err(Error::config(
+            "num_samples",
+            format!(
+                "the schedule has {} samples but the source has {}",
+                sched.num_samples(),
+                source.len()
+            ),
+        ));
+    }
+    validate_ranks(spec)?;
+    let (largest, largest_size) = source.largest().unwrap_or((0, 0));
+    // A node agent stages nothing; a file too large for its classes is read directly.
+    if spec.agent.is_none() && largest_size > model.staging.capacity {
+        return Err(Error::TooLarge {
+            sample: largest as u64,
+            path: source.path(largest).display().to_string(),
+            size: largest_size,
+            what: "the staging buffer (staging.capacity)".into(),
+            capacity: model.staging.capacity,
+        });
+    }
+    // A sample larger than a storage class is simply not placed there (see `plan`).
+    if spec.first_epoch >= sched.epochs {
+        return Err(Error::config(
+            "start_epoch",
+            format!("{} is not below the job's {} epochs", spec.first_epoch, sched.epochs),
+        ));
+    }
+    Ok(())
+}
+
+/// The classes this node caches in, with the capacities it announced to the other nodes on a
+/// cluster (they place samples by them).
+fn node_requests(model: &SystemModel, spec: &JobSpec, useful: &[usize], total_bytes: u64) -> Vec<ClassRequest> {
+    let mut requests = class_requests(model, useful, total_bytes);
+    if let Some(c) = &spec.cluster {
+        for (r, &cap) in requests.iter_mut().zip(&c.capacities[c.node]) {
+            r.capacity = cap;
+        }
+    }
+    requests
+}
+
+/// A staging ring lives in shared memory or, when that is too small, on disk: one that fits
+/// neither is a configuration error now, before any class is sized by it.
+fn check_ring_room(model: &SystemModel, cache: &NodeCache) -> Result<()> {
+    let free = |p: &std::path::Path| crate::sysinfo::free_space(p).unwrap_or(u64::MAX);
+    let (shm, disk) = (cache.dir().to_path_buf(), crate::tier::secure::disk_base());
+    let room = free(&shm).max(free(&disk));
+    if model.staging.capacity > room {
+        return Err(Error::config(
+            "staging.capacity",
+            format!(
+                "a staging ring of {} per rank fits neither in shared memory ({}, {} free) nor on disk \
+                 ({}, {} free); lower staging.capacity (or CLAIRVOYANT_STAGING)",
+                crate::model::human_bytes(model.staging.capacity),
+                shm.display(),
+                crate::model::human_bytes(free(&shm)),
+                disk.display(),
+                crate::model::human_bytes(free(&disk))
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Warn of classes that got less than this node announced to the others, and refuse more
+/// nodes than a placement can name.
+fn check_cluster_capacities(c: &ClusterSpec, requests: &[ClassRequest], capacities: &[u64]) -> Result<()> {
+    for (r, &got) in requests.iter().zip(capacities) {
+        if got < r.capacity {
+            crate::tier::warn_once(
+                &format!("cluster-capacity:{}", r.name),
+                &format!(
+                    "storage class '{}' got {} of the {} this node announced; samples that do not fit are read from their origin",
+                    r.name,
+                    crate::model::format_bytes(got),
+                    crate::model::format_bytes(r.capacity)
+                ),
+            );
+        }
+    }
+    if c.nodes.len() >= crate::plan::NO_NODE as usize {
+        return Err(Error::config(
+            "nodes",
+            format!("{} nodes; at most {}", c.nodes.len(), crate::plan::NO_NODE - 1),
+        ));
+    }
+    Ok(())
+}
+
+/// How each class hands out bytes, and the placement's summary per class (name, samples, bytes).
+#[allow(clippy::type_complexity)]
+fn stores_and_summary(
+    cache: &NodeCache,
+    requests: &[ClassRequest],
+    placement: &crate::plan::Placement,
+) -> (Vec<ClassStore>, Vec<(String, u64, u64)>) {
+    let mut stores = Vec::new();
+    let mut summary = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        summary.push((r.name.clone(), placement.samples[i], placement.used[i]));
+        stores.push(if cache.tier(i).shared_path().is_some() {
+            ClassStore::Mapped
+        } else {
+            ClassStore::Copy
+        });
+    }
+    (stores, summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::RankEpoch;
+
+    #[test]
+    fn local_ranks_fill_each_sample_once_skipping_those_filled_on_read() {
+        let order: Vec<u32> = (0..10).rev().collect();
+        let ranks = [3u32, 5, 7];
+        let agent = AgentSpec {
+            counts: None,
+            prefill: true,
+            fill_on_read: (0..10).map(|k| k % 4 == 0).collect(),
+        };
+        let shares: Vec<Vec<u32>> = ranks
+            .iter()
+            .map(|&r| Filler::of(&ranks, r, Some(&agent)).share_of(&order))
+            .collect();
+        // Filled ahead, in the order's order: 9 7 6 5 3 2 1, dealt out round robin.
+        assert_eq!(shares, vec![vec![9, 5, 1], vec![7, 3], vec![6, 2]]);
+        let f = Filler::of(&ranks, 5, Some(&agent));
+        assert!(f.agent && f.prefill);
+    }
+
+    #[test]
+    fn a_rank_alone_fills_its_whole_order() {
+        let f = Filler::of(&[0], 0, None);
+        assert!(!f.agent && f.prefill);
+        assert_eq!(f.share_of(&[4, 1, 3]), vec![4, 1, 3]);
+    }
+
+    #[test]
+    fn a_resumed_stream_starts_at_its_first_epoch() {
+        let e = |s: &[u32], b: &[u32]| RankEpoch {
+            samples: s.to_vec(),
+            batch_ends: b.to_vec(),
+        };
+        let p = StreamParts::new(vec![e(&[4, 2, 0], &[2, 3]), e(&[1, 3], &[2])], 2);
+        assert_eq!(p.stream, [4, 2, 0, 1, 3]);
+        assert_eq!(p.epoch_starts, vec![0, 0, 0, 3, 5]);
+        assert_eq!(p.batch_ends.len(), 4);
+        assert!(p.batch_ends[..2].iter().all(|b| b.is_empty()));
+        assert_eq!(&*p.batch_ends[2], &[2, 3]);
+        assert_eq!(&*p.batch_ends[3], &[2]);
+        let st = StagingState::new(p.stream, p.epoch_starts);
+        // The round a position is allocated and fetched in: its epoch plus one.
+        assert_eq!([0, 2, 3, 4].map(|pos| st.epoch_of(pos) + 1), [3, 3, 4, 4]);
+        assert_eq!((st.base(), st.total()), (0, 5));
     }
 }

@@ -3,8 +3,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::time::{Duration, Instant};
 
+use super::prefetch::Fetched;
 use super::stats::Served;
 use super::{ClassStore, Inner, Lease, Region, Src};
 use crate::error::{Error, Result};
@@ -21,6 +23,59 @@ pub(super) enum Slot {
         len: u64,
     },
     Heap(Box<[u8]>),
+}
+
+impl Slot {
+    /// The slot's kind as the fetch takes it: empty 0, ring 1, arena 2, heap 3.
+    fn kind(&self) -> u8 {
+        match self {
+            Slot::Empty => 0,
+            Slot::Ring { .. } => 1,
+            Slot::Arena { .. } => 2,
+            Slot::Heap(_) => 3,
+        }
+    }
+}
+
+/// A position allocated under the staging lock that the producer fetches outside it.
+struct Claim {
+    pos: u64,
+    sample: u32,
+    kind: u8,
+    /// The position's epoch plus one (the round its cached copy is checked in).
+    round: u32,
+}
+
+/// How one hold of the staging lock by a producer ended.
+enum Alloc {
+    /// The engine is shutting down.
+    Shutdown,
+    /// A run of ready memory-class samples was allocated; let the consumer have the lock.
+    RunDone,
+    /// A position that needs a fetch.
+    Fetch(Claim),
+}
+
+/// A sample the consumer took out of the staging state, on its way to becoming a lease.
+struct Taken {
+    pos: u64,
+    sample: u32,
+    label: i64,
+    /// Staged in the ring before its file was truncated.
+    lost: bool,
+    status: Status,
+    ptr: *const u8,
+    len: usize,
+    region: Region,
+    offset: u64,
+    /// Staged outside the ring.
+    overflow: bool,
+    corrupt: bool,
+    epoch: u32,
+    /// The sample closes its epoch.
+    closes: bool,
+    /// The ring's loss count when the entry was taken.
+    losses: u64,
 }
 
 pub(super) enum Status {
@@ -77,6 +132,22 @@ pub(super) struct StagingState {
 }
 
 impl StagingState {
+    /// Nothing allocated yet over `stream`, whose epochs start at `epoch_starts`.
+    pub(super) fn new(stream: VecDeque<u32>, epoch_starts: Vec<u64>) -> StagingState {
+        StagingState {
+            entries: VecDeque::new(),
+            next_alloc: 0,
+            next_consume: 0,
+            ring_head: 0,
+            ring_tail: 0,
+            stream,
+            stream_base: 0,
+            epoch_starts,
+            detached: Vec::new(),
+            detached_tail: None,
+        }
+    }
+
     /// Position of `entries[0]`.
     pub(super) fn base(&self) -> u64 {
         self.next_alloc - self.entries.len() as u64
@@ -229,8 +300,6 @@ impl Inner {
     /// is held, a run of them at a time, so serving them costs the producer no extra lock
     /// round trip per sample.
     pub(super) fn staging_prefetch(&self) {
-        // Ready memory-class samples allocated per lock hold, before the consumer gets a turn.
-        const RUN: usize = 256;
         loop {
             // How many fetch at once is the read-concurrency controller's call (readahead.rs).
             let ahead = || {
@@ -240,146 +309,187 @@ impl Inner {
             let Some(mut permit) = self.readahead.acquire(ahead) else {
                 return;
             };
-            let (pos, sample, slot_kind, round) = {
-                let mut st = self.lock();
-                let mut run = 0;
-                // A sample made ready at the consumer's position: wake it before letting go.
-                let mut wake = false;
-                let next = loop {
-                    if self.shutdown.load(Ordering::Relaxed) {
-                        break None;
-                    }
-                    if st.next_alloc >= st.total() {
-                        // The end of the stream so far: wait for a pass to be appended.
-                        if std::mem::take(&mut wake) {
-                            self.produced.notify_all();
-                        }
-                        st = self.grown.wait(st).unwrap_or_else(|p| p.into_inner());
-                        continue;
-                    }
-                    // The consumer waiting for the very next sample while it still holds every
-                    // staged one must not wait for space it will never give back.
-                    let consumer_starved = st.next_consume == st.next_alloc;
-                    if st.entries.len() >= self.max_entries && !consumer_starved {
-                        if std::mem::take(&mut wake) {
-                            self.produced.notify_all();
-                        }
-                        st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
-                        continue;
-                    }
-                    if run >= RUN {
-                        break Some(None);
-                    }
-                    let sample = st.stream[(st.next_alloc - st.stream_base) as usize];
-                    let len = self.source.size(sample);
-                    let mut status = Status::Pending;
-                    let slot = match self.store_of(sample) {
-                        _ if len == 0 => Slot::Empty,
-                        Some((_, ClassStore::Mapped)) => {
-                            let round = st.epoch_of(st.next_alloc) + 1;
-                            if self.node.cache.state().state(sample) == crate::tier::READY
-                                && self.stamp_checked_in(sample, round)
-                            {
-                                // Checked against its checksum when handed out.
-                                status = Status::Ready(Src::Memory);
-                            }
-                            Slot::Arena {
-                                offset: self.node.offset[sample as usize],
-                                len,
-                            }
-                        }
-                        _ => {
-                            // Contiguous ring space; skip the ring's tail end if it is too short.
-                            let phys = st.ring_head % self.ring_cap;
-                            let start = if phys + len > self.ring_cap {
-                                st.ring_head + (self.ring_cap - phys)
-                            } else {
-                                st.ring_head
-                            };
-                            if start + len - st.tail() <= self.ring_cap {
-                                st.ring_head = start + len;
-                                Slot::Ring { start, len }
-                            } else if consumer_starved {
-                                // Stage it outside the ring rather than hang.
-                                Slot::Heap(vec![0u8; len as usize].into_boxed_slice())
-                            } else {
-                                if std::mem::take(&mut wake) {
-                                    self.produced.notify_all();
-                                }
-                                st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
-                                continue;
-                            }
-                        }
-                    };
-                    let pos = st.next_alloc;
-                    st.next_alloc += 1;
-                    let kind = match &slot {
-                        Slot::Empty => 0,
-                        Slot::Ring { .. } => 1,
-                        Slot::Arena { .. } => 2,
-                        Slot::Heap(_) => 3,
-                    };
-                    let ready = matches!(status, Status::Ready(_));
-                    st.entries.push_back(Entry {
-                        sample,
-                        label: self.source.label(sample),
-                        slot,
-                        status,
-                        released: false,
-                        corrupt: false,
-                        lost: false,
-                    });
-                    if !ready {
-                        break Some(Some((pos, sample, kind, st.epoch_of(pos) + 1)));
-                    }
-                    run += 1;
-                    wake |= pos == st.next_consume;
-                };
-                if wake {
-                    self.produced.notify_all();
-                }
-                match next {
-                    None => return,
-                    Some(None) => continue,
-                    Some(Some(n)) => n,
-                }
+            let claim = match self.allocate_run() {
+                Alloc::Shutdown => return,
+                Alloc::RunDone => continue,
+                Alloc::Fetch(c) => c,
             };
             permit.start();
-            let outcome = self.fetch(pos, sample, slot_kind, round);
-            permit.finish(self.source.size(sample));
-            let mut st = self.lock();
-            let detached = pos < st.base();
-            let entry = st.entry_mut(pos).expect("a pending entry is kept until fetched");
-            match outcome {
-                Ok(f) => {
-                    if let Some(h) = f.heap {
-                        entry.slot = Slot::Heap(h);
-                    }
-                    entry.corrupt = f.corrupt;
-                    entry.status = Status::Ready(f.src);
-                }
-                Err(e) => entry.status = Status::Failed(e),
+            let outcome = self.fetch(claim.pos, claim.sample, claim.kind, claim.round);
+            permit.finish(self.source.size(claim.sample));
+            self.finish_fetch(claim.pos, outcome);
+        }
+    }
+
+    /// Allocate positions under the staging lock: a run of ready memory-class samples, ended
+    /// by the first position that needs a fetch (or by the run's length, or shutdown).
+    fn allocate_run(&self) -> Alloc {
+        // Ready memory-class samples allocated per lock hold, before the consumer gets a turn.
+        const RUN: usize = 256;
+        let mut st = self.lock();
+        let mut run = 0;
+        // A sample made ready at the consumer's position: wake it before letting go.
+        let mut wake = false;
+        let next = loop {
+            if self.shutdown.load(Ordering::Relaxed) {
+                break Alloc::Shutdown;
             }
-            if detached {
-                // Skipped while it was fetched: its space can go now.
-                if st.free_detached() {
-                    self.freed.notify_all();
-                }
-            } else if pos == st.next_consume {
-                self.produced.notify_all();
+            if st.next_alloc >= st.total() {
+                // The end of the stream so far: wait for a pass to be appended.
+                st = self.wait_on(&self.grown, st, &mut wake);
+                continue;
             }
+            // The consumer waiting for the very next sample while it still holds every
+            // staged one must not wait for space it will never give back.
+            let consumer_starved = st.next_consume == st.next_alloc;
+            if st.entries.len() >= self.max_entries && !consumer_starved {
+                st = self.wait_on(&self.freed, st, &mut wake);
+                continue;
+            }
+            if run >= RUN {
+                break Alloc::RunDone;
+            }
+            let sample = st.stream[(st.next_alloc - st.stream_base) as usize];
+            // The round (epoch + 1) of the position, looked up once for the slot and the fetch.
+            let round = st.epoch_of(st.next_alloc) + 1;
+            let Some((slot, status)) = self.slot_for(&mut st, sample, round, consumer_starved) else {
+                st = self.wait_on(&self.freed, st, &mut wake);
+                continue;
+            };
+            let (pos, kind, ready) = (st.next_alloc, slot.kind(), matches!(status, Status::Ready(_)));
+            st.next_alloc += 1;
+            st.entries.push_back(Entry {
+                sample,
+                label: self.source.label(sample),
+                slot,
+                status,
+                released: false,
+                corrupt: false,
+                lost: false,
+            });
+            if !ready {
+                break Alloc::Fetch(Claim {
+                    pos,
+                    sample,
+                    kind,
+                    round,
+                });
+            }
+            run += 1;
+            wake |= pos == st.next_consume;
+        };
+        if wake {
+            self.produced.notify_all();
+        }
+        next
+    }
+
+    /// Wait on `cv`, first waking the consumer if a sample was made ready at its position.
+    fn wait_on<'a>(
+        &self,
+        cv: &std::sync::Condvar,
+        st: MutexGuard<'a, StagingState>,
+        wake: &mut bool,
+    ) -> MutexGuard<'a, StagingState> {
+        if std::mem::take(wake) {
+            self.produced.notify_all();
+        }
+        cv.wait(st).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where the next position's bytes go, and whether it is ready already (a memory-class
+    /// sample filled and checked in `round`); None: no ring space yet, wait for some.
+    fn slot_for(&self, st: &mut StagingState, sample: u32, round: u32, starved: bool) -> Option<(Slot, Status)> {
+        let len = self.source.size(sample);
+        let mut status = Status::Pending;
+        let slot = match self.store_of(sample) {
+            _ if len == 0 => Slot::Empty,
+            Some((_, ClassStore::Mapped)) => {
+                if self.node.cache.state().state(sample) == crate::tier::READY && self.stamp_checked_in(sample, round) {
+                    // Checked against its checksum when handed out.
+                    status = Status::Ready(Src::Memory);
+                }
+                Slot::Arena {
+                    offset: self.node.offset[sample as usize],
+                    len,
+                }
+            }
+            _ => {
+                // Contiguous ring space; skip the ring's tail end if it is too short.
+                let phys = st.ring_head % self.ring_cap;
+                let start = if phys + len > self.ring_cap {
+                    st.ring_head + (self.ring_cap - phys)
+                } else {
+                    st.ring_head
+                };
+                if start + len - st.tail() <= self.ring_cap {
+                    st.ring_head = start + len;
+                    Slot::Ring { start, len }
+                } else if starved {
+                    // Stage it outside the ring rather than hang.
+                    Slot::Heap(vec![0u8; len as usize].into_boxed_slice())
+                } else {
+                    return None;
+                }
+            }
+        };
+        Some((slot, status))
+    }
+
+    /// Record a fetch's outcome in its entry and wake whoever waits for it.
+    fn finish_fetch(&self, pos: u64, outcome: Result<Fetched>) {
+        let mut st = self.lock();
+        let detached = pos < st.base();
+        let entry = st.entry_mut(pos).expect("a pending entry is kept until fetched");
+        match outcome {
+            Ok(f) => {
+                if let Some(h) = f.heap {
+                    entry.slot = Slot::Heap(h);
+                }
+                entry.corrupt = f.corrupt;
+                entry.status = Status::Ready(f.src);
+            }
+            Err(e) => entry.status = Status::Failed(e),
+        }
+        if detached {
+            // Skipped while it was fetched: its space can go now.
+            if st.free_detached() {
+                self.freed.notify_all();
+            }
+        } else if pos == st.next_consume {
+            self.produced.notify_all();
         }
     }
 
     /// The next sample, waiting up to `timeout` for it. `group` carries what the hand-out call
     /// this sample belongs to already checked (the segments' sizes, read once per call).
     pub(super) fn next(&self, timeout: Duration, group: &mut Group) -> Result<Option<Lease>> {
+        let Some((st, pos, stalled)) = self.wait_ready(timeout)? else {
+            return Ok(None);
+        };
+        let mut t = self.take(st, pos);
+        let ready = matches!(t.status, Status::Ready(_));
+        // A memory copy staged in place (possibly before the epoch began) whose dataset file
+        // changed since it was filled: read the file as for a sample that is not cached.
+        let stale = ready && t.region == Region::Arena && !self.current_in(t.sample, t.epoch + 1);
+        if ready {
+            match self.check_taken(&t, stale, group) {
+                Some(p) => t.ptr = p,
+                None => self.read_again(&mut t, stale, stalled)?,
+            }
+        }
+        self.hand_out(t, stalled)
+    }
+
+    /// Wait up to `timeout` for the consumer's position to be ready: the lock, the position
+    /// and how long it waited; None: the timeout passed first.
+    #[allow(clippy::type_complexity)]
+    fn wait_ready(&self, timeout: Duration) -> Result<Option<(MutexGuard<'_, StagingState>, u64, Duration)>> {
         let mut t0: Option<Instant> = None;
         let mut st = self.lock();
-        let mut pos;
         loop {
             // Re-read each time: another thread may have skipped ahead meanwhile.
-            pos = st.next_consume;
+            let pos = st.next_consume;
             if pos >= st.total() {
                 return Err(Error::Exhausted {
                     epochs: st.epoch_starts.len() as u32 - 1,
@@ -391,7 +501,7 @@ impl Inner {
             let ready =
                 st.next_alloc > pos && !matches!(st.entries[(pos - st.base()) as usize].status, Status::Pending);
             if ready {
-                break;
+                return Ok(Some((st, pos, t0.map_or(Duration::ZERO, |t| t.elapsed()))));
             }
             if st.next_alloc <= pos {
                 // Producers may be waiting for space that only this wait can unlock.
@@ -410,7 +520,11 @@ impl Inner {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        let stalled = t0.map_or(Duration::ZERO, |t| t.elapsed());
+    }
+
+    /// Take the ready entry at `pos` (the consumer's) out of the staging state: move the
+    /// consumer on, close the pass if it ends there, and start reading the next sample's bytes.
+    fn take(&self, mut st: MutexGuard<'_, StagingState>, pos: u64) -> Taken {
         let idx = (pos - st.base()) as usize;
         st.next_consume += 1;
         let epoch = st.epoch_of(pos);
@@ -424,9 +538,42 @@ impl Inner {
         }
         let losses = self.ring_losses.load(Ordering::Relaxed);
         let entry = &mut st.entries[idx];
-        let (sample, label, lost) = (entry.sample, entry.label, entry.lost);
         let status = std::mem::replace(&mut entry.status, Status::Taken);
-        let (ptr, len, region, offset) = match &entry.slot {
+        let (ptr, len, region, offset) = self.slot_bytes(&entry.slot);
+        let taken = Taken {
+            pos,
+            sample: entry.sample,
+            label: entry.label,
+            lost: entry.lost,
+            status,
+            ptr,
+            len,
+            region,
+            offset,
+            overflow: matches!(entry.slot, Slot::Heap(_)),
+            corrupt: entry.corrupt,
+            epoch,
+            closes,
+            losses,
+        };
+        // The next sample will be checked in a moment: have its bytes and record on the way.
+        if let Some(Entry {
+            sample: k,
+            slot: Slot::Arena { offset, len },
+            ..
+        }) = st.entries.get(idx + 1)
+        {
+            if let Some((class, _)) = self.store_of(*k) {
+                self.node.cache.prefetch(class, *k, *offset, *len);
+            }
+        }
+        taken
+    }
+
+    /// Where a slot's bytes are: pointer (null for the arena, mapped by the caller), length,
+    /// region and offset in it.
+    fn slot_bytes(&self, slot: &Slot) -> (*const u8, usize, Region, u64) {
+        match slot {
             Slot::Empty => (
                 std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8,
                 0,
@@ -441,111 +588,96 @@ impl Inner {
             ),
             Slot::Arena { offset, len } => (std::ptr::null(), *len as usize, Region::Arena, *offset),
             Slot::Heap(h) => (h.as_ptr(), h.len(), Region::Private, 0),
-        };
-        let overflow = matches!(entry.slot, Slot::Heap(_));
-        let mut corrupt = entry.corrupt;
-        // The next sample will be checked in a moment: have its bytes and record on the way.
-        if let Some(Entry {
-            sample: k,
-            slot: Slot::Arena { offset, len },
-            ..
-        }) = st.entries.get(idx + 1)
-        {
-            if let Some((class, _)) = self.store_of(*k) {
-                self.node.cache.prefetch(class, *k, *offset, *len);
-            }
+        }
+    }
+
+    /// The checked bytes of a ready sample; None: damaged after it was staged, lost, or stale.
+    fn check_taken(&self, t: &Taken, stale: bool, group: &mut Group) -> Option<*const u8> {
+        match t.region {
+            _ if stale => None,
+            Region::Arena => self.check_mapped(t.sample, t.offset, t.len as u64, &mut group.arena_size),
+            Region::Ring if t.lost || !self.ring_intact_in_group(group) => None,
+            // Lost to a truncation another thread saw after the entry was read above.
+            Region::Ring if self.ring_losses.load(Ordering::Relaxed) != t.losses => None,
+            _ => Some(t.ptr),
+        }
+    }
+
+    /// Replace a damaged (or stale) sample's bytes with the dataset's, in private memory, and
+    /// repair a memory-class copy; a read error is recorded and returned.
+    fn read_again(&self, t: &mut Taken, stale: bool, stalled: Duration) -> Result<()> {
+        t.corrupt |= !stale;
+        let was_arena = t.region == Region::Arena;
+        let stamp = self.stamp();
+        let mut heap = vec![0u8; t.len].into_boxed_slice();
+        let read = self.read_source(t.sample, &mut heap);
+        if was_arena && read.is_ok() {
+            // ... and back in the node cache, so later reads find it there again.
+            self.repair_mapped(t.sample, &heap, stamp);
+        }
+        let mut st = self.lock();
+        t.ptr = heap.as_ptr();
+        (t.region, t.offset) = (Region::Private, 0);
+        // Handed out and not yet released, so still held (in place or detached).
+        if let Some(e) = st.entry_mut(t.pos) {
+            e.slot = Slot::Heap(heap);
         }
         drop(st);
-        let (mut ptr, mut region, mut offset) = (ptr, region, offset);
-        let ready = matches!(status, Status::Ready(_));
-        // A memory copy staged in place (possibly before the epoch began) whose dataset file
-        // changed since it was filled: read the file as for a sample that is not cached.
-        let stale = ready && region == Region::Arena && !self.current_in(sample, epoch + 1);
-        let checked = match region {
-            _ if !ready => Some(ptr),
-            _ if stale => None,
-            Region::Arena => self.check_mapped(sample, offset, len as u64, &mut group.arena_size),
-            Region::Ring if lost || !self.ring_intact_in_group(group) => None,
-            // Lost to a truncation another thread saw after the entry was read above.
-            Region::Ring if self.ring_losses.load(Ordering::Relaxed) != losses => None,
-            _ => Some(ptr),
-        };
-        if ready {
-            match checked {
-                Some(p) => ptr = p,
-                None => {
-                    // Damaged after it was staged (or stale): the dataset's bytes, in private
-                    // memory.
-                    corrupt |= !stale;
-                    let was_arena = region == Region::Arena;
-                    let stamp = self.stamp();
-                    let mut heap = vec![0u8; len].into_boxed_slice();
-                    let read = self.read_source(sample, &mut heap);
-                    if was_arena && read.is_ok() {
-                        // ... and back in the node cache, so later reads find it there again.
-                        self.repair_mapped(sample, &heap, stamp);
-                    }
-                    let mut st = self.lock();
-                    ptr = heap.as_ptr();
-                    (region, offset) = (Region::Private, 0);
-                    // Handed out and not yet released, so still held (in place or detached).
-                    if let Some(e) = st.entry_mut(pos) {
-                        e.slot = Slot::Heap(heap);
-                    }
-                    drop(st);
-                    if let Err(e) = read {
-                        self.release(&[pos]);
-                        self.record(
-                            epoch,
-                            closes,
-                            stalled,
-                            Served {
-                                bytes: 0,
-                                src: Src::Pfs,
-                                overflow: false,
-                                corrupt: true,
-                            },
-                        );
-                        return Err(e);
-                    }
-                }
-            }
+        if let Err(e) = read {
+            self.release(&[t.pos]);
+            self.record(
+                t.epoch,
+                t.closes,
+                stalled,
+                Served {
+                    bytes: 0,
+                    src: Src::Pfs,
+                    overflow: false,
+                    corrupt: true,
+                },
+            );
+            return Err(e);
         }
-        match status {
+        Ok(())
+    }
+
+    /// Record the taken sample in the statistics and hand it out as a lease (or its error).
+    fn hand_out(&self, t: Taken, stalled: Duration) -> Result<Option<Lease>> {
+        match t.status {
             Status::Ready(source) => {
                 self.record(
-                    epoch,
-                    closes,
+                    t.epoch,
+                    t.closes,
                     stalled,
                     Served {
-                        bytes: len as u64,
+                        bytes: t.len as u64,
                         src: source,
-                        overflow,
-                        corrupt,
+                        overflow: t.overflow,
+                        corrupt: t.corrupt,
                     },
                 );
                 Ok(Some(Lease {
-                    pos,
-                    sample,
-                    label,
-                    region,
-                    offset,
-                    ptr,
-                    len,
+                    pos: t.pos,
+                    sample: t.sample,
+                    label: t.label,
+                    region: t.region,
+                    offset: t.offset,
+                    ptr: t.ptr,
+                    len: t.len,
                     source,
                 }))
             }
             Status::Failed(e) => {
-                self.release(&[pos]);
+                self.release(&[t.pos]);
                 self.record(
-                    epoch,
-                    closes,
+                    t.epoch,
+                    t.closes,
                     stalled,
                     Served {
                         bytes: 0,
                         src: Src::Pfs,
                         overflow: false,
-                        corrupt,
+                        corrupt: t.corrupt,
                     },
                 );
                 Err(e)
@@ -694,5 +826,22 @@ impl Inner {
         if !outstanding {
             self.ring.unmap();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_kinds_are_the_codes_the_fetch_takes() {
+        let kinds = [
+            Slot::Empty,
+            Slot::Ring { start: 0, len: 1 },
+            Slot::Arena { offset: 0, len: 1 },
+            Slot::Heap(vec![0u8; 1].into_boxed_slice()),
+        ]
+        .map(|s| s.kind());
+        assert_eq!(kinds, [0, 1, 2, 3]);
     }
 }

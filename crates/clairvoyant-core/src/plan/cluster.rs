@@ -534,144 +534,55 @@ impl ClusterPlacement {
     ) -> ClusterPlacement {
         let m = capacities.len();
         assert!(m < NO_NODE as usize);
-        let f = access.samples.len();
-        let mut keyed: Vec<(Reverse<u16>, u64, u32)> = access
-            .samples
-            .par_iter()
-            .enumerate()
-            .filter(|(_, s)| s.total > 0)
-            .map(|(k, s)| (Reverse(s.top_count()), s.first_need, k as u32))
-            .collect();
-        keyed.par_sort_unstable();
-
-        let mut used: Vec<Vec<u64>> = capacities.iter().map(|c| vec![0u64; c.len()]).collect();
-        let mut primary_samples = vec![0u64; m];
-        let mut primary = huge_vec(f, NO_NODE);
-        // Detail nodes: their class and offset per sample.
-        let mut slot_of = vec![usize::MAX; m];
-        for (d, &(i, _)) in detail.iter().enumerate() {
-            slot_of[i] = d;
-        }
-        let mut class_of: Vec<Vec<u8>> = detail.iter().map(|_| huge_vec(f, UNCACHED)).collect();
-        let mut offset: Vec<Vec<u64>> = detail.iter().map(|_| huge_vec(f, 0u64)).collect();
-        let room = |used: &[u64], caps: &[u64]| -> u64 { caps.iter().zip(used).map(|(c, u)| c - u).sum() };
-        let fits = |i: usize, s: u64, used: &[Vec<u64>]| capacities[i].iter().zip(&used[i]).any(|(c, u)| u + s <= *c);
-        // Nodes by room left (max first), refreshed lazily.
-        let mut by_room: BinaryHeap<(u64, Reverse<u16>)> = (0..m)
-            .map(|i| (room(&used[i], &capacities[i]), Reverse(i as u16)))
-            .collect();
+        let keyed = coverage_order(access);
+        let mut cover = Coverage::new(capacities, access.samples.len(), detail);
         const AHEAD: usize = 8;
         for (at, &(_, _, k)) in keyed.iter().enumerate() {
             if let Some(&(_, _, ahead)) = keyed.get(at + AHEAD) {
                 prefetch(&access.samples, ahead as usize);
-                prefetch(&primary, ahead as usize);
+                prefetch(&cover.primary, ahead as usize);
             }
             let s = size(k);
             let summary = &access.samples[k as usize];
             // Its top readers, most first, then the node with the most room left.
             let mut chosen = summary
-                .first_ranked(k, |n| (n as usize) < m && fits(n as usize, s, &used))
+                .first_ranked(k, |n| (n as usize) < m && cover.fits(n as usize, s))
                 .map(|n| n as usize);
             let from_heap = chosen.is_none();
             if from_heap {
-                // The heap holds one entry per node; an entry gone stale (the node took samples
-                // since) is refreshed when it comes to the top.
-                while let Some((r, Reverse(i))) = by_room.pop() {
-                    let now = room(&used[i as usize], &capacities[i as usize]);
-                    if now == r && fits(i as usize, s, &used) {
-                        chosen = Some(i as usize);
-                    }
-                    let stale = now != r;
-                    if !stale && chosen.is_none() {
-                        // Not even the roomiest node can take it: keep the node for smaller samples.
-                        by_room.push((now, Reverse(i)));
-                        break;
-                    }
-                    if stale {
-                        by_room.push((now, Reverse(i)));
-                        continue;
-                    }
-                    break;
-                }
+                chosen = cover.roomiest(s);
             }
-            let Some(i) = chosen else { continue };
-            let j = capacities[i]
-                .iter()
-                .zip(&used[i])
-                .position(|(c, u)| u + s <= *c)
-                .expect("fits");
-            if slot_of[i] != usize::MAX {
-                class_of[slot_of[i]][k as usize] = j as u8;
-                offset[slot_of[i]][k as usize] = used[i][j];
-            }
-            used[i][j] += s;
-            primary[k as usize] = i as u16;
-            primary_samples[i] += 1;
-            if from_heap {
-                by_room.push((room(&used[i], &capacities[i]), Reverse(i as u16)));
+            if let Some(i) = chosen {
+                cover.assign(k, i, s, from_heap);
             }
         }
         drop(keyed);
-        let coverage_used = used.clone();
-
+        let Coverage {
+            used,
+            primary_samples,
+            primary,
+            class_of,
+            offset,
+            ..
+        } = cover;
         let nodes = detail
             .iter()
             .zip(class_of)
             .zip(offset)
-            .map(|((&(i, own), mut class_of), mut offset)| {
-                let caps = &capacities[i];
-                let mut used = used[i].clone();
-                let mut samples = vec![0u64; caps.len()];
-                for &c in class_of.iter() {
-                    if c != UNCACHED {
-                        samples[c as usize] += 1;
-                    }
-                }
-                // Replication: its own most used samples it does not hold yet.
-                let mut replicas: Vec<(Reverse<u32>, u64, u32)> = (0..f as u32)
-                    .into_par_iter()
-                    .filter(|&k| own.counts[k as usize] > 0 && class_of[k as usize] == UNCACHED)
-                    .map(|k| (Reverse(own.counts[k as usize]), own.first_need[k as usize], k))
-                    .collect();
-                replicas.par_sort_unstable();
-                let mut left = room(&used, caps);
-                for (_, _, k) in replicas {
-                    if left == 0 {
-                        break;
-                    }
-                    let s = size(k);
-                    if let Some(j) = caps.iter().zip(&used).position(|(c, u)| u + s <= *c) {
-                        class_of[k as usize] = j as u8;
-                        offset[k as usize] = used[j];
-                        used[j] += s;
-                        samples[j] += 1;
-                        left -= s;
-                    }
-                }
-                let mut fill: Vec<Vec<(u64, u32)>> = vec![Vec::new(); caps.len()];
-                for (k, &j) in class_of.iter().enumerate() {
-                    if j != UNCACHED {
-                        let t = if primary[k] as usize == i {
-                            access.samples[k].first_need
-                        } else {
-                            own.first_need[k]
-                        };
-                        fill[j as usize].push((t, k as u32));
-                    }
-                }
-                let fill_order = fill.into_iter().map(super::by_need).collect();
-                Placement {
+            .map(|((&(i, own), class_of), offset)| {
+                let part = Placement {
                     class_of,
                     offset,
-                    used,
-                    samples,
-                    fill_order,
-                }
+                    used: used[i].clone(),
+                    samples: Vec::new(),
+                    fill_order: Vec::new(),
+                };
+                complete_node(access, &size, &capacities[i], &primary, (i, own), part)
             })
             .collect();
         ClusterPlacement {
             primary,
-            coverage_used,
+            coverage_used: used,
             primary_samples,
             nodes,
         }
@@ -685,6 +596,174 @@ impl ClusterPlacement {
             .filter(|(_, &n)| n != NO_NODE)
             .map(|(k, _)| size(k as u32))
             .sum()
+    }
+}
+
+/// The samples some node reads, in the order coverage takes them: most reads by one node
+/// first, then earliest need, then sample.
+fn coverage_order(access: &ClusterAccess) -> Vec<(Reverse<u16>, u64, u32)> {
+    let mut keyed: Vec<(Reverse<u16>, u64, u32)> = access
+        .samples
+        .par_iter()
+        .enumerate()
+        .filter(|(_, s)| s.total > 0)
+        .map(|(k, s)| (Reverse(s.top_count()), s.first_need, k as u32))
+        .collect();
+    keyed.par_sort_unstable();
+    keyed
+}
+
+/// The cluster-wide coverage as it is built: every node's classes filled so far, each
+/// sample's primary, and the detail nodes' class and offset per sample.
+struct Coverage<'a> {
+    capacities: &'a [Vec<u64>],
+    used: Vec<Vec<u64>>,
+    primary_samples: Vec<u64>,
+    primary: Vec<u16>,
+    /// Per node, its index among the detail nodes (`usize::MAX`: not one).
+    slot_of: Vec<usize>,
+    class_of: Vec<Vec<u8>>,
+    offset: Vec<Vec<u64>>,
+    /// Nodes by room left (max first), refreshed lazily.
+    by_room: BinaryHeap<(u64, Reverse<u16>)>,
+}
+
+impl<'a> Coverage<'a> {
+    /// Nothing covered yet, over `f` samples.
+    fn new(capacities: &'a [Vec<u64>], f: usize, detail: &[(usize, &AccessCounts)]) -> Coverage<'a> {
+        let m = capacities.len();
+        let used: Vec<Vec<u64>> = capacities.iter().map(|c| vec![0u64; c.len()]).collect();
+        let mut slot_of = vec![usize::MAX; m];
+        for (d, &(i, _)) in detail.iter().enumerate() {
+            slot_of[i] = d;
+        }
+        let by_room = (0..m)
+            .map(|i| (room(&used[i], &capacities[i]), Reverse(i as u16)))
+            .collect();
+        Coverage {
+            capacities,
+            used,
+            primary_samples: vec![0u64; m],
+            primary: huge_vec(f, NO_NODE),
+            slot_of,
+            class_of: detail.iter().map(|_| huge_vec(f, UNCACHED)).collect(),
+            offset: detail.iter().map(|_| huge_vec(f, 0u64)).collect(),
+            by_room,
+        }
+    }
+
+    /// Whether a sample of `s` bytes fits one of node `i`'s classes.
+    fn fits(&self, i: usize, s: u64) -> bool {
+        self.capacities[i].iter().zip(&self.used[i]).any(|(c, u)| u + s <= *c)
+    }
+
+    /// The node with the most room left that can take `s` bytes, taken off the heap (it goes
+    /// back when assigned); None: not even the roomiest node can.
+    fn roomiest(&mut self, s: u64) -> Option<usize> {
+        // The heap holds one entry per node; an entry gone stale (the node took samples since)
+        // is refreshed when it comes to the top.
+        let mut chosen = None;
+        while let Some((r, Reverse(i))) = self.by_room.pop() {
+            let now = room(&self.used[i as usize], &self.capacities[i as usize]);
+            if now == r && self.fits(i as usize, s) {
+                chosen = Some(i as usize);
+            }
+            let stale = now != r;
+            if !stale && chosen.is_none() {
+                // Not even the roomiest node can take it: keep the node for smaller samples.
+                self.by_room.push((now, Reverse(i)));
+                break;
+            }
+            if stale {
+                self.by_room.push((now, Reverse(i)));
+                continue;
+            }
+            break;
+        }
+        chosen
+    }
+
+    /// Make node `i` sample `k`'s primary, in its fastest class with room for `s` bytes.
+    fn assign(&mut self, k: u32, i: usize, s: u64, from_heap: bool) {
+        let j = self.capacities[i]
+            .iter()
+            .zip(&self.used[i])
+            .position(|(c, u)| u + s <= *c)
+            .expect("fits");
+        if self.slot_of[i] != usize::MAX {
+            self.class_of[self.slot_of[i]][k as usize] = j as u8;
+            self.offset[self.slot_of[i]][k as usize] = self.used[i][j];
+        }
+        self.used[i][j] += s;
+        self.primary[k as usize] = i as u16;
+        self.primary_samples[i] += 1;
+        if from_heap {
+            self.by_room
+                .push((room(&self.used[i], &self.capacities[i]), Reverse(i as u16)));
+        }
+    }
+}
+
+/// Bytes left in a node's classes.
+fn room(used: &[u64], caps: &[u64]) -> u64 {
+    caps.iter().zip(used).map(|(c, u)| c - u).sum()
+}
+
+/// A detail node's placement from its coverage part (`part`: classes, offsets and bytes used
+/// by the samples it is primary for): its own most used samples it does not hold yet added as
+/// replicas, and its classes' fill orders.
+fn complete_node(
+    access: &ClusterAccess,
+    size: &(impl Fn(u32) -> u64 + Sync),
+    caps: &[u64],
+    primary: &[u16],
+    (i, own): (usize, &AccessCounts),
+    mut part: Placement,
+) -> Placement {
+    part.samples = vec![0u64; caps.len()];
+    for &c in part.class_of.iter() {
+        if c != UNCACHED {
+            part.samples[c as usize] += 1;
+        }
+    }
+    add_replicas(own, size, caps, &mut part);
+    let mut fill: Vec<Vec<(u64, u32)>> = vec![Vec::new(); caps.len()];
+    for (k, &j) in part.class_of.iter().enumerate() {
+        if j != UNCACHED {
+            let t = if primary[k] as usize == i {
+                access.samples[k].first_need
+            } else {
+                own.first_need[k]
+            };
+            fill[j as usize].push((t, k as u32));
+        }
+    }
+    part.fill_order = fill.into_iter().map(super::by_need).collect();
+    part
+}
+
+/// Replication: place a node's own most used samples it does not hold yet in the room left.
+fn add_replicas(own: &AccessCounts, size: &(impl Fn(u32) -> u64 + Sync), caps: &[u64], p: &mut Placement) {
+    let f = p.class_of.len();
+    let mut replicas: Vec<(Reverse<u32>, u64, u32)> = (0..f as u32)
+        .into_par_iter()
+        .filter(|&k| own.counts[k as usize] > 0 && p.class_of[k as usize] == UNCACHED)
+        .map(|k| (Reverse(own.counts[k as usize]), own.first_need[k as usize], k))
+        .collect();
+    replicas.par_sort_unstable();
+    let mut left = room(&p.used, caps);
+    for (_, _, k) in replicas {
+        if left == 0 {
+            break;
+        }
+        let s = size(k);
+        if let Some(j) = caps.iter().zip(&p.used).position(|(c, u)| u + s <= *c) {
+            p.class_of[k as usize] = j as u8;
+            p.offset[k as usize] = p.used[j];
+            p.used[j] += s;
+            p.samples[j] += 1;
+            left -= s;
+        }
     }
 }
 
@@ -779,37 +858,9 @@ pub fn cluster_report(
     let covered = cluster.covered_bytes(&size);
     let fs_cluster = access.expected_storage_bytes(&cluster.primary, &size);
     let mine = &cluster.nodes[0];
-    // The detail node caching alone: what it caches is read once, the rest at every access.
-    let alone = Placement::compute(&own, &size, &capacities[detail]);
-    let fs_alone: u64 = (0..f)
-        .into_par_iter()
-        .map(|k| {
-            let n = own.counts[k] as u64;
-            if n == 0 {
-                0
-            } else if alone.class_of[k] != UNCACHED {
-                size(k as u32)
-            } else {
-                n * size(k as u32)
-            }
-        })
-        .sum();
-    let mut primary_bytes = vec![0u64; nodes.len()];
-    for (i, u) in cluster.coverage_used.iter().enumerate() {
-        primary_bytes[i] = u.iter().sum();
-    }
-    let per_node: Vec<serde_json::Value> = (0..nodes.len())
-        .map(|i| {
-            let cap: u64 = capacities[i].iter().sum();
-            serde_json::json!({
-                "node": i,
-                "ranks": nodes[i],
-                "primary_samples": cluster.primary_samples[i],
-                "primary_bytes": primary_bytes[i],
-                "replica_room_bytes": cap - primary_bytes[i],
-            })
-        })
-        .collect();
+    let fs_alone = storage_bytes_alone(&own, &size, &capacities[detail]);
+    let primary_bytes: Vec<u64> = cluster.coverage_used.iter().map(|u| u.iter().sum()).collect();
+    let per_node = per_node_report(nodes, &capacities, &cluster, &primary_bytes);
     let held = mine.used.iter().sum::<u64>();
     Ok(serde_json::json!({
         "samples": f,
@@ -837,6 +888,47 @@ pub fn cluster_report(
         "estimated_memory_bytes": plan_memory(f as u64, rayon::current_num_threads(), true),
         "seconds": seconds,
     }))
+}
+
+/// The file-system bytes a node reads over the run caching alone in `capacities`: what it
+/// caches once, the rest at every access.
+fn storage_bytes_alone(own: &AccessCounts, size: &(impl Fn(u32) -> u64 + Sync), capacities: &[u64]) -> u64 {
+    let alone = Placement::compute(own, size, capacities);
+    (0..own.counts.len())
+        .into_par_iter()
+        .map(|k| {
+            let n = own.counts[k] as u64;
+            if n == 0 {
+                0
+            } else if alone.class_of[k] != UNCACHED {
+                size(k as u32)
+            } else {
+                n * size(k as u32)
+            }
+        })
+        .sum()
+}
+
+/// Every node's line of the cluster report: its ranks, what it is primary for and the room
+/// left for replicas.
+fn per_node_report(
+    nodes: &[Vec<u32>],
+    capacities: &[Vec<u64>],
+    cluster: &ClusterPlacement,
+    primary_bytes: &[u64],
+) -> Vec<serde_json::Value> {
+    (0..nodes.len())
+        .map(|i| {
+            let cap: u64 = capacities[i].iter().sum();
+            serde_json::json!({
+                "node": i,
+                "ranks": nodes[i],
+                "primary_samples": cluster.primary_samples[i],
+                "primary_bytes": primary_bytes[i],
+                "replica_room_bytes": cap - primary_bytes[i],
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -97,6 +97,13 @@ impl ChunkedDataset {
                 ),
             ));
         };
+        self.check_shape(files)?;
+        self.check_filters(files)?;
+        self.check_chunks(f, files)
+    }
+
+    /// Shape, chunk shape and item size fit together.
+    fn check_shape(&self, files: &[ContainerFile]) -> Result<()> {
         let rank = self.shape.len();
         if rank == 0 || self.chunk.len() != rank || self.chunk.contains(&0) || self.itemsize == 0 {
             return Err(Error::config(
@@ -110,6 +117,11 @@ impl ChunkedDataset {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Every filter is one this reader undoes.
+    fn check_filters(&self, files: &[ContainerFile]) -> Result<()> {
         for flt in &self.filters {
             if ![FILTER_DEFLATE, FILTER_SHUFFLE, FILTER_FLETCHER32].contains(&flt.id) {
                 return Err(Error::config(
@@ -125,6 +137,11 @@ impl ChunkedDataset {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Every chunk is stored, on the chunk grid, and inside file `f`.
+    fn check_chunks(&self, f: &ContainerFile, files: &[ContainerFile]) -> Result<()> {
         let expected: u64 = self
             .shape
             .iter()
@@ -142,7 +159,7 @@ impl ChunkedDataset {
             ));
         }
         for c in &self.chunks {
-            let inside = c.coords.len() == rank
+            let inside = c.coords.len() == self.shape.len()
                 && c.coords.iter().zip(&self.chunk).all(|(x, n)| x.is_multiple_of(*n))
                 && c.coords.iter().zip(&self.shape).all(|(x, s)| x < s);
             if !inside {

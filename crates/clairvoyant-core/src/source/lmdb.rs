@@ -268,37 +268,7 @@ pub fn scan(data: &Path, identity: String, records: LmdbRecords) -> Result<Conta
     if root != P_INVALID {
         db.walk(root, 0, &mut found, &mut subdbs)?;
     }
-    // The values only the library can read, per key in cursor order.
-    let library_keys: Vec<Vec<u8>> = found
-        .iter()
-        .filter_map(|f| match f {
-            Found::Library(key) => Some(key.clone()),
-            Found::Range(..) => None,
-        })
-        .collect();
-    let mut from_library: Vec<Vec<Record>> = vec![Vec::new(); library_keys.len()];
-    if !library_keys.is_empty() {
-        library_values(data, &library_keys, |k, value| {
-            let name = display_name(&library_keys[k]);
-            let ordinal = from_library[k].len() as u64;
-            let (len, label, shape) = match records {
-                LmdbRecords::Raw => (value.len() as u64, 0, vec![]),
-                LmdbRecords::CaffeDatum => {
-                    let (bytes, label, shape) = datum_sample(data, &name, value)?;
-                    (bytes.len() as u64, label, shape)
-                }
-            };
-            from_library[k].push(Record {
-                file: FALLBACK_FILE,
-                offset: ordinal,
-                len,
-                label,
-                name,
-                shape,
-            });
-            Ok(())
-        })?;
-    }
+    let from_library = library_records(data, &found, records)?;
     let values = found.iter().filter(|f| matches!(f, Found::Range(..))).count() as u64
         + from_library.iter().map(|v| v.len() as u64).sum::<u64>();
     if values + subdbs != entries {
@@ -310,29 +280,7 @@ pub fn scan(data: &Path, identity: String, records: LmdbRecords) -> Result<Conta
             ),
         ));
     }
-    let located = |key: &[u8], offset: u64, len: u64| -> Result<Record> {
-        match records {
-            LmdbRecords::Raw => Ok(Record {
-                file: 0,
-                offset,
-                len,
-                label: 0,
-                name: display_name(key),
-                shape: vec![],
-            }),
-            LmdbRecords::CaffeDatum => db.datum_record(key, offset, len),
-        }
-    };
-    use rayon::prelude::*;
-    // Two small reads per Datum (its head, and what follows `data`), overlapped: on a shared
-    // file system each is a round trip.
-    let mut ranges: Vec<Option<Record>> = found
-        .par_iter()
-        .map(|f| match f {
-            Found::Range(key, offset, len) => located(key, *offset, *len).map(Some),
-            Found::Library(_) => Ok(None),
-        })
-        .collect::<Result<_>>()?;
+    let mut ranges = db.range_records(&found, records)?;
     let mut library = from_library.into_iter();
     for r in ranges.iter_mut() {
         match r.take() {
@@ -343,6 +291,42 @@ pub fn scan(data: &Path, identity: String, records: LmdbRecords) -> Result<Conta
     Ok(ix)
 }
 
+/// The records of the values only the library can read, one list per such key in cursor order.
+fn library_records(data: &Path, found: &[Found], records: LmdbRecords) -> Result<Vec<Vec<Record>>> {
+    let library_keys: Vec<Vec<u8>> = found
+        .iter()
+        .filter_map(|f| match f {
+            Found::Library(key) => Some(key.clone()),
+            Found::Range(..) => None,
+        })
+        .collect();
+    let mut from_library: Vec<Vec<Record>> = vec![Vec::new(); library_keys.len()];
+    if library_keys.is_empty() {
+        return Ok(from_library);
+    }
+    library_values(data, &library_keys, |k, value| {
+        let name = display_name(&library_keys[k]);
+        let ordinal = from_library[k].len() as u64;
+        let (len, label, shape) = match records {
+            LmdbRecords::Raw => (value.len() as u64, 0, vec![]),
+            LmdbRecords::CaffeDatum => {
+                let (bytes, label, shape) = datum_sample(data, &name, value)?;
+                (bytes.len() as u64, label, shape)
+            }
+        };
+        from_library[k].push(Record {
+            file: FALLBACK_FILE,
+            offset: ordinal,
+            len,
+            label,
+            name,
+            shape,
+        });
+        Ok(())
+    })?;
+    Ok(from_library)
+}
+
 struct Db<'a> {
     f: &'a File,
     path: &'a Path,
@@ -351,6 +335,34 @@ struct Db<'a> {
 }
 
 impl Db<'_> {
+    /// The records of the values the walk found byte ranges for, in cursor order (None where a
+    /// key's values only the library can read).
+    fn range_records(&self, found: &[Found], records: LmdbRecords) -> Result<Vec<Option<Record>>> {
+        let located = |key: &[u8], offset: u64, len: u64| -> Result<Record> {
+            match records {
+                LmdbRecords::Raw => Ok(Record {
+                    file: 0,
+                    offset,
+                    len,
+                    label: 0,
+                    name: display_name(key),
+                    shape: vec![],
+                }),
+                LmdbRecords::CaffeDatum => self.datum_record(key, offset, len),
+            }
+        };
+        use rayon::prelude::*;
+        // Two small reads per Datum (its head, and what follows `data`), overlapped: on a shared
+        // file system each is a round trip.
+        found
+            .par_iter()
+            .map(|f| match f {
+                Found::Range(key, offset, len) => located(key, *offset, *len).map(Some),
+                Found::Library(_) => Ok(None),
+            })
+            .collect::<Result<_>>()
+    }
+
     fn corrupt(&self, record: &str, reason: String) -> Error {
         Error::Corrupt {
             path: self.path.to_path_buf(),

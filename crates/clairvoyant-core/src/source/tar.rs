@@ -82,26 +82,37 @@ struct Group {
     label: Option<i64>,
 }
 
-fn scan_shard(shard: &Path, file: u32, data_ext: Option<&str>, out: &mut Vec<Record>) -> Result<()> {
-    let f = File::open(shard).map_err(|e| Error::io(shard, e))?;
-    let file_size = f.metadata().map_err(|e| Error::io(shard, e))?.len();
-    let mut end = 0u64;
-    let corrupt = |record: &str, reason: String| Error::Corrupt {
-        path: shard.to_path_buf(),
-        record: record.to_string(),
-        reason,
-    };
-    let mut ar = tar::Archive::new(BufReader::with_capacity(8192, f));
-    let mut group = Group::default();
-    let mut last_member = String::from("(start of archive)");
-    let flush = |g: &mut Group, out: &mut Vec<Record>| -> Result<()> {
-        if g.key.is_empty() {
+/// One shard's scan: the sample being grouped and where the archive has got to.
+struct ShardScan<'a> {
+    shard: &'a Path,
+    file: u32,
+    data_ext: Option<&'a str>,
+    group: Group,
+    /// The last member read (errors name it).
+    last_member: String,
+    /// End of the last member's data, rounded to the tar block.
+    end: u64,
+}
+
+impl ShardScan<'_> {
+    /// A corrupt-shard error at `record`.
+    fn corrupt(&self, record: &str, reason: String) -> Error {
+        Error::Corrupt {
+            path: self.shard.to_path_buf(),
+            record: record.to_string(),
+            reason,
+        }
+    }
+
+    /// Close the sample being grouped: its record, or an error if it has no data member.
+    fn flush(&mut self, out: &mut Vec<Record>) -> Result<()> {
+        if self.group.key.is_empty() {
             return Ok(());
         }
-        let g = std::mem::take(g);
+        let g = std::mem::take(&mut self.group);
         match g.data {
             Some((offset, len, member)) => out.push(Record {
-                file,
+                file: self.file,
                 offset,
                 len,
                 label: g.label.unwrap_or(0),
@@ -109,78 +120,108 @@ fn scan_shard(shard: &Path, file: u32, data_ext: Option<&str>, out: &mut Vec<Rec
                 shape: vec![],
             }),
             None => {
-                return Err(corrupt(
+                return Err(self.corrupt(
                     &g.key,
                     format!(
                         "sample has no data member ({})",
-                        data_ext.map_or("only .cls/.json companions".into(), |e| format!("no .{e}"))
+                        self.data_ext
+                            .map_or("only .cls/.json companions".into(), |e| format!("no .{e}"))
                     ),
                 ))
             }
         }
         Ok(())
-    };
-    let entries = ar
-        .entries_with_seek()
-        .map_err(|e| corrupt(&last_member, format!("unreadable tar: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| corrupt(&format!("after {last_member}"), format!("bad tar header: {e}")))?;
+    }
+
+    /// Add one archive member to its sample (a new key closes the previous sample).
+    fn member<R: Read>(&mut self, entry: &mut tar::Entry<R>, out: &mut Vec<Record>) -> Result<()> {
         let kind = entry.header().entry_type();
         if !(kind.is_file() || kind == tar::EntryType::Continuous) {
-            continue;
+            return Ok(());
         }
         let name = entry
             .path()
-            .map_err(|e| corrupt(&format!("after {last_member}"), format!("bad member name: {e}")))?
+            .map_err(|e| self.corrupt(&format!("after {}", self.last_member), format!("bad member name: {e}")))?
             .to_string_lossy()
             .into_owned();
-        last_member = name.clone();
+        self.last_member = name.clone();
         let (key, ext) = split_key(&name);
-        if key != group.key {
-            flush(&mut group, out)?;
-            group.key = key.to_string();
+        if key != self.group.key {
+            self.flush(out)?;
+            self.group.key = key.to_string();
         }
         let offset = entry.raw_file_position();
         let size = entry.size();
-        end = offset + size.div_ceil(512) * 512;
-        if ext == "cls" || (ext == "json" && group.label.is_none()) {
-            let mut text = String::new();
-            entry
-                .by_ref()
-                .take(1 << 20)
-                .read_to_string(&mut text)
-                .map_err(|e| corrupt(&name, format!("unreadable label: {e}")))?;
-            let label = if ext == "cls" {
-                text.trim().parse::<i64>().ok()
-            } else {
-                serde_json::from_str::<serde_json::Value>(&text)
-                    .ok()
-                    .and_then(|v| v.get("label").or_else(|| v.get("cls")).and_then(|l| l.as_i64()))
-            };
-            match (ext, label) {
-                ("cls", None) => return Err(corrupt(&name, format!("label {:?} is not an integer", text.trim()))),
-                (_, Some(l)) => group.label = Some(l),
-                _ => {}
-            }
-            continue;
+        self.end = offset + size.div_ceil(512) * 512;
+        if ext == "cls" || (ext == "json" && self.group.label.is_none()) {
+            return self.label(entry, &name, ext);
         }
-        let wanted = match data_ext {
+        let wanted = match self.data_ext {
             Some(want) => ext == want,
             None => !COMPANIONS.contains(&ext),
         };
-        if wanted && group.data.is_none() {
-            group.data = Some((offset, size, name));
+        if wanted && self.group.data.is_none() {
+            self.group.data = Some((offset, size, name));
         }
+        Ok(())
+    }
+
+    /// Read a `.cls` or `.json` companion's label into the sample being grouped.
+    fn label<R: Read>(&mut self, entry: &mut tar::Entry<R>, name: &str, ext: &str) -> Result<()> {
+        let mut text = String::new();
+        entry
+            .by_ref()
+            .take(1 << 20)
+            .read_to_string(&mut text)
+            .map_err(|e| self.corrupt(name, format!("unreadable label: {e}")))?;
+        let label = if ext == "cls" {
+            text.trim().parse::<i64>().ok()
+        } else {
+            serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v.get("label").or_else(|| v.get("cls")).and_then(|l| l.as_i64()))
+        };
+        match (ext, label) {
+            ("cls", None) => Err(self.corrupt(name, format!("label {:?} is not an integer", text.trim()))),
+            (_, Some(l)) => {
+                self.group.label = Some(l);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Index one shard's samples into `out` (headers only; data is skipped by seeking).
+fn scan_shard(shard: &Path, file: u32, data_ext: Option<&str>, out: &mut Vec<Record>) -> Result<()> {
+    let f = File::open(shard).map_err(|e| Error::io(shard, e))?;
+    let file_size = f.metadata().map_err(|e| Error::io(shard, e))?.len();
+    let mut scan = ShardScan {
+        shard,
+        file,
+        data_ext,
+        group: Group::default(),
+        last_member: String::from("(start of archive)"),
+        end: 0,
+    };
+    let mut ar = tar::Archive::new(BufReader::with_capacity(8192, f));
+    let entries = ar
+        .entries_with_seek()
+        .map_err(|e| scan.corrupt(&scan.last_member, format!("unreadable tar: {e}")))?;
+    for entry in entries {
+        let mut entry =
+            entry.map_err(|e| scan.corrupt(&format!("after {}", scan.last_member), format!("bad tar header: {e}")))?;
+        scan.member(&mut entry, out)?;
     }
     // A shard cut at a header boundary reads as a shorter archive: only its missing
     // end-of-archive blocks (two zero blocks of 512 bytes) tell.
-    if end + 1024 > file_size {
-        return Err(corrupt(
-            &last_member,
+    if scan.end + 1024 > file_size {
+        return Err(scan.corrupt(
+            &scan.last_member,
             format!("the archive ends ({file_size} bytes) without its end-of-archive blocks: truncated?"),
         ));
     }
-    flush(&mut group, out)
+    scan.flush(out)
 }
 
 #[cfg(test)]

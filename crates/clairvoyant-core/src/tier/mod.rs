@@ -148,6 +148,12 @@ fn memory_room(free: u64, ring_reserve: u64, samples: usize) -> u64 {
     free.saturating_sub(ring_reserve + SHM_MARGIN + (samples as u64) * 16)
 }
 
+/// Where the memory class's arena goes: in shared memory, else on disk.
+struct Arenas {
+    shm: PathBuf,
+    disk: PathBuf,
+}
+
 /// The node cache of one job on this machine, as attached by one local rank.
 pub struct NodeCache {
     state: StateSegment,
@@ -237,61 +243,18 @@ impl NodeCache {
         if classes.iter().filter(|c| c.kind == ClassKind::Memory).count() > 1 {
             return Err(Error::config("class", "at most one memory class is supported"));
         }
-        let shm_arena = self.dir.join(format!("{}.mem", self.stem));
-        let disk_arena = secure::private_dir(&secure::disk_base())?.join(format!("{}.mem", self.stem));
-        let samples = self.state.samples();
+        let arenas = Arenas {
+            shm: self.dir.join(format!("{}.mem", self.stem)),
+            disk: secure::private_dir(&secure::disk_base())?.join(format!("{}.mem", self.stem)),
+        };
         let (caps, at) = self.state.agree(|| {
             // A fresh cache starts empty: files a crashed run of the same name left in a
             // directory class go before anyone can fill it.
-            for c in classes {
-                if let ClassKind::Directory { path } = &c.kind {
-                    // A missing, read-only or refused class folder is dealt with when the class
-                    // is opened below (created, dropped with a warning, or an error).
-                    if let Ok(base) = secure::private_dir(path) {
-                        let _ = std::fs::remove_dir_all(base.join(&self.stem));
-                    }
-                }
-            }
+            self.clear_directory_classes(classes);
             let mut caps: Vec<u64> = classes.iter().map(|c| c.capacity).collect();
             let mut at = ArenaAt::None;
             if let Some(j) = memory.filter(|&j| caps[j] > 0) {
-                let field = format!("class.{}.capacity", classes[j].name);
-                let free = crate::sysinfo::free_space(&self.dir).unwrap_or(0);
-                let avail = memory_room(free, ring_reserve, samples);
-                if caps[j] > avail {
-                    warn_once(
-                        &field,
-                        &format!(
-                            "{field} asks for {} but {} has {} free, {} of it for the staging rings \
-                             (staging.capacity); using {}",
-                            crate::model::human_bytes(caps[j]),
-                            self.dir.display(),
-                            crate::model::human_bytes(free),
-                            crate::model::human_bytes(ring_reserve),
-                            crate::model::human_bytes(avail)
-                        ),
-                    );
-                    caps[j] = avail;
-                }
-                if caps[j] > 0 && MemoryTier::create(&shm_arena, caps[j]).is_ok() {
-                    at = ArenaAt::Shm;
-                } else {
-                    let disk_free = crate::sysinfo::free_space(&disk_arena).unwrap_or(0);
-                    caps[j] = caps[j].min(disk_free.saturating_sub(SHM_MARGIN));
-                    if caps[j] > 0 && MemoryTier::create(&disk_arena, caps[j]).is_ok() {
-                        warn_once(
-                            &format!("{field}.disk"),
-                            &format!(
-                                "shared memory is full: the memory class '{}' is a file on disk ({})",
-                                classes[j].name,
-                                disk_arena.display()
-                            ),
-                        );
-                        at = ArenaAt::Disk;
-                    } else {
-                        caps[j] = 0;
-                    }
-                }
+                (caps[j], at) = self.create_arena(&classes[j], caps[j], ring_reserve, &arenas);
             }
             Ok((caps, at))
         })?;
@@ -306,13 +269,75 @@ impl NodeCache {
                 ),
             ));
         }
+        self.open_tiers(classes, &caps, at, &arenas)?;
+        Ok(caps)
+    }
+
+    /// Remove what a crashed run of the same name left in the directory classes.
+    fn clear_directory_classes(&self, classes: &[ClassRequest]) {
+        for c in classes {
+            if let ClassKind::Directory { path } = &c.kind {
+                // A missing, read-only or refused class folder is dealt with when the class is
+                // opened (created, dropped with a warning, or an error).
+                if let Ok(base) = secure::private_dir(path) {
+                    let _ = std::fs::remove_dir_all(base.join(&self.stem));
+                }
+            }
+        }
+    }
+
+    /// Create the memory class's arena of at most `cap` bytes: in shared memory, clamped to
+    /// what it holds after the staging rings, else on disk, else none. Its capacity and where
+    /// it is.
+    fn create_arena(&self, class: &ClassRequest, cap: u64, ring_reserve: u64, arenas: &Arenas) -> (u64, ArenaAt) {
+        let mut cap = cap;
+        let field = format!("class.{}.capacity", class.name);
+        let free = crate::sysinfo::free_space(&self.dir).unwrap_or(0);
+        let avail = memory_room(free, ring_reserve, self.state.samples());
+        if cap > avail {
+            warn_once(
+                &field,
+                &format!(
+                    "{field} asks for {} but {} has {} free, {} of it for the staging rings \
+                     (staging.capacity); using {}",
+                    crate::model::human_bytes(cap),
+                    self.dir.display(),
+                    crate::model::human_bytes(free),
+                    crate::model::human_bytes(ring_reserve),
+                    crate::model::human_bytes(avail)
+                ),
+            );
+            cap = avail;
+        }
+        if cap > 0 && MemoryTier::create(&arenas.shm, cap).is_ok() {
+            return (cap, ArenaAt::Shm);
+        }
+        let disk_free = crate::sysinfo::free_space(&arenas.disk).unwrap_or(0);
+        cap = cap.min(disk_free.saturating_sub(SHM_MARGIN));
+        if cap > 0 && MemoryTier::create(&arenas.disk, cap).is_ok() {
+            warn_once(
+                &format!("{field}.disk"),
+                &format!(
+                    "shared memory is full: the memory class '{}' is a file on disk ({})",
+                    class.name,
+                    arenas.disk.display()
+                ),
+            );
+            return (cap, ArenaAt::Disk);
+        }
+        (0, ArenaAt::None)
+    }
+
+    /// Map every class with its agreed capacity; a directory class that cannot be written
+    /// caches nothing (warned once).
+    fn open_tiers(&mut self, classes: &[ClassRequest], caps: &[u64], at: ArenaAt, arenas: &Arenas) -> Result<()> {
         let mut unusable = Vec::new();
         for (j, c) in classes.iter().enumerate() {
             let tier: Box<dyn Tier> = match &c.kind {
                 ClassKind::Memory => {
                     let path = match at {
-                        ArenaAt::Disk => &disk_arena,
-                        _ => &shm_arena,
+                        ArenaAt::Disk => &arenas.disk,
+                        _ => &arenas.shm,
                     };
                     if caps[j] == 0 || at == ArenaAt::None {
                         Box::new(NoTier(c.name.clone()))
@@ -320,38 +345,46 @@ impl NodeCache {
                         Box::new(MemoryTier::open(&c.name, path, caps[j])?)
                     }
                 }
-                ClassKind::Directory { path } => {
-                    match open_directory_class(&c.name, path, &self.dir, &self.stem, caps[j]) {
-                        Ok(tier) => {
-                            tier.mark_owner(self.state.path());
-                            Box::new(tier)
-                        }
-                        Err(Error::Io { path: at, source }) if unwritable(&source) => {
-                            // One way for every class fault (full, read-only, not ours to write):
-                            // the class caches nothing, its samples are read from their origin.
-                            warn_once(
-                                &format!("{}:{}:full", self.stem, c.name),
-                                &format!(
-                                    "storage class '{}' cannot be used ({}: {source}); its samples stay uncached \
-                                 (class.{}.path)",
-                                    c.name,
-                                    at.display(),
-                                    c.name
-                                ),
-                            );
-                            unusable.push(j);
-                            Box::new(NoTier(c.name.clone()))
-                        }
-                        Err(e) => return Err(e),
+                ClassKind::Directory { path } => match self.open_directory(c, path, caps[j])? {
+                    Some(tier) => tier,
+                    None => {
+                        unusable.push(j);
+                        Box::new(NoTier(c.name.clone()))
                     }
-                }
+                },
             };
             self.tiers.push(tier);
         }
         self.full_warned = (0..self.tiers.len())
             .map(|j| AtomicBool::new(unusable.contains(&j)))
             .collect();
-        Ok(caps)
+        Ok(())
+    }
+
+    /// Open directory class `c` at `path`; None: it cannot be written (warned once).
+    fn open_directory(&self, c: &ClassRequest, path: &Path, cap: u64) -> Result<Option<Box<dyn Tier>>> {
+        match open_directory_class(&c.name, path, &self.dir, &self.stem, cap) {
+            Ok(tier) => {
+                tier.mark_owner(self.state.path());
+                Ok(Some(Box::new(tier)))
+            }
+            Err(Error::Io { path: at, source }) if unwritable(&source) => {
+                // One way for every class fault (full, read-only, not ours to write): the class
+                // caches nothing, its samples are read from their origin.
+                warn_once(
+                    &format!("{}:{}:full", self.stem, c.name),
+                    &format!(
+                        "storage class '{}' cannot be used ({}: {source}); its samples stay uncached \
+                         (class.{}.path)",
+                        c.name,
+                        at.display(),
+                        c.name
+                    ),
+                );
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Add a tier directly (tests and wrappers); class indices follow the order of addition.
