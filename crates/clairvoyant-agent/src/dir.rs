@@ -653,8 +653,7 @@ impl DirReader {
         loop {
             match w.load(Ordering::Acquire) {
                 claim::FREE => {
-                    if w
-                        .compare_exchange(claim::FREE, pid, Ordering::AcqRel, Ordering::Acquire)
+                    if w.compare_exchange(claim::FREE, pid, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                     {
                         return Claimed::Won;
@@ -669,16 +668,16 @@ impl DirReader {
 
     /// Take over `key`'s claim from `from` (a process that is gone); true when `pid` holds it now.
     pub fn take_over(&self, key: u64, from: u32, pid: u32) -> bool {
-        self.map
-            .claim_word(key, false)
-            .is_some_and(|w| w.compare_exchange(from, pid, Ordering::AcqRel, Ordering::Acquire).is_ok())
+        self.map.claim_word(key, false).is_some_and(|w| {
+            w.compare_exchange(from, pid, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
     }
 
     /// Give back `pid`'s claim on `key` (the file was not handed over) and wake the waiters.
     pub fn release(&self, key: u64, pid: u32) {
         if let Some(w) = self.map.claim_word(key, false) {
-            if w
-                .compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
+            if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 futex_wake(w);

@@ -452,8 +452,7 @@ fn fill(s: &Shared, rel: &[u8], change_ns: u64, bytes: &[u8]) {
     let path = &s.paths[file as usize];
     let unchanged = || {
         std::fs::metadata(path).is_ok_and(|m| {
-            m.len() == bytes.len() as u64
-                && clairvoyant_core::source::last_change_ns(&m).max(0) as u64 == change_ns
+            m.len() == bytes.len() as u64 && clairvoyant_core::source::last_change_ns(&m).max(0) as u64 == change_ns
         })
     };
     let word = match engine.adopt(file, bytes, unchanged) {
@@ -475,7 +474,9 @@ fn fill(s: &Shared, rel: &[u8], change_ns: u64, bytes: &[u8]) {
     };
     if word == claim::DONE {
         s.counts.fills_kept.fetch_add(1, Ordering::Relaxed);
-        s.counts.fill_bytes_kept.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        s.counts
+            .fill_bytes_kept
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
     }
     s.dir.settle(key, word);
 }

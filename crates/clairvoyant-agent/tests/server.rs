@@ -502,7 +502,9 @@ fn bytes_a_program_read_are_kept_without_reading_the_file_again() {
         }
         send_fill(&sock, r, &content(i), change_ns(&root.join(r)));
         assert_eq!(settled(&dir, r, me), claim::DONE, "{r}");
-        let entry = dir.lookup(key).unwrap_or_else(|| panic!("{r} recorded before the claim is settled"));
+        let entry = dir
+            .lookup(key)
+            .unwrap_or_else(|| panic!("{r} recorded before the claim is settled"));
         let arena = std::fs::File::open(e.segments().1.unwrap()).unwrap();
         let mut got = vec![0u8; entry.size as usize];
         arena.read_exact_at(&mut got, entry.offset).unwrap();
@@ -559,7 +561,10 @@ fn a_claim_whose_program_is_gone_does_not_hold_up_a_lookup() {
     assert_eq!(dir.claim(key, pid), Claimed::Won);
     assert!(!clairvoyant_agent::dir::alive(pid));
     let mut c = Client::connect(&sock, WAIT).unwrap();
-    assert!(matches!(c.lookup(rels[2].as_bytes()).unwrap().0, Reply::Cached { file: 2, .. }));
+    assert!(matches!(
+        c.lookup(rels[2].as_bytes()).unwrap().0,
+        Reply::Cached { file: 2, .. }
+    ));
     // A program may take the claim over, too.
     assert!(dir.take_over(key, pid, std::process::id()));
     server.close();

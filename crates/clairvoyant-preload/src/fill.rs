@@ -55,7 +55,9 @@ pub(crate) enum Miss {
 
 /// Decide a miss of `rel` (`size` bytes by `stat`): claim it, or wait for the process that has.
 pub(crate) fn miss(cfg: &Config, session: &Arc<Session>, rel: &[u8], size: u64) -> Miss {
-    let Some(dir) = session.dir.as_ref() else { return Miss::Ask };
+    let Some(dir) = session.dir.as_ref() else {
+        return Miss::Ask;
+    };
     if !dir.programs_fill() || size > MAX_FILL || session.arena.is_none() {
         return Miss::Ask;
     }
@@ -102,7 +104,9 @@ fn claim(session: &Arc<Session>, key: u64, pid: u32) -> Claim {
 pub(crate) fn read(cfg: &Config, mut claim: Claim, fd: c_int, st: &libc::stat, rel: &[u8]) -> Found {
     let size = st.st_size as u64;
     let change = last_change_ns(st);
-    let Some(bytes) = read_whole(fd, size) else { return Found::Direct };
+    let Some(bytes) = read_whole(fd, size) else {
+        return Found::Direct;
+    };
     let same = real_fstat(fd).is_some_and(|now| now.st_size as u64 == size && last_change_ns(&now) == change);
     if !same {
         return Found::Direct;
@@ -120,14 +124,7 @@ fn read_whole(fd: c_int, size: u64) -> Option<Box<[u8]>> {
     let mut at = 0usize;
     while at < buf.len() {
         // SAFETY: reading into the in-bounds tail of our own buffer.
-        let n = unsafe {
-            real::pread(
-                fd,
-                buf[at..].as_mut_ptr() as *mut c_void,
-                buf.len() - at,
-                at as off_t,
-            )
-        };
+        let n = unsafe { real::pread(fd, buf[at..].as_mut_ptr() as *mut c_void, buf.len() - at, at as off_t) };
         if n < 0 && real::errno() == libc::EINTR {
             continue;
         }
