@@ -699,6 +699,18 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             return Found::Direct;
         }
     };
+    answer_to_found(cfg, session, rel, size, reply, inline)
+}
+
+/// What a lookup's answer means for the open of `rel` (`size` bytes at open).
+fn answer_to_found(
+    cfg: &Config,
+    session: Option<Arc<Session>>,
+    rel: &[u8],
+    size: u64,
+    reply: Reply,
+    inline: Option<Box<[u8]>>,
+) -> Found {
     match reply {
         Reply::Cached {
             file,
