@@ -9,11 +9,15 @@ fills is published in the shared directory."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 import zlib
 
 import numpy as np
@@ -125,6 +129,53 @@ def test_order_unknown_processes_opening_the_same_files_at_once_read_each_once(t
     _program_filled(s, sizes)
     if standin == "0":
         assert s["reads"]["standins"] == 0, s
+
+
+def _agent_pid(shm, root) -> int | None:
+    """The live agent serving ``root`` (its folder under ``shm``, or under the temporary
+    directory when that path is too long for a socket)."""
+    found = glob.glob(os.path.join(str(shm), "clairvoyant-*", "*", "agent.pid"))
+    found += glob.glob(os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}", "*", "agent.pid"))
+    for p in found:
+        try:
+            pid = int(open(p).read())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if os.fsencode(str(root)) in args and b"clairvoyant._agent" in args:
+                return pid
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def test_the_agent_killed_while_programs_fill_leaves_them_reading_the_right_bytes(tmp_path, mounted):
+    """Three processes of 8 threads fill the node cache (order unknown); the agent is killed -9
+    once some files have been read. Claims in progress, waiters on them and later opens all end
+    in the file system's bytes, and nothing hangs."""
+    fs, crcs, sizes = mounted
+    env = _env(tmp_path)
+    outs = [tmp_path / f"out{i}.json" for i in range(3)]
+    program = [sys.executable, PROGRAM, str(fs.path), "--epochs", "3", "--threads", "8", "--out"]
+    script = " & ".join(" ".join([*program, str(o)]) for o in outs) + "; wait"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clairvoyant", "run", "--dataset", str(fs.path), "--", "sh", "-c", script],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # Wait for the condition (some files read by the programs), then kill the agent.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        opened = sum(f.get("opens", 0) for f in fs.stats()["files"].values())
+        pid = _agent_pid(env["CLAIRVOYANT_SHM_DIR"], fs.path)
+        if pid is not None and opened >= N_FILES // 4:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the programs never started reading, or finished before the agent could be killed")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    for o in outs:
+        _check(json.loads(o.read_text()), crcs, 3)
 
 
 def test_order_known_the_prefill_is_the_only_read_and_is_published(tmp_path, mounted):

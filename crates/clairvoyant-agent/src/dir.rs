@@ -176,11 +176,25 @@ pub fn file_len(slots: u32) -> usize {
     ENTRIES_OFF + slots as usize * (ENTRY_LEN + CLAIM_LEN)
 }
 
-/// Whether the process `pid` exists (another user's counts as existing).
+/// Whether the process `pid` exists and has not exited (another user's counts as existing; a
+/// killed process its parent has not reaped yet, a zombie, does not).
 pub fn alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    if r != 0 {
+        return io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    }
+    // `/proc/<pid>/stat`: "pid (comm) S ...", the state after the last ')'.
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let after = stat
+                .iter()
+                .rposition(|&b| b == b')')
+                .map_or(&stat[..], |i| &stat[i + 1..]);
+            !matches!(after.iter().find(|b| !b.is_ascii_whitespace()), Some(b'Z' | b'X'))
+        }
+        Err(_) => true,
+    }
 }
 
 /// Sleep until `word` may differ from `seen` (a wake on it, or `timeout`).
@@ -899,6 +913,22 @@ mod tests {
             .collect();
         let total: usize = racers.into_iter().map(|h| h.join().unwrap()).sum();
         assert_eq!(total, keys.len(), "every file claimed exactly once");
+    }
+
+    #[test]
+    fn a_process_that_exited_is_not_alive_even_before_it_is_reaped() {
+        assert!(alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited but not reaped: a zombie until `wait` (waitid with WNOWAIT leaves it so).
+        // SAFETY: siginfo_t is plain data; all zeros is a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waiting for our own child into a zeroed siginfo; WNOWAIT keeps it unreaped.
+        let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        assert_eq!(r, 0);
+        assert!(!alive(pid), "a zombie is not alive");
+        child.wait().unwrap();
+        assert!(!alive(pid));
     }
 
     #[test]

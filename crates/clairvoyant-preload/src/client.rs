@@ -786,6 +786,12 @@ fn answer_to_found(
     }
 }
 
+/// Whether the agent is in back-off after a failure (it is not asked now).
+pub fn agent_down() -> bool {
+    let l = Locked::new();
+    l.conn().down_until.is_some_and(|t| Instant::now() < t)
+}
+
 /// The current session without connecting.
 pub fn current() -> Option<Arc<Session>> {
     let l = Locked::new();

@@ -58,7 +58,8 @@ pub(crate) fn miss(cfg: &Config, session: &Arc<Session>, rel: &[u8], size: u64) 
     let Some(dir) = session.dir.as_ref() else {
         return Miss::Ask;
     };
-    if !dir.programs_fill() || size > MAX_FILL || session.arena.is_none() {
+    if !dir.programs_fill() || size > MAX_FILL || session.arena.is_none() || client::agent_down() {
+        // (An agent that failed is not asked: the lookup reads the file directly at once.)
         return Miss::Ask;
     }
     let key = path_key(rel);
@@ -81,7 +82,7 @@ pub(crate) fn miss(cfg: &Config, session: &Arc<Session>, rel: &[u8], size: u64) 
             }
             continue;
         }
-        if !alive(dir.agent_pid()) || Instant::now() >= until {
+        if !alive(dir.agent_pid()) || client::agent_down() || Instant::now() >= until {
             count(Some(session), counter::FALLBACKS, 1);
             return Miss::Direct;
         }
