@@ -1,17 +1,23 @@
 """Epoch 0 under `clairvoyant run` on the FUSE emulation of a shared file system: a miss costs one
-read of the file system. Many threads of one unmodified program open the same and distinct files
-at once; the emulation's per-file counters must show every file opened and read exactly once
-(the agent's fill is the only access; the program's open waits for it and never opens the file
-itself), and every thread must read the file system's bytes. With a known order the agent's
-prefill is that one access, and what it fills is published in the shared directory."""
+read of the file system. Many threads (and processes) of an unmodified program open the same and
+distinct files at once; the emulation's per-file counters must show every file opened and read
+exactly once over two epochs, and every thread must read the file system's bytes. With the order
+unknown the one access is the first opener's own read (it claims the file in the shared
+directory, reads it as it would directly and hands the bytes to the agent; other opens of the
+file wait for that copy). With a known order the agent's prefill is that one access, and what it
+fills is published in the shared directory."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 import zlib
 
 import numpy as np
@@ -59,15 +65,19 @@ def _env(tmp_path) -> dict:
     return env
 
 
-def _run(tmp_path, mnt, extra, epochs):
-    out, stats = tmp_path / "out.json", tmp_path / "stats.json"
+def _run(tmp_path, mnt, extra, epochs, processes=1, env=None):
+    """Run ``processes`` copies of the threaded reader at once under one ``clairvoyant run``."""
+    outs, stats = [tmp_path / f"out{i}.json" for i in range(processes)], tmp_path / "stats.json"
+    program = [sys.executable, PROGRAM, str(mnt), "--epochs", str(epochs), "--threads", "8", "--out"]
+    script = " & ".join(" ".join([*program, str(o)]) for o in outs) + "; wait"
     r = subprocess.run(
         [sys.executable, "-m", "clairvoyant", "run", "--dataset", str(mnt), *extra, "--stats-json", str(stats), "--",
-         sys.executable, PROGRAM, str(mnt), "--epochs", str(epochs), "--threads", "8", "--out", str(out)],
-        env=_env(tmp_path), capture_output=True, text=True, timeout=300,
+         "sh", "-c", script],
+        env={**_env(tmp_path), **(env or {})}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    return json.loads(out.read_text()), json.loads(stats.read_text())
+    got = [json.loads(o.read_text()) for o in outs]
+    return (got[0] if processes == 1 else got), json.loads(stats.read_text())
 
 
 def _check(got, crcs, epochs):
@@ -82,15 +92,90 @@ def _per_file(fs, sizes):
     return {rel: (files.get(rel, {}).get("opens", 0), files.get(rel, {}).get("bytes", 0)) for rel in sizes}
 
 
+def _program_filled(s, sizes):
+    """Every file read once by a program (its claim) and kept by the node cache; none by the agent."""
+    reads = s["reads"]
+    assert reads["fallbacks"] == 0 and reads["corrupt"] == 0 and reads["stale"] == 0, s
+    assert reads["fills"] == N_FILES and reads["fill_bytes"] == sum(sizes.values()), s
+    assert s["program_fills"] == N_FILES and s["program_fills_kept"] == N_FILES, s
+    assert s["pfs_files"] == 0 and s["cached_files"] == N_FILES, s
+    # What the programs read from the file system: each file once (the claimer's reads).
+    assert reads["direct_bytes"] == sum(sizes.values()), s
+
+
 def test_order_unknown_every_file_is_opened_and_read_once_under_concurrent_opens(tmp_path, mounted):
     fs, crcs, sizes = mounted
     got, s = _run(tmp_path, fs.path, [], epochs=2)
     _check(got, crcs, 2)
     once = {rel: (1, n) for rel, n in sizes.items()}
     assert _per_file(fs, sizes) == once, "each file opened and read exactly once over both epochs"
-    reads = s["reads"]
-    assert reads["direct_bytes"] == 0 and reads["fallbacks"] == 0 and reads["corrupt"] == 0, s
-    assert s["pfs_files"] == N_FILES and s["cached_files"] == N_FILES, s
+    _program_filled(s, sizes)
+
+
+@pytest.mark.parametrize("standin", ["auto", "0"])
+def test_order_unknown_processes_opening_the_same_files_at_once_read_each_once(tmp_path, mounted, standin):
+    """Three processes of 8 threads each open the same files in the same order at the same time:
+    one claim per file across all of them; the others wait for its copy and never read it too.
+    With stand-ins (auto: the FUSE root gets them) every other open is a stand-in: one open per
+    file; without, every open is a real open of the file (3 x 8 x 2 per file) but its bytes are
+    read from the file system once."""
+    fs, crcs, sizes = mounted
+    got, s = _run(tmp_path, fs.path, [], epochs=2, processes=3, env={"CLAIRVOYANT_STANDIN": standin})
+    for g in got:
+        _check(g, crcs, 2)
+    opens = 1 if standin == "auto" else 3 * 8 * 2
+    once = {rel: (opens, n) for rel, n in sizes.items()}
+    assert _per_file(fs, sizes) == once, "each file's bytes read once by all processes over both epochs"
+    _program_filled(s, sizes)
+    if standin == "0":
+        assert s["reads"]["standins"] == 0, s
+
+
+def _agent_pid(shm, root) -> int | None:
+    """The live agent serving ``root`` (its folder under ``shm``, or under the temporary
+    directory when that path is too long for a socket)."""
+    found = glob.glob(os.path.join(str(shm), "clairvoyant-*", "*", "agent.pid"))
+    found += glob.glob(os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}", "*", "agent.pid"))
+    for p in found:
+        try:
+            pid = int(open(p).read())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if os.fsencode(str(root)) in args and b"clairvoyant._agent" in args:
+                return pid
+        except (OSError, ValueError):
+            pass
+    return None
+
+
+def test_the_agent_killed_while_programs_fill_leaves_them_reading_the_right_bytes(tmp_path, mounted):
+    """Three processes of 8 threads fill the node cache (order unknown); the agent is killed -9
+    once some files have been read. Claims in progress, waiters on them and later opens all end
+    in the file system's bytes, and nothing hangs."""
+    fs, crcs, sizes = mounted
+    env = _env(tmp_path)
+    outs = [tmp_path / f"out{i}.json" for i in range(3)]
+    program = [sys.executable, PROGRAM, str(fs.path), "--epochs", "3", "--threads", "8", "--out"]
+    script = " & ".join(" ".join([*program, str(o)]) for o in outs) + "; wait"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clairvoyant", "run", "--dataset", str(fs.path), "--", "sh", "-c", script],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # Wait for the condition (some files read by the programs), then kill the agent.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        opened = sum(f.get("opens", 0) for f in fs.stats()["files"].values())
+        pid = _agent_pid(env["CLAIRVOYANT_SHM_DIR"], fs.path)
+        if pid is not None and opened >= N_FILES // 4:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the programs never started reading, or finished before the agent could be killed")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    for o in outs:
+        _check(json.loads(o.read_text()), crcs, 3)
 
 
 def test_order_known_the_prefill_is_the_only_read_and_is_published(tmp_path, mounted):

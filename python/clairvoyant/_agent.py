@@ -209,6 +209,10 @@ def main(argv=None) -> int:
 
     engine, peers = (None, None) if args.lazy else start_engine(args.order_file)
     server = _native.AgentServer(engine, args.socket, root, rel_paths, args.dir)
+    if engine is not None and not args.order_file and nodes == 1:
+        # Order unknown, nothing to fetch from peers: a program reads a miss itself, as it
+        # would directly, and hands the bytes to the node cache without waiting for an answer.
+        server.let_programs_fill()
     with open(os.path.join(os.path.dirname(args.socket), "agent.pid"), "w") as f:
         f.write(f"{os.getpid()}\n")
     if args.ready_fd is not None:

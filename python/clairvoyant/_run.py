@@ -286,7 +286,8 @@ def format_stats(s: dict, prev: dict | None, elapsed: float) -> str:
     return (
         f"clairvoyant run: {elapsed:7.1f} s: node cache {d('cached_reads'):,} reads ({_mb(d('cached_bytes'))}), "
         f"peers {d('inline_reads'):,} ({_mb(d('inline_bytes'))}), "
-        f"file system {d('direct_reads'):,} direct ({_mb(d('direct_bytes'))}) + {_mb(d('pfs_bytes', False))} by the agent; "
+        f"file system {d('direct_reads'):,} direct ({_mb(d('direct_bytes'))}; {d('fills'):,} files read by programs for the cache) "
+        f"+ {_mb(d('pfs_bytes', False))} by the agent; "
         f"fallbacks {d('fallbacks')}, corrupt {d('corrupt')}, stale {d('stale')}; agent CPU {d('agent_cpu_s', False):.2f} s"
     )
 

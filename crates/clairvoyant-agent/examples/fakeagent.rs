@@ -153,6 +153,10 @@ fn serve(agent: &Agent, stream: UnixStream) -> std::io::Result<()> {
                 },
             )?,
             Request::Attach { .. } => write_reply(&mut wr, &Reply::Ok)?,
+            Request::Fill { size, .. } => {
+                // Never asked for (this agent does not let programs fill): skip the bytes.
+                std::io::copy(&mut (&mut rd).take(size), &mut std::io::sink())?;
+            }
             Request::Plan { .. } => write_reply(
                 &mut wr,
                 &Reply::Error {

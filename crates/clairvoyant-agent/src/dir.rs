@@ -5,17 +5,27 @@
 //!
 //! ```text
 //! offset 0    header, 64 bytes: magic b"CVDIR001", u32 version, u32 slots (a power of two),
-//!             u64 root key, zero padding
+//!             u64 root key, AtomicU32 flags (bit 0: [`FLAG_PROGRAMS_FILL`]), u32 agent pid,
+//!             zero padding
 //! offset 64   counters: 32 x AtomicU64 (see [`counter`]), added to by interposed processes
 //! offset 320  `slots` entries of 48 bytes:
 //!             +0 AtomicU64 key (0 = empty)   +8 u64 offset   +16 u64 size   +24 u64 checksum
 //!             +32 u32 file   +36 AtomicU32 state (0 empty, 1 ready)   +40 u64 mtime_ns
+//! then        `slots` claims of 16 bytes: +0 AtomicU64 key (0 = empty)  +8 AtomicU32 word
+//!             (see [`claim`])  +12 zero
 //! ```
 //!
 //! Open addressing with linear probing; entries are never deleted (the node cache's placement is
 //! static). One writer (the agent) fills an entry's fields, then stores `state = 1` with Release;
 //! readers load `state` with Acquire before reading the fields. All fields are accessed through
 //! atomics, so a reader racing with the writer never reads torn values.
+//!
+//! Claims (when the agent sets [`FLAG_PROGRAMS_FILL`]): the first process to open a file that is
+//! not in the directory claims it (compare-and-swap of its word from free to its pid, any
+//! process may insert a claim's key), reads the file itself and hands the bytes to the agent,
+//! which records the entry and then settles the claim ([`claim::DONE`], or
+//! [`claim::NOT_CACHED`]), waking the processes that wait on the word (a futex on the shared
+//! mapping). A claim whose process is gone may be taken over.
 //!
 //! `mtime_ns` is the file's last change as the engine defines it
 //! (`clairvoyant_core::source::last_change_ns`: the later of mtime and ctime, in ns since the
@@ -30,13 +40,48 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// The magic at the start of every directory file.
 pub const MAGIC: &[u8; 8] = b"CVDIR001";
 /// The layout version stored after the magic.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 64;
 /// Number of counters.
 pub const COUNTERS: usize = 32;
 /// Bytes of one entry.
 pub const ENTRY_LEN: usize = 48;
+/// Bytes of one claim.
+pub const CLAIM_LEN: usize = 16;
+/// Header flag: programs fill their misses themselves and claim files in the directory.
+pub const FLAG_PROGRAMS_FILL: u32 = 1;
+const FLAGS_OFF: usize = 24;
+const AGENT_PID_OFF: usize = 28;
+
+/// Values of a claim's word.
+pub mod claim {
+    /// Nobody reads the file now, and it is not cached: the next opener may claim it.
+    pub const FREE: u32 = 0;
+    /// The file is in the node cache: its entry is in the directory (else ask the agent).
+    pub const DONE: u32 = u32::MAX;
+    /// This node does not cache the file: read it directly, claim nothing.
+    pub const NOT_CACHED: u32 = u32::MAX - 1;
+    /// Any other value: the pid of the process reading the file now.
+    pub fn is_pid(word: u32) -> bool {
+        word != FREE && word < NOT_CACHED
+    }
+}
+
+/// What a process found when it tried to claim a file ([`DirReader::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimed {
+    /// The caller holds the claim: it reads the file and hands it over, or releases the claim.
+    Won,
+    /// The process with this pid reads the file now.
+    Held(u32),
+    /// Settled [`claim::DONE`].
+    Done,
+    /// Settled [`claim::NOT_CACHED`].
+    NotCached,
+    /// No room for the claim (every slot taken): ask the agent.
+    Full,
+}
 const COUNTERS_OFF: usize = HEADER_LEN;
 const ENTRIES_OFF: usize = HEADER_LEN + COUNTERS * 8;
 /// The most slots a directory may have (2^28 entries = 12 GiB of directory).
@@ -70,8 +115,12 @@ pub mod counter {
     pub const LOOKUPS: usize = 11;
     /// Opens served by a stand-in (the arena file) without opening the dataset file.
     pub const STANDINS: usize = 12;
+    /// Files a program read itself on a miss (holding the claim) and handed to the agent.
+    pub const FILLS: usize = 13;
+    /// Bytes of those files.
+    pub const FILL_BYTES: usize = 14;
     /// Names of the counters above, in index order (for stats output).
-    pub const NAMES: [&str; 13] = [
+    pub const NAMES: [&str; 15] = [
         "opens",
         "cached_reads",
         "cached_bytes",
@@ -85,6 +134,8 @@ pub mod counter {
         "mmaps",
         "lookups",
         "standins",
+        "fills",
+        "fill_bytes",
     ];
 }
 
@@ -122,7 +173,65 @@ pub fn slots_for(files: usize) -> u32 {
 
 /// Total bytes of a directory file with `slots` slots.
 pub fn file_len(slots: u32) -> usize {
-    ENTRIES_OFF + slots as usize * ENTRY_LEN
+    ENTRIES_OFF + slots as usize * (ENTRY_LEN + CLAIM_LEN)
+}
+
+/// Whether the process `pid` exists and has not exited (another user's counts as existing; a
+/// killed process its parent has not reaped yet, a zombie, does not).
+pub fn alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if r != 0 {
+        return io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    }
+    // `/proc/<pid>/stat`: "pid (comm) S ...", the state after the last ')'.
+    match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let after = stat
+                .iter()
+                .rposition(|&b| b == b')')
+                .map_or(&stat[..], |i| &stat[i + 1..]);
+            !matches!(after.iter().find(|b| !b.is_ascii_whitespace()), Some(b'Z' | b'X'))
+        }
+        Err(_) => true,
+    }
+}
+
+/// Sleep until `word` may differ from `seen` (a wake on it, or `timeout`).
+fn futex_wait(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: a futex wait on a live, aligned u32 of a shared mapping (not FUTEX_PRIVATE: other
+    // processes wake it); the kernel only reads the word and the timespec.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0,
+        )
+    };
+}
+
+/// Wake every process waiting on `word`.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: a futex wake on a live, aligned u32 of a shared mapping.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0,
+        )
+    };
 }
 
 /// A shared mapping of a directory file.
@@ -213,6 +322,39 @@ impl Map {
         ENTRIES_OFF + i as usize * ENTRY_LEN
     }
 
+    /// The word of `key`'s claim; with `insert`, a claim slot is made for it when there is none.
+    fn claim_word(&self, key: u64, insert: bool) -> Option<&AtomicU32> {
+        if key == 0 {
+            return None;
+        }
+        let base = ENTRIES_OFF + self.slots as usize * ENTRY_LEN;
+        let mask = self.slots - 1;
+        let mut i = (key as u32) & mask;
+        for _ in 0..self.slots {
+            let s = base + i as usize * CLAIM_LEN;
+            let k = self.u64_at(s);
+            let mut cur = k.load(Ordering::Acquire);
+            if cur == 0 && insert {
+                cur = match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => key,
+                    Err(now) => now,
+                };
+            }
+            if cur == key {
+                return Some(self.u32_at(s + 8));
+            }
+            if cur == 0 {
+                return None;
+            }
+            i = (i + 1) & mask;
+        }
+        None
+    }
+
+    fn flags(&self) -> &AtomicU32 {
+        self.u32_at(FLAGS_OFF)
+    }
+
     fn lookup(&self, key: u64) -> Option<Entry> {
         if key == 0 {
             return None;
@@ -300,6 +442,7 @@ impl DirWriter {
             h[8..12].copy_from_slice(&VERSION.to_le_bytes());
             h[12..16].copy_from_slice(&slots.to_le_bytes());
             h[16..24].copy_from_slice(&root_key.to_le_bytes());
+            h[AGENT_PID_OFF..AGENT_PID_OFF + 4].copy_from_slice(&std::process::id().to_le_bytes());
             std::sync::atomic::fence(Ordering::Release);
             h[..8].copy_from_slice(MAGIC);
         }
@@ -349,6 +492,38 @@ impl DirWriter {
     /// The entry under `key`, as a reader would see it.
     pub fn lookup(&self, key: u64) -> Option<Entry> {
         self.map.lookup(key)
+    }
+
+    /// Let programs fill their misses themselves (claims in this directory, [`Request::Fill`]
+    /// to the agent), from now on.
+    ///
+    /// [`Request::Fill`]: crate::proto::Request::Fill
+    pub fn set_programs_fill(&self) {
+        self.map.flags().fetch_or(FLAG_PROGRAMS_FILL, Ordering::Release);
+    }
+
+    /// Settle `key`'s claim (made if there is none) to `word` ([`claim::DONE`],
+    /// [`claim::NOT_CACHED`] or [`claim::FREE`]) and wake the processes waiting on it. Record the
+    /// entry first: a waiter looks it up once woken.
+    pub fn settle(&self, key: u64, word: u32) {
+        if let Some(w) = self.map.claim_word(key, true) {
+            w.store(word, Ordering::Release);
+            futex_wake(w);
+        }
+    }
+
+    /// The word of `key`'s claim ([`claim::FREE`] when there is none).
+    pub fn claim_state(&self, key: u64) -> u32 {
+        self.map
+            .claim_word(key, false)
+            .map_or(claim::FREE, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Wait at most `timeout` for `key`'s claim to change from `seen`.
+    pub fn wait_claim(&self, key: u64, seen: u32, timeout: std::time::Duration) {
+        if let Some(w) = self.map.claim_word(key, false) {
+            futex_wait(w, seen, timeout);
+        }
     }
 
     /// The counters block (interposed processes add to it).
@@ -472,6 +647,63 @@ impl DirReader {
     /// The entry recorded under `key`, if it is ready.
     pub fn lookup(&self, key: u64) -> Option<Entry> {
         self.map.lookup(key)
+    }
+
+    /// Whether the agent lets programs fill their misses ([`FLAG_PROGRAMS_FILL`]).
+    pub fn programs_fill(&self) -> bool {
+        self.map.flags().load(Ordering::Acquire) & FLAG_PROGRAMS_FILL != 0
+    }
+
+    /// The agent's process id, as it recorded it.
+    pub fn agent_pid(&self) -> u32 {
+        self.map.u32_at(AGENT_PID_OFF).load(Ordering::Relaxed)
+    }
+
+    /// Claim `key` for process `pid` (see the module documentation).
+    pub fn claim(&self, key: u64, pid: u32) -> Claimed {
+        let Some(w) = self.map.claim_word(key, true) else {
+            return Claimed::Full;
+        };
+        loop {
+            match w.load(Ordering::Acquire) {
+                claim::FREE => {
+                    if w.compare_exchange(claim::FREE, pid, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Claimed::Won;
+                    }
+                }
+                claim::DONE => return Claimed::Done,
+                claim::NOT_CACHED => return Claimed::NotCached,
+                other => return Claimed::Held(other),
+            }
+        }
+    }
+
+    /// Take over `key`'s claim from `from` (a process that is gone); true when `pid` holds it now.
+    pub fn take_over(&self, key: u64, from: u32, pid: u32) -> bool {
+        self.map.claim_word(key, false).is_some_and(|w| {
+            w.compare_exchange(from, pid, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    }
+
+    /// Give back `pid`'s claim on `key` (the file was not handed over) and wake the waiters.
+    pub fn release(&self, key: u64, pid: u32) {
+        if let Some(w) = self.map.claim_word(key, false) {
+            if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                futex_wake(w);
+            }
+        }
+    }
+
+    /// Wait at most `timeout` for `key`'s claim to change from `seen`.
+    pub fn wait_claim(&self, key: u64, seen: u32, timeout: std::time::Duration) {
+        if let Some(w) = self.map.claim_word(key, false) {
+            futex_wait(w, seen, timeout);
+        }
     }
 
     /// The counters block shared with the agent and the other interposed processes.
@@ -616,6 +848,90 @@ mod tests {
     }
 
     #[test]
+    fn one_claim_per_file_across_processes_settled_by_the_agent() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("dir");
+        let w = DirWriter::create(&p, 10).unwrap();
+        let a = DirReader::open(&p).unwrap();
+        let b = DirReader::open(&p).unwrap();
+        assert_eq!(a.agent_pid(), std::process::id());
+        assert!(!a.programs_fill());
+        w.set_programs_fill();
+        assert!(a.programs_fill() && b.programs_fill());
+        let k = path_key(b"c/x.bin");
+        assert_eq!(a.claim(k, 100), Claimed::Won);
+        assert_eq!(b.claim(k, 200), Claimed::Held(100), "one reader per file");
+        assert_eq!(w.claim_state(k), 100);
+        assert!(!b.take_over(k, 99, 200), "only from the holder seen");
+        b.release(k, 200); // not the holder: no effect
+        assert_eq!(b.claim(k, 200), Claimed::Held(100));
+        a.release(k, 100);
+        assert_eq!(b.claim(k, 200), Claimed::Won, "a released claim is free");
+        assert!(a.take_over(k, 200, 300));
+        assert_eq!(b.claim(k, 200), Claimed::Held(300));
+        w.settle(k, claim::DONE);
+        assert_eq!(a.claim(k, 400), Claimed::Done);
+        let k2 = path_key(b"c/y.bin");
+        w.settle(k2, claim::NOT_CACHED);
+        assert_eq!(b.claim(k2, 5), Claimed::NotCached);
+        assert_eq!(w.claim_state(path_key(b"never")), claim::FREE);
+        assert!(claim::is_pid(5) && !claim::is_pid(claim::DONE) && !claim::is_pid(claim::FREE));
+    }
+
+    #[test]
+    fn claims_race_to_exactly_one_winner_and_waiters_wake_on_settle() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("dir");
+        let w = Arc::new(DirWriter::create(&p, 64).unwrap());
+        let keys: Vec<u64> = (0..64u64).map(|i| path_key(&i.to_le_bytes())).collect();
+        let racers: Vec<_> = (1..=6u32)
+            .map(|pid| {
+                let (p, keys, w) = (p.clone(), keys.clone(), w.clone());
+                std::thread::spawn(move || {
+                    let r = DirReader::open(&p).unwrap();
+                    let mut won = 0;
+                    for &k in &keys {
+                        match r.claim(k, pid) {
+                            Claimed::Won => {
+                                won += 1;
+                                w.settle(k, claim::DONE);
+                            }
+                            Claimed::Held(other) => {
+                                // Woken by the settle (or the holder's release): never left waiting.
+                                while claim::is_pid(w.claim_state(k)) {
+                                    r.wait_claim(k, other, std::time::Duration::from_secs(5));
+                                }
+                            }
+                            Claimed::Done => {}
+                            other => panic!("{other:?}"),
+                        }
+                        assert_eq!(w.claim_state(k), claim::DONE);
+                    }
+                    won
+                })
+            })
+            .collect();
+        let total: usize = racers.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(total, keys.len(), "every file claimed exactly once");
+    }
+
+    #[test]
+    fn a_process_that_exited_is_not_alive_even_before_it_is_reaped() {
+        assert!(alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited but not reaped: a zombie until `wait` (waitid with WNOWAIT leaves it so).
+        // SAFETY: siginfo_t is plain data; all zeros is a valid value.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waiting for our own child into a zeroed siginfo; WNOWAIT keeps it unreaped.
+        let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        assert_eq!(r, 0);
+        assert!(!alive(pid), "a zombie is not alive");
+        child.wait().unwrap();
+        assert!(!alive(pid));
+    }
+
+    #[test]
     fn reader_validates_the_header() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("dir");
@@ -633,8 +949,8 @@ mod tests {
         b[0] = b'X';
         check(&b, "magic");
         let mut b = good.clone();
-        b[8] = 2;
-        check(&b, "version 2");
+        b[8] = 9;
+        check(&b, "version 9");
         let mut b = good.clone();
         b[12] = 3;
         check(&b, "power of two");

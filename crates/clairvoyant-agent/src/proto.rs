@@ -3,7 +3,7 @@
 //! Every message is one frame, little-endian: `u32 len` (the number of bytes that follow), `u8
 //! kind`, then `len - 1` bytes of payload. A frame is at most [`MAX_FRAME`] bytes after the length
 //! field. The only bytes on the stream outside a frame are the `size` raw bytes that follow a
-//! [`Reply::Inline`].
+//! [`Reply::Inline`] or a [`Request::Fill`].
 //!
 //! | kind | message | payload |
 //! |------|---------|---------|
@@ -12,6 +12,7 @@
 //! | 0x03 | `Request::Attach` | `u32 pid` |
 //! | 0x04 | `Request::Stats` | empty |
 //! | 0x05 | `Request::Plan` | the order files' path pattern (1..=[`MAX_REL`] bytes, no NUL) |
+//! | 0x06 | `Request::Fill` | `u64 size, u64 change_ns`, the relative path's bytes (as for `Lookup`); then `size` raw bytes after the frame; no reply |
 //! | 0x81 | `Reply::Hello` | `u32 version, bytes root, bytes dir_path, u8 has_arena, [bytes arena_path], u64 arena_len` |
 //! | 0x82 | `Reply::Cached` | `u32 file, u64 size, u64 offset, u64 checksum` |
 //! | 0x83 | `Reply::Inline` | `u32 file, u64 size, u64 checksum`, then `size` raw bytes after the frame |
@@ -35,12 +36,16 @@ pub const VERSION: u32 = 1;
 pub const MAX_FRAME: usize = 64 * 1024;
 /// The longest relative path a `Lookup` may carry.
 pub const MAX_REL: usize = 4096;
+/// The largest file a program hands to the agent with `Fill` (bigger ones are filled by the
+/// agent on `Lookup`).
+pub const MAX_FILL: u64 = 64 << 20;
 
 const REQ_HELLO: u8 = 0x01;
 const REQ_LOOKUP: u8 = 0x02;
 const REQ_ATTACH: u8 = 0x03;
 const REQ_STATS: u8 = 0x04;
 const REQ_PLAN: u8 = 0x05;
+const REQ_FILL: u8 = 0x06;
 const REP_HELLO: u8 = 0x81;
 const REP_CACHED: u8 = 0x82;
 const REP_INLINE: u8 = 0x83;
@@ -80,6 +85,18 @@ pub enum Request {
     Plan {
         /// The order files' path, with `{node}` for the node's index.
         path: Vec<u8>,
+    },
+    /// A program read this file from the file system on a miss (it held the file's claim in the
+    /// shared directory): its `size` bytes follow the frame, for the node cache. One way: the
+    /// agent does not answer; it settles the claim in the shared directory instead.
+    Fill {
+        /// The file's path relative to the dataset root (normalized, as for `Lookup`).
+        rel: Vec<u8>,
+        /// The number of bytes that follow (at most [`MAX_FILL`]).
+        size: u64,
+        /// The file's last change as the program saw it before and after its read (ns, the later
+        /// of mtime and ctime).
+        change_ns: u64,
     },
 }
 
@@ -298,6 +315,22 @@ pub fn write_request(w: &mut impl Write, r: &Request) -> io::Result<()> {
             }
             write_frame(w, REQ_PLAN, path)
         }
+        Request::Fill { rel, size, change_ns } => {
+            if !is_normalized_rel(rel) || *size > MAX_FILL {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "fill of {:?} ({size} bytes): not a normalized relative path, or over {MAX_FILL} bytes",
+                        String::from_utf8_lossy(rel)
+                    ),
+                ));
+            }
+            let mut p = Vec::with_capacity(16 + rel.len());
+            p.extend_from_slice(&size.to_le_bytes());
+            p.extend_from_slice(&change_ns.to_le_bytes());
+            p.extend_from_slice(rel);
+            write_frame(w, REQ_FILL, &p)
+        }
     }
 }
 
@@ -353,8 +386,26 @@ pub fn read_request(r: &mut impl Read) -> io::Result<Request> {
             }
             Ok(Request::Plan { path: p })
         }
+        REQ_FILL => read_fill(&p),
         k => Err(invalid(format!("unknown request kind {k:#04x}"))),
     }
+}
+
+fn read_fill(p: &[u8]) -> io::Result<Request> {
+    let mut c = Cur {
+        b: p,
+        what: "fill request",
+    };
+    let size = c.u64()?;
+    let change_ns = c.u64()?;
+    let rel = c.b.to_vec();
+    if !is_normalized_rel(&rel) || size > MAX_FILL {
+        return Err(invalid(format!(
+            "fill of {:?} ({size} bytes): not a normalized relative path of at most {MAX_REL} bytes, or over {MAX_FILL} bytes",
+            String::from_utf8_lossy(&rel[..rel.len().min(256)])
+        )));
+    }
+    Ok(Request::Fill { rel, size, change_ns })
 }
 
 /// Write one reply frame. For `Inline`, the caller writes the `size` bytes right after.
@@ -520,6 +571,11 @@ mod tests {
             Request::Plan {
                 path: b"/dev/shm/clairvoyant-0/agent-1/order-{node}.txt".to_vec(),
             },
+            Request::Fill {
+                rel: b"train/n01440764/img_0002.JPEG".to_vec(),
+                size: MAX_FILL,
+                change_ns: u64::MAX,
+            },
         ]
     }
 
@@ -650,6 +706,9 @@ mod tests {
             frame(REQ_LOOKUP, b"a/b/"),
             frame(REQ_LOOKUP, b"a\0b"),
             frame(REQ_LOOKUP, &vec![b'a'; MAX_REL + 1]), // too long
+            frame(REQ_FILL, &[0; 15]),                   // short
+            frame(REQ_FILL, &[0; 16]),                   // no path
+            frame(REQ_FILL, &[&[0xff; 8][..], &[0; 8], b"a"].concat()), // over MAX_FILL
         ];
         for b in bad_requests {
             let err = read_request(&mut &b[..]).unwrap_err();
@@ -821,6 +880,7 @@ mod tests {
                 Request::Attach { pid: a },
                 Request::Stats,
                 Request::Plan { path: rel.clone() },
+                Request::Fill { rel: rel.clone(), size: b % (MAX_FILL + 1), change_ns: c },
             ];
             let reps = [
                 Reply::Hello { version: a, root: root.clone(), dir_path: PathBuf::from(OsStr::from_bytes(&rel)), arena_path: (b % 2 == 0).then(|| PathBuf::from(text.clone())), arena_len: c },

@@ -7,7 +7,7 @@
 //! the Python bindings only wrap it.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, BufWriter, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::dir::{counter, path_key, DirWriter, Entry};
+use crate::dir::{claim, counter, path_key, DirWriter, Entry};
 use crate::proto::{self, Reply, Request};
-use clairvoyant_core::engine::{Engine, Local};
+use clairvoyant_core::engine::{Adopted, Engine, Local};
 
 /// Connections served at once; more wait in the listen queue.
 const MAX_CONNECTIONS: usize = 4096;
@@ -37,6 +37,11 @@ struct Counts {
     direct: AtomicU64,
     unknown: AtomicU64,
     failed: AtomicU64,
+    /// Files programs read themselves and handed over (`Fill`), and those kept in the cache
+    /// (files, bytes).
+    fills: AtomicU64,
+    fills_kept: AtomicU64,
+    fill_bytes_kept: AtomicU64,
 }
 
 struct Shared {
@@ -165,6 +170,13 @@ impl Server {
         publish_prefilled(&self.shared, &engine);
         *self.shared.engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine);
         self.shared.engine_set.notify_all();
+    }
+
+    /// Let programs fill their misses themselves (order unknown, one node): the first opener
+    /// of a file claims it in the shared directory, reads it as it would directly and hands the
+    /// bytes over (`Fill`) without waiting; the agent keeps them and settles the claim.
+    pub fn let_programs_fill(&self) {
+        self.shared.dir.set_programs_fill();
     }
 
     /// Whether every launcher that attached has gone (and one had).
@@ -358,6 +370,15 @@ fn serve(s: &Shared, conn: UnixStream) -> bool {
             }
             Request::Stats => proto::write_reply(&mut w, &Reply::Json { text: stats_json(s) }),
             Request::Lookup { rel } => lookup(s, &rel, &mut w),
+            Request::Fill { rel, size, change_ns } => {
+                // One way: the bytes follow the frame, nothing is answered.
+                let mut bytes = vec![0u8; size as usize];
+                if r.read_exact(&mut bytes).is_err() {
+                    return attached;
+                }
+                fill(s, &rel, change_ns, &bytes);
+                Ok(())
+            }
         };
         if ok.and_then(|_| w.flush()).is_err() {
             return attached;
@@ -417,6 +438,62 @@ fn record(s: &Shared, file: u32, offset: u64, len: u64, checksum: u64) -> bool {
     }
 }
 
+/// A program read `rel` itself on a miss (it holds the file's claim) and handed over `bytes`,
+/// which were the file's with last change `change_ns`: keep them in the node cache, record the
+/// file in the shared directory, then settle the claim (waking the programs waiting on it).
+fn fill(s: &Shared, rel: &[u8], change_ns: u64, bytes: &[u8]) {
+    s.counts.fills.fetch_add(1, Ordering::Relaxed);
+    let key = path_key(rel);
+    let (Some(&file), Some(engine)) = (s.files.get(rel), s.engine_now()) else {
+        // Not a dataset file (or no cache yet): nobody claims it again; it is read directly.
+        s.dir.settle(key, claim::NOT_CACHED);
+        return;
+    };
+    let path = &s.paths[file as usize];
+    let unchanged = || {
+        std::fs::metadata(path).is_ok_and(|m| {
+            m.len() == bytes.len() as u64 && clairvoyant_core::source::last_change_ns(&m).max(0) as u64 == change_ns
+        })
+    };
+    let word = match engine.adopt(file, bytes, unchanged) {
+        Adopted::Mapped { offset, len, checksum } => {
+            let e = Entry {
+                file,
+                offset,
+                size: len,
+                checksum,
+                mtime_ns: change_ns,
+            };
+            s.dir.insert(key, &e);
+            claim::DONE
+        }
+        // Kept in a directory class: a lookup hands it out.
+        Adopted::Stored => claim::DONE,
+        Adopted::NotCached => claim::NOT_CACHED,
+        Adopted::Refused => claim::FREE,
+    };
+    if word == claim::DONE {
+        s.counts.fills_kept.fetch_add(1, Ordering::Relaxed);
+        s.counts
+            .fill_bytes_kept
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    }
+    s.dir.settle(key, word);
+}
+
+/// A program's claim on `key` in progress: wait for its fill (at most [`FILL_WAIT`], less when
+/// its process is gone) rather than read the file a second time.
+fn wait_for_program_fill(s: &Shared, key: u64) {
+    let until = Instant::now() + FILL_WAIT;
+    loop {
+        let word = s.dir.claim_state(key);
+        if !claim::is_pid(word) || !crate::dir::alive(word) || Instant::now() >= until {
+            return;
+        }
+        s.dir.wait_claim(key, word, Duration::from_millis(100));
+    }
+}
+
 fn lookup(s: &Shared, rel: &[u8], w: &mut impl Write) -> std::io::Result<()> {
     s.counts.lookups.fetch_add(1, Ordering::Relaxed);
     let Some(&file) = s.files.get(rel) else {
@@ -432,6 +509,7 @@ fn lookup(s: &Shared, rel: &[u8], w: &mut impl Write) -> std::io::Result<()> {
             },
         );
     };
+    wait_for_program_fill(s, s.keys[file as usize]);
     match engine.local(file, FILL_WAIT) {
         Local::Mapped { offset, len, checksum } => {
             if record(s, file, offset, len, checksum) {
@@ -497,7 +575,9 @@ fn stats_json(s: &Shared) -> String {
     format!(
         concat!(
             "{{\"files\": {}, \"attached\": {}, \"lookups\": {}, \"cached\": {}, \"inline\": {}, \"inline_bytes\": {}, ",
-            "\"direct\": {}, \"unknown\": {}, \"failed\": {}, \"cached_files\": {}, \"reads\": {{{}}}, ",
+            "\"direct\": {}, \"unknown\": {}, \"failed\": {}, \"program_fills\": {}, \"program_fills_kept\": {}, ",
+            "\"program_fill_bytes_kept\": {}, ",
+            "\"cached_files\": {}, \"reads\": {{{}}}, ",
             "\"pfs_bytes\": {}, \"pfs_files\": {}, \"peer_bytes\": {}, \"served_samples\": {}, ",
             "\"served_bytes\": {}, \"agent_cpu_s\": {:.3}, \"placed_files\": {}, \"placed_bytes\": {}}}"
         ),
@@ -510,6 +590,9 @@ fn stats_json(s: &Shared) -> String {
         load(&c.direct),
         load(&c.unknown),
         load(&c.failed),
+        load(&c.fills),
+        load(&c.fills_kept),
+        load(&c.fill_bytes_kept),
         s.dir.len(),
         reads.join(", "),
         pfs_bytes,

@@ -1,6 +1,7 @@
 //! The node agent's server over a real engine: lookups answered from the node cache and
 //! recorded in the shared directory, unknown files, a lazy agent started by an order, launchers
-//! attaching and leaving, and many connections served at once.
+//! attaching and leaving, many connections served at once, and files programs read themselves
+//! and hand over (`Fill`).
 #![cfg(feature = "server")]
 
 use std::os::unix::fs::FileExt;
@@ -431,4 +432,140 @@ fn concurrent_lookups_of_the_same_files_read_each_file_once() {
         drop(c);
         server.close();
     }
+}
+
+/// Hand `rel` (sample `i`) to the agent as a program that read it would: a `Fill` and the bytes.
+fn send_fill(sock: &Path, rel: &str, bytes: &[u8], change_ns: u64) {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    let req = clairvoyant_agent::proto::Request::Fill {
+        rel: rel.as_bytes().to_vec(),
+        size: bytes.len() as u64,
+        change_ns,
+    };
+    clairvoyant_agent::proto::write_request(&mut s, &req).unwrap();
+    s.write_all(bytes).unwrap();
+}
+
+fn change_ns(p: &Path) -> u64 {
+    clairvoyant_core::source::last_change_ns(&std::fs::metadata(p).unwrap()) as u64
+}
+
+/// Wait (on the claim's futex) until `rel`'s claim is settled, and return its word.
+fn settled(dir: &DirReader, rel: &str, holder: u32) -> u32 {
+    use clairvoyant_agent::dir::{claim, Claimed};
+    let key = path_key(rel.as_bytes());
+    let until = Instant::now() + WAIT;
+    loop {
+        // A probe with pid 1 never wins a held claim; it reports the word.
+        let word = match dir.claim(key, 1) {
+            Claimed::Held(p) if p == holder => None,
+            Claimed::Held(p) => Some(p),
+            Claimed::Done => Some(claim::DONE),
+            Claimed::NotCached => Some(claim::NOT_CACHED),
+            Claimed::Won => {
+                dir.release(key, 1);
+                Some(claim::FREE)
+            }
+            Claimed::Full => panic!("no room for a claim"),
+        };
+        if let Some(w) = word {
+            return w;
+        }
+        assert!(Instant::now() < until, "{rel}: the agent never settled the claim");
+        dir.wait_claim(key, holder, Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn bytes_a_program_read_are_kept_without_reading_the_file_again() {
+    use clairvoyant_agent::dir::{claim, Claimed};
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 12);
+    let e = engine(t.path(), &root, &rels, 1 << 30);
+    let (server, sock) = start(Some(e.clone()), t.path(), &root, &rels);
+    server.let_programs_fill();
+    let dir = DirReader::open(server.dir_path()).unwrap();
+    assert!(dir.programs_fill());
+    let me = std::process::id();
+    // A lookup of a file a live program has claimed waits for its fill, and never reads it.
+    let key0 = path_key(rels[0].as_bytes());
+    assert_eq!(dir.claim(key0, me), Claimed::Won);
+    let waiter = {
+        let (sock, rel) = (sock.clone(), rels[0].clone());
+        std::thread::spawn(move || Client::connect(&sock, WAIT).unwrap().lookup(rel.as_bytes()).unwrap().0)
+    };
+    for (i, r) in rels.iter().enumerate() {
+        let key = path_key(r.as_bytes());
+        if i > 0 {
+            assert_eq!(dir.claim(key, me), Claimed::Won);
+        }
+        send_fill(&sock, r, &content(i), change_ns(&root.join(r)));
+        assert_eq!(settled(&dir, r, me), claim::DONE, "{r}");
+        let entry = dir
+            .lookup(key)
+            .unwrap_or_else(|| panic!("{r} recorded before the claim is settled"));
+        let arena = std::fs::File::open(e.segments().1.unwrap()).unwrap();
+        let mut got = vec![0u8; entry.size as usize];
+        arena.read_exact_at(&mut got, entry.offset).unwrap();
+        assert_eq!(got, content(i), "{r} in the arena");
+        assert_eq!(clairvoyant_agent::checksum(&got), entry.checksum);
+    }
+    assert!(matches!(waiter.join().unwrap(), Reply::Cached { file: 0, .. }));
+    let mut c = Client::connect(&sock, WAIT).unwrap();
+    assert_eq!(read_all(&mut c, &e, &rels), (rels.len(), 0, 0));
+    assert_eq!(stat(&mut c, "pfs_files"), 0, "the agent read nothing itself");
+    assert_eq!(stat(&mut c, "program_fills_kept"), rels.len() as u64);
+    server.close();
+}
+
+#[test]
+fn a_fill_of_a_changed_or_unknown_file_is_not_kept() {
+    use clairvoyant_agent::dir::{claim, Claimed};
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 4);
+    let e = engine(t.path(), &root, &rels, 1 << 30);
+    let (server, sock) = start(Some(e.clone()), t.path(), &root, &rels);
+    server.let_programs_fill();
+    let dir = DirReader::open(server.dir_path()).unwrap();
+    let me = std::process::id();
+    // The file's last change is not the one the program read: the claim is free again.
+    assert_eq!(dir.claim(path_key(rels[1].as_bytes()), me), Claimed::Won);
+    send_fill(&sock, &rels[1], &content(1), change_ns(&root.join(&rels[1])) + 1);
+    assert_eq!(settled(&dir, &rels[1], me), claim::FREE);
+    assert!(dir.lookup(path_key(rels[1].as_bytes())).is_none());
+    // Not a dataset file: nobody claims it again.
+    assert_eq!(dir.claim(path_key(b"c0/new.bin"), me), Claimed::Won);
+    send_fill(&sock, "c0/new.bin", b"abc", 1);
+    assert_eq!(settled(&dir, "c0/new.bin", me), claim::NOT_CACHED);
+    let mut c = Client::connect(&sock, WAIT).unwrap();
+    assert_eq!(stat(&mut c, "program_fills"), 2);
+    assert_eq!(stat(&mut c, "program_fills_kept"), 0);
+    server.close();
+}
+
+#[test]
+fn a_claim_whose_program_is_gone_does_not_hold_up_a_lookup() {
+    use clairvoyant_agent::dir::Claimed;
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 3);
+    let e = engine(t.path(), &root, &rels, 1 << 30);
+    let (server, sock) = start(Some(e.clone()), t.path(), &root, &rels);
+    server.let_programs_fill();
+    let dir = DirReader::open(server.dir_path()).unwrap();
+    // A program that claimed the file and was killed before it handed it over.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let key = path_key(rels[2].as_bytes());
+    assert_eq!(dir.claim(key, pid), Claimed::Won);
+    assert!(!clairvoyant_agent::dir::alive(pid));
+    let mut c = Client::connect(&sock, WAIT).unwrap();
+    assert!(matches!(
+        c.lookup(rels[2].as_bytes()).unwrap().0,
+        Reply::Cached { file: 2, .. }
+    ));
+    // A program may take the claim over, too.
+    assert!(dir.take_over(key, pid, std::process::id()));
+    server.close();
 }

@@ -137,6 +137,10 @@ pub enum Found {
     },
     /// Sent on the socket, checksum already verified.
     Inline { bytes: Box<[u8]> },
+    /// Read from the file by this process on a miss it claimed (and handed to the agent).
+    Own { bytes: Box<[u8]> },
+    /// This process holds the file's claim: the real open reads it ([`crate::fill::read`]).
+    Claimed(crate::fill::Claim),
     /// Read the file system.
     Direct,
     /// The agent says this is not a dataset file: do not track it.
@@ -562,15 +566,13 @@ pub fn session(cfg: &Config) -> Option<Arc<Session>> {
     c.session.clone()
 }
 
-/// Ask the agent where `rel` is. Any failure counts FALLBACKS and answers `Direct`.
-pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
-    let (session, pooled) = {
+/// Run `f` on a connection of the calling thread's own: an idle one of the process's pool, or a
+/// new one; when every slot is taken, the main connection under its mutex. The caller has made
+/// sure the agent may be asked (`Conn::ensure`). No lock is held while `f` runs on a pooled one.
+fn on_connection<T>(cfg: &Config, f: impl Fn(&UnixStream) -> Result<T, String>) -> Result<T, String> {
+    let pooled = {
         let l = Locked::new();
         let c = l.conn();
-        if c.ensure(cfg).is_err() {
-            count(c.session.as_deref(), counter::FALLBACKS, 1);
-            return Found::Direct;
-        }
         let mut pooled = None;
         while let Some(p) = c.idle.pop() {
             if p.valid() {
@@ -579,14 +581,11 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             }
             p.release();
         }
-        (c.session.clone(), pooled)
+        pooled
     };
-    count(session.as_deref(), counter::LOOKUPS, 1);
-    // The round trip (a fill of the file, perhaps) holds no lock: other threads look up at the
-    // same time on connections of their own.
-    let answer = match pooled.or_else(|| connect_pooled(cfg)) {
+    match pooled.or_else(|| connect_pooled(cfg)) {
         Some(p) => {
-            let res = exchange(&p.stream, rel, cfg);
+            let res = f(&p.stream);
             let l = Locked::new();
             let c = l.conn();
             if res.is_ok() {
@@ -606,7 +605,7 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             let c = l.conn();
             let res = match c.ensure(cfg) {
                 Ok(()) => match c.stream.as_ref() {
-                    Some(s) => exchange(s, rel, cfg),
+                    Some(s) => f(s),
                     None => Err("not connected".into()),
                 },
                 Err(e) => Err(e),
@@ -616,7 +615,81 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             }
             res
         }
+    }
+}
+
+/// Send all of `bytes` on `s` (`MSG_NOSIGNAL`: an agent gone is an error, not a `SIGPIPE`).
+fn send_all(s: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: sending from a live slice on our own socket.
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                bytes.as_ptr() as *const libc::c_void,
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
+/// Hand `bytes`, the whole of `rel` as of its last change `change_ns`, read by this process on a
+/// miss it claimed, to the agent: one `Fill` frame and the bytes, no answer awaited (the agent
+/// settles the claim). False when they could not be sent.
+pub fn hand_over(cfg: &Config, rel: &[u8], change_ns: u64, bytes: &[u8]) -> bool {
+    {
+        let l = Locked::new();
+        if l.conn().ensure(cfg).is_err() {
+            return false;
+        }
+    }
+    let mut frame = Vec::with_capacity(32 + rel.len());
+    let req = Request::Fill {
+        rel: rel.to_vec(),
+        size: bytes.len() as u64,
+        change_ns,
     };
+    if proto::write_request(&mut frame, &req).is_err() {
+        return false;
+    }
+    let sent = on_connection(cfg, |s| {
+        send_all(s, &frame)
+            .and_then(|_| send_all(s, bytes))
+            .map_err(|e| format!("send a fill: {e}"))
+    });
+    match sent {
+        Ok(()) => true,
+        Err(e) => {
+            Locked::new().conn().fail(&e, cfg);
+            false
+        }
+    }
+}
+
+/// Ask the agent where `rel` is. Any failure counts FALLBACKS and answers `Direct`.
+pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
+    let session = {
+        let l = Locked::new();
+        let c = l.conn();
+        if c.ensure(cfg).is_err() {
+            count(c.session.as_deref(), counter::FALLBACKS, 1);
+            return Found::Direct;
+        }
+        c.session.clone()
+    };
+    count(session.as_deref(), counter::LOOKUPS, 1);
+    // The round trip (a fill of the file, perhaps) holds no lock: other threads look up at the
+    // same time on connections of their own.
+    let answer = on_connection(cfg, |s| exchange(s, rel, cfg));
     let (reply, inline) = match answer {
         Ok(a) => a,
         Err(e) => {
@@ -626,6 +699,18 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             return Found::Direct;
         }
     };
+    answer_to_found(cfg, session, rel, size, reply, inline)
+}
+
+/// What a lookup's answer means for the open of `rel` (`size` bytes at open).
+fn answer_to_found(
+    cfg: &Config,
+    session: Option<Arc<Session>>,
+    rel: &[u8],
+    size: u64,
+    reply: Reply,
+    inline: Option<Box<[u8]>>,
+) -> Found {
     match reply {
         Reply::Cached {
             file,
@@ -699,6 +784,12 @@ pub fn lookup(cfg: &Config, rel: &[u8], size: u64) -> Found {
             Found::Direct
         }
     }
+}
+
+/// Whether the agent is in back-off after a failure (it is not asked now).
+pub fn agent_down() -> bool {
+    let l = Locked::new();
+    l.conn().down_until.is_some_and(|t| Instant::now() < t)
 }
 
 /// The current session without connecting.

@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod fill;
 mod paths;
 mod real;
 mod table;
@@ -124,6 +125,8 @@ const DROPPED: u8 = 2;
 enum Src {
     Arena(Entry),
     Inline(Box<[u8]>),
+    /// The bytes this process read from the file at open (a miss it filled itself).
+    Own(Box<[u8]>),
     Direct,
 }
 
@@ -225,7 +228,7 @@ impl FdInfo {
         }
         let bytes = match &self.src {
             Src::Arena(e) => self.session.as_ref()?.arena.as_ref()?.slice(e.offset, e.size),
-            Src::Inline(b) => Some(&b[..]),
+            Src::Inline(b) | Src::Own(b) => Some(&b[..]),
             Src::Direct => None,
         };
         let Some(bytes) = bytes else {
@@ -268,6 +271,8 @@ impl FdInfo {
                 self.count(counter::INLINE_READS, 1);
                 self.count(counter::INLINE_BYTES, n as u64);
             }
+            // Bytes this process read from the file system itself.
+            Src::Own(_) => self.count_direct(n as ssize_t),
             _ => {
                 self.count(counter::CACHED_READS, 1);
                 self.count(counter::CACHED_BYTES, n as u64);
@@ -378,32 +383,13 @@ fn track(cfg: &Config, fd: c_int, rel: Vec<u8>, flags: c_int, known: Option<Foun
             count(client::current().as_deref(), counter::STALE, 1);
             Found::Direct
         }
+        Some(Found::Claimed(claim)) => fill::read(cfg, claim, fd, &st, &rel),
         Some(found) => found,
-        None => {
-            let session = client::session(cfg);
-            let from_dir = session
-                .as_ref()
-                .and_then(|s| s.dir.as_ref())
-                .and_then(|d| d.lookup(path_key(&rel)));
-            match (from_dir, &session) {
-                (Some(e), Some(s)) if s.arena.is_some() => {
-                    if e.size == size && e.mtime_ns == change {
-                        Found::Arena {
-                            session: s.clone(),
-                            entry: e,
-                            change_known: true,
-                        }
-                    } else {
-                        count(Some(s), counter::STALE, 1);
-                        Found::Direct
-                    }
-                }
-                _ => client::lookup(cfg, &rel, size),
-            }
-        }
+        None => find(cfg, fd, &st, &rel),
     };
     let (src, session, change_ns) = match found {
-        Found::Unknown => return,
+        Found::Unknown | Found::Claimed(_) => return,
+        Found::Own { bytes } => (Src::Own(bytes), client::current(), change),
         Found::Direct => (Src::Direct, client::current(), change),
         Found::Inline { bytes } => (Src::Inline(bytes), client::current(), change),
         Found::Arena {
@@ -429,6 +415,39 @@ fn track(cfg: &Config, fd: c_int, rel: Vec<u8>, flags: c_int, known: Option<Foun
         standin: None,
     };
     TABLE.set(fd, Some(Arc::new(info)));
+}
+
+/// Where the bytes of `rel`, open for real as `fd` (`st` its `fstat`), are: the shared directory
+/// (no round trip), else a miss: read by this process when the agent lets programs fill (it
+/// claims the file, or waits for the process that has), else asked of the agent.
+fn find(cfg: &Config, fd: c_int, st: &libc::stat, rel: &[u8]) -> Found {
+    let (size, change) = (st.st_size as u64, last_change_ns(st));
+    let Some(session) = client::session(cfg) else {
+        return client::lookup(cfg, rel, size);
+    };
+    let cached = |e: Entry| {
+        if session.arena.is_none() {
+            client::lookup(cfg, rel, size)
+        } else if e.size == size && e.mtime_ns == change {
+            Found::Arena {
+                session: session.clone(),
+                entry: e,
+                change_known: true,
+            }
+        } else {
+            count(Some(&session), counter::STALE, 1);
+            Found::Direct
+        }
+    };
+    if let Some(e) = session.dir.as_ref().and_then(|d| d.lookup(path_key(rel))) {
+        return cached(e);
+    }
+    match fill::miss(cfg, &session, rel, size) {
+        fill::Miss::Ask => client::lookup(cfg, rel, size),
+        fill::Miss::Cached(e) => cached(e),
+        fill::Miss::Direct => Found::Direct,
+        fill::Miss::Read(claim) => fill::read(cfg, claim, fd, st, rel),
+    }
 }
 
 /// Every open variant ends here with `call`, the exact real function.

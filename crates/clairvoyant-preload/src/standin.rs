@@ -16,6 +16,7 @@
 //! holds a copy).
 
 use crate::client::{self, count, Found};
+use crate::fill;
 use crate::paths::Config;
 use crate::real::{self, errno, set_errno};
 use crate::{
@@ -129,9 +130,19 @@ pub(crate) fn open(cfg: &Config, dirfd: c_int, path: *const c_char, p: &[u8], re
             entry,
             change_known: true,
         },
-        // Not cached yet (or not known to be): the agent fills it now, or waits for the fill in
-        // progress, and says where its bytes are.
-        None => client::lookup(cfg, rel, size),
+        // Not cached yet (or not known to be): this process reads it itself (the real open
+        // does) when the agent lets programs fill, or waits for the process that does; else the
+        // agent fills it now, or waits for the fill in progress, and says where its bytes are.
+        None => match fill::miss(cfg, &session, rel, size) {
+            fill::Miss::Cached(entry) => Found::Arena {
+                session,
+                entry,
+                change_known: true,
+            },
+            fill::Miss::Ask => client::lookup(cfg, rel, size),
+            fill::Miss::Direct => return Tried::Real(Some(Found::Direct)),
+            fill::Miss::Read(claim) => return Tried::Real(Some(Found::Claimed(claim))),
+        },
     };
     // Bytes from a peer or a directory class (`Inline`) go to the real open's fd, as before.
     let Found::Arena {

@@ -47,6 +47,12 @@ impl PyAgentServer {
         Ok(PyAgentServer { server })
     }
 
+    /// Let programs fill their misses themselves (order unknown, one node): the first opener of
+    /// a file claims it in the shared directory, reads it and hands the bytes over.
+    fn let_programs_fill(&self) {
+        self.server.let_programs_fill();
+    }
+
     /// Block until no launcher is attached any more (after one was), or none attached within
     /// `idle_wait` seconds of the start; wakes for Ctrl-C.
     fn wait_idle(&self, py: Python<'_>, idle_wait: f64) -> PyResult<()> {

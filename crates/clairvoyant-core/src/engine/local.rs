@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::{ClassStore, Engine, Src};
 use crate::plan::UNCACHED;
-use crate::tier::{checksum, Acquire, Verified, READY};
+use crate::tier::{checksum, Acquire, Filled, Verified, READY};
 
 /// Where a program on this node finds a dataset file's bytes.
 #[derive(Debug)]
@@ -25,6 +25,19 @@ pub enum Local {
     Direct,
     /// Reading it from its origin failed (the message names the file).
     Failed(String),
+}
+
+/// What became of the bytes a program handed to the node cache ([`Engine::adopt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adopted {
+    /// In the memory arena, as for [`Local::Mapped`].
+    Mapped { offset: u64, len: u64, checksum: u64 },
+    /// In a class that is not mapped (a directory): [`Engine::local`] hands out a copy.
+    Stored,
+    /// This node does not cache the sample (placed elsewhere, or its class is full).
+    NotCached,
+    /// Not kept now: the file changed or has another size, or another fill holds the sample.
+    Refused,
 }
 
 /// What a node agent runs for each sample its prefill has filled (see [`Engine::on_prefilled`]).
@@ -156,6 +169,58 @@ impl Engine {
                     source: Src::Ssd,
                 }
             }
+        }
+    }
+
+    /// Keep `bytes`, which a program on this node has just read from `sample`'s dataset file (a
+    /// miss it read itself, as it would directly), in the node cache where the sample is placed,
+    /// as a fill from the dataset would, without reading the file again. `unchanged` is asked
+    /// once the fill's stamp is taken, before anything is kept: whether the file is still the
+    /// one the program read (its size and last change), so a copy of an older file is never kept.
+    /// The bytes are the program's: the checksum recorded is computed from them here.
+    pub fn adopt(&self, sample: u32, bytes: &[u8], unchanged: impl FnOnce() -> bool) -> Adopted {
+        let inner = &self.inner;
+        let Some(&class) = inner.node.class_of.get(sample as usize) else {
+            return Adopted::NotCached;
+        };
+        if class == UNCACHED {
+            return Adopted::NotCached;
+        }
+        if inner.source.size(sample) != bytes.len() as u64 {
+            return Adopted::Refused;
+        }
+        let state = inner.node.cache.state();
+        match state.acquire(sample, Duration::ZERO) {
+            Acquire::Claimed => {}
+            Acquire::Ready => {
+                return match self.local(sample, Duration::ZERO) {
+                    Local::Mapped { offset, len, checksum } => Adopted::Mapped { offset, len, checksum },
+                    Local::Bytes { .. } => Adopted::Stored,
+                    _ => Adopted::Refused,
+                }
+            }
+            Acquire::NoSpace => return Adopted::NotCached,
+            Acquire::Busy => return Adopted::Refused,
+        }
+        let class = class as usize;
+        let place = inner.node.offset[sample as usize];
+        let stamp = inner.stamp();
+        if !unchanged() {
+            state.abandon(sample);
+            return Adopted::Refused;
+        }
+        match inner.node.cache.fill(class, sample, place, bytes, stamp, false) {
+            Filled::Ready => inner.mark_checked(sample),
+            Filled::NoSpace => return Adopted::NotCached,
+            Filled::Failed(_) => return Adopted::Refused,
+        }
+        match inner.node.stores[class] {
+            ClassStore::Mapped => Adopted::Mapped {
+                offset: place,
+                len: bytes.len() as u64,
+                checksum: state.record(sample).0,
+            },
+            ClassStore::Copy => Adopted::Stored,
         }
     }
 

@@ -32,7 +32,7 @@ mod staging;
 mod stats;
 
 use key::node_key;
-pub use local::{Local, Prefilled};
+pub use local::{Adopted, Local, Prefilled};
 use node_plan::shared_plan;
 pub use node_plan::PlanOrigin;
 use peer::ClusterShare;
