@@ -14,10 +14,10 @@ use crate::error::Result;
 use crate::plan::{NO_NODE, UNCACHED};
 use crate::tier::{Acquire, Verified, READY};
 
-/// A peer fetch (or a wait for another local process's fill of the sample, see
-/// [`Inner::claim_wait`]) may take this many times the model's time to read the sample from the
-/// dataset's storage before that storage is read instead (and the peer is taken off the data
-/// path, the local claimant read around until it makes progress).
+/// A peer fetch (or a wait for another local process's fill of the sample, `engine/claims.rs`)
+/// may take this many times the model's time to read the sample from the dataset's storage
+/// before that storage is read instead (and the peer is taken off the data path, the local
+/// claimant read around until it makes progress).
 pub const PEER_DEADLINE_FACTOR: f64 = 2.0;
 /// The shortest deadline of a peer fetch or of a wait for a local claimant: a peer or local
 /// process that is alive delivers a small sample well within it even on a loaded node; a
