@@ -87,3 +87,34 @@ impl Inner {
         got
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_mark_lasts_while_its_claim_is_held_and_goes_when_it_moves_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateSegment::open(dir.path(), "slow", 4).unwrap();
+        let slow = SlowClaimants::new();
+        assert!(state.claim(1));
+        let (slot, word) = state.claimant(1).unwrap();
+        assert_eq!(slot, state.own_slot());
+        assert!(!slow.is_slow(&state, slot));
+        slow.mark(slot, 1, word);
+        assert!(slow.is_slow(&state, slot), "the claim is still held");
+        assert!(!slow.is_slow(&state, slot + 1), "another process is not marked");
+        state.publish(1, 0, 0);
+        assert!(!slow.is_slow(&state, slot), "the claimant made progress");
+        assert!(state.claim(2));
+        assert!(
+            !slow.is_slow(&state, slot),
+            "the mark was dropped, not moved to a new claim"
+        );
+        slow.mark(MAX_PROCESSES as u32, 2, word);
+        assert!(
+            !slow.is_slow(&state, MAX_PROCESSES as u32),
+            "a slot out of range is ignored"
+        );
+    }
+}
