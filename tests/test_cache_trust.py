@@ -491,6 +491,7 @@ RANK_SCRIPT = """
     fs = clairvoyant.EmulatedFs(sys.argv[2], open_latency_ms=15.0, bandwidth_mbps=200.0)
     src = clairvoyant.FileList(listing, emulated=fs)
     job = clairvoyant.Job(src, batch_size=8, epochs=2, config=sys.argv[3])
+    step = float(os.environ.get("CV_STEP_SECONDS", 0))
     t0 = time.monotonic()
     wrong = 0
     for e in range(2):
@@ -500,6 +501,8 @@ RANK_SCRIPT = """
             if job.rank == 1 and e == 0:
                 print("CONSUMING", flush=True)
                 time.sleep(10)
+            elif step:
+                time.sleep(step)  # a training step per sample (CV_STEP_SECONDS)
     emit(wrong=wrong, seconds=time.monotonic() - t0, stall=[s["stall_seconds"] for s in job.stats()],
          samples=[s["samples"] for s in job.stats()])
     job.close()
@@ -550,6 +553,71 @@ def test_killed_rank_does_not_stall_the_survivor(tmp_path, shm):
     lone = result(subprocess.CompletedProcess(alone.args, alone.returncode, out, err))
     extra = sum(killed["stall"]) - sum(lone["stall"])
     assert extra <= 1.0, f"the survivor stalled {extra:.2f} s more because of the killed rank"
+
+
+def test_stopped_rank_costs_the_survivor_one_deadline(tmp_path, shm):
+    """Rank 1 is stopped (SIGSTOP) in epoch 0 while its fill threads hold claims on samples of
+    the shared node cache (each read takes 15 ms), for ``CV_STOP_SECONDS`` (default 20) or until
+    rank 0 is done, whichever comes first. Rank 0 waits for a stopped claimant about one deadline
+    (2 s here), not the 30 s fill time-out per claim, reads those samples itself and gets every
+    sample of both epochs once, in order, with the right bytes. Its extra stall is printed.
+    ``CV_STEP_SECONDS`` (default 0) is rank 0's training step per sample: 0.1 makes its run
+    (about 40 s) outlast a 30 s stop, which then ends while rank 0 trains."""
+    stop_seconds = float(os.environ.get("CV_STOP_SECONDS", 20))
+    step = os.environ.get("CV_STEP_SECONDS", "0")
+    listing = file_dataset(tmp_path, 400)
+    cfg = memory_config(tmp_path / "system.toml")
+    s = script(tmp_path, "rank", RANK_SCRIPT)
+
+    def launch(rank, run_id):
+        env = base_env(
+            shm,
+            RANK=rank,
+            WORLD_SIZE=2,
+            LOCAL_RANK=rank,
+            LOCAL_WORLD_SIZE=2,
+            CLAIRVOYANT_RUN_ID=run_id,
+            CLAIRVOYANT_CACHE_DIR=tmp_path / "index",
+            CV_STEP_SECONDS=step,
+        )
+        return subprocess.Popen(
+            [sys.executable, str(s), str(listing), str(tmp_path / f"fs-{run_id}"), str(cfg)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    victim = launch(1, "stopped")
+    try:
+        assert victim.stdout.readline().strip() == "CONSUMING"
+        victim.send_signal(signal.SIGSTOP)  # its fill threads are mid-read, holding claims
+        t0 = time.monotonic()
+        survivor = launch(0, "stopped")
+        try:
+            survivor.wait(timeout=stop_seconds)
+        except subprocess.TimeoutExpired:
+            pass
+        stopped_for = time.monotonic() - t0
+        victim.send_signal(signal.SIGCONT)
+        out, err = survivor.communicate(timeout=120)
+    finally:
+        victim.kill()
+        victim.wait()
+    stopped = result(subprocess.CompletedProcess(survivor.args, survivor.returncode, out, err))
+    assert stopped["wrong"] == 0 and stopped["samples"] == [200, 200]
+    # A lone rank 0 in a run where rank 1 never fills anything: the survivor's stall without
+    # a stopped sibling.
+    alone = launch(0, "alone")
+    out, err = alone.communicate(timeout=120)
+    lone = result(subprocess.CompletedProcess(alone.args, alone.returncode, out, err))
+    extra = sum(stopped["stall"]) - sum(lone["stall"])
+    print(
+        f"rank 1 stopped {stopped_for:.1f} s (limit {stop_seconds:g} s): rank 0 took {stopped['seconds']:.2f} s, "
+        f"stalled {sum(stopped['stall']):.2f} s; alone {lone['seconds']:.2f} s, stalled {sum(lone['stall']):.2f} s; "
+        f"extra stall {extra:.2f} s"
+    )
+    assert extra < 15, f"the survivor stalled {extra:.2f} s more because of the stopped rank"
 
 
 def test_rerun_after_a_crash_gets_a_clean_cache(tmp_path, shm):

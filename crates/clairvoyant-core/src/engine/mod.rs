@@ -21,6 +21,7 @@ use crate::schedule::Schedule;
 use crate::source::Source;
 use crate::tier::{ClassRequest, NodeCache};
 
+mod claims;
 mod key;
 mod local;
 mod node_plan;
@@ -210,7 +211,10 @@ struct Inner {
     shutdown: AtomicBool,
     /// Every prefetch thread has exited (after shutdown): nothing writes into the ring any more.
     producers_gone: AtomicBool,
+    /// How long a fill by this process is waited for (another process's: [`Inner::claim_wait`]).
     fill_timeout: Duration,
+    /// Other local processes whose fill claims outlasted their deadline.
+    slow_claimants: claims::SlowClaimants,
     stats: Mutex<Vec<EpochStats>>,
     pfs_bytes: AtomicU64,
     pfs_files: AtomicU64,
@@ -1064,6 +1068,7 @@ impl Inner {
             shutdown: AtomicBool::new(false),
             producers_gone: AtomicBool::new(false),
             fill_timeout: Duration::from_secs(30),
+            slow_claimants: claims::SlowClaimants::new(),
             stats: Mutex::new(
                 (0..spec.schedule.epochs)
                     .map(|epoch| EpochStats {

@@ -14,13 +14,17 @@ use crate::error::Result;
 use crate::plan::{NO_NODE, UNCACHED};
 use crate::tier::{Acquire, Verified, READY};
 
-/// A peer fetch may take this many times the model's time to read the sample from the dataset's
-/// storage before that storage is read instead (and the peer is taken off the data path).
+/// A peer fetch (or a wait for another local process's fill of the sample, `engine/claims.rs`)
+/// may take this many times the model's time to read the sample from the dataset's storage
+/// before that storage is read instead (and the peer is taken off the data path, the local
+/// claimant read around until it makes progress).
 pub const PEER_DEADLINE_FACTOR: f64 = 2.0;
-/// The shortest deadline of a peer fetch: a peer that is alive answers a small sample well
-/// within it even on a loaded node; a stopped one costs the data path about this much once.
+/// The shortest deadline of a peer fetch or of a wait for a local claimant: a peer or local
+/// process that is alive delivers a small sample well within it even on a loaded node; a
+/// stopped one costs the data path about this much once.
 pub const PEER_DEADLINE_FLOOR: Duration = Duration::from_secs(2);
-/// The longest deadline of a peer fetch, whatever the model says of a large sample.
+/// The longest deadline of a peer fetch (or of a wait for a local claimant), whatever the model
+/// says of a large sample.
 pub const PEER_DEADLINE_CEILING: Duration = Duration::from_secs(5);
 
 /// What a peer answered to a fetch.
@@ -169,7 +173,7 @@ impl Inner {
     /// within [`PEER_DEADLINE_FLOOR`] (scheduling noise on a loaded node is not a stall) and
     /// [`PEER_DEADLINE_CEILING`].
     pub(super) fn peer_deadline(&self, bytes: u64) -> Duration {
-        peer_deadline(self.pfs_speed, bytes)
+        storage_deadline(self.pfs_speed, bytes)
     }
 
     /// Read `sample` from where it originates for this node: its primary node if that is
@@ -257,8 +261,10 @@ impl Inner {
     }
 }
 
-/// See [`Inner::peer_deadline`]; `(latency, bytes_per_second)` of the dataset's storage.
-fn peer_deadline((latency, bytes_per_second): (f64, f64), bytes: u64) -> Duration {
+/// The deadline rule of [`Inner::peer_deadline`] and [`Inner::claim_wait`]:
+/// [`PEER_DEADLINE_FACTOR`] times the model's time to read `bytes` from the dataset's storage,
+/// `(latency, bytes_per_second)`, within [`PEER_DEADLINE_FLOOR`] and [`PEER_DEADLINE_CEILING`].
+pub(super) fn storage_deadline((latency, bytes_per_second): (f64, f64), bytes: u64) -> Duration {
     let fs = latency + bytes as f64 / bytes_per_second.max(1.0);
     let d = Duration::try_from_secs_f64(fs * PEER_DEADLINE_FACTOR).unwrap_or(PEER_DEADLINE_CEILING);
     d.clamp(PEER_DEADLINE_FLOOR, PEER_DEADLINE_CEILING)
@@ -272,19 +278,19 @@ mod tests {
     fn the_peer_deadline_follows_the_file_system_within_floor_and_ceiling() {
         let fs = (0.01, 100e6); // 10 ms to open, 100 MB/s
         assert_eq!(
-            peer_deadline(fs, 4096),
+            storage_deadline(fs, 4096),
             PEER_DEADLINE_FLOOR,
             "a small sample: the floor"
         );
         // 200 MB: 2.01 s on the file system, twice that from a peer.
-        let big = peer_deadline(fs, 200_000_000);
+        let big = storage_deadline(fs, 200_000_000);
         assert!((big.as_secs_f64() - 4.02).abs() < 1e-6, "{big:?}");
-        assert_eq!(peer_deadline(fs, 10_000_000_000), PEER_DEADLINE_CEILING);
+        assert_eq!(storage_deadline(fs, 10_000_000_000), PEER_DEADLINE_CEILING);
         assert_eq!(
-            peer_deadline((f64::NAN, 0.0), 1),
+            storage_deadline((f64::NAN, 0.0), 1),
             PEER_DEADLINE_CEILING,
             "a nonsense model: the ceiling"
         );
-        assert_eq!(peer_deadline((0.0, f64::INFINITY), u64::MAX), PEER_DEADLINE_FLOOR);
+        assert_eq!(storage_deadline((0.0, f64::INFINITY), u64::MAX), PEER_DEADLINE_FLOOR);
     }
 }

@@ -207,7 +207,7 @@ impl Inner {
         if let Some((class, ClassStore::Copy)) = self.store_of(sample) {
             let state = self.node.cache.state();
             let place = self.node.offset[sample as usize];
-            match state.acquire(sample, self.fill_timeout) {
+            match self.acquire_claim(sample, len) {
                 Acquire::Ready => {
                     let good = self.node.cache.read_verified(class, sample, place, dst) == Verified::Good;
                     if good && self.current_in(sample, round) {
@@ -253,11 +253,11 @@ impl Inner {
 
     /// A sample of the mapped memory class: served in place (checked by the consumer, see
     /// [`Inner::check_mapped`]); filled in place when this rank claims it; read into a private
-    /// buffer when the dataset file changed, the class has no room for it, or its filler is
-    /// stuck.
+    /// buffer when the dataset file changed, the class has no room for it, or another process's
+    /// fill of it outlasted its deadline ([`Inner::acquire_claim`]).
     fn fetch_mapped(&self, sample: u32, len: u64, round: u32) -> Result<Fetched> {
         let (class, _) = self.store_of(sample).expect("mapped class");
-        match self.node.cache.state().acquire(sample, self.fill_timeout) {
+        match self.acquire_claim(sample, len) {
             Acquire::Ready if self.current_in(sample, round) => return Ok(Fetched::from(Src::Memory)),
             Acquire::Claimed => {
                 let mut scratch = Vec::new();

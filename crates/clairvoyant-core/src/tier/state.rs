@@ -525,6 +525,19 @@ impl StateSegment {
         }
     }
 
+    /// The claimant of `sample` while it is FILLING: (its process slot, the state word naming
+    /// it); None in any other state.
+    pub fn claimant(&self, sample: u32) -> Option<(u32, u32)> {
+        let s = self.word(sample).load(Ordering::Acquire);
+        (s & 0xff == FILLING && s >> 8 != 0).then_some(((s >> 8) - 1, s))
+    }
+
+    /// This process's slot in the process table (what [`StateSegment::claimant`] names for
+    /// this process's own claims).
+    pub fn own_slot(&self) -> u32 {
+        self.slot
+    }
+
     fn proc_status_is_dead(&self, owner: u32) -> bool {
         let s = (owner - 1) as usize;
         s >= MAX_PROCESSES || self.proc_status(s).load(Ordering::Acquire) != SLOT_LIVE
