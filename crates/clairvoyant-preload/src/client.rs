@@ -717,51 +717,19 @@ fn answer_to_found(
             size: sz,
             offset,
             checksum,
-        } => {
-            let Some(session) = session.filter(|s| s.arena.is_some()) else {
-                return Found::Direct;
-            };
-            // The directory may know the file's last change (when the agent placed it there).
-            let from_dir = session.dir.as_ref().and_then(|d| d.lookup(path_key(rel)));
-            let (mtime_ns, change_known) = match from_dir {
-                Some(e) if e.offset == offset && e.size == sz && e.checksum == checksum => (e.mtime_ns, true),
-                _ => (0, false),
-            };
-            if sz != size {
-                count(Some(&session), counter::STALE, 1);
-                return Found::Direct;
-            }
-            Found::Arena {
-                entry: Entry {
-                    file,
-                    offset,
-                    size: sz,
-                    checksum,
-                    mtime_ns,
-                },
-                session,
-                change_known,
-            }
-        }
-        Reply::Inline { size: sz, checksum, .. } => {
-            let bytes = inline.unwrap_or_default();
-            if sz != size {
-                count(session.as_deref(), counter::STALE, 1);
-                return Found::Direct;
-            }
-            if clairvoyant_agent::checksum(&bytes) != checksum {
-                count(session.as_deref(), counter::CORRUPT, 1);
-                crate::notice_once(
-                    "corrupt",
-                    &format!(
-                        "clairvoyant: {}: bytes from the agent fail their checksum; reading the file directly",
-                        String::from_utf8_lossy(rel)
-                    ),
-                );
-                return Found::Direct;
-            }
-            Found::Inline { bytes }
-        }
+        } => cached_found(
+            session,
+            rel,
+            size,
+            Entry {
+                file,
+                offset,
+                size: sz,
+                checksum,
+                mtime_ns: 0,
+            },
+        ),
+        Reply::Inline { size: sz, checksum, .. } => inline_found(session.as_deref(), rel, size, sz, checksum, inline),
         Reply::Direct => Found::Direct,
         Reply::Unknown => Found::Unknown,
         Reply::Error { message } => {
@@ -784,6 +752,61 @@ fn answer_to_found(
             Found::Direct
         }
     }
+}
+
+/// The open of `rel` (`size` bytes at open) answered "cached at `e`" (its change time not yet
+/// known): the arena copy, with the change time when the shared directory records the same copy.
+fn cached_found(session: Option<Arc<Session>>, rel: &[u8], size: u64, mut e: Entry) -> Found {
+    let Some(session) = session.filter(|s| s.arena.is_some()) else {
+        return Found::Direct;
+    };
+    // The directory may know the file's last change (when the agent placed it there).
+    let from_dir = session.dir.as_ref().and_then(|d| d.lookup(path_key(rel)));
+    let change_known = match from_dir {
+        Some(d) if d.offset == e.offset && d.size == e.size && d.checksum == e.checksum => {
+            e.mtime_ns = d.mtime_ns;
+            true
+        }
+        _ => false,
+    };
+    if e.size != size {
+        count(Some(&session), counter::STALE, 1);
+        return Found::Direct;
+    }
+    Found::Arena {
+        entry: e,
+        session,
+        change_known,
+    }
+}
+
+/// The open of `rel` (`size` bytes at open) answered with the bytes themselves (`sz` bytes,
+/// `checksum`): used when they are whole and intact, else the file is read directly.
+fn inline_found(
+    session: Option<&Session>,
+    rel: &[u8],
+    size: u64,
+    sz: u64,
+    checksum: u64,
+    inline: Option<Box<[u8]>>,
+) -> Found {
+    let bytes = inline.unwrap_or_default();
+    if sz != size {
+        count(session, counter::STALE, 1);
+        return Found::Direct;
+    }
+    if clairvoyant_agent::checksum(&bytes) != checksum {
+        count(session, counter::CORRUPT, 1);
+        crate::notice_once(
+            "corrupt",
+            &format!(
+                "clairvoyant: {}: bytes from the agent fail their checksum; reading the file directly",
+                String::from_utf8_lossy(rel)
+            ),
+        );
+        return Found::Direct;
+    }
+    Found::Inline { bytes }
 }
 
 /// Whether the agent is in back-off after a failure (it is not asked now).

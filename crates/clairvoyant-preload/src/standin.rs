@@ -15,7 +15,7 @@
 //! exec'd program never inherits one. Files over 64 MiB are opened for real (each open stand-in
 //! holds a copy).
 
-use crate::client::{self, count, Found};
+use crate::client::{self, count, Found, Session};
 use crate::fill;
 use crate::paths::Config;
 use crate::real::{self, errno, set_errno};
@@ -105,46 +105,67 @@ pub(crate) fn open(cfg: &Config, dirfd: c_int, path: *const c_char, p: &[u8], re
     let Some(session) = client::session(cfg) else {
         return Tried::Real(None);
     };
-    // The file's metadata only: it resolves the path as the open would (symlinks followed).
+    let Some(st) = stat_for_standin(dirfd, path, flags) else {
+        return Tried::Real(None);
+    };
+    let found = match find(cfg, session, rel, st.st_size as u64) {
+        Ok(found) => found,
+        Err(tried) => return tried,
+    };
+    standin_of(found, dirfd, p, rel, flags, st)
+}
+
+/// The metadata of the file `path` (relative to `dirfd`) resolved as the open would (symlinks
+/// followed), when a stand-in may replace the open: a regular file this process may read, and
+/// `O_NOATIME` only where the real open would allow it (else the real open answers).
+fn stat_for_standin(dirfd: c_int, path: *const c_char, flags: c_int) -> Option<libc::stat> {
     // SAFETY: a plain stat into a zeroed struct; path is the caller's C string.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: `path` is the caller's NUL-terminated C string (null-checked by the open wrappers); `st` is a
     // live, writable `stat`.
     if unsafe { real::fstatat(dirfd, path, &mut st, 0) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Tried::Real(None);
+        return None;
     }
     if !readable(&st) {
-        return Tried::Real(None);
+        return None;
     }
     // O_NOATIME: EPERM unless the owner (or privileged): let the real open answer.
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
     if flags & libc::O_NOATIME != 0 && euid != 0 && euid != st.st_uid {
-        return Tried::Real(None);
+        return None;
     }
-    let size = st.st_size as u64;
-    let change = last_change_ns(&st);
-    let found = match session.dir.as_ref().and_then(|d| d.lookup(path_key(rel))) {
-        Some(entry) => Found::Arena {
+    Some(st)
+}
+
+/// Where the bytes of `rel` (`size` bytes) are: in the shared directory, or, on a miss, read by
+/// this process itself (the real open does) when the agent lets programs fill, or waited for
+/// from the process that does; else the agent fills it now (or waits for the fill in progress)
+/// and says where its bytes are. `Err`: the real open, with what is known for its fd.
+fn find(cfg: &Config, session: Arc<Session>, rel: &[u8], size: u64) -> Result<Found, Tried> {
+    if let Some(entry) = session.dir.as_ref().and_then(|d| d.lookup(path_key(rel))) {
+        return Ok(Found::Arena {
             session,
             entry,
             change_known: true,
-        },
-        // Not cached yet (or not known to be): this process reads it itself (the real open
-        // does) when the agent lets programs fill, or waits for the process that does; else the
-        // agent fills it now, or waits for the fill in progress, and says where its bytes are.
-        None => match fill::miss(cfg, &session, rel, size) {
-            fill::Miss::Cached(entry) => Found::Arena {
-                session,
-                entry,
-                change_known: true,
-            },
-            fill::Miss::Ask => client::lookup(cfg, rel, size),
-            fill::Miss::Direct => return Tried::Real(Some(Found::Direct)),
-            fill::Miss::Read(claim) => return Tried::Real(Some(Found::Claimed(claim))),
-        },
-    };
-    // Bytes from a peer or a directory class (`Inline`) go to the real open's fd, as before.
+        });
+    }
+    match fill::miss(cfg, &session, rel, size) {
+        fill::Miss::Cached(entry) => Ok(Found::Arena {
+            session,
+            entry,
+            change_known: true,
+        }),
+        fill::Miss::Ask => Ok(client::lookup(cfg, rel, size)),
+        fill::Miss::Direct => Err(Tried::Real(Some(Found::Direct))),
+        fill::Miss::Read(claim) => Err(Tried::Real(Some(Found::Claimed(claim)))),
+    }
+}
+
+/// A stand-in fd holding the arena copy `found` names, when it is still the file `st` describes
+/// and its checksum holds; else the real open, with `found` for its fd (bytes from a peer or a
+/// directory class go there, as before).
+fn standin_of(found: Found, dirfd: c_int, p: &[u8], rel: &[u8], flags: c_int, st: libc::stat) -> Tried {
     let Found::Arena {
         session,
         entry: e,
@@ -157,7 +178,7 @@ pub(crate) fn open(cfg: &Config, dirfd: c_int, path: *const c_char, p: &[u8], re
     let Some(abs) = absolute(dirfd, p) else {
         return Tried::Real(Some(found));
     };
-    if !change_known || e.size != size || e.mtime_ns != change {
+    if !change_known || e.size != st.st_size as u64 || e.mtime_ns != last_change_ns(&st) {
         return Tried::Real(Some(found));
     }
     let Some(bytes) = session.arena.as_ref().and_then(|a| a.slice(e.offset, e.size)) else {
