@@ -163,20 +163,12 @@ fn serve(agent: &Agent, stream: UnixStream) -> std::io::Result<()> {
                     message: "this stand-in agent does not place".into(),
                 },
             )?,
-            Request::Stats => {
-                let c = agent.dir.counters();
-                let fields: Vec<String> = clairvoyant_agent::dir::counter::NAMES
-                    .iter()
-                    .enumerate()
-                    .map(|(i, n)| format!("\"{n}\": {}", c[i].load(Ordering::Relaxed)))
-                    .collect();
-                write_reply(
-                    &mut wr,
-                    &Reply::Json {
-                        text: format!("{{{}}}", fields.join(", ")),
-                    },
-                )?
-            }
+            Request::Stats => write_reply(
+                &mut wr,
+                &Reply::Json {
+                    text: stats_json(agent),
+                },
+            )?,
             Request::Lookup { rel } => {
                 if agent.mode == Mode::Hang {
                     std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -184,47 +176,66 @@ fn serve(agent: &Agent, stream: UnixStream) -> std::io::Result<()> {
                 if let Mode::Gather(n) = agent.mode {
                     gather(agent, n);
                 }
-                match agent.files.get(&rel) {
-                    None => write_reply(&mut wr, &Reply::Unknown)?,
-                    Some((e, path)) => {
-                        let fresh = std::fs::metadata(path)
-                            .map(|m| m.len() == e.size && last_change_ns(&m) == e.mtime_ns)
-                            .unwrap_or(false);
-                        match agent.mode {
-                            _ if !fresh => write_reply(&mut wr, &Reply::Direct)?,
-                            Mode::Dir | Mode::Lookup | Mode::Gather(_) => write_reply(
-                                &mut wr,
-                                &Reply::Cached {
-                                    file: e.file,
-                                    size: e.size,
-                                    offset: e.offset,
-                                    checksum: e.checksum,
-                                },
-                            )?,
-                            Mode::Inline => {
-                                let f = match &mut arena {
-                                    Some(f) => f,
-                                    None => arena.insert(std::fs::File::open(&agent.arena_path)?),
-                                };
-                                let mut bytes = vec![0u8; e.size as usize];
-                                std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, e.offset)?;
-                                write_reply(
-                                    &mut wr,
-                                    &Reply::Inline {
-                                        file: e.file,
-                                        size: e.size,
-                                        checksum: e.checksum,
-                                    },
-                                )?;
-                                wr.write_all(&bytes)?;
-                            }
-                            Mode::Direct | Mode::Hang => write_reply(&mut wr, &Reply::Direct)?,
-                        }
-                    }
-                }
+                answer_lookup(agent, &rel, &mut arena, &mut wr)?;
             }
         }
         wr.flush()?;
+    }
+}
+
+/// The shared directory's counters as a JSON object.
+fn stats_json(agent: &Agent) -> String {
+    let c = agent.dir.counters();
+    let fields: Vec<String> = clairvoyant_agent::dir::counter::NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("\"{n}\": {}", c[i].load(Ordering::Relaxed)))
+        .collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
+/// Answer a lookup of `rel` as the mode says (a changed or unknown file: `Direct`/`Unknown`).
+fn answer_lookup(
+    agent: &Agent,
+    rel: &[u8],
+    arena: &mut Option<std::fs::File>,
+    wr: &mut BufWriter<UnixStream>,
+) -> std::io::Result<()> {
+    let Some((e, path)) = agent.files.get(rel) else {
+        return write_reply(wr, &Reply::Unknown);
+    };
+    let fresh = std::fs::metadata(path)
+        .map(|m| m.len() == e.size && last_change_ns(&m) == e.mtime_ns)
+        .unwrap_or(false);
+    match agent.mode {
+        _ if !fresh => write_reply(wr, &Reply::Direct),
+        Mode::Dir | Mode::Lookup | Mode::Gather(_) => write_reply(
+            wr,
+            &Reply::Cached {
+                file: e.file,
+                size: e.size,
+                offset: e.offset,
+                checksum: e.checksum,
+            },
+        ),
+        Mode::Inline => {
+            let f = match arena {
+                Some(f) => f,
+                None => arena.insert(std::fs::File::open(&agent.arena_path)?),
+            };
+            let mut bytes = vec![0u8; e.size as usize];
+            std::os::unix::fs::FileExt::read_exact_at(f, &mut bytes, e.offset)?;
+            write_reply(
+                wr,
+                &Reply::Inline {
+                    file: e.file,
+                    size: e.size,
+                    checksum: e.checksum,
+                },
+            )?;
+            wr.write_all(&bytes)
+        }
+        Mode::Direct | Mode::Hang => write_reply(wr, &Reply::Direct),
     }
 }
 
