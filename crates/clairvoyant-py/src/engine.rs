@@ -239,30 +239,7 @@ impl PyEngine {
     /// Append a pass over `samples` in batches of `batch_sizes` as the next epoch; its index.
     fn append_epoch(&self, py: Python<'_>, samples: &Bound<'_, PyAny>, batch_sizes: Vec<u64>) -> PyResult<u32> {
         let samples = sample_ids(samples)?;
-        let mut ends = Vec::with_capacity(batch_sizes.len());
-        let mut end = 0u64;
-        for (i, &b) in batch_sizes.iter().enumerate() {
-            if b == 0 {
-                return Err(to_py(clairvoyant_core::Error::config(
-                    "batch_sizes",
-                    format!("batch {i} has size 0; every batch holds at least one sample"),
-                )));
-            }
-            end += b;
-            if end > samples.len() as u64 {
-                return Err(to_py(clairvoyant_core::Error::config(
-                    "batch_sizes",
-                    format!("the sizes add up to more than the {} samples", samples.len()),
-                )));
-            }
-            ends.push(end as u32);
-        }
-        if end != samples.len() as u64 {
-            return Err(to_py(clairvoyant_core::Error::config(
-                "batch_sizes",
-                format!("the sizes add up to {end} but there are {} samples", samples.len()),
-            )));
-        }
+        let ends = clairvoyant_core::engine::batch_ends(samples.len(), &batch_sizes).py_err()?;
         py.detach(|| self.engine.append_epoch(samples, ends)).py_err()
     }
 

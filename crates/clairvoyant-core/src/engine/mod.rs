@@ -41,7 +41,9 @@ pub use peer::{
     ClusterSpec, PeerFetch, PeerReply, PeerService, Serve, PEER_DEADLINE_CEILING, PEER_DEADLINE_FACTOR,
     PEER_DEADLINE_FLOOR,
 };
-pub use spec::{AgentDesc, ClusterDesc, EngineSpec, PeersDesc, DEFAULT_PEER_CONNECTIONS, DEFAULT_PEER_WAIT};
+pub use spec::{
+    batch_ends, AgentDesc, ClusterDesc, EngineSpec, PeersDesc, DEFAULT_PEER_CONNECTIONS, DEFAULT_PEER_WAIT,
+};
 use staging::{Group, RingBuf, StagingState};
 pub use stats::EpochStats;
 

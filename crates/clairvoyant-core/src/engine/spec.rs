@@ -259,6 +259,37 @@ impl EngineSpec {
     }
 }
 
+/// Where each batch of a pass over `samples` samples ends (see [`super::Engine::append_epoch`]),
+/// from the batches' sizes: every batch holds at least one sample and the sizes add up to the
+/// samples (errors name `batch_sizes`).
+pub fn batch_ends(samples: usize, batch_sizes: &[u64]) -> Result<Vec<u32>> {
+    let mut ends = Vec::with_capacity(batch_sizes.len());
+    let mut end = 0u64;
+    for (i, &b) in batch_sizes.iter().enumerate() {
+        if b == 0 {
+            return Err(Error::config(
+                "batch_sizes",
+                format!("batch {i} has size 0; every batch holds at least one sample"),
+            ));
+        }
+        end = end.saturating_add(b);
+        if end > samples as u64 {
+            return Err(Error::config(
+                "batch_sizes",
+                format!("the sizes add up to more than the {samples} samples"),
+            ));
+        }
+        ends.push(end as u32);
+    }
+    if end != samples as u64 {
+        return Err(Error::config(
+            "batch_sizes",
+            format!("the sizes add up to {end} but there are {samples} samples"),
+        ));
+    }
+    Ok(ends)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +367,22 @@ mod tests {
         let err = spec(None, Some(agent)).into_job(&src, None).unwrap_err();
         assert!(err.to_string().contains("1 pair(s) of 8 counts"), "{err}");
         assert_eq!(key_of(err), "agent.counts");
+    }
+
+    #[test]
+    fn batch_ends_add_up_the_sizes_and_name_the_field_when_they_do_not() {
+        assert_eq!(batch_ends(5, &[2, 2, 1]).unwrap(), vec![2, 4, 5]);
+        assert_eq!(batch_ends(0, &[]).unwrap(), Vec::<u32>::new());
+        for (sizes, says) in [
+            (&[2, 0, 3][..], "batch 1 has size 0"),
+            (&[4, 4][..], "more than the 5 samples"),
+            (&[2, 2][..], "add up to 4 but there are 5"),
+            (&[u64::MAX, u64::MAX][..], "more than the 5 samples"),
+        ] {
+            let e = batch_ends(5, sizes).unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+            assert_eq!(key_of(e), "batch_sizes");
+        }
     }
 
     #[test]
