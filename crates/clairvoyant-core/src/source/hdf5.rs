@@ -208,14 +208,23 @@ pub fn decoded_record(file: u32, dataset: u32, first_row: u64, len: u64, label: 
 /// `offset` of `chunked[via]`), then the chunked datasets.
 #[derive(Clone, Debug, Default)]
 pub struct LayoutColumns {
+    /// The HDF5 files.
     pub files: Vec<PathBuf>,
+    /// The directories whose listing defines the files (CosmoFlow).
     pub dirs: Vec<PathBuf>,
+    /// Per record: the index of its file in `files`.
     pub file: Vec<u32>,
+    /// Per record: its byte offset in the file, or its first row in `chunked[via]`.
     pub offset: Vec<u64>,
+    /// Per record: its length in bytes.
     pub len: Vec<u64>,
+    /// Per record: its label.
     pub label: Vec<i64>,
+    /// Per record: its name.
     pub name: Vec<String>,
+    /// Per record: negative for a byte range, else the chunked dataset it is decoded from.
     pub via: Vec<i64>,
+    /// The chunked datasets records are decoded from.
     pub chunked: Vec<ChunkedDataset>,
 }
 
