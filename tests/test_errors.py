@@ -301,6 +301,54 @@ def test_a_rank_outside_the_world_is_a_config_error(tmp_path):
         clairvoyant.Job(str(tmp_path), 1, epochs=1, rank=5, world_size=2)
 
 
+def _engine(cluster=None, agent=None):
+    src = _native.synthetic_source([10] * 8)
+    return _native.Engine(src, 2, 1, 0, False, 0, 2, [0], "dict-args", None, None, 0, cluster, agent)
+
+
+TWO_NODES = {"nodes": [[0], [1]], "node": 0, "capacities": [[1 << 20], [1 << 20]]}
+
+
+@pytest.mark.parametrize(
+    "cluster, agent, cls, match",
+    [
+        ({"node": 0, "capacities": [[1], [1]]}, None, clairvoyant.ConfigError, r"cluster\['nodes'\] is required"),
+        ({**TWO_NODES, "node": "zero"}, None, clairvoyant.ArgumentTypeError, r"cluster\['node'\]"),
+        ([1, 2], None, clairvoyant.ArgumentTypeError, r"'cluster': expected a dict, not list"),
+        ({**TWO_NODES, "peer_wait": float("inf")}, None, clairvoyant.ConfigError, r"'cluster.peer_wait'"),
+        (
+            {**TWO_NODES, "peers": ["127.0.0.1:1"], "secret": b"s" * 32, "job": 1},
+            None,
+            clairvoyant.ConfigError,
+            r"'cluster.peers': 1 peer addresses for 2 nodes",
+        ),
+        ({**TWO_NODES, "peers": ["127.0.0.1:1"] * 2, "job": 1}, None, clairvoyant.ConfigError, r"cluster\['secret'\] is required"),
+        (
+            {**TWO_NODES, "peers": ["127.0.0.1:1", "host"], "secret": b"s" * 32, "job": 1},
+            None,
+            clairvoyant.ConfigError,
+            r"'cluster.peers\[1\]'",
+        ),
+        ({**TWO_NODES, "peers": ["127.0.0.1:1"] * 2, "secret": b"s", "job": 1}, None, clairvoyant.ConfigError, r"'cluster.secret'"),
+        (None, {"counts": [([1] * 8, [0] * 7)]}, clairvoyant.ConfigError, r"'agent.counts': expected 1 pair\(s\) of 8"),
+        (None, {"prefill": "yes"}, clairvoyant.ArgumentTypeError, r"agent\['prefill'\]"),
+        (None, "hashed", clairvoyant.ArgumentTypeError, r"'agent': expected a dict, not str"),
+    ],
+)
+def test_engine_dict_arguments_name_the_bad_field(cluster, agent, cls, match):
+    with pytest.raises(cls, match=match):
+        _engine(cluster, agent)
+
+
+def test_peer_server_arguments_name_the_bad_field():
+    with pytest.raises(clairvoyant.ConfigError, match="bind"):
+        _native.PeerServer("localhost:0", b"s" * 32, 1)
+    with pytest.raises(clairvoyant.ConfigError, match="io_timeout"):
+        _native.PeerServer("127.0.0.1:0", b"s" * 32, 1, io_timeout=float("nan"))
+    with pytest.raises(clairvoyant.ConfigError, match="at least 16"):
+        _native.PeerServer("127.0.0.1:0", b"s", 1)
+
+
 def test_an_unreachable_agent_is_a_connection_error_of_ours(tmp_path):
     missing = tmp_path / "agent.sock"
     with pytest.raises(clairvoyant.ConnectionFailedError) as info:

@@ -1,11 +1,14 @@
 //! Peer transport for clairvoyant: each node runs one [`Server`] that serves its cached samples
 //! by sample id to authenticated members of the same job, and each rank shares one [`Client`]
-//! that fetches from other nodes into its own buffers. No Python; no dependency on the core.
+//! that fetches from other nodes into its own buffers. No Python. The transport knows nothing
+//! of the core; the `engine` feature (on by default) adds [`engine`], which joins the two.
 //!
 //! Wire format, handshake and fault handling: `docs/architecture.md`, "Peer transport".
 #![warn(missing_docs)]
 
 mod client;
+#[cfg(feature = "engine")]
+pub mod engine;
 mod error;
 pub mod frame;
 mod secret;

@@ -5,11 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clairvoyant_core::engine::{AgentCounts, AgentSpec, ClusterSpec, Engine, JobSpec, Lease, Region, SOURCE_NAMES};
-use clairvoyant_core::plan::{
-    hashed_access, hashed_counts, hashed_owners, order_with_hashed_rest, AccessCounts, ClusterAccess,
-};
-use clairvoyant_core::schedule::Schedule;
+use clairvoyant_core::engine::{AgentDesc, ClusterDesc, Engine, EngineSpec, Lease, PeersDesc, Region, SOURCE_NAMES};
+use clairvoyant_net::engine::PeerClient;
 use numpy::ndarray::ArrayView1;
 use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -38,7 +35,7 @@ impl Drop for LeaseHolder {
 pub struct PyEngine {
     pub(crate) engine: Arc<Engine>,
     /// The client this engine fetches other nodes' samples with (multi-node jobs).
-    peers: Option<Arc<crate::peer::Peers>>,
+    peers: Option<Arc<PeerClient>>,
 }
 
 fn view<'py>(lease: &Lease, holder: &Bound<'py, PyAny>) -> Bound<'py, PyArray1<u8>> {
@@ -141,38 +138,31 @@ impl PyEngine {
         model_toml: Option<String>,
         orders: Option<Vec<Vec<u32>>>,
         start_epoch: u32,
-        cluster: Option<&Bound<'_, PyDict>>,
-        agent: Option<&Bound<'_, PyDict>>,
+        cluster: Option<PyCluster>,
+        agent: Option<PyAgent>,
     ) -> PyResult<Self> {
-        let src = source.inner.clone();
-        let n = src.len() as u64;
-        let schedule = match orders {
-            Some(o) => Schedule::explicit(n, o, world_size, batch_size, drop_last),
-            None => Schedule::shuffle(n, world_size, batch_size, epochs, seed, drop_last),
-        }
-        .py_err()?;
-        let model = crate::model::model_from(model_toml)?;
-        let spec = JobSpec {
-            schedule,
+        let spec = EngineSpec {
+            batch_size,
+            epochs,
+            seed,
+            drop_last,
             rank,
+            world_size,
             local_ranks,
             run_id,
-            first_epoch: start_epoch,
-            cluster: None,
-            agent: None,
+            orders,
+            start_epoch,
+            cluster: cluster.map(|c| c.0),
+            agent: agent.map(|a| a.0),
         };
-        let mut spec = spec;
-        let mut peers = None;
-        if let Some(c) = cluster {
-            let (cluster, client) = cluster_spec(c)?;
-            spec.cluster = Some(cluster);
-            peers = client;
-        }
-        if let Some(a) = agent {
-            let (nodes, node) = spec.cluster.as_ref().map_or((1, 0), |c| (c.nodes.len(), c.node));
-            spec.agent = Some(agent_spec(a, src.as_ref(), nodes, node)?);
-        }
-        let engine = py.detach(|| Engine::start(src, &model, spec)).py_err()?;
+        let model = crate::model::model_from(model_toml)?;
+        let src = source.inner.clone();
+        let (engine, peers) = py
+            .detach(|| {
+                let (job, peers) = clairvoyant_net::engine::job_spec(spec, src.as_ref())?;
+                Engine::start(src, &model, job).map(|e| (e, peers))
+            })
+            .py_err()?;
         Ok(PyEngine {
             engine: Arc::new(engine),
             peers,
@@ -249,30 +239,7 @@ impl PyEngine {
     /// Append a pass over `samples` in batches of `batch_sizes` as the next epoch; its index.
     fn append_epoch(&self, py: Python<'_>, samples: &Bound<'_, PyAny>, batch_sizes: Vec<u64>) -> PyResult<u32> {
         let samples = sample_ids(samples)?;
-        let mut ends = Vec::with_capacity(batch_sizes.len());
-        let mut end = 0u64;
-        for (i, &b) in batch_sizes.iter().enumerate() {
-            if b == 0 {
-                return Err(to_py(clairvoyant_core::Error::config(
-                    "batch_sizes",
-                    format!("batch {i} has size 0; every batch holds at least one sample"),
-                )));
-            }
-            end += b;
-            if end > samples.len() as u64 {
-                return Err(to_py(clairvoyant_core::Error::config(
-                    "batch_sizes",
-                    format!("the sizes add up to more than the {} samples", samples.len()),
-                )));
-            }
-            ends.push(end as u32);
-        }
-        if end != samples.len() as u64 {
-            return Err(to_py(clairvoyant_core::Error::config(
-                "batch_sizes",
-                format!("the sizes add up to {end} but there are {} samples", samples.len()),
-            )));
-        }
+        let ends = clairvoyant_core::engine::batch_ends(samples.len(), &batch_sizes).py_err()?;
         py.detach(|| self.engine.append_epoch(samples, ends)).py_err()
     }
 
@@ -373,144 +340,91 @@ impl PyEngine {
     }
 }
 
+/// The fields of a dict argument (`cluster`, `agent`), each read once: a missing required key is
+/// a `ConfigError` naming it, a value of the wrong type an `ArgumentTypeError` naming it.
+struct Fields<'py> {
+    dict: Bound<'py, PyDict>,
+    name: &'static str,
+}
+
+impl<'py> Fields<'py> {
+    fn of(obj: Borrowed<'_, 'py, PyAny>, name: &'static str) -> PyResult<Self> {
+        match obj.cast::<PyDict>() {
+            Ok(d) => Ok(Fields {
+                dict: d.to_owned(),
+                name,
+            }),
+            Err(_) => Err(crate::errors::argument_type(name, "a dict", &obj.to_owned())),
+        }
+    }
+
+    /// The value at `key`, None when absent or None.
+    fn get<T: for<'a> FromPyObject<'a, 'py>>(&self, key: &str) -> PyResult<Option<T>> {
+        match self.dict.get_item(key)?.filter(|v| !v.is_none()) {
+            Some(v) => v.extract::<T>().map(Some).map_err(|e| {
+                let e: PyErr = e.into();
+                crate::errors::ArgumentTypeError::new_err(format!("{}['{key}']: {e}", self.name))
+            }),
+            None => Ok(None),
+        }
+    }
+
+    fn need<T: for<'a> FromPyObject<'a, 'py>>(&self, key: &str) -> PyResult<T> {
+        self.get(key)?
+            .ok_or_else(|| crate::errors::config(format!("{}['{key}'] is required", self.name)))
+    }
+}
+
 /// A multi-node job's part from its Python description: `nodes` (every node's ranks), `node`
 /// (this one's index), `capacities` (every node's class capacities), and, to reach the other
 /// nodes, `peers` (one host:port per node), `secret` (bytes), `job` (id bound into the
 /// handshake), optional `connections` per peer and `peer_wait` seconds.
-/// A node agent's job from Python: `{"prefill": bool, "hashed": root}` (owners by hashing each
-/// file's path relative to `root`) or `{"prefill": bool, "counts": [(counts, first_need), ...]}`
-/// (one pair of arrays per node), or both: the files no node's counts read are placed by hashed
-/// owners and filled when first read; `node` is this node's index among `nodes`.
-fn agent_spec(
-    a: &Bound<'_, PyDict>,
-    source: &dyn clairvoyant_core::source::Source,
-    nodes: usize,
-    node: usize,
-) -> PyResult<AgentSpec> {
-    let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(a.get_item(key)?.filter(|v| !v.is_none())) };
-    let bad = |key: &str, e: PyErr| crate::errors::ArgumentTypeError::new_err(format!("agent['{key}']: {e}"));
-    let prefill: bool = match item("prefill")? {
-        Some(v) => v.extract().map_err(|e| bad("prefill", e))?,
-        None => false,
-    };
-    let hashed_keys = match item("hashed")? {
-        Some(root) => {
-            let root: std::path::PathBuf = root.extract().map_err(|e| bad("hashed", e))?;
-            let keys: Vec<u64> = (0..source.len() as u32)
-                .map(|k| {
-                    let p = source.path(k);
-                    let rel = p.strip_prefix(&root).unwrap_or(&p).to_path_buf();
-                    clairvoyant_core::tier::checksum(rel.as_os_str().as_encoded_bytes())
-                })
-                .collect();
-            Some(keys)
-        }
-        None => None,
-    };
-    let mut fill_on_read = Vec::new();
-    let counts = if let Some(c) = item("counts")? {
-        let pairs: Vec<(Vec<u32>, Vec<u64>)> = c.extract().map_err(|e| bad("counts", e))?;
-        if pairs.len() != nodes
-            || pairs
-                .iter()
-                .any(|(c, f)| c.len() != source.len() || f.len() != source.len())
-        {
-            return Err(crate::errors::config(format!(
-                "agent['counts']: expected {nodes} pair(s) of {} counts and first needs",
-                source.len()
-            )));
-        }
-        let mut all: Vec<AccessCounts> = pairs
-            .into_iter()
-            .map(|(counts, first_need)| AccessCounts { counts, first_need })
-            .collect();
-        let cluster = match &hashed_keys {
-            Some(keys) => {
-                let p = order_with_hashed_rest(all, keys).py_err()?;
-                all = p.nodes;
-                fill_on_read = p.outside;
-                p.cluster
-            }
-            None if nodes > 1 => Some(ClusterAccess::from_nodes(&all).py_err()?),
+struct PyCluster(ClusterDesc);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyCluster {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let f = Fields::of(obj, "cluster")?;
+        let nodes = f.need("nodes")?;
+        let node = f.need("node")?;
+        let capacities = f.need("capacities")?;
+        let peer_wait = f.get("peer_wait")?;
+        let peers = match f.get::<Vec<String>>("peers")? {
+            Some(addresses) => Some(PeersDesc {
+                addresses,
+                secret: f.need("secret")?,
+                job: f.need("job")?,
+                connections: f.get("connections")?,
+            }),
             None => None,
         };
-        Some(AgentCounts {
-            own: all.into_iter().nth(node).expect("checked length"),
-            cluster: cluster.map(Arc::new),
-        })
-    } else if let Some(keys) = hashed_keys {
-        let owners = hashed_owners(&keys, nodes);
-        Some(AgentCounts {
-            own: hashed_counts(&keys, &owners, node),
-            cluster: (nodes > 1).then(|| Arc::new(hashed_access(&keys, &owners, nodes))),
-        })
-    } else {
-        None
-    };
-    Ok(AgentSpec {
-        counts,
-        prefill,
-        fill_on_read,
-    })
+        Ok(PyCluster(ClusterDesc {
+            nodes,
+            node,
+            capacities,
+            peers,
+            peer_wait,
+        }))
+    }
 }
 
-fn cluster_spec(c: &Bound<'_, PyDict>) -> PyResult<(ClusterSpec, Option<Arc<crate::peer::Peers>>)> {
-    // The value at `key`, None when absent or None.
-    let item = |key: &str| -> PyResult<Option<Bound<'_, PyAny>>> { Ok(c.get_item(key)?.filter(|v| !v.is_none())) };
-    let bad = |key: &str, e: PyErr| crate::errors::ArgumentTypeError::new_err(format!("cluster['{key}']: {e}"));
-    let need = |key: &str| crate::errors::config(format!("cluster['{key}'] is required"));
-    let nodes: Vec<Vec<u32>> = item("nodes")?
-        .ok_or_else(|| need("nodes"))?
-        .extract()
-        .map_err(|e| bad("nodes", e))?;
-    let node: usize = item("node")?
-        .ok_or_else(|| need("node"))?
-        .extract()
-        .map_err(|e| bad("node", e))?;
-    let capacities: Vec<Vec<u64>> = item("capacities")?
-        .ok_or_else(|| need("capacities"))?
-        .extract()
-        .map_err(|e| bad("capacities", e))?;
-    let wait: f64 = match item("peer_wait")? {
-        Some(v) => v.extract().map_err(|e| bad("peer_wait", e))?,
-        None => 2.0,
-    };
-    let client = match item("peers")? {
-        Some(v) => {
-            let addrs: Vec<String> = v.extract().map_err(|e| bad("peers", e))?;
-            if addrs.len() != nodes.len() {
-                return Err(crate::errors::config(format!(
-                    "cluster: {} peer addresses for {} nodes",
-                    addrs.len(),
-                    nodes.len()
-                )));
-            }
-            let secret: Vec<u8> = item("secret")?
-                .ok_or_else(|| need("secret"))?
-                .extract()
-                .map_err(|e| bad("secret", e))?;
-            let job: u64 = item("job")?
-                .ok_or_else(|| need("job"))?
-                .extract()
-                .map_err(|e| bad("job", e))?;
-            let connections: usize = match item("connections")? {
-                Some(v) => v.extract().map_err(|e| bad("connections", e))?,
-                None => 4,
-            };
-            Some(crate::peer::client(&addrs, &secret, job, connections)?)
-        }
-        None => None,
-    };
-    let spec = ClusterSpec {
-        nodes,
-        node,
-        capacities,
-        peers: client
-            .clone()
-            .map(|p| p as Arc<dyn clairvoyant_core::engine::PeerFetch>),
-        peer_wait: Duration::from_secs_f64(wait.max(0.0)),
-    };
-    Ok((spec, client))
+/// A node agent's job from Python: `{"prefill": bool, "hashed": root}` (owners by hashing each
+/// file's path relative to `root`) or `{"prefill": bool, "counts": [(counts, first_need), ...]}`
+/// (one pair of arrays per node), or both (see [`AgentDesc`]).
+struct PyAgent(AgentDesc);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyAgent {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let f = Fields::of(obj, "agent")?;
+        Ok(PyAgent(AgentDesc {
+            prefill: f.get("prefill")?.unwrap_or(false),
+            hashed: f.get("hashed")?,
+            counts: f.get("counts")?,
+        }))
+    }
 }
 
 /// The capacities this node would cache `source` in for `local_ranks` ranks: [(class, bytes)],

@@ -1,6 +1,6 @@
 //! Bindings of `clairvoyant_core::schedule` and `plan`.
 
-use clairvoyant_core::plan;
+use clairvoyant_core::plan::ReportSpec;
 use clairvoyant_core::schedule::Schedule;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
@@ -148,59 +148,33 @@ fn streams<'py>(py: Python<'py>, s: &Schedule, rank: u32) -> PyResult<Vec<Bound<
         .collect())
 }
 
-/// The arguments both plan reports share, checked.
-struct PlanArgs {
-    schedule: Schedule,
-    sample_bytes: Vec<u64>,
-    classes: Vec<(String, u64)>,
-}
-
-impl PlanArgs {
-    #[allow(clippy::too_many_arguments)]
-    fn parse(
-        num_samples: &Bound<'_, PyAny>,
-        world_size: &Bound<'_, PyAny>,
-        epochs: &Bound<'_, PyAny>,
-        batch_size: &Bound<'_, PyAny>,
-        seed: &Bound<'_, PyAny>,
-        sample_bytes: &Bound<'_, PyAny>,
-        classes: Vec<(String, Bound<'_, PyAny>)>,
-        drop_last: bool,
-        ranks_ok: impl FnOnce(u32) -> PyResult<()>,
-    ) -> PyResult<PlanArgs> {
-        let num_samples = int_arg::<u64>("num_samples", num_samples)?;
-        let world_size = int_arg::<u32>("world_size", world_size)?;
-        let epochs = int_arg::<u32>("epochs", epochs)?;
-        let batch_size = int_arg::<u32>("batch_size", batch_size)?;
-        let seed = int_arg::<u64>("seed", seed)?;
-        let sample_bytes = uint_list::<u64>("sample_bytes", sample_bytes)?;
-        let classes = classes
+/// The arguments both plan reports share, each checked into its type by name (the values
+/// themselves are checked by `ReportSpec`).
+#[allow(clippy::too_many_arguments)]
+fn report_spec(
+    num_samples: &Bound<'_, PyAny>,
+    world_size: &Bound<'_, PyAny>,
+    epochs: &Bound<'_, PyAny>,
+    batch_size: &Bound<'_, PyAny>,
+    seed: &Bound<'_, PyAny>,
+    sample_bytes: &Bound<'_, PyAny>,
+    classes: Vec<(String, Bound<'_, PyAny>)>,
+    drop_last: bool,
+) -> PyResult<ReportSpec> {
+    Ok(ReportSpec {
+        num_samples: int_arg::<u64>("num_samples", num_samples)?,
+        world_size: int_arg::<u32>("world_size", world_size)?,
+        epochs: int_arg::<u32>("epochs", epochs)?,
+        batch_size: int_arg::<u32>("batch_size", batch_size)?,
+        seed: int_arg::<u64>("seed", seed)?,
+        drop_last,
+        sample_bytes: uint_list::<u64>("sample_bytes", sample_bytes)?,
+        classes: classes
             .iter()
             .enumerate()
             .map(|(j, (name, cap))| Ok((name.clone(), int_arg::<u64>(&format!("classes[{j}] capacity"), cap)?)))
-            .collect::<PyResult<Vec<_>>>()?;
-        ranks_ok(world_size)?;
-        if sample_bytes.len() != 1 && sample_bytes.len() as u64 != num_samples {
-            return Err(ConfigError::new_err(format!(
-                "invalid value for 'sample_bytes': {} sizes for {num_samples} samples (give one size or one per sample)",
-                sample_bytes.len()
-            )));
-        }
-        let schedule = Schedule::shuffle(num_samples, world_size, batch_size, epochs, seed, drop_last).py_err()?;
-        Ok(PlanArgs {
-            schedule,
-            sample_bytes,
-            classes,
-        })
-    }
-
-    fn size(&self, k: u32) -> u64 {
-        if self.sample_bytes.len() == 1 {
-            self.sample_bytes[0]
-        } else {
-            self.sample_bytes[k as usize]
-        }
-    }
+            .collect::<PyResult<Vec<_>>>()?,
+    })
 }
 
 /// The plan report as a JSON string (see `clairvoyant plan --json`).
@@ -220,7 +194,7 @@ pub fn plan_report(
     drop_last: bool,
 ) -> PyResult<String> {
     let ranks = uint_list::<u32>("ranks", ranks)?;
-    let args = PlanArgs::parse(
+    let spec = report_spec(
         num_samples,
         world_size,
         epochs,
@@ -229,23 +203,8 @@ pub fn plan_report(
         sample_bytes,
         classes,
         drop_last,
-        |world_size| {
-            if ranks.is_empty() {
-                return Err(ConfigError::new_err(
-                    "invalid value for 'ranks': must name at least one rank",
-                ));
-            }
-            if let Some(r) = ranks.iter().find(|&&r| r >= world_size) {
-                return Err(ConfigError::new_err(format!(
-                    "invalid value for 'ranks': rank {r} is outside world size {world_size}"
-                )));
-            }
-            Ok(())
-        },
     )?;
-    let report = py
-        .detach(|| plan::report(&args.schedule, &ranks, |k| args.size(k), &args.classes))
-        .py_err()?;
+    let report = py.detach(|| spec.report(&ranks)).py_err()?;
     Ok(report.to_string())
 }
 
@@ -268,7 +227,7 @@ pub fn cluster_plan_report(
     drop_last: bool,
     node: usize,
 ) -> PyResult<String> {
-    let args = PlanArgs::parse(
+    let spec = report_spec(
         num_samples,
         world_size,
         epochs,
@@ -277,21 +236,7 @@ pub fn cluster_plan_report(
         sample_bytes,
         classes,
         drop_last,
-        |world_size| {
-            let mut all: Vec<u32> = nodes.iter().flatten().copied().collect();
-            all.sort_unstable();
-            if all != (0..world_size).collect::<Vec<u32>>() {
-                return Err(ConfigError::new_err(format!(
-                    "invalid value for 'nodes': {nodes:?} must hold each rank of world size {world_size} once"
-                )));
-            }
-            Ok(())
-        },
     )?;
-    let v = py
-        .detach(|| {
-            clairvoyant_core::plan::cluster_report(&args.schedule, &nodes, node, |k| args.size(k), &args.classes)
-        })
-        .py_err()?;
+    let v = py.detach(|| spec.cluster_report(&nodes, node)).py_err()?;
     Ok(v.to_string())
 }

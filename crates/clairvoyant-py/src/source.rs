@@ -4,10 +4,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clairvoyant_core::source::hdf5::{self as h5, Hdf5Layout};
+use clairvoyant_core::source::hdf5::{self as h5, LayoutColumns};
 use clairvoyant_core::source::synthetic::Synthetic;
 use clairvoyant_core::source::{
-    self, ContainerSource, EmulatedFs, EmulatedSpec, FileSource, LmdbRecords, Record, Source, Throttled,
+    self, ContainerSource, EmulatedFs, EmulatedSpec, FileSource, LmdbRecords, Source, Throttled,
 };
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
@@ -188,19 +188,8 @@ pub fn tar_shards(
 }
 
 /// What `hdf5`'s `layout` callable returns: files, directories, then per record its file index,
-/// offset, length, label, name and `via` (-1: a byte range; else the record is `len` bytes from
-/// row `offset` of `chunked[via]`), then the chunked datasets.
-type LayoutTuple = (
-    Vec<PathBuf>,
-    Vec<PathBuf>,
-    Vec<u32>,
-    Vec<u64>,
-    Vec<u64>,
-    Vec<i64>,
-    Vec<String>,
-    Vec<i64>,
-    Vec<ChunkedTuple>,
-);
+/// offset, length, label, name and `via`, then the chunked datasets (see [`LayoutColumns`]).
+struct PyLayout(LayoutColumns);
 
 /// A chunked dataset: file index, name, shape, chunk shape, item size, filters (id, params) in
 /// pipeline order, stored chunks (file offset, stored size, filter mask, coordinates).
@@ -213,6 +202,59 @@ type ChunkedTuple = (
     Vec<(u32, Vec<u32>)>,
     Vec<(u64, u64, u32, Vec<u64>)>,
 );
+
+fn chunked_dataset((file, name, shape, chunk, itemsize, filters, chunks): ChunkedTuple) -> h5::ChunkedDataset {
+    h5::ChunkedDataset {
+        file,
+        name,
+        shape,
+        chunk,
+        itemsize,
+        filters: filters
+            .into_iter()
+            .map(|(id, params)| h5::Filter { id, params })
+            .collect(),
+        chunks: chunks
+            .into_iter()
+            .map(|(offset, size, mask, coords)| h5::StoredChunk {
+                offset,
+                size,
+                mask,
+                coords,
+            })
+            .collect(),
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for PyLayout {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        #[allow(clippy::type_complexity)]
+        let (files, dirs, file, offset, len, label, name, via, chunked): (
+            Vec<PathBuf>,
+            Vec<PathBuf>,
+            Vec<u32>,
+            Vec<u64>,
+            Vec<u64>,
+            Vec<i64>,
+            Vec<String>,
+            Vec<i64>,
+            Vec<ChunkedTuple>,
+        ) = obj.extract()?;
+        Ok(PyLayout(LayoutColumns {
+            files,
+            dirs,
+            file,
+            offset,
+            len,
+            label,
+            name,
+            via,
+            chunked: chunked.into_iter().map(chunked_dataset).collect(),
+        }))
+    }
+}
 
 /// HDF5 samples as byte ranges; `layout()` (Python, h5py) is called only when the index must be
 /// built, once per node under the index lock.
@@ -230,66 +272,12 @@ pub fn hdf5(
     let mut py_err: Option<PyErr> = None;
     let built = py.detach(|| {
         source::hdf5(&path, &options, index_dir.as_deref(), index_path.as_deref(), || {
-            let t: LayoutTuple = Python::attach(|py| layout.call0(py).and_then(|v| v.extract(py))).map_err(|e| {
+            let t: PyLayout = Python::attach(|py| layout.call0(py).and_then(|v| v.extract(py))).map_err(|e| {
                 let msg = e.to_string();
                 py_err = Some(e);
                 clairvoyant_core::Error::config("layout", msg)
             })?;
-            let (files, dirs, file, offset, len, label, name, via, chunked) = t;
-            let n = file.len();
-            if [offset.len(), len.len(), label.len(), name.len(), via.len()]
-                .iter()
-                .any(|&m| m != n)
-            {
-                return Err(clairvoyant_core::Error::config(
-                    "layout",
-                    "record columns differ in length",
-                ));
-            }
-            let records = (0..n)
-                .map(|k| match u32::try_from(via[k]) {
-                    Ok(d) => h5::decoded_record(file[k], d, offset[k], len[k], label[k], name[k].clone()),
-                    Err(_) => Record {
-                        file: file[k],
-                        offset: offset[k],
-                        len: len[k],
-                        label: label[k],
-                        name: name[k].clone(),
-                        shape: vec![],
-                    },
-                })
-                .collect();
-            let chunked = chunked
-                .into_iter()
-                .map(
-                    |(file, name, shape, chunk, itemsize, filters, chunks)| h5::ChunkedDataset {
-                        file,
-                        name,
-                        shape,
-                        chunk,
-                        itemsize,
-                        filters: filters
-                            .into_iter()
-                            .map(|(id, params)| h5::Filter { id, params })
-                            .collect(),
-                        chunks: chunks
-                            .into_iter()
-                            .map(|(offset, size, mask, coords)| h5::StoredChunk {
-                                offset,
-                                size,
-                                mask,
-                                coords,
-                            })
-                            .collect(),
-                    },
-                )
-                .collect();
-            Ok(Hdf5Layout {
-                files,
-                dirs,
-                records,
-                chunked,
-            })
+            t.0.into_layout()
         })
     });
     if let Some(e) = py_err {

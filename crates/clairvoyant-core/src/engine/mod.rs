@@ -29,6 +29,7 @@ mod peer;
 mod pid;
 mod prefetch;
 mod reuse;
+mod spec;
 mod staging;
 mod stats;
 
@@ -40,6 +41,9 @@ use peer::ClusterShare;
 pub use peer::{
     ClusterSpec, PeerFetch, PeerReply, PeerService, Serve, PEER_DEADLINE_CEILING, PEER_DEADLINE_FACTOR,
     PEER_DEADLINE_FLOOR,
+};
+pub use spec::{
+    batch_ends, AgentDesc, ClusterDesc, EngineSpec, PeersDesc, DEFAULT_PEER_CONNECTIONS, DEFAULT_PEER_WAIT,
 };
 use staging::{Group, RingBuf, StagingState};
 pub use stats::EpochStats;

@@ -11,8 +11,10 @@ use crate::schedule::Schedule;
 
 mod cluster;
 mod shared;
+mod spec;
 pub use cluster::*;
 pub use shared::*;
+pub use spec::ReportSpec;
 
 /// Samples in order of need (then index): the order to fill a class in.
 fn by_need(mut keyed: Vec<(u64, u32)>) -> Vec<u32> {

@@ -219,6 +219,76 @@ pub fn decoded_record(file: u32, dataset: u32, first_row: u64, len: u64, label: 
     }
 }
 
+/// A layout as a caller that walks the file gathers it (the Python package, with h5py): the
+/// files and directories, then one column per record field: its file index, offset, length,
+/// label, name and `via` (negative: the record is a byte range; else it is `len` bytes from row
+/// `offset` of `chunked[via]`), then the chunked datasets.
+#[derive(Clone, Debug, Default)]
+pub struct LayoutColumns {
+    /// The HDF5 files.
+    pub files: Vec<PathBuf>,
+    /// The directories whose listing defines the files (CosmoFlow).
+    pub dirs: Vec<PathBuf>,
+    /// Per record: the index of its file in `files`.
+    pub file: Vec<u32>,
+    /// Per record: its byte offset in the file, or its first row in `chunked[via]`.
+    pub offset: Vec<u64>,
+    /// Per record: its length in bytes.
+    pub len: Vec<u64>,
+    /// Per record: its label.
+    pub label: Vec<i64>,
+    /// Per record: its name.
+    pub name: Vec<String>,
+    /// Per record: negative for a byte range, else the chunked dataset it is decoded from.
+    pub via: Vec<i64>,
+    /// The chunked datasets records are decoded from.
+    pub chunked: Vec<ChunkedDataset>,
+}
+
+impl LayoutColumns {
+    /// The layout, one record per row; every column must have one entry per record (errors name
+    /// `layout` and the column).
+    pub fn into_layout(self) -> Result<Hdf5Layout> {
+        let n = self.file.len();
+        let lengths = [
+            ("offset", self.offset.len()),
+            ("len", self.len.len()),
+            ("label", self.label.len()),
+            ("name", self.name.len()),
+            ("via", self.via.len()),
+        ];
+        if let Some((column, m)) = lengths.iter().find(|(_, m)| *m != n) {
+            return Err(Error::config(
+                "layout",
+                format!("record columns differ in length: {m} {column} values for {n} records"),
+            ));
+        }
+        let records = (0..n)
+            .map(|k| {
+                let (file, offset, len, label) = (self.file[k], self.offset[k], self.len[k], self.label[k]);
+                let name = self.name[k].clone();
+                match u32::try_from(self.via[k]) {
+                    Ok(d) => decoded_record(file, d, offset, len, label, name),
+                    Err(_) => Record {
+                        file,
+                        offset,
+                        len,
+                        label,
+                        name,
+                        shape: vec![],
+                    },
+                }
+            })
+            .collect();
+        Ok(Hdf5Layout {
+            files: self.files,
+            dirs: self.dirs,
+            records,
+            chunked: self.chunked,
+        })
+    }
+}
+
 /// Opens the HDF5 dataset at `path` (a file, or a directory of per-sample files); `options`
 /// (dataset names, label dataset) are part of its identity. `layout` runs only when the index
 /// must be (re)built: once per node, under the index lock.
@@ -666,6 +736,29 @@ mod tests {
     use super::*;
     use crate::source::Source;
     use std::io::Write;
+
+    #[test]
+    fn layout_columns_of_unequal_length_name_the_column() {
+        let cols = LayoutColumns {
+            file: vec![0, 0],
+            offset: vec![0, 8],
+            len: vec![8, 8],
+            label: vec![1],
+            name: vec!["a".into(), "b".into()],
+            via: vec![-1, 0],
+            ..LayoutColumns::default()
+        };
+        let e = cols.clone().into_layout().unwrap_err();
+        assert!(e.to_string().contains("1 label values for 2 records"), "{e}");
+        let ok = LayoutColumns {
+            label: vec![1, 2],
+            ..cols
+        }
+        .into_layout()
+        .unwrap();
+        assert_eq!((ok.records[0].file, ok.records[0].offset), (0, 0), "a byte range");
+        assert_ne!(ok.records[1].file, 0, "a decoded record");
+    }
 
     #[test]
     fn contiguous_rows_are_byte_ranges() {
