@@ -17,10 +17,24 @@ use crate::tier::{checksum, Acquire, Filled, Verified, READY};
 pub enum Local {
     /// In the memory arena (the file [`Engine::segments`] names) at `offset`, `len` bytes,
     /// whose xxh3 checksum (recorded when they were read from their origin) is `checksum`.
-    Mapped { offset: u64, len: u64, checksum: u64 },
+    Mapped {
+        /// Byte offset of the file's bytes in the memory arena.
+        offset: u64,
+        /// Length of the file in bytes.
+        len: u64,
+        /// xxh3 checksum of the bytes, recorded when they were read from their origin.
+        checksum: u64,
+    },
     /// A copy in private memory: from a directory class of this node, or from the node that
     /// caches it.
-    Bytes { bytes: Vec<u8>, checksum: u64, source: Src },
+    Bytes {
+        /// The file's whole contents.
+        bytes: Vec<u8>,
+        /// xxh3 checksum of `bytes`, recorded when they were read from their origin.
+        checksum: u64,
+        /// Where the copy came from (a directory class of this node, or a peer).
+        source: Src,
+    },
     /// Neither this node nor a reachable peer holds it: read the dataset's file.
     Direct,
     /// Reading it from its origin failed (the message names the file).
@@ -31,7 +45,14 @@ pub enum Local {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Adopted {
     /// In the memory arena, as for [`Local::Mapped`].
-    Mapped { offset: u64, len: u64, checksum: u64 },
+    Mapped {
+        /// Byte offset of the adopted bytes in the memory arena.
+        offset: u64,
+        /// Length of the adopted bytes.
+        len: u64,
+        /// xxh3 checksum of the adopted bytes.
+        checksum: u64,
+    },
     /// In a class that is not mapped (a directory): [`Engine::local`] hands out a copy.
     Stored,
     /// This node does not cache the sample (placed elsewhere, or its class is full).

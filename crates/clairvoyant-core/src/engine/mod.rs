@@ -64,13 +64,16 @@ pub enum Src {
     Peer = 4,
 }
 
+/// Display names of the [`Src`] variants, indexed by their discriminant.
 pub const SOURCE_NAMES: [&str; 5] = ["staging", "memory", "ssd", "pfs", "peer"];
 
 /// The memory region a lease's bytes live in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Region {
+    /// This rank's staging ring buffer.
     Ring = 0,
+    /// The node's memory arena (the memory class, read in place).
     Arena = 1,
     /// Private memory of this process (zero-length samples, overflow).
     Private = 2,
@@ -79,7 +82,9 @@ pub enum Region {
 /// Identity of a job on a node: everything that decides its placement.
 #[derive(Clone, Debug)]
 pub struct JobSpec {
+    /// The job's access stream: dataset size, ranks, epochs, batch size and shuffle seed.
     pub schedule: Schedule,
+    /// This process's global rank.
     pub rank: u32,
     /// The ranks sharing this node's cache (including `rank`).
     pub local_ranks: Vec<u32>,
@@ -115,22 +120,31 @@ pub struct AgentSpec {
 /// of every node's (see [`crate::plan::ClusterAccess`]).
 #[derive(Clone, Debug)]
 pub struct AgentCounts {
+    /// Per-sample access counts of this node's programs.
     pub own: AccessCounts,
+    /// Every node's access summary on a multi-node job (None: this node alone).
     pub cluster: Option<Arc<ClusterAccess>>,
 }
 
 /// A consumed sample: valid until released.
 #[derive(Debug)]
 pub struct Lease {
+    /// Position of the sample in this rank's stream over the whole run (the key to release it).
     pub pos: u64,
+    /// Index of the sample in the dataset.
     pub sample: u32,
+    /// The sample's class label, as the source gives it.
     pub label: i64,
     /// Where the bytes are: the staging ring or the node's memory arena (both shared files that
     /// other processes can map, see [`Engine::segments`]) or private memory, at `offset`.
     pub region: Region,
+    /// Byte offset of the sample in `region` (0 for private memory).
     pub offset: u64,
+    /// Address of the sample's first byte in this process's mapping of `region`.
     pub ptr: *const u8,
+    /// Length of the sample in bytes.
     pub len: usize,
+    /// Where the sample's bytes were found when it was staged.
     pub source: Src,
 }
 
@@ -266,6 +280,8 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Starts a job on this rank: checks it against its source and model, joins (or creates)
+    /// the node's cache and plan, opens the staging ring and starts the prefetch threads.
     pub fn start(source: Arc<dyn Source>, model: &SystemModel, spec: JobSpec) -> Result<Engine> {
         check_job(source.as_ref(), model, &spec)?;
         let f = source.len();
@@ -621,12 +637,12 @@ impl Engine {
         )
     }
 
-    /// (class name, samples, bytes) placed per class on this node.
     /// Where this rank's plan came from (the node's first rank computes it; the others read it).
     pub fn plan_origin(&self) -> PlanOrigin {
         self.plan_origin
     }
 
+    /// (class name, samples, bytes) placed per class on this node.
     pub fn placement_summary(&self) -> &[(String, u64, u64)] {
         &self.placement_summary
     }
@@ -710,10 +726,12 @@ impl Engine {
         self.inner.release(&[pos]);
     }
 
+    /// Give several consumed samples' staging space back, by their positions.
     pub fn release_many(&self, pos: &[u64]) {
         self.inner.release(pos);
     }
 
+    /// The class label of dataset sample `sample`, as the source gives it.
     pub fn label(&self, sample: u32) -> i64 {
         self.inner.source.label(sample)
     }

@@ -35,6 +35,7 @@ pub enum PlanOrigin {
 }
 
 impl PlanOrigin {
+    /// The origin's lower-case name, as reported in statistics.
     pub fn name(self) -> &'static str {
         match self {
             PlanOrigin::Computed => "computed",

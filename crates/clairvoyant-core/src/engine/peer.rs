@@ -95,10 +95,14 @@ pub enum Serve {
     /// The bytes (borrowed from the node cache where it is a shared mapping) and the checksum
     /// recorded when they were read from the dataset.
     Ready {
+        /// The sample's whole contents.
         bytes: Box<dyn AsRef<[u8]> + Send>,
+        /// xxh3 checksum of `bytes`, recorded when they were read from the dataset.
         checksum: u64,
     },
+    /// This node caches the sample but has not filled it yet (another fill holds it).
     NotYet,
+    /// This node does not hold the sample (not placed here, no space, or not current).
     NotHeld,
     /// Reading it failed (the message names the sample's file).
     Failed(String),

@@ -8,15 +8,20 @@ use super::{Inner, Src};
 /// Per-epoch figures of one rank.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EpochStats {
+    /// The epoch these figures are for (0-based).
     pub epoch: u32,
+    /// Samples this rank consumed in the epoch.
     pub samples: u64,
+    /// Bytes of the samples this rank consumed in the epoch.
     pub bytes: u64,
+    /// Seconds the consumer waited for a sample that was not staged yet.
     pub stall_seconds: f64,
     /// (samples, bytes) per [`Src`], in the order of [`super::SOURCE_NAMES`].
     pub by_source: [(u64, u64); 5],
     /// Bytes this rank read from the dataset's storage while the epoch was consumed
     /// (staging and class prefetchers together).
     pub pfs_bytes_read: u64,
+    /// Files this rank read from the dataset's storage while the epoch was consumed.
     pub pfs_files_read: u64,
     /// Bytes staged outside the ring because the consumer still held every staged sample.
     pub overflow_bytes: u64,
