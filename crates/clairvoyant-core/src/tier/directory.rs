@@ -24,6 +24,7 @@ pub(super) fn owner_of(dir: &Path) -> Option<PathBuf> {
 /// Free space a directory class leaves on its file system.
 const RESERVE: u64 = 16 << 20;
 
+/// A directory class: one file per sample, named by its index, under a private directory.
 pub struct DirectoryTier {
     name: String,
     dir: PathBuf,
@@ -41,6 +42,7 @@ impl DirectoryTier {
         })
     }
 
+    /// The private directory holding the class's sample files.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

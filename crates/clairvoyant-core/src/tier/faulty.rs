@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{Fault, Tier};
 
+/// A tier that forwards to `inner` and injects the faults its public switches turn on.
 pub struct Faulty<T: Tier> {
     inner: T,
     /// Flip one byte of every n-th read (0: never).
@@ -17,6 +18,7 @@ pub struct Faulty<T: Tier> {
 }
 
 impl<T: Tier> Faulty<T> {
+    /// Wraps `inner` with every fault off.
     pub fn new(inner: T) -> Self {
         Faulty {
             inner,

@@ -4,6 +4,8 @@
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+/// Sleeps until `word` is woken, while it still holds `expected`, for at most `timeout`;
+/// returns at once if it holds another value. Spurious returns happen: re-check the word.
 #[cfg(target_os = "linux")]
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     let ts = libc::timespec {
@@ -23,6 +25,7 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
     }
 }
 
+/// Wakes every process and thread waiting on `word`.
 #[cfg(target_os = "linux")]
 pub fn wake_all(word: &AtomicU32) {
     // SAFETY: as above; FUTEX_WAKE does not access the memory.

@@ -11,6 +11,8 @@ use memmap2::MmapRaw;
 use super::{secure, Fault, Tier};
 use crate::error::{Error, Result};
 
+/// The memory class: one shared, mapped file (the arena) holding each placed sample at its
+/// byte offset.
 pub struct MemoryTier {
     name: String,
     path: PathBuf,

@@ -36,11 +36,14 @@ pub enum Fault {
     NoSpace,
     /// Fewer bytes than the sample has (a truncated file or segment).
     Short {
+        /// Bytes the sample has.
         expected: u64,
+        /// Bytes the tier could hand out.
         got: u64,
     },
     /// The bytes do not match the checksum recorded when the sample was filled.
     Mismatch,
+    /// Any other failure of the tier's storage (the error names the file).
     Io(Error),
 }
 
@@ -49,6 +52,7 @@ pub enum Fault {
 /// tier's business: [`NodeCache`] keeps them in the state segment, so every tier (and wrapper)
 /// gets the same protocol.
 pub trait Tier: Send + Sync {
+    /// The class's name, as in the system model.
     fn name(&self) -> &str;
     /// Bytes the tier may hold.
     fn capacity(&self) -> u64;
@@ -114,7 +118,9 @@ pub fn warn_once(key: &str, msg: &str) {
 /// A class the engine wants, in placement order (fastest first).
 #[derive(Clone, Debug)]
 pub struct ClassRequest {
+    /// The class's name, as in the system model.
     pub name: String,
+    /// What the class is backed by (shared memory or a directory).
     pub kind: ClassKind,
     /// Bytes proposed (already at most what the class could ever use).
     pub capacity: u64,
@@ -123,6 +129,7 @@ pub struct ClassRequest {
 /// Result of reading a READY sample from a tier and checking it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verified {
+    /// The bytes match the recorded checksum.
     Good,
     /// Wrong checksum or fewer bytes than the sample has.
     Corrupt,
@@ -228,6 +235,7 @@ impl NodeCache {
         &self.dir
     }
 
+    /// The node cache's state segment (per-sample claims, checksums and stamps).
     pub fn state(&self) -> &StateSegment {
         &self.state
     }
@@ -393,6 +401,7 @@ impl NodeCache {
         self.full_warned.push(AtomicBool::new(false));
     }
 
+    /// The tier of class index `class` (placement order).
     pub fn tier(&self, class: usize) -> &dyn Tier {
         self.tiers[class].as_ref()
     }

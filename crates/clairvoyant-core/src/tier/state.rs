@@ -18,7 +18,9 @@ use crate::error::{Error, Result};
 /// Sample states (low 8 bits of the state word; a FILLING word carries the claimant's process
 /// slot + 1 in the bits above).
 pub const EMPTY: u32 = 0;
+/// A process holds the claim and is filling the sample.
 pub const FILLING: u32 = 1;
+/// Filled and published: the record's checksum and stamp are valid.
 pub const READY: u32 = 2;
 /// The sample does not fit its class (the disk filled up): it stays uncached, nobody retries.
 pub const NOSPACE: u32 = 3;
@@ -26,8 +28,11 @@ pub const NOSPACE: u32 = 3;
 const MAGIC: u32 = 0x4356_0003; // "CV", layout version 3
 pub(crate) const HEADER_BYTES: usize = 4096;
 const RECORD_BYTES: usize = 16;
+/// Slots in the header's process table: processes attached to one node cache at a time.
 pub const MAX_PROCESSES: usize = 64;
+/// Slots in the header's rank table: local ranks sharing one node cache.
 pub const MAX_LOCAL_RANKS: usize = 64;
+/// Storage classes whose capacities the header can hold.
 pub const MAX_CLASSES: usize = 8;
 
 // Header byte offsets.
@@ -73,8 +78,11 @@ pub enum Acquire {
 /// Where the memory class's arena lives, as agreed by the local ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ArenaAt {
+    /// There is no arena: the memory class got no space.
     None = 0,
+    /// A file in the shared-memory directory (tmpfs).
     Shm = 1,
+    /// A file on disk, because shared memory was full.
     Disk = 2,
 }
 
@@ -185,10 +193,12 @@ impl StateSegment {
         }
     }
 
+    /// Path of the segment's file.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// Number of per-sample records (the dataset's sample count).
     pub fn samples(&self) -> usize {
         self.samples
     }
@@ -594,6 +604,8 @@ impl StateSegment {
         )
     }
 
+    /// The sample's state ([`EMPTY`], [`FILLING`], [`READY`] or [`NOSPACE`]), without the
+    /// claimant bits.
     pub fn state(&self, sample: u32) -> u32 {
         self.word(sample).load(Ordering::Acquire) & 0xff
     }
