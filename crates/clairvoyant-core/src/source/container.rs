@@ -26,8 +26,11 @@ const MAGIC: &[u8; 8] = b"CVCONTNR";
 /// One file of a container, with its size and mtime when indexed (checked at open and per read).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerFile {
+    /// Absolute path of the file (or directory).
     pub path: PathBuf,
+    /// Size in bytes when indexed (not checked for directories).
     pub size: u64,
+    /// Modification time when indexed, in ns since the Unix epoch.
     pub mtime_ns: i64,
 }
 
@@ -74,10 +77,15 @@ pub trait RecordDecoder: Send + Sync + std::fmt::Debug {
 /// record read through the container's library.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
+    /// Index into the container's `files`, or [`FALLBACK_FILE`], or flagged [`DECODED`].
     pub file: u32,
+    /// Byte offset of the sample in its file (a locator for fallback and decoded records).
     pub offset: u64,
+    /// Length of the sample in bytes.
     pub len: u64,
+    /// The sample's integer label.
     pub label: i64,
+    /// The sample's name in the container (LMDB key, HDF5 dataset and row, tar member).
     pub name: String,
     /// The sample's shape where the format records one (Caffe Datum c,h,w,encoded).
     pub shape: Vec<u64>,
@@ -88,15 +96,20 @@ pub struct Record {
 pub struct ContainerIndex {
     /// `<kind>:<canonical path>` plus the options that change the records; names the index file.
     pub identity: String,
+    /// The container's files, stamped when indexed; records point into them by index.
     pub files: Vec<ContainerFile>,
     /// Directories whose entries define the container (tar shard or CosmoFlow directories), with
     /// their mtimes: a file added or removed there changes them.
     pub dirs: Vec<ContainerFile>,
+    /// One record per sample, in sample order.
     pub records: Vec<Record>,
     /// Format-specific data the format's [`RecordDecoder`] needs (HDF5: the chunk tables of
     /// filtered or split datasets); empty for plain byte ranges.
     pub aux: Vec<u8>,
+    /// Wall clock (ns since the Unix epoch) when the scan began: files modified within
+    /// `RACY_WINDOW_NS` of it make the index only racily fresh.
     pub scan_start_ns: i64,
+    /// Wall clock (ns since the Unix epoch) when the index was built (0: not yet).
     pub built_ns: i64,
 }
 
@@ -483,10 +496,12 @@ impl ContainerSource {
         &self.index
     }
 
+    /// Where the index is stored (None: kept in memory only).
     pub fn index_path(&self) -> Option<&Path> {
         self.index_path.as_deref()
     }
 
+    /// True when the index was loaded from disk rather than built by this open.
     pub fn index_was_reused(&self) -> bool {
         self.reused
     }

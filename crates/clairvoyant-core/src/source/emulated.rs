@@ -128,10 +128,12 @@ impl EmulatedFs {
         unsafe { &*(self.map.as_ptr().add(k * 8) as *const AtomicU64) }
     }
 
+    /// The latency and bandwidth this file system emulates.
     pub fn spec(&self) -> EmulatedSpec {
         self.spec
     }
 
+    /// The shared state file (timeline and counters) this handle maps.
     pub fn state_path(&self) -> &Path {
         &self.state_path
     }
@@ -219,11 +221,14 @@ impl EmulatedFs {
 /// A `Source` whose reads go through an `EmulatedFs`; the bytes still come from `inner`.
 #[derive(Clone)]
 pub struct Throttled {
+    /// The source the bytes, sizes and labels come from.
     pub inner: Arc<dyn Source>,
+    /// The emulated file system every read is charged to.
     pub fs: Arc<EmulatedFs>,
 }
 
 impl Throttled {
+    /// Wraps `inner` so that its reads pay `fs`'s latency and share its bandwidth.
     pub fn new(inner: Arc<dyn Source>, fs: Arc<EmulatedFs>) -> Throttled {
         Throttled { inner, fs }
     }

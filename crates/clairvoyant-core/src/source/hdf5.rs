@@ -23,7 +23,9 @@ use crate::error::{Error, Result};
 
 /// HDF5 filter ids (`H5Zpublic.h`) this reader undoes.
 pub const FILTER_DEFLATE: u32 = 1;
+/// HDF5 filter id of the byte shuffle (bytes of each element grouped by significance).
 pub const FILTER_SHUFFLE: u32 = 2;
+/// HDF5 filter id of the Fletcher-32 checksum appended to each chunk.
 pub const FILTER_FLETCHER32: u32 = 3;
 
 /// Where the samples of an HDF5 dataset lie: the files, the directories whose listing defines
@@ -31,15 +33,20 @@ pub const FILTER_FLETCHER32: u32 = 3;
 /// datasets whose samples are decoded (records made by [`decoded_record`]).
 #[derive(Clone, Debug, Default)]
 pub struct Hdf5Layout {
+    /// The HDF5 files holding the samples.
     pub files: Vec<PathBuf>,
+    /// Directories whose listing defines the files (CosmoFlow); empty otherwise.
     pub dirs: Vec<PathBuf>,
+    /// One record per sample, in sample order.
     pub records: Vec<Record>,
+    /// The chunked datasets whose samples are decoded from their chunks.
     pub chunked: Vec<ChunkedDataset>,
 }
 
 /// One filter of a dataset's pipeline, in the order HDF5 applied it when writing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Filter {
+    /// The HDF5 filter id (see [`FILTER_DEFLATE`] and the others).
     pub id: u32,
     /// The filter's client data (`cd_values`; shuffle: the element size).
     pub params: Vec<u32>,
@@ -49,9 +56,13 @@ pub struct Filter {
 /// `i` of the pipeline was skipped for it; `coords` is its first element's position.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredChunk {
+    /// Byte offset of the stored (filtered) chunk in the file.
     pub offset: u64,
+    /// Stored size of the chunk in bytes, after its filters.
     pub size: u64,
+    /// Filter mask: bit `i` set means filter `i` of the pipeline was skipped for this chunk.
     pub mask: u32,
+    /// Position of the chunk's first element, one coordinate per dimension.
     pub coords: Vec<u64>,
 }
 
@@ -59,12 +70,19 @@ pub struct StoredChunk {
 /// files). Every chunk must be stored (no fill-value chunks).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChunkedDataset {
+    /// Index of the dataset's file in the layout's `files`.
     pub file: u32,
+    /// The dataset's path inside its HDF5 file.
     pub name: String,
+    /// The dataset's shape in elements (the leading axis indexes samples).
     pub shape: Vec<u64>,
+    /// The chunk shape in elements, one entry per dimension.
     pub chunk: Vec<u64>,
+    /// Bytes per element.
     pub itemsize: u32,
+    /// The filter pipeline, in the order HDF5 applied it when writing.
     pub filters: Vec<Filter>,
+    /// Every stored chunk of the dataset.
     pub chunks: Vec<StoredChunk>,
 }
 
@@ -480,6 +498,7 @@ pub struct ChunkDecoder {
 }
 
 impl ChunkDecoder {
+    /// A decoder for the records of `datasets` (their chunk tables are sorted by position).
     pub fn new(mut datasets: Vec<ChunkedDataset>) -> ChunkDecoder {
         for d in &mut datasets {
             d.chunks.sort_by(|a, b| a.coords.cmp(&b.coords));

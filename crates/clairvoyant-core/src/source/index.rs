@@ -42,6 +42,7 @@ impl Default for Fnv1a {
 }
 
 impl Fnv1a {
+    /// Mixes `bytes` into the hash.
     pub fn write(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.0 ^= b as u64;
@@ -61,6 +62,7 @@ impl Fnv1a {
         self.write(s.as_bytes());
     }
 
+    /// The hash of everything written so far.
     pub fn finish(&self) -> u64 {
         self.0
     }
@@ -72,7 +74,9 @@ impl Fnv1a {
 pub struct IndexEntry {
     /// Relative to the dataset root for directory datasets; absolute for file lists.
     pub path: PathBuf,
+    /// Size of the file in bytes at the scan.
     pub size: u64,
+    /// The sample's label: its class index for directory datasets, as listed for file lists.
     pub label: i64,
 }
 
@@ -82,6 +86,7 @@ pub struct IndexEntry {
 pub struct DirStamp {
     /// Absolute path.
     pub path: PathBuf,
+    /// The directory's modification time at the scan, in ns since the Unix epoch.
     pub mtime_ns: i64,
 }
 
@@ -105,10 +110,13 @@ pub struct Index {
     pub identity: OsString,
     /// Class names, in label order (empty for file lists).
     pub classes: Vec<OsString>,
+    /// One entry per sample, in sample order.
     pub entries: Vec<IndexEntry>,
+    /// Every directory the scan read, to detect added, removed or renamed entries.
     pub dirs: Vec<DirStamp>,
-    /// Wall clock (ns since the Unix epoch) when the scan began and when it ended.
+    /// Wall clock (ns since the Unix epoch) when the scan began.
     pub scan_start_ns: i64,
+    /// Wall clock (ns since the Unix epoch) when the scan ended.
     pub built_ns: i64,
 }
 
@@ -634,6 +642,7 @@ impl FileSource {
         self.reused
     }
 
+    /// The dataset's index: root, classes and one entry per sample.
     pub fn index(&self) -> &Index {
         &self.index
     }

@@ -48,18 +48,25 @@ pub enum LmdbRecords {
 /// Caffe's `Datum` message (caffe.proto), for decoding a whole value.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Datum {
+    /// Number of channels of the image.
     #[prost(int32, optional, tag = "1")]
     pub channels: Option<i32>,
+    /// Image height in pixels.
     #[prost(int32, optional, tag = "2")]
     pub height: Option<i32>,
+    /// Image width in pixels.
     #[prost(int32, optional, tag = "3")]
     pub width: Option<i32>,
+    /// The sample's bytes: raw pixels, or an encoded image when `encoded` is set.
     #[prost(bytes = "vec", optional, tag = "4")]
     pub data: Option<Vec<u8>>,
+    /// The sample's class label.
     #[prost(int32, optional, tag = "5")]
     pub label: Option<i32>,
+    /// Pixel values as floats, for datums stored that way instead of `data`.
     #[prost(float, repeated, packed = "false", tag = "6")]
     pub float_data: Vec<f32>,
+    /// Whether `data` is an encoded image (JPEG, PNG) rather than raw pixels.
     #[prost(bool, optional, tag = "7")]
     pub encoded: Option<bool>,
 }

@@ -38,6 +38,7 @@ pub fn last_change_ns(m: &std::fs::Metadata) -> i128 {
 pub trait Source: Send + Sync {
     /// Number of samples.
     fn len(&self) -> usize;
+    /// True when the dataset has no samples.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -6,12 +6,14 @@ use std::path::PathBuf;
 use crate::error::Result;
 use crate::source::Source;
 
+/// A dataset of samples with the given sizes and labels, whose bytes are computed on read.
 pub struct Synthetic {
     sizes: Vec<u64>,
     labels: Vec<i64>,
 }
 
 impl Synthetic {
+    /// Sample `k` has `sizes[k]` bytes and label `labels[k]` (0 where `labels` is shorter).
     pub fn new(sizes: Vec<u64>, labels: Vec<i64>) -> Synthetic {
         Synthetic { sizes, labels }
     }
