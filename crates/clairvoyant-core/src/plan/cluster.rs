@@ -54,10 +54,12 @@ pub struct SampleSummary {
     /// Its most frequent readers (Space-Saving summary): node and count; count 0 is an empty
     /// slot. Counts are exact while at most [`TOP`] nodes read the sample, else upper bounds.
     pub node: [u16; TOP],
+    /// Reads by `node[i]` in slot `i` (saturating; 0: empty slot).
     pub count: [u16; TOP],
 }
 
 impl SampleSummary {
+    /// The summary of a sample nobody reads.
     pub const EMPTY: SampleSummary = SampleSummary {
         first_need: u64::MAX,
         total: 0,
@@ -144,6 +146,7 @@ fn tie(sample: u32, node: u16) -> u64 {
 /// Per sample, its [`SampleSummary`] over every node of the cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterAccess {
+    /// One summary per sample, indexed by sample.
     pub samples: Vec<SampleSummary>,
 }
 

@@ -30,7 +30,9 @@ pub const UNCACHED: u8 = u8::MAX;
 /// never). Ranks advance in lock step, so positions of different ranks are comparable.
 #[derive(Clone, Debug)]
 pub struct AccessCounts {
+    /// Reads of each sample over the whole run, indexed by sample.
     pub counts: Vec<u32>,
+    /// When each sample is first needed (`epoch << 32 | position`; `u64::MAX`: never).
     pub first_need: Vec<u64>,
 }
 
@@ -184,7 +186,9 @@ pub fn expected_histogram(num_samples: u64, epochs: u32, world_size: u32, local_
 /// offset inside its class (classes are laid out statically, as sizes are known in advance).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Placement {
+    /// Per sample, the index of the class caching it, or [`UNCACHED`].
     pub class_of: Vec<u8>,
+    /// Per sample, its byte offset inside its class (unused where uncached).
     pub offset: Vec<u64>,
     /// Bytes used per class.
     pub used: Vec<u64>,

@@ -23,6 +23,7 @@ const MAGIC: &[u8; 8] = b"CVPLAN\0\x01";
 /// One node's plan as its local ranks share it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodePlan {
+    /// Where each sample is cached on this node.
     pub placement: Placement,
     /// Per sample, the node that serves it (multi-node jobs).
     pub primary: Option<Vec<u16>>,
