@@ -77,7 +77,9 @@ pub fn from_model(f: &FsFigures, cfg: &Config) -> usize {
 /// Tuning of the [`Controller`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// Fewest concurrent fetches the controller chooses.
     pub min: usize,
+    /// Most concurrent fetches the controller chooses.
     pub max: usize,
     /// Reads in flight beyond the model's figure: the figure is the least that saturates the file
     /// system in theory, while a request's own overheads (the gap between open and read, the
@@ -87,7 +89,9 @@ pub struct Config {
     /// A window closes after this long and [`Config::window_reads`] completions (or after
     /// [`Config::window_max_s`] whatever the count).
     pub window_s: f64,
+    /// Completed reads a window needs before it closes (once [`Config::window_s`] has passed).
     pub window_reads: u64,
+    /// Seconds after which a window closes whatever its count of reads.
     pub window_max_s: f64,
     /// Relative throughput gain that makes a step up worth keeping.
     pub gain: f64,
@@ -100,7 +104,9 @@ pub struct Config {
     /// leaving the file system to ranks that are behind (the slowest rank sets the pace of
     /// synchronous training, and reads for a later epoch must not slow the current one).
     pub far_min: u64,
+    /// Samples ahead per fetch of the target that make staging not urgent.
     pub far_per_fetch: u64,
+    /// Most concurrent fetches while staging is not urgent (at least 1).
     pub relaxed: usize,
 }
 
@@ -220,6 +226,7 @@ impl Controller {
         self
     }
 
+    /// The number of concurrent fetches currently chosen.
     pub fn target(&self) -> usize {
         self.target
     }
@@ -234,6 +241,7 @@ impl Controller {
         }
     }
 
+    /// The tuning this controller runs with.
     pub fn config(&self) -> &Config {
         &self.cfg
     }
@@ -425,6 +433,7 @@ pub struct Permit<'a> {
 }
 
 impl Gate {
+    /// A gate whose controller `make` builds, given the gate's clock at start (0 s).
     pub fn new(make: impl FnOnce(f64) -> Controller) -> Gate {
         Gate {
             state: Mutex::new(GateState {

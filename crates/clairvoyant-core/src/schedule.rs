@@ -85,13 +85,18 @@ pub fn epoch_permutation(num_samples: u32, seed: u64, epoch: u64) -> Vec<u32> {
 /// without drop_last every entry of the epoch goes to exactly one rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// Entries in the epoch's global order (M).
     pub epoch_len: u64,
+    /// Number of ranks (N).
     pub world_size: u32,
+    /// Samples per batch and rank (b).
     pub batch_size: u32,
+    /// Leave the remainder of the epoch unused instead of spreading it over the ranks.
     pub drop_last: bool,
 }
 
 impl Layout {
+    /// The layout of an epoch of `epoch_len` entries; refuses a zero world or batch size.
     pub fn new(epoch_len: u64, world_size: u32, batch_size: u32, drop_last: bool) -> Result<Self> {
         if world_size == 0 {
             return Err(Error::config("world_size", "must be at least 1"));
@@ -170,23 +175,40 @@ impl Layout {
 #[derive(Clone, Debug)]
 pub enum Order {
     /// A fresh seeded permutation of the whole dataset every epoch.
-    Shuffle { num_samples: u32, seed: u64 },
+    Shuffle {
+        /// Samples in the dataset.
+        num_samples: u32,
+        /// The shuffle seed; every rank derives the same permutations from it.
+        seed: u64,
+    },
     /// Explicit global orders, one per epoch (any sampler, materialised ahead). Entries are
     /// sample indices; repeats and subsets are allowed.
-    Explicit { num_samples: u32, epochs: Vec<Vec<u32>> },
+    Explicit {
+        /// Samples in the dataset (every entry is below it).
+        num_samples: u32,
+        /// The global order of each epoch, in epoch order.
+        epochs: Vec<Vec<u32>>,
+    },
 }
 
 /// Every epoch's access stream for one rank (or all ranks) of a job.
 #[derive(Clone, Debug)]
 pub struct Schedule {
+    /// Where each epoch's global order comes from.
     pub order: Order,
+    /// Number of epochs in the run.
     pub epochs: u32,
+    /// Number of ranks the global order is split among.
     pub world_size: u32,
+    /// Samples per batch and rank.
     pub batch_size: u32,
+    /// Leave each epoch's remainder unused (see [`Layout`]).
     pub drop_last: bool,
 }
 
 impl Schedule {
+    /// A schedule of `epochs` epochs, each a fresh permutation of `num_samples` samples drawn
+    /// from `seed`; refuses datasets beyond `u32` samples and invalid layouts.
     pub fn shuffle(
         num_samples: u64,
         world_size: u32,
@@ -207,6 +229,8 @@ impl Schedule {
         Ok(s)
     }
 
+    /// A schedule with one given global order per epoch; refuses entries outside the dataset
+    /// and invalid layouts.
     pub fn explicit(
         num_samples: u64,
         orders: Vec<Vec<u32>>,
@@ -243,12 +267,15 @@ impl Schedule {
         Ok(s)
     }
 
+    /// Samples in the dataset.
     pub fn num_samples(&self) -> u32 {
         match &self.order {
             Order::Shuffle { num_samples, .. } | Order::Explicit { num_samples, .. } => *num_samples,
         }
     }
 
+    /// How `epoch`'s global order is split into batches per rank (an epoch past an explicit
+    /// schedule's last is empty).
     pub fn layout(&self, epoch: u32) -> Result<Layout> {
         let len = match &self.order {
             Order::Shuffle { num_samples, .. } => *num_samples as u64,
@@ -340,7 +367,9 @@ fn checked_num_samples(num_samples: u64) -> Result<u32> {
 /// One rank's samples in one epoch, with the end position of each batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankEpoch {
+    /// The rank's sample indices in consumption order.
     pub samples: Vec<u32>,
+    /// For each batch, the index into `samples` just past its last sample.
     pub batch_ends: Vec<u32>,
 }
 

@@ -74,10 +74,15 @@ pub mod env {
     /// who sets it.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Var {
+        /// The variable's name (`CLAIRVOYANT_...`).
         pub name: &'static str,
+        /// What its value is.
         pub kind: Kind,
+        /// What happens when it is unset (its default, in words).
         pub default: &'static str,
+        /// What it does, for the settings reference.
         pub doc: &'static str,
+        /// Who sets it: the user, or clairvoyant for the processes it starts.
         pub set_by: SetBy,
     }
 
@@ -419,6 +424,7 @@ pub mod defaults {
 
     use crate::model::{ClassKind, ClassSpec, Curve};
 
+    /// One mebibyte, in bytes.
     pub const MIB: u64 = 1 << 20;
     /// Staging buffer capacity on machines with enough memory.
     pub const STAGING_CAPACITY: u64 = 256 * MIB;
@@ -436,7 +442,9 @@ pub mod defaults {
     pub const DISK_THREADS: u32 = 4;
     /// Conservative shared file system: 200 MB/s per reader, 2,000 MB/s aggregate, 1 ms per open.
     pub const PFS_PER_READER_MBPS: f64 = 200.0;
+    /// Concurrent readers at which the conservative shared file system reaches its aggregate.
     pub const PFS_MAX_READERS: u32 = 10;
+    /// Seconds per file open on the conservative shared file system.
     pub const PFS_OPEN_LATENCY_S: f64 = 1e-3;
 
     /// DRAM reads (memory copies): 5,000 MB/s per thread up to 4 threads.
@@ -516,6 +524,8 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// Reads this machine's memory figures (/proc/meminfo) and CPU count; unknown figures are
+    /// None.
     pub fn detect() -> Self {
         let (mem_total, mem_available) = std::fs::read_to_string("/proc/meminfo")
             .map(|t| parse_meminfo(&t))
