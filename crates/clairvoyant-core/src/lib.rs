@@ -1,6 +1,8 @@
 //! clairvoyant core: access streams, placement, performance model, sources, node-shared tiers
 //! and the prefetching engine. No Python here; bindings live in `clairvoyant-py`.
 
+#![warn(missing_docs)]
+
 pub mod engine;
 pub mod error;
 pub mod mem;

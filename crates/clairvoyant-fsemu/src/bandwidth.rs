@@ -34,6 +34,7 @@ pub struct Sharing {
 }
 
 impl Sharing {
+    /// An idle state (no transfer, nothing served) sharing the aggregate bandwidth `curve`.
     pub fn new(curve: Curve) -> Sharing {
         Sharing {
             curve,
@@ -43,6 +44,7 @@ impl Sharing {
         }
     }
 
+    /// Transfers in progress.
     pub fn active(&self) -> usize {
         self.active
     }
@@ -96,6 +98,8 @@ pub struct Bandwidth {
 const MIN_WAIT_S: f64 = 20e-6;
 
 impl Bandwidth {
+    /// The shared bandwidth t(γ) given by `curve` (MB/s by concurrent transfers), idle, its
+    /// clock starting now.
     pub fn new(curve: Curve) -> Bandwidth {
         Bandwidth {
             state: Mutex::new(Sharing::new(curve)),

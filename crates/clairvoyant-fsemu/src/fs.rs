@@ -98,17 +98,26 @@ struct Totals {
 /// The counters as written to the statistics file.
 #[derive(Serialize)]
 pub struct Stats {
+    /// Seconds since the file system was created.
     pub uptime_s: f64,
+    /// The emulated latency of each open, in milliseconds.
     pub open_latency_ms: f64,
+    /// The bandwidth curve t(γ): (concurrent transfers, aggregate MB/s) points.
     pub bandwidth_mbps: Vec<(f64, f64)>,
+    /// Files opened since mounting.
     pub opens: u64,
+    /// Read requests served since mounting.
     pub reads: u64,
+    /// Bytes served by reads since mounting.
     pub bytes: u64,
     /// Seconds spent in opens and transfers, summed over callers: divided by an interval's
     /// length, the mean number of file operations in progress.
     pub open_seconds: f64,
+    /// Seconds spent transferring, summed over readers.
     pub transfer_seconds: f64,
+    /// Opens and reads in progress now.
     pub in_progress: usize,
+    /// The most opens and reads in progress at once since mounting.
     pub max_in_progress: usize,
     /// Transfers sharing the bandwidth now (γ).
     pub transfers: usize,
@@ -116,10 +125,14 @@ pub struct Stats {
     pub files: std::collections::BTreeMap<String, FileStats>,
 }
 
+/// The counters of one file since mounting.
 #[derive(Serialize)]
 pub struct FileStats {
+    /// Times the file was opened.
     pub opens: u64,
+    /// Read requests served from the file.
     pub reads: u64,
+    /// Bytes served from the file.
     pub bytes: u64,
 }
 
@@ -192,6 +205,8 @@ fn attr_of(ino: u64, m: &std::fs::Metadata) -> FileAttr {
 }
 
 impl EmuFs {
+    /// The emulated file system over the directory `root` (canonicalised; an error if it is
+    /// not a directory), with counters at zero.
     pub fn new(root: &Path, spec: Spec) -> std::io::Result<EmuFs> {
         let root = root.canonicalize()?;
         if !root.is_dir() {
@@ -310,6 +325,8 @@ impl EmuFs {
         }
     }
 
+    /// [`EmuFs::stats`] as pretty-printed JSON with a final newline (the statistics file's
+    /// contents).
     pub fn stats_json(&self) -> Vec<u8> {
         let mut v = serde_json::to_vec_pretty(&self.stats()).unwrap_or_default();
         v.push(b'\n');

@@ -9,6 +9,8 @@
 //! As root the kernel is asked to mount directly; other users need `fusermount3` (package
 //! `fuse3`) and `user_allow_other` in /etc/fuse.conf for other users to read the mount.
 
+#![warn(missing_docs)]
+
 mod bandwidth;
 mod fs;
 

@@ -6,6 +6,8 @@
 //! [`simulate`] compares policies on one scenario; [`sweep`] varies one or two system
 //! parameters for one policy (a what-if heatmap).
 
+#![warn(missing_docs)]
+
 pub mod cluster;
 pub mod policy;
 pub mod scenario;
@@ -23,13 +25,16 @@ pub use sim::{PolicyResult, Progress, Run};
 /// The result of comparing policies on one scenario.
 #[derive(Clone, Debug)]
 pub struct Report {
+    /// The scenario the policies ran on.
     pub scenario: Scenario,
+    /// Total bytes of the scenario's dataset (the drawn or given sample sizes summed).
     pub dataset_bytes: u64,
     /// Perfect first, then the requested policies in the order given.
     pub policies: Vec<PolicyResult>,
 }
 
 impl Report {
+    /// Total seconds of the perfect (stall-free) run, if it is among the results.
     pub fn perfect_seconds(&self) -> Option<f64> {
         self.policies
             .iter()
@@ -174,21 +179,31 @@ pub(crate) fn run_all<T: Sync, R: Send>(
 /// its values as written (a bare number for a capacity means GB).
 #[derive(Clone, Debug)]
 pub struct Axis {
+    /// The swept parameter's short key (a class name, `staging`, or a dotted scenario key).
     pub key: String,
+    /// The values to try, as written.
     pub values: Vec<String>,
 }
 
 /// A what-if grid: `total_seconds[i][j]` for axes[0].values[i] and axes[1].values[j].
 #[derive(Clone, Debug)]
 pub struct SweepReport {
+    /// Name of the swept scenario.
     pub scenario: String,
+    /// The policy simulated in every cell.
     pub policy: Policy,
+    /// One or two axes, each with the unit a bare number is taken in (`GB` for capacities).
     pub axes: Vec<(Axis, Option<&'static str>)>,
+    /// The policy's result per cell: `cells[i][j]` for the i-th value of the first axis and the
+    /// j-th of the second.
     pub cells: Vec<Vec<PolicyResult>>,
+    /// Total seconds of the perfect run on the unswept scenario, for reference.
     pub perfect_seconds: Option<f64>,
 }
 
 impl SweepReport {
+    /// The sweep as a JSON document: the axes with their values and units, and per cell the
+    /// policy's total seconds and error.
     pub fn to_json(&self) -> Value {
         let sweep: Vec<Value> = self
             .axes

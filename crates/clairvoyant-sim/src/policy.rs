@@ -2,6 +2,7 @@
 
 use clairvoyant_core::{Error, Result};
 
+/// A data-loading policy the simulator can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Policy {
     /// No stalls at all: the lower bound.
@@ -35,6 +36,7 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// Every policy, in the order reports list them.
     pub const ALL: [Policy; 10] = [
         Policy::Perfect,
         Policy::Naive,
@@ -48,6 +50,7 @@ impl Policy {
         Policy::Clairvoyant,
     ];
 
+    /// The policy's name as scenarios, the command line and reports spell it.
     pub fn name(self) -> &'static str {
         match self {
             Policy::Perfect => "perfect",
@@ -63,6 +66,8 @@ impl Policy {
         }
     }
 
+    /// The policy named `name` (see [`Policy::name`]); an unknown name is a configuration error
+    /// listing the known ones.
     pub fn parse(name: &str) -> Result<Policy> {
         Policy::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| {
             let names: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();

@@ -212,7 +212,14 @@ write_mbps = [[1, 2000], [2, 4000]]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Sizes {
     /// Drawn from Normal(mean, std) bytes (see the module docs), with its own seed.
-    Normal { mean: f64, std: f64, seed: u64 },
+    Normal {
+        /// Mean sample size in bytes.
+        mean: f64,
+        /// Standard deviation of the sample size in bytes.
+        std: f64,
+        /// Seed of the drawn sizes (not of the shuffle).
+        seed: u64,
+    },
     /// Given: one size per sample (a real dataset's index).
     Given(Vec<u64>),
 }
@@ -220,18 +227,30 @@ pub enum Sizes {
 /// A resolved, validated scenario.
 #[derive(Clone, Debug)]
 pub struct Scenario {
+    /// The scenario's name, as reports show it.
     pub name: String,
+    /// A free-text description of the cluster and dataset.
     pub description: String,
+    /// Number of workers (N), over all nodes.
     pub workers: u32,
+    /// Workers per node (divides `workers`).
     pub workers_per_node: u32,
+    /// Epochs of the training run.
     pub epochs: u32,
+    /// Samples per batch and worker.
     pub batch_size: u32,
+    /// The shuffle's seed.
     pub seed: u64,
+    /// Whether each epoch's remainder (less than a global batch) is left out.
     pub drop_last: bool,
+    /// Samples in the dataset.
     pub samples: u64,
+    /// Where the sample sizes come from.
     pub sizes: Sizes,
     /// Where the staging-buffer policy reads from: `None` = the PFS, else a class index.
     pub staging_buffer_source: Option<usize>,
+    /// One node's system: compute and preprocessing rates, staging buffer, storage classes,
+    /// the PFS and the interconnect.
     pub system: SystemModel,
     /// CPU contention: the cores the workers' processes share (`[cpu]`); None = not modelled.
     pub cpu: Option<Cpu>,
@@ -708,6 +727,7 @@ impl Scenario {
         Scenario::from_doc(&preset(name)?)
     }
 
+    /// Number of nodes (`workers / workers_per_node`).
     pub fn nodes(&self) -> u32 {
         self.workers / self.workers_per_node
     }

@@ -52,12 +52,14 @@ pub struct Progress {
     pub done: AtomicU64,
     /// Samples to simulate in all.
     pub total: AtomicU64,
+    /// Set to stop the simulation early (it then fails with `Error::Cancelled`).
     pub cancel: AtomicBool,
 }
 
 /// How one policy did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicyResult {
+    /// The policy these figures are for.
     pub policy: Policy,
     /// Wall time of the whole run (preloading included); None when the policy cannot run.
     pub total_seconds: Option<f64>,
@@ -77,6 +79,7 @@ pub struct PolicyResult {
     pub pfs_bytes: u64,
     /// Whether every epoch visits the whole dataset in the shuffled order.
     pub full_randomization: bool,
+    /// Why the policy could not run (e.g. the dataset exceeds aggregate memory); None if it ran.
     pub error: Option<String>,
 }
 
@@ -135,15 +138,21 @@ impl PolicyResult {
 
 /// Everything the policies share: the scenario, sample sizes, and the shuffle.
 pub struct Run<'a> {
+    /// The scenario being simulated.
     pub scenario: &'a Scenario,
+    /// Size in bytes of each sample.
     pub sizes: &'a [u64],
+    /// Every worker's access stream, shuffled from the scenario's seed.
     pub schedule: Schedule,
+    /// Where the simulated samples are counted and cancellation is read.
     pub progress: &'a Progress,
     /// Every sample size fits in 32 bits (epochs' sizes are then kept in 4 bytes each).
     narrow_sizes: bool,
 }
 
 impl<'a> Run<'a> {
+    /// Prepares to simulate `scenario` with the sample sizes `sizes`; refuses a scenario whose
+    /// schedule is invalid.
     pub fn new(scenario: &'a Scenario, sizes: &'a [u64], progress: &'a Progress) -> Result<Self> {
         let schedule = Schedule::shuffle(
             scenario.samples,
