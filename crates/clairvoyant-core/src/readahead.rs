@@ -214,7 +214,7 @@ impl Controller {
     /// This rank is number `index` of `ranks` on the node that read the same file system the
     /// same way. Ranks then probe at different times (windows of different lengths, the first
     /// probe delayed by two windows per index): the saturation estimate of
-    /// [`Controller::node_gain`] assumes that the other ranks held still.
+    /// `Controller::node_gain` assumes that the other ranks held still.
     pub fn sharing(mut self, ranks: u32, index: u32) -> Controller {
         let ranks = ranks.max(1);
         self.share = 1.0 / ranks as f64;

@@ -659,7 +659,7 @@ impl SystemModel {
         }
     }
 
-    /// Apply `CLAIRVOYANT_MEMORY` and `CLAIRVOYANT_STAGING` (see [`env`]).
+    /// Apply `CLAIRVOYANT_MEMORY` and `CLAIRVOYANT_STAGING` (see [`env`](mod@env)).
     pub fn apply_env_overrides(&mut self) -> Result<()> {
         self.apply_overrides(env::get(env::MEMORY).as_deref(), env::get(env::STAGING).as_deref())
     }

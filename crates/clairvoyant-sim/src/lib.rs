@@ -185,7 +185,7 @@ pub struct Axis {
     pub values: Vec<String>,
 }
 
-/// A what-if grid: `total_seconds[i][j]` for axes[0].values[i] and axes[1].values[j].
+/// A what-if grid: `cells[i][j]` for `axes[0].values[i]` and `axes[1].values[j]`.
 #[derive(Clone, Debug)]
 pub struct SweepReport {
     /// Name of the swept scenario.

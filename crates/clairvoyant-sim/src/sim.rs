@@ -597,7 +597,7 @@ struct Sim<'r, 'a> {
     pfs_latency: f64,
     /// The file system serves transfers one after another on one timeline (`pfs_sharing = "fifo"`).
     pfs_fifo: bool,
-    /// pfs_spb[γ]: seconds per byte for one of γ concurrent readers.
+    /// `pfs_spb[γ]`: seconds per byte for one of γ concurrent readers.
     pfs_spb: Vec<f64>,
     /// When each thread is free next: worker w's staging threads are slots
     /// `w*threads..(w+1)*threads`, fill list i's threads `fill_slots[i]`.

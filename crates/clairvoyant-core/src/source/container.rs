@@ -350,7 +350,7 @@ pub fn container_index_path(identity: &str, index_dir: Option<&Path>, index_path
 
 /// Loads the index at `path` for `identity` while it is fresh, else runs `build` under the lock,
 /// validates and saves its result (the one path of every index file,
-/// [`load_or_build`](super::index::load_or_build)). Returns the index and whether it was reused.
+/// `index::load_or_build`). Returns the index and whether it was reused.
 pub fn load_or_build_container(
     path: &Path,
     identity: &str,

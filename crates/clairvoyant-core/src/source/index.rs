@@ -30,7 +30,7 @@ const FILE_SUFFIX: &str = ".cvidx";
 /// 2 s covers the coarsest common granularity (FAT; some NFS servers store whole seconds).
 pub(crate) const RACY_WINDOW_NS: i64 = 2_000_000_000;
 
-/// 64-bit FNV-1a (http://www.isthe.com/chongo/tech/comp/fnv/): tiny, stable across platforms and
+/// 64-bit FNV-1a (<http://www.isthe.com/chongo/tech/comp/fnv/>): tiny, stable across platforms and
 /// releases, good enough to tell datasets apart and to detect damage (not an adversary).
 #[derive(Clone, Copy, Debug)]
 pub struct Fnv1a(u64);
