@@ -4,7 +4,7 @@
     shared file system): accelerator utilization per epoch, speedup of clairvoyant over PyTorch's
     DataLoader in epoch 0 and in later epochs, and bytes read from the file system.
     The simulator predicts both loaders' epoch times from the same configuration (see
-    ``_validate``); predicted and measured are printed side by side.
+    ``benches.validate``); predicted and measured are printed side by side.
 (b) Per-sample overhead: 50,000 page-cached 1 KB files, samples/s of ``job.batches`` against
     ``torch.utils.data.DataLoader`` (a plain file-reading dataset, 2 workers, batch 256).
 (c) Resident memory of a job above its configured capacities.
