@@ -4,7 +4,7 @@ with clairvoyant. Reports per epoch: time, GPU busy time (CUDA events around eac
 utilization = busy / epoch time, time the loop waited for data, and bytes read from the file
 system. Not part of the test suite; needs CUDA.
 
-    python benches/gpu_train.py --samples 20000 --epochs 3 --workers 8 --bandwidth-mbps 60
+    python -m benches.gpu_train --samples 20000 --epochs 3 --workers 8 --bandwidth-mbps 60
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 def build_pytorch(args, paths, labels, transform):
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from clairvoyant.demo import FsImageFolder
+    from benches.demo import FsImageFolder
 
     ds = FsImageFolder(paths, labels, (args.fs_state, args.latency_ms, args.bandwidth_mbps), transform)
     sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=0)
@@ -109,7 +109,7 @@ def main():
     from torchvision import transforms as T
 
     import clairvoyant
-    from clairvoyant._emulation import list_imagefolder, make_imagefolder
+    from benches.emulation import list_imagefolder, make_imagefolder
 
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     t = time.perf_counter()

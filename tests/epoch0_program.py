@@ -1,4 +1,4 @@
-"""One rank of the training programs of the epoch-0 benchmark (``python -m clairvoyant.bench --only epoch0``), run as a
+"""One rank of the training programs of the epoch-0 benchmark (``python -m benches --only epoch0``), run as a
 script: nothing in it knows about clairvoyant unless ``--patch`` imports the drop-in.
 
 - ``pool``: a pool of 4 reader threads, two batches of look-ahead, consumed in order;

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import clairvoyant
-from clairvoyant._emulation import memory_config, node_env, run_ranks
+from benches.emulation import memory_config, node_env, run_ranks
 
 sys.path.insert(0, os.path.dirname(__file__))  # the emulated-node harness (tests/netns.py)
 

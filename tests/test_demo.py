@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from clairvoyant import demo  # noqa: E402
+from benches import demo  # noqa: E402
 
 SAMPLES = 60
 EPOCHS = 2

@@ -244,8 +244,6 @@ def test_source_arguments_of_the_wrong_kind_name_the_argument(tmp_path, make, na
 # Exceptions of Python's own protocols, raised as the protocol demands: iteration's end, a missing
 # attribute, an optional dependency not installed, a command line's exit.
 PROTOCOL = {"StopIteration", "AttributeError", "ImportError", "SystemExit"}
-# The benchmark and demo harness: run from ./dev, not a library path.
-HARNESS = {"bench.py", "demo.py", "_emulation.py"}
 
 
 def _builtin_raises(path: Path):
@@ -270,12 +268,7 @@ def _builtin_raises(path: Path):
 
 def test_the_package_raises_only_its_own_exceptions():
     root = Path(clairvoyant.__file__).parent
-    found = [
-        hit
-        for f in sorted(root.rglob("*.py"))
-        if f.name not in HARNESS and not f.name.startswith("_bench")
-        for hit in _builtin_raises(f)
-    ]
+    found = [hit for f in sorted(root.rglob("*.py")) for hit in _builtin_raises(f)]
     assert not found, "raise a ClairvoyantError subclass (clairvoyant.errors) instead of a built-in:\n" + "\n".join(found)
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from clairvoyant import _emulation as emu
+from benches import emulation as emu
 
 REASON = emu.fuse_unavailable()
 if REASON is not None:

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from clairvoyant._emulation import memory_config
+from benches.emulation import memory_config
 from launchers import clean_env, need_command, need_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))

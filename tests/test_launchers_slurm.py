@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clairvoyant._emulation import memory_config
+from benches.emulation import memory_config
 from launchers import missing
 from slurm_cluster import Slurm, unavailable
 from test_examples import EXAMPLES, check_logs, example_env, write_imagenet

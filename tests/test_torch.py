@@ -13,7 +13,7 @@ pytest.importorskip("PIL")
 
 import clairvoyant  # noqa: E402
 import clairvoyant.torch as ctorch  # noqa: E402
-from clairvoyant._emulation import make_imagefolder  # noqa: E402
+from benches.emulation import make_imagefolder  # noqa: E402
 
 BATCH = 8
 

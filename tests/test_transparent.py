@@ -20,7 +20,7 @@ import zlib
 import numpy as np
 import pytest
 
-from clairvoyant._emulation import memory_config, node_env
+from benches.emulation import memory_config, node_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 READER = os.path.join(HERE, "transparent_reader.py")
@@ -450,7 +450,7 @@ def _agent_pids_under(tmp, root, node) -> list:
 
 
 def _imagefolder(root, classes=3, per_class=24):
-    from clairvoyant._emulation import make_imagefolder
+    from benches.emulation import make_imagefolder
 
     return make_imagefolder(root, classes, per_class, size_range=(72, 120))
 

@@ -23,7 +23,7 @@ import zlib
 import numpy as np
 import pytest
 
-from clairvoyant import _emulation as emu
+from benches import emulation as emu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAM = os.path.join(HERE, "transparent_threads.py")

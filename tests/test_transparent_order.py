@@ -224,7 +224,7 @@ def test_a_torchrun_launch_prints_the_nodes_figures_and_notices_once(tmp_path):
     _preload_or_skip()
     pytest.importorskip("torchvision")
     pytest.importorskip("torch.distributed.run")
-    from clairvoyant._emulation import make_imagefolder
+    from benches.emulation import make_imagefolder
 
     root = str(tmp_path / "images")
     make_imagefolder(root, 2, 12, size_range=(72, 100))

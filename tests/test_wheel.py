@@ -1,7 +1,8 @@
 """The wheel: ``./dev wheel`` builds dist/clairvoyant-<version>-*.whl, and in a fresh virtual
 environment with no Rust toolchain on PATH the installed package runs: ``clairvoyant
 --version``, ``clairvoyant plan``, one epoch of a Job, the PyTorch drop-in, ``clairvoyant run
--- cat FILE`` and the demo's smallest form. The fresh environment sees the test environment's
+-- cat FILE`` and the demo's smallest form (the checkout's harness, benches/, which the wheel
+does not ship, on the wheel's package). The fresh environment sees the test environment's
 third-party packages (torch, numpy, ...) through a .pth file, not to download them again;
 clairvoyant itself comes from the wheel only."""
 
@@ -25,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 VERSION = PROJECT["version"]
 TIMEOUT = float(os.environ.get("CV_TEST_TIMEOUT", 600))
+# Modules of the benchmark and demo harness that the package once held.
+HARNESS = {"bench.py", "demo.py", "_emulation.py", "_validate.py"}
 
 
 def _build_wheel() -> Path:
@@ -51,6 +54,9 @@ def venv(tmp_path_factory):
     for part in ("clairvoyant/libclairvoyant_preload.so", "clairvoyant/cli.py", "clairvoyant/torch/__init__.py"):
         assert part in names, f"{wheel.name} lacks {part}"
     assert any(n.startswith("clairvoyant/_native") and n.endswith(".so") for n in names), f"{wheel.name} lacks the native module"
+    # The benchmark and demo harness stays in the checkout.
+    harness = [n for n in names if n.startswith("benches/") or n.split("/")[-1] in HARNESS or "/_bench_" in n]
+    assert not harness, f"{wheel.name} ships the benchmark and demo harness: {harness}"
 
     env_dir = tmp_path_factory.mktemp("wheel") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120)
@@ -205,8 +211,10 @@ def test_clairvoyant_run_cat(venv, tmp_path):
 
 
 def test_demo_smallest(venv, tmp_path):
+    # From the checkout (benches/ is not in the wheel); clairvoyant itself is the wheel's.
     run(
-        venv, venv / "bin" / "python", "-m", "clairvoyant.demo", "--samples", "48", "--classes", "3", "--epochs", "1",
+        venv, venv / "bin" / "python", "-m", "benches.demo", "--samples", "48", "--classes", "3", "--epochs", "1",
         "--ranks", "2", "--batch-size", "8", "--bandwidth-mbps", "500", "--latency-ms", "0.1", "--out", tmp_path,
+        cwd=ROOT,
     )  # fmt: skip
     assert (tmp_path / "demo.json").exists()

@@ -134,85 +134,90 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = _parse(argv)
-    root = os.path.abspath(args.root)
-    started = time.monotonic()
-    rel_paths = list_dataset(root)
-    if not rel_paths:
-        raise _native.ConfigError(f"the dataset directory {root} holds no files")
-    index = {p: i for i, p in enumerate(rel_paths)}
-    from .sources import FileList
+class _Dataset:
+    """What the agent serves: the dataset's files under ``root`` (the agent's sample ids), their
+    source and the system description."""
 
-    source = FileList([os.path.join(root, p) for p in rel_paths], [0] * len(rel_paths), index_dir=args.index_dir)
-    from . import config as _config
+    def __init__(self, args) -> None:
+        from . import config as _config
+        from .sources import FileList
 
-    model = _config.resolve(args.config)
+        self.root = os.path.abspath(args.root)
+        self.rel_paths = list_dataset(self.root)
+        if not self.rel_paths:
+            raise _native.ConfigError(f"the dataset directory {self.root} holds no files")
+        self.index = {p: i for i, p in enumerate(self.rel_paths)}
+        self.source = FileList([os.path.join(self.root, p) for p in self.rel_paths], [0] * len(self.rel_paths), index_dir=args.index_dir)
+        self.model = _config.resolve(args.config)
+
+
+def _placement(ds: _Dataset, order_pattern, nodes: int) -> tuple[dict, str]:
+    """How the engine places samples: by the order files ``order_pattern`` (None: by hashed
+    owners); returns the engine's ``agent`` argument and an id of the orders."""
+    if not order_pattern:
+        return {"prefill": False, "hashed": ds.root}, ""
+    files = [order_pattern.replace("{node}", str(i)) for i in range(nodes)]
+    if nodes > 1 and len(set(files)) == 1:
+        raise _native.ConfigError(
+            "with several nodes the order file must name each node's reads: put {node} in its path "
+            f"(got {order_pattern})"
+        )
+    total = len(ds.rel_paths)
+    counts = [access_counts(read_order_file(f, ds.root, ds.index), total) for f in files]
+    # Files no node's order reads are placed as without an order (hashed owners) and
+    # filled when a program first reads them.
+    agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts], "hashed": ds.root}
+    outside = int(np.count_nonzero(np.all([c == 0 for c, _ in counts], axis=0)))
+    if outside:
+        print(
+            f"clairvoyant agent: the order reads {total - outside} of the {total} files; "
+            f"files outside it: {outside}, placed by hashed owners and cached when first read",
+            file=sys.stderr,
+            flush=True,
+        )
+    order_id = hashlib.blake2b(b"".join(c.tobytes() + fn.tobytes() for c, fn in counts), digest_size=8).hexdigest()
+    return agent, order_id
+
+
+def _start_engine(ds: _Dataset, args, order_pattern):
+    """The engine (and, with several nodes, the peer set-up) placing by the order files
+    ``order_pattern`` (None: by hashed owners)."""
     nodes, node = max(1, args.nodes), args.node
+    agent, order_id = _placement(ds, order_pattern, nodes)
+    cluster, peers = None, None
+    if nodes > 1:
+        from . import _peers
 
-    def start_engine(order_pattern):
-        """The engine (and, with several nodes, the peer set-up) placing by the order files
-        ``order_pattern`` (None: by hashed owners)."""
-        if order_pattern:
-            files = [order_pattern.replace("{node}", str(i)) for i in range(nodes)]
-            if nodes > 1 and len(set(files)) == 1:
-                raise _native.ConfigError(
-                    "with several nodes the order file must name each node's reads: put {node} in its path "
-                    f"(got {order_pattern})"
-                )
-            counts = [access_counts(read_order_file(f, root, index), len(rel_paths)) for f in files]
-            # Files no node's order reads are placed as without an order (hashed owners) and
-            # filled when a program first reads them.
-            agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts], "hashed": root}
-            outside = int(np.count_nonzero(np.all([c == 0 for c, _ in counts], axis=0)))
-            if outside:
-                print(
-                    f"clairvoyant agent: the order reads {len(rel_paths) - outside} of the {len(rel_paths)} files; "
-                    f"files outside it: {outside}, placed by hashed owners and cached when first read",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            order_id = hashlib.blake2b(b"".join(c.tobytes() + fn.tobytes() for c, fn in counts), digest_size=8).hexdigest()
-        else:
-            agent = {"prefill": False, "hashed": root}
-            order_id = ""
-        cluster, peers = None, None
-        if nodes > 1:
-            from . import _peers
-
-            os.environ.setdefault("CLAIRVOYANT_RENDEZVOUS", "file")
-            peers = _peers.setup(
-                source=source,
-                model=model,
-                rank=node,
-                world_size=nodes,
-                local_ranks=[node],
-                run_id=args.run_id,
-                facts={"transparent": root, "order": order_id},
-            )
-            cluster = peers.cluster
-        # The agent consumes no stream: its schedule (one pass, batch 1, one rank per node, the
-        # last odd sample dropped) only satisfies the engine's checks; placement comes from
-        # `agent`.
-        try:
-            engine = _native.Engine(
-                source._native, 1, 1, 0, True, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
-                model.to_toml(), None, 0, cluster, agent,
-            )  # fmt: skip
-        except BaseException:
-            if peers is not None and peers.server is not None:
-                peers.server.close()
-            raise
+        os.environ.setdefault("CLAIRVOYANT_RENDEZVOUS", "file")
+        peers = _peers.setup(
+            source=ds.source,
+            model=ds.model,
+            rank=node,
+            world_size=nodes,
+            local_ranks=[node],
+            run_id=args.run_id,
+            facts={"transparent": ds.root, "order": order_id},
+        )
+        cluster = peers.cluster
+    # The agent consumes no stream: its schedule (one pass, batch 1, one rank per node, the
+    # last odd sample dropped) only satisfies the engine's checks; placement comes from
+    # `agent`.
+    try:
+        engine = _native.Engine(
+            ds.source._native, 1, 1, 0, True, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
+            ds.model.to_toml(), None, 0, cluster, agent,
+        )  # fmt: skip
+    except BaseException:
         if peers is not None and peers.server is not None:
-            peers.server.attach(engine)
-        return engine, peers
+            peers.server.close()
+        raise
+    if peers is not None and peers.server is not None:
+        peers.server.attach(engine)
+    return engine, peers
 
-    engine, peers = (None, None) if args.lazy else start_engine(args.order_file)
-    server = _native.AgentServer(engine, args.socket, root, rel_paths, args.dir)
-    if engine is not None and not args.order_file and nodes == 1:
-        # Order unknown, nothing to fetch from peers: a program reads a miss itself, as it
-        # would directly, and hands the bytes to the node cache without waiting for an answer.
-        server.let_programs_fill()
+
+def _announce(args, ds: _Dataset, started: float) -> None:
+    """Tell the launcher that the agent is ready (its pid file, the ready pipe) and say so."""
     with open(os.path.join(os.path.dirname(args.socket), "agent.pid"), "w") as f:
         f.write(f"{os.getpid()}\n")
     if args.ready_fd is not None:
@@ -220,33 +225,43 @@ def main(argv=None) -> int:
         os.close(args.ready_fd)
     how = "known order" if args.order_file else "order from the program's sampler, else not known" if args.lazy else "order not known"
     print(
-        f"clairvoyant agent: node {node} of {nodes}, {len(rel_paths)} files under {root}, {how}, "
+        f"clairvoyant agent: node {args.node} of {max(1, args.nodes)}, {len(ds.rel_paths)} files under {ds.root}, {how}, "
         f"ready in {time.monotonic() - started:.1f} s",
         file=sys.stderr,
         flush=True,
     )
-    clean = False
+
+
+def _wait_for_order(server, idle_wait: float):
+    """Without an engine yet: the program's first event (its order, or a read without one), or
+    None when the programs finished or none attached within ``idle_wait`` seconds."""
+    waited = 0.0
+    while True:
+        event = server.wait_event(1.0)
+        if event is not None or server.finished():
+            return event
+        waited += 1.0
+        if waited > idle_wait and server.attached == 0:
+            return None
+
+
+def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
+    """Serve until the programs are done (and, with several nodes, the other nodes' agents);
+    True on a clean end. Closes the server, the engine and the peer server."""
     try:
         if engine is None:
             # Placed when the program says its order, or at its first read without one.
-            waited = 0.0
-            while True:
-                event = server.wait_event(1.0)
-                if event is not None or server.finished():
-                    break
-                waited += 1.0
-                if waited > args.idle_wait and server.attached == 0:
-                    break
+            event = _wait_for_order(server, args.idle_wait)
             if event is not None:
                 kind, pattern = event
                 print(f"clairvoyant agent: placing by {'the order in ' + pattern if kind == 'plan' else 'hashed owners (no order came before the first read)'}", file=sys.stderr, flush=True)
-                engine, peers = start_engine(pattern if kind == "plan" else None)
+                engine, peers = _start_engine(ds, args, pattern if kind == "plan" else None)
                 server.set_engine(engine)
         if engine is not None:
             server.wait_idle(args.idle_wait)
             if peers is not None:
-                _leave_together(node, nodes, args.run_id, peers.cluster["peers"])
-        clean = True
+                _leave_together(args.node, max(1, args.nodes), args.run_id, peers.cluster["peers"])
+        return True
     finally:
         if peers is not None:
             print(f"clairvoyant agent: peers: {engine.peer_stats()}", file=sys.stderr, flush=True)
@@ -255,7 +270,20 @@ def main(argv=None) -> int:
             engine.close()
         if peers is not None and peers.server is not None:
             peers.server.close()
-    if clean:
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    started = time.monotonic()
+    ds = _Dataset(args)
+    engine, peers = (None, None) if args.lazy else _start_engine(ds, args, args.order_file)
+    server = _native.AgentServer(engine, args.socket, ds.root, ds.rel_paths, args.dir)
+    if engine is not None and not args.order_file and max(1, args.nodes) == 1:
+        # Order unknown, nothing to fetch from peers: a program reads a miss itself, as it
+        # would directly, and hands the bytes to the node cache without waiting for an answer.
+        server.let_programs_fill()
+    _announce(args, ds, started)
+    if _serve(server, ds, args, engine, peers):
         # Its log goes too: a failed agent's folder stays (for its log) until the next launcher
         # on the node reclaims it.
         from ._run import reclaim_agent_dir

@@ -353,56 +353,59 @@ def _unpack(blob: bytes, world_size: int) -> list:
     return out
 
 
-def _allgather_store(payload, rank, world_size, run, generation, timeout):
-    """Every rank writes its key; rank 0 waits for all of them (one ``wait`` on every key), reads
-    them with one ``multi_get``, publishes them as one value (``all``) and removes the per-rank
-    keys; every other rank waits for and reads that one value. Per rank a constant number of
-    requests, instead of every rank asking for every other rank's key; the store serves
-    world_size values once, and the combined value world_size times."""
-    deadline = time.monotonic() + timeout
-    store, place = _store(rank, timeout)
-    prefix = f"clairvoyant/{run}/{generation}/"
-    where = f"{place}, key {prefix}"
-    keys = [f"{prefix}{r}" for r in range(world_size)]
-    combined = f"{prefix}all"
-    progress = _Progress(rank, world_size, "store", where)
+class _StoreRound:
+    """One allgather through a store: its keys (``clairvoyant/<run>/<generation>/<rank>``, the
+    combined ``.../all``), deadline and progress."""
 
-    def lost(exc, what):
-        return RendezvousError(f"rank {rank}: lost the store at {place} while {what}: {exc}", backend="store", where=where)
+    def __init__(self, rank, world_size, run, generation, timeout):
+        self.rank, self.world_size, self.timeout = rank, world_size, timeout
+        self.deadline = time.monotonic() + timeout
+        self.store, self.place = _store(rank, timeout)
+        self.prefix = f"clairvoyant/{run}/{generation}/"
+        self.where = f"{self.place}, key {self.prefix}"
+        self.keys = [f"{self.prefix}{r}" for r in range(world_size)]
+        self.combined = f"{self.prefix}all"
+        self.progress = _Progress(rank, world_size, "store", self.where)
 
-    def missing_ranks() -> list:
+    def lost(self, exc, what) -> RendezvousError:
+        return RendezvousError(f"rank {self.rank}: lost the store at {self.place} while {what}: {exc}", backend="store", where=self.where)
+
+    def missing_ranks(self) -> list:
         # Only after a step timed out: one request per rank, to name who is missing.
-        return [r for r in range(world_size) if r != rank and not store.check([keys[r]])]
+        return [r for r in range(self.world_size) if r != self.rank and not self.store.check([self.keys[r]])]
 
-    try:
-        store.set(keys[rank], payload)
-    except Exception as exc:
-        raise RendezvousError(f"rank {rank}: could not write {keys[rank]} to {place}: {exc}", backend="store", where=where) from exc
+    def on_timeout(self, left, what: str, stuck: list) -> None:
+        """A wait step timed out: say who is missing (``stuck`` when nobody is), or fail once
+        no time is ``left``."""
+        try:
+            missing = self.missing_ranks()
+        except Exception as exc:
+            raise self.lost(exc, what) from exc
+        missing = missing or stuck
+        if left <= 0:
+            raise _timeout_error(missing, self.world_size, self.timeout, "store", self.where)
+        self.progress.tick(missing)
 
-    if rank == 0:
-
-        def aggregator_timeout(left):
-            try:
-                missing = missing_ranks()
-            except Exception as exc:
-                raise lost(exc, "waiting for the other ranks") from exc
-            if left <= 0:
-                raise _timeout_error(missing, world_size, timeout, "store", where)
-            progress.tick(missing)
-
-        _wait_keys(store, keys, deadline, lambda: False, aggregator_timeout)
+    def gather(self) -> list:
+        """Rank 0: wait for every rank's key, publish them as one value, remove the keys."""
+        store, keys, rank = self.store, self.keys, self.rank
+        _wait_keys(store, keys, self.deadline, lambda: False, lambda left: self.on_timeout(left, "waiting for the other ranks", []))
         try:
             values = [bytes(v) for v in store.multi_get(keys)] if hasattr(store, "multi_get") else [bytes(store.get(k)) for k in keys]
-            store.set(combined, _pack(values))
+            store.set(self.combined, _pack(values))
         except Exception as exc:
-            raise RendezvousError(f"rank {rank}: could not gather {prefix}* at {place}: {exc}", backend="store", where=where) from exc
+            raise RendezvousError(f"rank {rank}: could not gather {self.prefix}* at {self.place}: {exc}", backend="store", where=self.where) from exc
         # Nobody reads the per-rank keys any more: remove them (a store without delete_key keeps them).
         try:
             for k in keys:
                 store.delete_key(k)
         except Exception:
             pass
-    else:
+        return values
+
+    def read(self) -> list:
+        """Every other rank: wait for rank 0's combined value and read it."""
+        store, combined = self.store, self.combined
 
         def published() -> bool:
             try:
@@ -410,30 +413,37 @@ def _allgather_store(payload, rank, world_size, run, generation, timeout):
             except Exception:
                 return False
 
-        def member_timeout(left):
-            try:
-                missing = missing_ranks()
-            except Exception as exc:
-                raise lost(exc, "waiting for rank 0 to gather every rank") from exc
-            # Everyone wrote, yet nothing was published: rank 0, the one gathering, is stuck.
-            missing = missing or [0]
-            if left <= 0:
-                raise _timeout_error(missing, world_size, timeout, "store", where)
-            progress.tick(missing)
-
-        _wait_keys(store, [combined], deadline, published, member_timeout)
+        # Everyone wrote, yet nothing was published: rank 0, the one gathering, is stuck.
+        _wait_keys(store, [combined], self.deadline, published, lambda left: self.on_timeout(left, "waiting for rank 0 to gather every rank", [0]))
         try:
-            values = _unpack(bytes(store.get(combined)), world_size)
+            return _unpack(bytes(store.get(combined)), self.world_size)
         except Exception as exc:
-            raise RendezvousError(f"rank {rank}: could not read {combined} from {place}: {exc}", backend="store", where=where) from exc
-    values[rank] = payload
-    # The last rank to have read removes the combined value, so a long run does not fill the store.
+            raise RendezvousError(f"rank {self.rank}: could not read {combined} from {self.place}: {exc}", backend="store", where=self.where) from exc
+
+    def finish(self) -> None:
+        """The last rank to have read removes the combined value, so a long run does not fill the store."""
+        try:
+            if self.store.add(f"{self.prefix}done", 1) == self.world_size:
+                self.store.delete_key(self.combined)
+                self.store.delete_key(f"{self.prefix}done")
+        except Exception:  # a store without delete_key keeps them; harmless
+            pass
+
+
+def _allgather_store(payload, rank, world_size, run, generation, timeout):
+    """Every rank writes its key; rank 0 waits for all of them (one ``wait`` on every key), reads
+    them with one ``multi_get``, publishes them as one value (``all``) and removes the per-rank
+    keys; every other rank waits for and reads that one value. Per rank a constant number of
+    requests, instead of every rank asking for every other rank's key; the store serves
+    world_size values once, and the combined value world_size times."""
+    r = _StoreRound(rank, world_size, run, generation, timeout)
     try:
-        if store.add(f"{prefix}done", 1) == world_size:
-            store.delete_key(combined)
-            store.delete_key(f"{prefix}done")
-    except Exception:  # a store without delete_key keeps them; harmless
-        pass
+        r.store.set(r.keys[rank], payload)
+    except Exception as exc:
+        raise RendezvousError(f"rank {rank}: could not write {r.keys[rank]} to {r.place}: {exc}", backend="store", where=r.where) from exc
+    values = r.gather() if rank == 0 else r.read()
+    values[rank] = payload
+    r.finish()
     return values
 
 

@@ -292,12 +292,18 @@ def format_stats(s: dict, prev: dict | None, elapsed: float) -> str:
     )
 
 
-def main(args) -> int:
+def _command(args) -> list:
+    """The program to run: what follows ``--``."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise _native.ConfigError("nothing to run: give the command after --, e.g. clairvoyant run --dataset D -- python train.py")
+    return command
+
+
+def _dataset_root(args) -> str:
+    """``--dataset`` as an absolute path: a directory whose path is UTF-8 text."""
     root = os.path.abspath(args.dataset)
     if not os.path.isdir(root):
         raise _native.ConfigError(f"--dataset {args.dataset}: not a directory")
@@ -308,14 +314,14 @@ def main(args) -> int:
             f"--dataset {os.fsencode(root)!r}: transparent mode needs a dataset folder whose path is UTF-8 text "
             "(names below it may be any bytes); use a symbolic link with a UTF-8 name"
         ) from None
-    order_file = os.path.abspath(args.order_file) if args.order_file else None
-    nodes, node = nodes_of(os.environ, args.nodes, args.node_rank)
-    from ._preload import preload_env, preload_library
+    return root
 
-    lib = preload_library()
-    if order_file and args.sampler_order:
-        raise _native.ConfigError("--order-file and --sampler-order both give the order: use one")
-    agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order)
+
+def _program_env(args, root: str, agent, lib, nodes: int) -> dict:
+    """The program's environment: the interposed library and its agent, and with
+    ``--sampler-order`` the start-up hook that hands the sampler's order to the agent."""
+    from ._preload import preload_env
+
     env = preload_env(root, agent.socket, library=lib)
     if _settings.get("CLAIRVOYANT_VERIFY", None, env) == "process":
         print(
@@ -328,26 +334,58 @@ def main(args) -> int:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (hook, env.get("PYTHONPATH", "")) if x)
         env["CLAIRVOYANT_SAMPLER_ORDER"] = "1"
         env["CLAIRVOYANT_NODES"] = str(nodes)
+    return env
+
+
+def _report_stats(agent, lock: threading.Lock, stop: threading.Event, interval: float, started: float) -> None:
+    """``--stats``: a line of the agent's figures every ``interval`` seconds until ``stop``."""
+    prev = None
+    while not stop.wait(interval):
+        try:
+            with lock:
+                s = agent.stats()
+        except (ConnectionError, OSError):
+            print("clairvoyant run: the node agent is gone; the program reads the file system directly", file=sys.stderr)
+            return
+        print(format_stats(s, prev, time.monotonic() - started), file=sys.stderr, flush=True)
+        prev = s
+
+
+def _final_stats(args, agent, lock: threading.Lock, show: bool, started: float) -> None:
+    """The totals (``--stats``) and the figures file (``--stats-json``) at the end."""
+    if not (show or args.stats_json):
+        return
+    try:
+        with lock:
+            s = agent.stats()
+        if show:
+            print(format_stats(s, None, time.monotonic() - started).replace(":", ": total:", 1), file=sys.stderr)
+        if args.stats_json:
+            tmp = f"{args.stats_json}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(s, f, indent=1)
+            os.replace(tmp, args.stats_json)  # launchers of one node may share the name
+    except (ConnectionError, OSError) as e:
+        print(f"clairvoyant run: no figures from the node agent: {e}", file=sys.stderr)
+
+
+def main(args) -> int:
+    command = _command(args)
+    root = _dataset_root(args)
+    order_file = os.path.abspath(args.order_file) if args.order_file else None
+    nodes, node = nodes_of(os.environ, args.nodes, args.node_rank)
+    from ._preload import preload_library
+
+    lib = preload_library()
+    if order_file and args.sampler_order:
+        raise _native.ConfigError("--order-file and --sampler-order both give the order: use one")
+    agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order)
+    env = _program_env(args, root, agent, lib, nodes)
     # One line per node, not one per launcher (see reports_stats).
     show = args.stats and reports_stats(os.environ)
     started = time.monotonic()
     stop = threading.Event()
     lock = threading.Lock()
-    last: dict = {}
-
-    def report():
-        prev = None
-        while not stop.wait(args.stats_interval):
-            try:
-                with lock:
-                    s = agent.stats()
-            except (ConnectionError, OSError):
-                print("clairvoyant run: the node agent is gone; the program reads the file system directly", file=sys.stderr)
-                return
-            print(format_stats(s, prev, time.monotonic() - started), file=sys.stderr, flush=True)
-            prev = s
-            last["s"] = s
-
     try:
         proc = subprocess.Popen(command, env=env)
     except OSError as e:
@@ -358,7 +396,7 @@ def main(args) -> int:
         forwarded[sig] = signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
     reporter = None
     if show:
-        reporter = threading.Thread(target=report, name="clairvoyant-stats", daemon=True)
+        reporter = threading.Thread(target=_report_stats, args=(agent, lock, stop, args.stats_interval, started), name="clairvoyant-stats", daemon=True)
         reporter.start()
     try:
         code = proc.wait()
@@ -366,19 +404,7 @@ def main(args) -> int:
         stop.set()
         if reporter is not None:
             reporter.join(timeout=5)
-        if show or args.stats_json:
-            try:
-                with lock:
-                    s = agent.stats()
-                if show:
-                    print(format_stats(s, None, time.monotonic() - started).replace(":", ": total:", 1), file=sys.stderr)
-                if args.stats_json:
-                    tmp = f"{args.stats_json}.{os.getpid()}.tmp"
-                    with open(tmp, "w") as f:
-                        json.dump(s, f, indent=1)
-                    os.replace(tmp, args.stats_json)  # launchers of one node may share the name
-            except (ConnectionError, OSError) as e:
-                print(f"clairvoyant run: no figures from the node agent: {e}", file=sys.stderr)
+        _final_stats(args, agent, lock, show, started)
         agent.close()
         for sig, old in forwarded.items():
             signal.signal(sig, old)

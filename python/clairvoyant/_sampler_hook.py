@@ -62,53 +62,38 @@ def install(module) -> None:
     cls.__iter__ = __iter__
 
 
-def plan(loader) -> bool:
-    """Send ``loader``'s future order to the node agent; whether the agent took it."""
-    from torch.utils.data import DistributedSampler
+def _orderable(loader, root: str):
+    """``loader``'s order predictor and dataset files when the agent can place by them (every
+    rank's order known, files under ``root``), else None (with a notice why, where useful)."""
+    from torch.utils.data import DistributedSampler, IterableDataset
 
-    from . import _native
-    from .errors import ClairvoyantError
-    from .torch._order import Predictor, epoch_of
+    from .torch._order import Predictor
 
-    from torch.utils.data import IterableDataset
-
-    root = _settings.get("CLAIRVOYANT_ROOT")
-    socket = _settings.get("CLAIRVOYANT_AGENT")
-    if root is None or socket is None:
-        return False  # not under `clairvoyant run`
     if isinstance(loader.dataset, IterableDataset):
         _notice(
             f"{type(loader.dataset).__name__} is an iterable-style dataset: its order cannot be known ahead; "
             "the node agent places by hashed owners"
         )
-        return False
+        return None
     sampler = loader.sampler
     pred = Predictor(loader)
     if not (pred.all_ranks and isinstance(sampler, DistributedSampler)):
         _notice(f"the order of {type(sampler).__name__} is not known for every rank; the node agent places without it")
-        return False
+        return None
     files = _files_of(loader.dataset)
     if files is None:
         _notice(f"{type(loader.dataset).__name__} names no files; the node agent places without the order")
-        return False
+        return None
     inside = os.path.join(os.path.abspath(root), "")
     files = [os.path.abspath(f) for f in files]
     if not all(f.startswith(inside) for f in files):
-        return False
-    nodes = _settings.get("CLAIRVOYANT_NODES", 1)
-    world = int(sampler.num_replicas)
-    if world % nodes:
-        _notice(f"{world} ranks do not split evenly over {nodes} nodes; the node agent places without the order")
-        return False
-    per_node = world // nodes
-    first_of_node = int(sampler.rank) % per_node == 0
-    epochs = _settings.get("CLAIRVOYANT_EPOCHS", 3)
-    first = epoch_of(sampler) or 0
-    directory = os.path.dirname(socket)
-    # Every rank computes the same orders: the same name, so the agent sees one order.
-    facts = repr((root, len(files), world, nodes, sampler.seed, sampler.shuffle, sampler.drop_last, epochs, first))
-    key = hashlib.blake2b(facts.encode(), digest_size=8).hexdigest()
-    pattern = os.path.join(directory, f"order-{key}-node{{node}}.txt")
+        return None
+    return pred, files
+
+
+def _write_orders(pattern: str, pred, files: list, nodes: int, per_node: int, first: int, epochs: int) -> set:
+    """Each node's order file (``{node}`` in ``pattern``): its ranks' reads of ``epochs`` epochs
+    from ``first``, one epoch per paragraph; returns the files read."""
     covered: set = set()
     for node in range(nodes):
         ranks = range(node * per_node, (node + 1) * per_node)
@@ -127,6 +112,15 @@ def plan(loader) -> bool:
                 # them back the same way).
                 f.write("\n".join(merged) + "\n\n")
         os.replace(tmp, path)
+    return covered
+
+
+def _send(socket: str, pattern: str, first_of_node: bool) -> tuple[bool, object]:
+    """Hand the order files to the agent; returns whether it took them and its count of files
+    (None when it did not say)."""
+    from . import _native
+    from .errors import ClairvoyantError
+
     client = _native.AgentClient(socket)
     try:
         client.plan(pattern)
@@ -136,9 +130,43 @@ def plan(loader) -> bool:
             total = None  # the notice goes without the dataset's count
     except ClairvoyantError as e:
         _notice(f"the node agent did not take the sampler's order: {e}", first_of_node)
-        return False
+        return False, None
     finally:
         client.close()
+    return True, total
+
+
+def plan(loader) -> bool:
+    """Send ``loader``'s future order to the node agent; whether the agent took it."""
+    from .torch._order import epoch_of
+
+    root = _settings.get("CLAIRVOYANT_ROOT")
+    socket = _settings.get("CLAIRVOYANT_AGENT")
+    if root is None or socket is None:
+        return False  # not under `clairvoyant run`
+    known = _orderable(loader, root)
+    if known is None:
+        return False
+    pred, files = known
+    sampler = loader.sampler
+    nodes = _settings.get("CLAIRVOYANT_NODES", 1)
+    world = int(sampler.num_replicas)
+    if world % nodes:
+        _notice(f"{world} ranks do not split evenly over {nodes} nodes; the node agent places without the order")
+        return False
+    per_node = world // nodes
+    first_of_node = int(sampler.rank) % per_node == 0
+    epochs = _settings.get("CLAIRVOYANT_EPOCHS", 3)
+    first = epoch_of(sampler) or 0
+    directory = os.path.dirname(socket)
+    # Every rank computes the same orders: the same name, so the agent sees one order.
+    facts = repr((root, len(files), world, nodes, sampler.seed, sampler.shuffle, sampler.drop_last, epochs, first))
+    key = hashlib.blake2b(facts.encode(), digest_size=8).hexdigest()
+    pattern = os.path.join(directory, f"order-{key}-node{{node}}.txt")
+    covered = _write_orders(pattern, pred, files, nodes, per_node, first, epochs)
+    took, total = _send(socket, pattern, first_of_node)
+    if not took:
+        return False
     _notice(
         f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_coverage(root, covered, total)}",
         first_of_node,

@@ -351,11 +351,8 @@ def _run(args) -> int:
     return run.main(args)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="clairvoyant", description="Clairvoyant prefetching and caching for ML training I/O.")
-    p.add_argument("--version", action="version", version=f"clairvoyant {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
+def _plan_parser(sub) -> argparse.ArgumentParser:
+    """``clairvoyant plan``."""
     pl = sub.add_parser("plan", help="access-frequency histogram and cache placement for one rank")
     pl.add_argument("--samples", type=_count(1), required=True, help="number of samples F")
     pl.add_argument("--world-size", type=_count(1), required=True, help="number of ranks N")
@@ -373,7 +370,11 @@ def main(argv=None) -> int:
     pl.add_argument("--ssd", type=_size, default=0, help="ssd class capacity")
     pl.add_argument("--json", action="store_true", help="print JSON")
     pl.set_defaults(fn=_plan)
+    return pl
 
+
+def _probe_parser(sub) -> argparse.ArgumentParser:
+    """``clairvoyant probe``."""
     pr = sub.add_parser("probe", help="measure the dataset's storage and local tiers; write a config")
     pr.add_argument("path", help="dataset directory")
     pr.add_argument("-o", "--output", help="config file to write (default: print)")
@@ -381,7 +382,11 @@ def main(argv=None) -> int:
     pr.add_argument("--max-files", type=_count(1), default=256, help="most dataset files to read (default 256)")
     pr.add_argument("--budget", type=_seconds, default=10.0, help="seconds to spend measuring (default 10)")
     pr.set_defaults(fn=_probe)
+    return pr
 
+
+def _config_parser(sub) -> argparse.ArgumentParser:
+    """``clairvoyant config``."""
     co = sub.add_parser("config", help="print the resolved system description")
     co.add_argument("--config", help="TOML file")
     table = co.add_mutually_exclusive_group()
@@ -389,7 +394,11 @@ def main(argv=None) -> int:
     table.add_argument("--write-table", metavar="FILE", help="replace FILE's table of environment variables with the current one")
     table.add_argument("--check-table", metavar="FILE", help="fail when FILE's table of environment variables is out of date")
     co.set_defaults(fn=_config)
+    return co
 
+
+def _simulate_parser(sub) -> argparse.ArgumentParser:
+    """``clairvoyant simulate``."""
     si = sub.add_parser(
         "simulate",
         help="predict a whole run's time under each I/O policy (or a what-if sweep)",
@@ -415,7 +424,11 @@ def main(argv=None) -> int:
         help="progress on stderr: a bar on a terminal, else a line every 2 s or 10%% (default: on)",
     )
     si.set_defaults(fn=_simulate)
+    return si
 
+
+def _run_parser(sub) -> argparse.ArgumentParser:
+    """``clairvoyant run``."""
     ru = sub.add_parser(
         "run",
         help="run an unmodified program with its dataset reads served from the node's cache",
@@ -438,8 +451,11 @@ def main(argv=None) -> int:
     ru.add_argument("--config", help="system description TOML (default: as for every job)")
     ru.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
     ru.set_defaults(fn=_run)
+    return ru
 
-    args = p.parse_args(argv)
+
+def _check(p: argparse.ArgumentParser, pl: argparse.ArgumentParser, si: argparse.ArgumentParser, args) -> None:
+    """What argparse cannot check alone; exits with a usage error naming the argument."""
     if args.cmd == "plan" and args.nodes is not None and args.world_size % args.nodes:
         p.error(f"--world-size {args.world_size} is not a multiple of --nodes {args.nodes}")
     if args.cmd == "plan" and args.rank >= args.world_size:
@@ -448,6 +464,10 @@ def main(argv=None) -> int:
         problem = _check_plot(args.plot)
         if problem is not None:
             si.error(problem)
+
+
+def _dispatch(args) -> int:
+    """Run the subcommand; an error of the command is one line on stderr and exit status 1."""
     try:
         return args.fn(args)
     except BrokenPipeError:
@@ -460,6 +480,20 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"clairvoyant {args.cmd}: interrupted", file=sys.stderr)
         return 130
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="clairvoyant", description="Clairvoyant prefetching and caching for ML training I/O.")
+    p.add_argument("--version", action="version", version=f"clairvoyant {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pl = _plan_parser(sub)
+    _probe_parser(sub)
+    _config_parser(sub)
+    si = _simulate_parser(sub)
+    _run_parser(sub)
+    args = p.parse_args(argv)
+    _check(p, pl, si, args)
+    return _dispatch(args)
 
 
 if __name__ == "__main__":

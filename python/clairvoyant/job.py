@@ -69,6 +69,48 @@ def _orders(order, num_samples: int) -> list:
     return out
 
 
+def _schedule_args(batch_size, epochs, order, seed, drop_last, start_epoch) -> tuple:
+    """The schedule's arguments of :class:`Job`, checked (each error names its argument)."""
+    batch_size = _int_arg("batch_size", batch_size, 1, _U32)
+    if epochs is not None:
+        epochs = _int_arg("epochs", epochs, 1, _U32)
+    elif order is None:
+        raise _native.ConfigError("invalid value for 'epochs': required unless 'order' gives the epochs")
+    seed = _int_arg("seed", seed, 0, _U64)
+    if not isinstance(drop_last, (bool, np.bool_)):
+        raise _TypeError(f"'drop_last' must be a bool, not {type(drop_last).__name__}")
+    start_epoch = _int_arg("start_epoch", start_epoch, 0, _U32)
+    return batch_size, epochs, seed, bool(drop_last), start_epoch
+
+
+def _rank_args(rank, world_size, local_ranks) -> tuple:
+    """The placement arguments of :class:`Job`, checked (each error names its argument)."""
+    if rank is not None:
+        rank = _int_arg("rank", rank, 0, _U32 - 1)
+    if world_size is not None:
+        world_size = _int_arg("world_size", world_size, 1, _U32)
+    if local_ranks is not None:
+        if isinstance(local_ranks, (str, bytes)) or not hasattr(local_ranks, "__iter__"):
+            raise _TypeError(f"'local_ranks' must be a sequence of ranks, not {type(local_ranks).__name__}")
+        local_ranks = [_int_arg("local_ranks", r, 0, _U32 - 1) for r in local_ranks]
+        if len(set(local_ranks)) != len(local_ranks):
+            raise _native.ConfigError(f"invalid value for 'local_ranks': {local_ranks} names a rank twice")
+    return rank, world_size, local_ranks
+
+
+def _detect(rank, world_size, local_ranks):
+    """This rank's place (the arguments completed from the launcher's variables); local ranks
+    must lie within the world size."""
+    where = _env.detect(rank, world_size, local_ranks)
+    outside = [r for r in where.local_ranks if not 0 <= r < where.world_size]
+    if outside:
+        raise _native.ConfigError(
+            f"invalid value for 'local_ranks': {outside} outside world size {where.world_size} "
+            f"(ranks are 0..{where.world_size - 1})"
+        )
+    return where
+
+
 class Job:
     """Clairvoyant data loading for one rank.
 
@@ -121,36 +163,12 @@ class Job:
         self._closed = True  # until the engine exists (close() and __del__ must not fail)
         self._engine = None
         self._peers = None
-        batch_size = _int_arg("batch_size", batch_size, 1, _U32)
-        if epochs is not None:
-            epochs = _int_arg("epochs", epochs, 1, _U32)
-        elif order is None:
-            raise _native.ConfigError("invalid value for 'epochs': required unless 'order' gives the epochs")
-        seed = _int_arg("seed", seed, 0, _U64)
-        if not isinstance(drop_last, (bool, np.bool_)):
-            raise _TypeError(f"'drop_last' must be a bool, not {type(drop_last).__name__}")
-        drop_last = bool(drop_last)
-        start_epoch = _int_arg("start_epoch", start_epoch, 0, _U32)
+        batch_size, epochs, seed, drop_last, start_epoch = _schedule_args(batch_size, epochs, order, seed, drop_last, start_epoch)
         if run_id is not None and not isinstance(run_id, str):
             raise _TypeError(f"'run_id' must be a string, not {type(run_id).__name__}")
-        if rank is not None:
-            rank = _int_arg("rank", rank, 0, _U32 - 1)
-        if world_size is not None:
-            world_size = _int_arg("world_size", world_size, 1, _U32)
-        if local_ranks is not None:
-            if isinstance(local_ranks, (str, bytes)) or not hasattr(local_ranks, "__iter__"):
-                raise _TypeError(f"'local_ranks' must be a sequence of ranks, not {type(local_ranks).__name__}")
-            local_ranks = [_int_arg("local_ranks", r, 0, _U32 - 1) for r in local_ranks]
-            if len(set(local_ranks)) != len(local_ranks):
-                raise _native.ConfigError(f"invalid value for 'local_ranks': {local_ranks} names a rank twice")
+        rank, world_size, local_ranks = _rank_args(rank, world_size, local_ranks)
         self.source = as_source(source)
-        where = _env.detect(rank, world_size, local_ranks)
-        outside = [r for r in where.local_ranks if not 0 <= r < where.world_size]
-        if outside:
-            raise _native.ConfigError(
-                f"invalid value for 'local_ranks': {outside} outside world size {where.world_size} "
-                f"(ranks are 0..{where.world_size - 1})"
-            )
+        where = _detect(rank, world_size, local_ranks)
         orders = None if order is None else _orders(order, len(self.source))
         if orders is not None and epochs is not None and epochs != len(orders):
             raise _native.ConfigError(
@@ -166,9 +184,16 @@ class Job:
         if peers is not None and not isinstance(peers, (bool, np.bool_)):
             raise _TypeError(f"'peers' must be a bool or None, not {type(peers).__name__}")
         run = where.run_id if run_id is None else run_id
-        self._peers = None
         cluster = None
         if _peers.wanted(peers, where.world_size, where.local_ranks):
+            facts = {
+                "batch_size": batch_size,
+                "epochs": epochs,
+                "seed": seed,
+                "drop_last": drop_last,
+                "start_epoch": start_epoch,
+                "orders": None if orders is None else _peers.job_id(orders=[list(map(int, o)) for o in orders]),
+            }
             self._peers = _peers.setup(
                 source=self.source,
                 model=model,
@@ -176,16 +201,20 @@ class Job:
                 world_size=where.world_size,
                 local_ranks=where.local_ranks,
                 run_id=run,
-                facts={
-                    "batch_size": batch_size,
-                    "epochs": epochs,
-                    "seed": seed,
-                    "drop_last": drop_last,
-                    "start_epoch": start_epoch,
-                    "orders": None if orders is None else _peers.job_id(orders=[list(map(int, o)) for o in orders]),
-                },
+                facts=facts,
             )
             cluster = self._peers.cluster
+        self._attach_engine(batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster)
+        self.epochs = self._engine.epochs
+        self.start_epoch = start_epoch
+        self._steps = len(self._engine.batch_ends(start_epoch))
+        self._live = None  # weak reference to the iterator of the current epoch
+        self._loaders: list = []  # weak references to DataLoaders built on this job
+        self._final_stats = None
+        self._closed = False
+
+    def _attach_engine(self, batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster) -> None:
+        """Start the engine and hand it to this job's peer server (closed when the engine fails)."""
         try:
             self._engine = self._start_engine(
                 batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster
@@ -196,13 +225,6 @@ class Job:
             raise
         if self._peers is not None and self._peers.server is not None:
             self._peers.server.attach(self._engine)
-        self.epochs = self._engine.epochs
-        self.start_epoch = start_epoch
-        self._steps = len(self._engine.batch_ends(start_epoch))
-        self._live = None  # weak reference to the iterator of the current epoch
-        self._loaders: list = []  # weak references to DataLoaders built on this job
-        self._final_stats = None
-        self._closed = False
 
     def _start_engine(self, batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster):
         return _native.Engine(

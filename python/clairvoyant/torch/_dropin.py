@@ -499,15 +499,7 @@ class _Feed:
             return
         sampler = loader.sampler
         if self.predictor.kind == "unknown":
-            hint = (
-                " (pass a seeded generator= to read epochs ahead)"
-                if isinstance(sampler, torch.utils.data.RandomSampler)
-                else " (a sampler can tell it with __clairvoyant_order__(epoch))"
-            )
-            self._notice(
-                f"{type(sampler).__name__}'s future order cannot be known: each epoch is read ahead "
-                f"from its start, not across epochs{hint}"
-            )
+            self._notice_unknown_order(sampler)
         distributed = self.predictor.all_ranks and isinstance(sampler, DistributedSampler)
         where = _rank.resolve((sampler.rank, sampler.num_replicas) if distributed else None)
         b, dl = _batch_shape(loader)
@@ -518,60 +510,83 @@ class _Feed:
 
         source = self.adapter.source or clairvoyant.FileList(self.adapter.files, self.adapter.labels)
         if distributed and b is not None:
-            from clairvoyant import _peers
-
-            # A node of several computes every rank's stream (the nodes plan one cache across
-            # them and must agree on it); a node alone needs its own ranks' only.
-            multi = _peers.wanted(None, where.world_size, where.local_ranks)
-            ranks = range(where.world_size) if multi else where.local_ranks
-            orders = []
-            for h in range(horizon):
-                e = key + h
-                streams = {}
-                for r in ranks:
-                    got = batches if (h == 0 and r == where.rank) else self.predictor.batches(e, r)
-                    if got is None:
-                        break
-                    streams[r] = got
-                else:
-                    order = _interleave(streams, where.world_size, b, dl)
-                    if order is not None:
-                        orders.append(order)
-                        continue
-                break
-            if orders:
-                self.job = clairvoyant.Job(
-                    source,
-                    batch_size=b,
-                    order=orders,
-                    drop_last=dl,
-                    rank=where.rank,
-                    world_size=where.world_size,
-                    local_ranks=where.local_ranks,
-                )
+            self.job = self._ranks_job(source, where, key, batches, b, dl, horizon)
         if self.job is None:
-            # This rank's own order only: a node cache of its own.
-            orders = [flat]
-            # A generator's next epoch can be replayed; the ones after it depend on draws
-            # made meanwhile (the base seeds of iterators), so one epoch ahead only.
-            ahead = horizon if self.predictor.kind in ("distributed", "sequential", "protocol") else min(horizon, 2)
-            for h in range(1, ahead):
-                got = self.predictor.batches(key + h if isinstance(key, int) else h, None, draw_base_seed=self._draws_base_seed())
+            self.job = self._own_job(source, where, key, flat, b, dl, horizon)
+        self.segments = tuple(self.job.segments)
+
+    def _notice_unknown_order(self, sampler) -> None:
+        hint = (
+            " (pass a seeded generator= to read epochs ahead)"
+            if isinstance(sampler, torch.utils.data.RandomSampler)
+            else " (a sampler can tell it with __clairvoyant_order__(epoch))"
+        )
+        self._notice(
+            f"{type(sampler).__name__}'s future order cannot be known: each epoch is read ahead "
+            f"from its start, not across epochs{hint}"
+        )
+
+    def _ranks_job(self, source, where, key, batches: list, b: int, dl: bool, horizon: int):
+        """A DistributedSampler's job: the global orders of the epochs whose every rank's
+        batches can be predicted (None when not even the first can)."""
+        import clairvoyant
+        from clairvoyant import _peers
+
+        # A node of several computes every rank's stream (the nodes plan one cache across
+        # them and must agree on it); a node alone needs its own ranks' only.
+        multi = _peers.wanted(None, where.world_size, where.local_ranks)
+        ranks = range(where.world_size) if multi else where.local_ranks
+        orders = []
+        for h in range(horizon):
+            e = key + h
+            streams = {}
+            for r in ranks:
+                got = batches if (h == 0 and r == where.rank) else self.predictor.batches(e, r)
                 if got is None:
                     break
-                orders.append(_flatten(got))
-            run = _env.run_id()
-            self.job = clairvoyant.Job(
-                source,
-                batch_size=b or 1,
-                order=orders,
-                drop_last=dl if b else False,
-                rank=0,
-                world_size=1,
-                local_ranks=[0],
-                run_id=f"{run}/rank{where.rank}" if where.world_size > 1 else None,
-            )
-        self.segments = tuple(self.job.segments)
+                streams[r] = got
+            else:
+                order = _interleave(streams, where.world_size, b, dl)
+                if order is not None:
+                    orders.append(order)
+                    continue
+            break
+        if not orders:
+            return None
+        return clairvoyant.Job(
+            source,
+            batch_size=b,
+            order=orders,
+            drop_last=dl,
+            rank=where.rank,
+            world_size=where.world_size,
+            local_ranks=where.local_ranks,
+        )
+
+    def _own_job(self, source, where, key, flat, b, dl: bool, horizon: int):
+        """This rank's own order only: a node cache of its own."""
+        import clairvoyant
+
+        orders = [flat]
+        # A generator's next epoch can be replayed; the ones after it depend on draws
+        # made meanwhile (the base seeds of iterators), so one epoch ahead only.
+        ahead = horizon if self.predictor.kind in ("distributed", "sequential", "protocol") else min(horizon, 2)
+        for h in range(1, ahead):
+            got = self.predictor.batches(key + h if isinstance(key, int) else h, None, draw_base_seed=self._draws_base_seed())
+            if got is None:
+                break
+            orders.append(_flatten(got))
+        run = _env.run_id()
+        return clairvoyant.Job(
+            source,
+            batch_size=b or 1,
+            order=orders,
+            drop_last=dl if b else False,
+            rank=0,
+            world_size=1,
+            local_ranks=[0],
+            run_id=f"{run}/rank{where.rank}" if where.world_size > 1 else None,
+        )
 
     def _draws_base_seed(self) -> bool:
         loader = self.loader
@@ -624,16 +639,10 @@ class _Feed:
         for t in [t for t in self.leases if int(done[t % done.numel()]) == t + 1]:
             del self.leases[t]
 
-    def epoch(self, loader: DataLoader):
-        """The generator torch's iterator draws indices from, one epoch."""
-        self._retire()
-        key = _order.epoch_of(loader.sampler)
-        if key is None:
-            key = self.count
-        self.count += 1
-        gstate = _order.generator_state(loader)
-        resume, loader._resume = loader._resume, None
-        skip, restore = 0, None
+    def _epoch_batches(self, loader: DataLoader, key, resume, gstate) -> tuple:
+        """The epoch's batches and where in them to start: a loaded state of this epoch resumes
+        it (its batches redrawn, those it yielded skipped, the workers' states restored).
+        Returns (batches, skip, generator state, workers' states or None)."""
         if resume is not None and resume["yielded"] < resume["total"] and resume["epoch"] == key:
             batches = (
                 _order.redraw(loader, resume["generator"])
@@ -645,18 +654,64 @@ class _Feed:
                     f"load_state_dict(): the saved epoch {key} had {resume['total']} batches but the sampler now gives "
                     f"{len(batches)}; the dataset or the sampler changed"
                 )
-            skip = resume["yielded"]
-            gstate = resume["generator"]
+            restore = None
             if resume["num_workers"] == loader.num_workers and loader.num_workers > 0:
                 restore = resume["workers"]
-        else:
-            if resume is not None and resume["yielded"] < resume["total"]:
-                warnings.warn(
-                    f"clairvoyant: the loaded state is {resume['yielded']} batches into epoch {resume['epoch']}, "
-                    f"but the sampler is on epoch {key}: starting epoch {key} from its beginning",
-                    stacklevel=3,
-                )
-            batches = _order.drain(loader._index_sampler_of_user(), loader._auto_collation)
+            return batches, resume["yielded"], resume["generator"], restore
+        if resume is not None and resume["yielded"] < resume["total"]:
+            warnings.warn(
+                f"clairvoyant: the loaded state is {resume['yielded']} batches into epoch {resume['epoch']}, "
+                f"but the sampler is on epoch {key}: starting epoch {key} from its beginning",
+                stacklevel=4,  # where the epoch's iteration was started
+            )
+        return _order.drain(loader._index_sampler_of_user(), loader._auto_collation), 0, gstate, None
+
+    def _serve_pass(self, key, tail: list, cacheable: bool):
+        """The engine pass that serves ``tail`` and its batches (None, None when not cached)."""
+        job = self.job
+        if job is None or not tail or not cacheable:
+            return None, None
+        p = self._pass_for(_flatten(tail), _sizes(tail))
+        self.served.append((key, p))
+        src = job.shared_batches(p)
+        self.next_pass = p + 1
+        return p, src
+
+    def _item(self, b, src, batched: bool, state):
+        """What the sampler yields for batch (or index) ``b``: where its bytes are, leased until
+        the consumer is done with it."""
+        token = self.token
+        self.token += 1
+        where, private, lease = None, {}, None
+        if src is not None:
+            try:
+                lease, where, _labels, private = next(src)
+                private = dict(private)
+            except (CancelledError, ExhaustedError):
+                raise
+            except Exception:
+                # clairvoyant could not read a sample of this batch: the dataset reads the
+                # batch itself, as with torch's DataLoader (and fails as it would).
+                where = None
+        self._sweep()
+        if lease is not None:
+            self.leases[token] = lease
+        if batched:
+            return _datasets.Batch(b, token, self.segments, where, private, state)
+        if not isinstance(b, int):
+            return b
+        return _datasets.Index(b, token, self.segments, where, private, state)
+
+    def epoch(self, loader: DataLoader):
+        """The generator torch's iterator draws indices from, one epoch."""
+        self._retire()
+        key = _order.epoch_of(loader.sampler)
+        if key is None:
+            key = self.count
+        self.count += 1
+        gstate = _order.generator_state(loader)
+        resume, loader._resume = loader._resume, None
+        batches, skip, gstate, restore = self._epoch_batches(loader, key, resume, gstate)
         self.current = _Current(key, len(batches), skip, self.token, gstate)
         batched = loader._auto_collation
         # Indices that are not integers (a sampler yielding lists of indices without automatic
@@ -666,15 +721,7 @@ class _Feed:
         if not self.started and cacheable:
             self._start(loader, key, batches)
         tail = batches[skip:]
-        job = self.job
-        src = None
-        if job is not None and tail and cacheable:
-            sizes = _sizes(tail)
-            flat = _flatten(tail)
-            p = self._pass_for(flat, sizes)
-            self.served.append((key, p))
-            src = job.shared_batches(p)
-            self.next_pass = p + 1
+        p, src = self._serve_pass(key, tail, cacheable)
         # The next epoch's prediction is appended once the first batches are on their way
         # (torch dispatches prefetch_factor x num_workers of them when the epoch starts), not
         # before: the epoch's first batch should not wait for it.
@@ -684,30 +731,7 @@ class _Feed:
         for k, b in enumerate(tail):
             if k == predict_at and src is not None:
                 self._predict_after(key, p, *ahead)
-            token = self.token
-            self.token += 1
-            where, private, lease = None, {}, None
-            if src is not None:
-                try:
-                    lease, where, _labels, private = next(src)
-                    private = dict(private)
-                except (CancelledError, ExhaustedError):
-                    raise
-                except Exception:
-                    # clairvoyant could not read a sample of this batch: the dataset reads the
-                    # batch itself, as with torch's DataLoader (and fails as it would).
-                    where = None
-            self._sweep()
-            if lease is not None:
-                self.leases[token] = lease
-            state = restore[k] if restore is not None and k < len(restore) else None
-            if batched:
-                yield _datasets.Batch(b, token, self.segments, where, private, state)
-            elif not isinstance(b, int):
-                yield b
-            else:
-                yield _datasets.Index(b, token, self.segments, where, private, state)
-            del lease
+            yield self._item(b, src, batched, restore[k] if restore is not None and k < len(restore) else None)
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -1,4 +1,4 @@
-"""Epoch 0 against reading directly (``python -m clairvoyant.bench --only epoch0``).
+"""Epoch 0 against reading directly (``python -m benches --only epoch0``).
 
 The programs of ``tests/epoch0_program.py`` (4 ranks on this machine, batch 32, an emulated accelerator
 of 64 MB/s per rank with a barrier per step, 3 epochs) read 6,000 files of ~110 KB on the FUSE
@@ -70,7 +70,7 @@ def _cpu_of_children() -> float:
 def _run(name: str, clairvoyant: bool, mnt: Path, work: Path, fs) -> dict:
     """One job of RANKS ranks; per-epoch seconds (the slowest rank's), file system figures."""
     args, run_args = PROGRAMS[name]
-    prog = str(Path(__file__).resolve().parents[2] / "tests" / "epoch0_program.py")
+    prog = str(Path(__file__).resolve().parents[1] / "tests" / "epoch0_program.py")
     tag = f"{name}-{'cv' if clairvoyant else 'direct'}-{time.monotonic_ns()}"
     port = _free_port()
     env = dict(os.environ)
@@ -139,17 +139,17 @@ def _run(name: str, clairvoyant: bool, mnt: Path, work: Path, fs) -> dict:
 
 
 def bench_epoch0(out: Path, log, files: int = FILES, repeats: int = 1, programs=tuple(PROGRAMS)) -> dict:
-    from . import _emulation
+    from . import emulation
     from .bench import make_fuse_dataset
 
-    why = _emulation.fuse_unavailable()
+    why = emulation.fuse_unavailable()
     if why:
         log(f"epoch 0: skipped ({why})")
         return {"skipped": why}
     data = out / "bench" / "epoch0-data"
     log(f"epoch 0: {files:,} files of ~{MEAN_BYTES // 1000} KB ...")
     _, _, total = make_fuse_dataset(data, files, MEAN_BYTES)
-    peak = max(y for _, y in _emulation.FSEMU_DEFAULT_BANDWIDTH) * 1e6
+    peak = max(y for _, y in emulation.FSEMU_DEFAULT_BANDWIDTH) * 1e6
     compute = total / RANKS / (COMPUTE_MBPS * 1e6)
     res: dict = {
         "files": files,
@@ -163,7 +163,7 @@ def bench_epoch0(out: Path, log, files: int = FILES, repeats: int = 1, programs=
         "programs": {},
     }
     work = Path(tempfile.mkdtemp(prefix="cv-epoch0-", dir=out)).resolve()
-    with _emulation.FuseMount(data, work / "mnt") as fs:
+    with emulation.FuseMount(data, work / "mnt") as fs:
         for name in programs:
             runs: dict = {"direct": [], "clairvoyant": []}
             for _ in range(repeats):

@@ -1,6 +1,6 @@
 """Demo: PyTorch's DataLoader and clairvoyant side by side on an emulated shared file system.
 
-``python -m clairvoyant.demo`` (or ``./dev demo``) generates a small ImageFolder of real JPEGs
+``python -m benches.demo`` (or ``./dev demo``) generates a small ImageFolder of real JPEGs
 under ``out/demo/data`` (reused when present), emulates a shared file system with a per-open
 latency and an aggregate bandwidth shared by all ranks, and trains with an emulated accelerator
 on 2 rank processes for 3 epochs, twice:
@@ -32,9 +32,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from . import _report
-from . import torch as ctorch
-from ._emulation import EmulatedAccelerator, RankContext, fingerprint, list_imagefolder, make_imagefolder, run_ranks
+from . import report
+import clairvoyant.torch as ctorch
+from .emulation import EmulatedAccelerator, RankContext, fingerprint, list_imagefolder, make_imagefolder, run_ranks
 
 DEFAULT_SAMPLES = 2000
 DEFAULT_CLASSES = 10
@@ -77,7 +77,7 @@ class FsImageFolder:
         return len(self.paths)
 
     def __getitem__(self, index: int):
-        from .torch import pil_loader
+        from clairvoyant.torch import pil_loader
 
         if self._fs is None:
             import clairvoyant
@@ -101,7 +101,7 @@ class CachedFsImageFolder(FsImageFolder):
         return clairvoyant.FileList(self.paths, self.labels, emulated=clairvoyant.EmulatedFs(*self.fs_args))
 
     def __clairvoyant_getitem__(self, index: int, data):
-        from .torch import pil_loader
+        from clairvoyant.torch import pil_loader
 
         img = pil_loader(data)
         if self.transform is not None:
@@ -249,28 +249,13 @@ def run_comparison(
 
     out_dir, data_dir = Path(out_dir), Path(data_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    per_class = max(1, -(-samples // classes))
-    t = time.perf_counter()
-    log(f"dataset: {classes} classes x {per_class} JPEGs in {data_dir} ...")
-    dataset_bytes = make_imagefolder(data_dir, classes, per_class, seed=seed)
-    paths, labels, _ = list_imagefolder(data_dir)
-    with_data = [Path(p).read_bytes() for p in paths]
-    fingerprints = [fingerprint(b) for b in with_data]
-    del with_data
-    if len(set(fingerprints)) != len(fingerprints):
-        raise RuntimeError("two generated samples have the same fingerprint; change the seed")
-    log(f"dataset: {len(paths)} files, {_report.mb(dataset_bytes):.1f} MB ({time.perf_counter() - t:.1f} s)")
+    dataset_bytes, paths, labels, fingerprints = _dataset(data_dir, samples, classes, seed, log)
 
     bandwidth = bandwidth_mbps * 1e6
     compute_per_rank = compute_ratio * bandwidth / ranks
     fs_state = str(out_dir / "emulated-fs.state")
     fs = clairvoyant.EmulatedFs(fs_state, open_latency_ms=latency_ms, bandwidth_mbps=bandwidth_mbps)
-    compute_epoch = dataset_bytes / (compute_per_rank * ranks)
-    log(
-        f"emulated file system: {bandwidth_mbps:g} MB/s shared, {latency_ms:g} ms per open; accelerator: "
-        f"{compute_per_rank / 1e6:.1f} MB/s per rank x {ranks} ranks (compute {compute_epoch:.1f} s/epoch, "
-        f"reading the dataset once {dataset_bytes / bandwidth:.1f} s)"
-    )
+    _log_setup(log, bandwidth_mbps, latency_ms, compute_per_rank, ranks, dataset_bytes)
     result: dict = {
         "dataset_bytes": dataset_bytes,
         "num_samples": len(paths),
@@ -288,51 +273,87 @@ def run_comparison(
             "root": str(data_dir),
         },
     }
-    node_env: dict = {}
-    if nodes > 1:
-        memory = int(dataset_bytes * node_memory)
-        result["config"]["node_memory_bytes"] = memory
-        config = out_dir / "node-system.toml"
-        config.write_text(
-            "# every emulated node's storage: a memory class of a fraction of the dataset\n"
-            f'[[class]]\nname = "memory"\nkind = "memory"\ncapacity = {memory}\nthreads = 2\n'
-        )
-        node_env = {"CLAIRVOYANT_CONFIG": str(config), "CLAIRVOYANT_EPOCHS": str(epochs)}
-        log(
-            f"{nodes} emulated nodes x {ranks // nodes} ranks, memory {_report.mb(memory):.1f} MB per node "
-            f"({node_memory:.0%} of the dataset; {nodes * node_memory:.0%} in all)"
-        )
+    node_env = _node_env(result["config"], out_dir, dataset_bytes, node_memory, log) if nodes > 1 else {}
+    base = {
+        "root": str(data_dir),
+        "paths": paths,
+        "labels": labels,
+        "fingerprints": fingerprints,
+        "dataset_bytes": dataset_bytes,
+        "fs_state": fs_state,
+        "latency_ms": latency_ms,
+        "bandwidth_mbps": bandwidth_mbps,
+        "compute_bytes_per_second_per_rank": compute_per_rank,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "num_workers": num_workers,
+        "seed": seed,
+        "progress": progress,
+    }
     for loader in loaders:
-        cfg = {
-            "loader": loader,
-            "root": str(data_dir),
-            "paths": paths,
-            "labels": labels,
-            "fingerprints": fingerprints,
-            "dataset_bytes": dataset_bytes,
-            "fs_state": fs_state,
-            "latency_ms": latency_ms,
-            "bandwidth_mbps": bandwidth_mbps,
-            "compute_bytes_per_second_per_rank": compute_per_rank,
-            "epochs": epochs,
-            "batch_size": batch_size,
-            "num_workers": num_workers,
-            "seed": seed,
-            "progress": progress,
-        }
-        fs.reset()
-        before = fs.bytes_read
-        log(f"training with {loader} ({ranks} ranks, {epochs} epochs) ...")
-        t = time.perf_counter()
-        env = {"CLAIRVOYANT_RUN_ID": f"demo-{loader}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1", **node_env}
-        if loader == "one-node":
-            env["CLAIRVOYANT_PEERS"] = "off"
-        per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env, nodes=nodes)
-        rows = _merge(per_rank, loader, len(paths), before)
-        result[loader] = rows
-        log(epoch_table(loader, rows))
-        log(f"{loader}: {time.perf_counter() - t:.1f} s in all\n")
+        result[loader] = _train(loader, {"loader": loader, **base}, fs, ranks, nodes, node_env, log)
     return result
+
+
+def _dataset(data_dir: Path, samples: int, classes: int, seed: int, log) -> tuple[int, list, list, list]:
+    """Generate (or reuse) the ImageFolder; returns its bytes, paths, labels and the files'
+    fingerprints (distinct, so that an epoch's samples can be told apart)."""
+    per_class = max(1, -(-samples // classes))
+    t = time.perf_counter()
+    log(f"dataset: {classes} classes x {per_class} JPEGs in {data_dir} ...")
+    dataset_bytes = make_imagefolder(data_dir, classes, per_class, seed=seed)
+    paths, labels, _ = list_imagefolder(data_dir)
+    with_data = [Path(p).read_bytes() for p in paths]
+    fingerprints = [fingerprint(b) for b in with_data]
+    del with_data
+    if len(set(fingerprints)) != len(fingerprints):
+        raise RuntimeError("two generated samples have the same fingerprint; change the seed")
+    log(f"dataset: {len(paths)} files, {report.mb(dataset_bytes):.1f} MB ({time.perf_counter() - t:.1f} s)")
+    return dataset_bytes, paths, labels, fingerprints
+
+
+def _log_setup(log, bandwidth_mbps: float, latency_ms: float, compute_per_rank: float, ranks: int, dataset_bytes: int) -> None:
+    bandwidth = bandwidth_mbps * 1e6
+    compute_epoch = dataset_bytes / (compute_per_rank * ranks)
+    log(
+        f"emulated file system: {bandwidth_mbps:g} MB/s shared, {latency_ms:g} ms per open; accelerator: "
+        f"{compute_per_rank / 1e6:.1f} MB/s per rank x {ranks} ranks (compute {compute_epoch:.1f} s/epoch, "
+        f"reading the dataset once {dataset_bytes / bandwidth:.1f} s)"
+    )
+
+
+def _node_env(config: dict, out_dir: Path, dataset_bytes: int, node_memory: float, log) -> dict:
+    """With several emulated nodes: every node's system description (a memory class of
+    ``node_memory`` of the dataset), recorded in ``config``; returns the ranks' variables."""
+    nodes, ranks, epochs = config["nodes"], config["ranks"], config["epochs"]
+    memory = int(dataset_bytes * node_memory)
+    config["node_memory_bytes"] = memory
+    path = out_dir / "node-system.toml"
+    path.write_text(
+        "# every emulated node's storage: a memory class of a fraction of the dataset\n"
+        f'[[class]]\nname = "memory"\nkind = "memory"\ncapacity = {memory}\nthreads = 2\n'
+    )
+    log(
+        f"{nodes} emulated nodes x {ranks // nodes} ranks, memory {report.mb(memory):.1f} MB per node "
+        f"({node_memory:.0%} of the dataset; {nodes * node_memory:.0%} in all)"
+    )
+    return {"CLAIRVOYANT_CONFIG": str(path), "CLAIRVOYANT_EPOCHS": str(epochs)}
+
+
+def _train(loader: str, cfg: dict, fs, ranks: int, nodes: int, node_env: dict, log) -> list:
+    """One loader's run on ``ranks`` rank processes; returns its per-epoch rows."""
+    fs.reset()
+    before = fs.bytes_read
+    log(f"training with {loader} ({ranks} ranks, {cfg['epochs']} epochs) ...")
+    t = time.perf_counter()
+    env = {"CLAIRVOYANT_RUN_ID": f"demo-{loader}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1", **node_env}
+    if loader == "one-node":
+        env["CLAIRVOYANT_PEERS"] = "off"
+    per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env, nodes=nodes)
+    rows = _merge(per_rank, loader, len(cfg["paths"]), before)
+    log(epoch_table(loader, rows))
+    log(f"{loader}: {time.perf_counter() - t:.1f} s in all\n")
+    return rows
 
 
 def epoch_table(loader: str, rows: list) -> str:
@@ -344,13 +365,13 @@ def epoch_table(loader: str, rows: list) -> str:
             r["compute_seconds"],
             r["accelerator_utilization"],
             r["stall_seconds"],
-            _report.mb(r["fs_bytes_read"]),
-            _report.sources_text(r["samples_by_source"]),
+            report.mb(r["fs_bytes_read"]),
+            report.sources_text(r["samples_by_source"]),
             "yes" if r["every_sample_once"] else "NO",
         ]
         for r in rows
     ]
-    return f"{loader}\n" + _report.text_table(headers, body)
+    return f"{loader}\n" + report.text_table(headers, body)
 
 
 def summary(result: dict) -> str:
@@ -373,7 +394,7 @@ def summary(result: dict) -> str:
 
 
 def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clairvoyant.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benches.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--ranks", type=int, default=None, help="ranks in all (default 2, or 2 per node)")
     ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="number of images (default %(default)s)")
@@ -424,11 +445,11 @@ def main(argv: Optional[list] = None) -> int:
     )
     print(summary(result))
     name = "demo" if args.nodes == 1 else f"demo-{args.nodes}-nodes"
-    json_path = _report.write_json(out / f"{name}.json", result)
+    json_path = report.write_json(out / f"{name}.json", result)
     title = "PyTorch DataLoader vs clairvoyant (emulated file system)"
     if args.nodes > 1:
         title = f"{args.nodes} emulated nodes, memory {args.node_memory:.0%} of the dataset each"
-    png = _report.plot_epochs(result, out / f"{name}.png", title=title)
+    png = report.plot_epochs(result, out / f"{name}.png", title=title)
     print(f"wrote {json_path}" + (f" and {png}" if png else " (matplotlib missing: no chart)"))
     print(f"demo took {time.perf_counter() - t:.1f} s")
     return 0

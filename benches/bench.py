@@ -1,10 +1,10 @@
-"""Benchmarks: ``python -m clairvoyant.bench [--json]`` (or ``./dev bench``).
+"""Benchmarks: ``python -m benches [--json]`` (or ``./dev bench``).
 
 (a) The demo comparison at about 4x the demo's size (8,000 JPEGs, 2 ranks, 3 epochs, emulated
     shared file system): accelerator utilization per epoch, speedup of clairvoyant over PyTorch's
     DataLoader in epoch 0 and in later epochs, and bytes read from the file system.
     The simulator predicts both loaders' epoch times from the same configuration (see
-    ``_validate``); predicted and measured are printed side by side.
+    ``benches.validate``); predicted and measured are printed side by side.
 (b) Per-sample overhead: 50,000 page-cached 1 KB files, samples/s of ``job.batches`` against
     ``torch.utils.data.DataLoader`` (a plain file-reading dataset, 2 workers, batch 256).
 (c) Resident memory of a job above its configured capacities.
@@ -35,7 +35,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _bench_epoch0, _bench_formats, _bench_scale, _bench_transparent, _report, demo
+from . import demo
+from . import epoch0 as _bench_epoch0
+from . import formats as _bench_formats
+from . import report as _report
+from . import scale as _bench_scale
+from . import transparent as _bench_transparent
 
 TARGETS = {
     "utilization_epochs_ge1": 0.95,  # clairvoyant, every epoch >= 1 (at least)
@@ -51,7 +56,7 @@ TARGETS = {
     "epoch0_fuse_small_memory_vs_bound": 1.05,  # the same with a memory class of a third of the dataset
     "epoch0_fuse_small_memory_vs_threadpool": 1.0,
     "resume_first_batch_vs_epoch_start": 2.0,  # first batch after load_state_dict / after iter() (at most)
-    # Several nodes (python/clairvoyant/_bench_cluster.py).
+    # Several nodes (benches/cluster.py).
     "cluster_fs_vs_dataset": 1.05,  # 4 nodes x 2 ranks at 30 % memory each, 4 epochs (at most)
     "cluster_utilization_epochs_ge1": 0.95,  # the same run, every epoch >= 1 (at least)
     "cluster_epoch0_vs_bound": 1.10,  # the same run, epoch 0 / max(compute, dataset / bandwidth) (at most)
@@ -233,7 +238,7 @@ def bench_memory(log, samples: int = 150_000, size: int = 2048, memory: str = "1
     process, against the configured capacities (staging + memory class)."""
     import subprocess
 
-    from ._units import parse_size
+    from clairvoyant._units import parse_size
 
     env = dict(os.environ, CLAIRVOYANT_MEMORY=memory, CLAIRVOYANT_STAGING=staging, CLAIRVOYANT_CONFIG="")
     log(f"memory: {samples:,} samples of {size} B, memory class {memory}, staging {staging} ...")
@@ -289,7 +294,7 @@ def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bp
     batch and a barrier per step as with DDP; rank 0 reads the file system's counters around it.
     The time runs from the creation of the job (or pool) to the last step, and the dataset's list
     (sizes) is taken before, as both loaders need it."""
-    from . import _emulation
+    from . import emulation as _emulation
 
     paths = [os.path.join(mnt, r) for r in rel]
     accel = _emulation.EmulatedAccelerator(compute_bps)
@@ -356,7 +361,7 @@ def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bp
 
 
 def _epoch0_run(loader: str, mnt: Path, rel, labels, compute_bps: float, env: dict, epochs: int) -> dict:
-    from . import _emulation
+    from . import emulation as _emulation
 
     per_rank = _emulation.run_ranks(
         _epoch0_rank, FUSE_RANKS, args=(loader, str(mnt), rel, labels, compute_bps, epochs), env=env, timeout=600
@@ -384,7 +389,7 @@ def bench_epoch0_fuse(out: Path, count: int, log, repeats: int = 2) -> dict:
     memory class of a third of the dataset, and with the file system's figures in the
     configuration) against its bound and a plain thread pool, each measured ``repeats`` times,
     interleaved; the best of each is compared (same run)."""
-    from . import _emulation
+    from . import emulation as _emulation
 
     reason = _emulation.fuse_unavailable()
     if reason is not None:
@@ -484,8 +489,8 @@ def bench_resume(out: Path, log) -> dict:
     import torch
     import torchvision
 
-    from . import torch as ctorch
-    from ._emulation import make_imagefolder
+    import clairvoyant.torch as ctorch
+    from .emulation import make_imagefolder
 
     data = out / "bench" / "resume-data"
     make_imagefolder(data, 10, RESUME_SAMPLES // 10, seed=3)
@@ -529,9 +534,9 @@ def bench_resume(out: Path, log) -> dict:
     return {"epoch_start_s": normal, "resumed_s": resumed, "ratio": m / n}
 
 
-# -- (g) native decode and transforms (clairvoyant._bench_decode) ----------------------------
+# -- (g) native decode and transforms (benches/decode.py) ------------------------------------
 def bench_decode(log) -> dict:
-    from . import _bench_decode
+    from . import decode as _bench_decode
 
     return _bench_decode.bench_decode(log)
 
@@ -744,8 +749,11 @@ def markdown(
     return "\n".join(lines)
 
 
-def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m clairvoyant.bench", description=__doc__.split("\n\n")[0])
+ONLY = ("training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent", "scale", "epoch0")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m benches", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (progress goes to stderr)")
     ap.add_argument("--samples", type=int, default=4 * demo.DEFAULT_SAMPLES, help="JPEGs for the training benchmark")
     ap.add_argument("--epochs", type=int, default=3)
@@ -754,119 +762,150 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--fuse-files", type=int, default=8000, help="~100 KB files for the epoch-0 benchmark on FUSE")
     ap.add_argument("--formats-mb", type=int, default=2000, help="size of the LMDB of the container-format benchmark (HDF5, tar: a quarter)")
     ap.add_argument("--formats-parts", default="lmdb,hdf5,tar", help="which container formats to benchmark (comma-separated: lmdb, hdf5, tar)")
-    ap.add_argument(
-        "--only",
-        choices=["training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent", "scale", "epoch0"],
-        help="run one benchmark only",
-    )
+    ap.add_argument("--only", choices=list(ONLY), help="run one benchmark only")
     ap.add_argument("--scale-nodes", default=",".join(map(str, _bench_scale.NODES)), help="node counts of the scale benchmark (comma-separated)")
     ap.add_argument("--scale-datasets", default=",".join(_bench_scale.DATASETS), help="dataset sizes of the scale benchmark: imagenet-1k, imagenet-22k")
     ap.add_argument("--epoch0-files", type=int, default=_bench_epoch0.FILES, help="~110 KB files for the epoch-0 benchmark against direct reads")
     ap.add_argument("--epoch0-programs", default=",".join(_bench_epoch0.PROGRAMS), help="programs of the epoch-0 benchmark (comma-separated: pool, torch, dropin)")
     ap.add_argument("--epoch0-repeats", type=int, default=1, help="runs of each program each way (alternated; the best epoch 0 is compared)")
     ap.add_argument("--out", default="out")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _run_benchmarks(args, out: Path, log, progress: str) -> dict:
+    """Every benchmark ``--only`` selects (all without it), in the order they always ran; the
+    others are None."""
+
+    def wanted(name: str) -> bool:
+        return args.only in (None, name)
+
+    r: dict[str, Any] = dict.fromkeys(ONLY)
+    if wanted("training"):
+        r["training"] = bench_training(out, args.samples, args.epochs, log, progress, args.compute_ratio)
+    if wanted("overhead"):
+        r["overhead"] = bench_overhead(out, args.small_files, log)
+    if wanted("memory"):
+        r["memory"] = bench_memory(log)
+    if wanted("simulator"):
+        r["simulator"] = bench_simulator(log)
+    if wanted("fuse"):
+        r["fuse"] = bench_epoch0_fuse(out, args.fuse_files, log)
+    if wanted("resume"):
+        r["resume"] = bench_resume(out, log)
+    if wanted("formats"):
+        r["formats"] = _bench_formats.bench_formats(out, args.formats_mb, log, tuple(args.formats_parts.split(",")))
+    if wanted("cluster"):
+        from . import cluster as _bench_cluster
+
+        r["cluster"] = _bench_cluster.bench_cluster(out, log, progress)
+    if wanted("decode"):
+        r["decode"] = bench_decode(log)
+    if wanted("transparent"):
+        r["transparent"] = _bench_transparent.bench_transparent(out, log)
+    if wanted("epoch0"):
+        r["epoch0"] = _bench_epoch0.bench_epoch0(out, log, args.epoch0_files, args.epoch0_repeats, tuple(args.epoch0_programs.split(",")))
+    if wanted("scale"):
+        nodes = tuple(int(n) for n in args.scale_nodes.split(","))
+        r["scale"] = _bench_scale.bench_scale(out, log, nodes, tuple(args.scale_datasets.split(",")))
+    return r
+
+
+def _validation(training: Optional[dict], out: Path, log) -> Optional[dict]:
+    """The simulator's prediction of the training benchmark, when it ran."""
+    if training is None:
+        return None
+    try:
+        from . import validate as _validate
+
+        return _validate.predict(training, out / "bench" / "data", out / "bench", log)
+    except ImportError as e:  # tomllib needs Python 3.11
+        log(f"validation skipped: {e}")
+        return None
+
+
+def _all_targets(r: dict) -> list:
+    """Every target of the benchmarks that ran, as met or missed."""
+    targets = evaluate(r["training"], r["overhead"], r["memory"], r["simulator"], r["fuse"], r["resume"], r["cluster"])
+    targets += evaluate_decode(r["decode"])
+    for name, module in (("formats", _bench_formats), ("transparent", _bench_transparent), ("scale", _bench_scale), ("epoch0", _bench_epoch0)):
+        if r[name] is not None:
+            targets += module.evaluate(r[name], _target)
+    return targets
+
+
+def _figures(r: dict, validation: Optional[dict], targets: list, command: str) -> dict:
+    """What ``bench.json`` holds (and ``--json`` prints)."""
+    return {
+        "command": command,
+        "date": _dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": _report.machine(),
+        "training": r["training"],
+        "overhead": r["overhead"],
+        "memory": r["memory"],
+        "simulator": r["simulator"],
+        "epoch0_fuse": r["fuse"],
+        "resume": r["resume"],
+        "formats": r["formats"],
+        "cluster": r["cluster"],
+        "decode": r["decode"],
+        "transparent": r["transparent"],
+        "scale": r["scale"],
+        "epoch0_vs_direct": r["epoch0"],
+        "simulator_validation": validation,
+        "targets": targets,
+    }
+
+
+def _print_report(r: dict, figures: dict) -> None:
+    """The targets as met or missed, then the markdown of every benchmark that ran."""
+    targets, command = figures["targets"], figures["command"]
+    for t in targets:
+        status = "met   " if t["met"] else "MISSED"
+        value = "n/a" if t["value"] is None else f"{t['value']:.3f}"
+        margin = "" if t["margin"] is None else f" (margin {t['margin']:+.3f})"
+        print(f"[{status}] {_LABELS[t['name']]}: {value} vs {t['target']:g}{margin}")
+    print()
+    print(markdown(r["training"], r["overhead"], targets, command, r["memory"], r["fuse"]))
+    if r["formats"] is not None:
+        print()
+        print("\n".join(_bench_formats.markdown(r["formats"])))
+    if r["decode"] is not None:
+        from . import decode as _bench_decode
+
+        print("\n".join(_bench_decode.markdown(r["decode"], command, figures["machine"], figures["date"])))
+    if figures["simulator_validation"] is not None:
+        from . import validate as _validate
+
+        print()
+        print(_validate.markdown(figures["simulator_validation"]))
+    if r["cluster"] is not None:
+        from . import cluster as _bench_cluster
+
+        print()
+        print(_bench_cluster.markdown(r["cluster"]))
+    for name, module in (("transparent", _bench_transparent), ("scale", _bench_scale), ("epoch0", _bench_epoch0)):
+        if r[name] is not None:
+            print()
+            print("\n".join(module.markdown(r[name])))
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = _parser().parse_args(argv)
     out = Path(args.out)
-    command = "python -m clairvoyant.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benches " + " ".join(argv if argv is not None else sys.argv[1:])
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
 
-    progress = "stderr" if args.json else "stdout"
-    training = bench_training(out, args.samples, args.epochs, log, progress, args.compute_ratio) if args.only in (None, "training") else None
-    overhead = bench_overhead(out, args.small_files, log) if args.only in (None, "overhead") else None
-    memory = bench_memory(log) if args.only in (None, "memory") else None
-    simulator = bench_simulator(log) if args.only in (None, "simulator") else None
-    fuse = bench_epoch0_fuse(out, args.fuse_files, log) if args.only in (None, "fuse") else None
-    resume = bench_resume(out, log) if args.only in (None, "resume") else None
-    formats = _bench_formats.bench_formats(out, args.formats_mb, log, tuple(args.formats_parts.split(","))) if args.only in (None, "formats") else None
-    cluster = None
-    if args.only in (None, "cluster"):
-        from . import _bench_cluster
-
-        cluster = _bench_cluster.bench_cluster(out, log, progress)
-    decode = bench_decode(log) if args.only in (None, "decode") else None
-    transparent = None
-    if args.only in (None, "transparent"):
-        transparent = _bench_transparent.bench_transparent(out, log)
-    epoch0 = _bench_epoch0.bench_epoch0(out, log, args.epoch0_files, args.epoch0_repeats, tuple(args.epoch0_programs.split(","))) if args.only in (None, "epoch0") else None
-    scale = None
-    if args.only in (None, "scale"):
-        nodes = tuple(int(n) for n in args.scale_nodes.split(","))
-        scale = _bench_scale.bench_scale(out, log, nodes, tuple(args.scale_datasets.split(",")))
-    validation = None
-    if training is not None:
-        try:
-            from . import _validate
-
-            validation = _validate.predict(training, out / "bench" / "data", out / "bench", log)
-        except ImportError as e:  # tomllib needs Python 3.11
-            log(f"validation skipped: {e}")
-    targets = evaluate(training, overhead, memory, simulator, fuse, resume, cluster) + evaluate_decode(decode)
-    if formats is not None:
-        targets += _bench_formats.evaluate(formats, _target)
-    if transparent is not None:
-        targets += _bench_transparent.evaluate(transparent, _target)
-    if scale is not None:
-        targets += _bench_scale.evaluate(scale, _target)
-    if epoch0 is not None:
-        targets += _bench_epoch0.evaluate(epoch0, _target)
-    figures: dict[str, Any] = {
-        "command": command.strip(),
-        "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": _report.machine(),
-        "training": training,
-        "overhead": overhead,
-        "memory": memory,
-        "simulator": simulator,
-        "epoch0_fuse": fuse,
-        "resume": resume,
-        "formats": formats,
-        "cluster": cluster,
-        "decode": decode,
-        "transparent": transparent,
-        "scale": scale,
-        "epoch0_vs_direct": epoch0,
-        "simulator_validation": validation,
-        "targets": targets,
-    }
+    results = _run_benchmarks(args, out, log, "stderr" if args.json else "stdout")
+    validation = _validation(results["training"], out, log)
+    targets = _all_targets(results)
+    figures: dict[str, Any] = _figures(results, validation, targets, command.strip())
     _report.write_json(out / "bench.json", figures)
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
-        for t in targets:
-            status = "met   " if t["met"] else "MISSED"
-            value = "n/a" if t["value"] is None else f"{t['value']:.3f}"
-            margin = "" if t["margin"] is None else f" (margin {t['margin']:+.3f})"
-            print(f"[{status}] {_LABELS[t['name']]}: {value} vs {t['target']:g}{margin}")
-        print()
-        print(markdown(training, overhead, targets, command.strip(), memory, fuse))
-        if formats is not None:
-            print()
-            print("\n".join(_bench_formats.markdown(formats)))
-        if decode is not None:
-            from . import _bench_decode
-
-            print("\n".join(_bench_decode.markdown(decode, command.strip(), figures["machine"], figures["date"])))
-        if validation is not None:
-            from . import _validate
-
-            print()
-            print(_validate.markdown(validation))
-        if cluster is not None:
-            from . import _bench_cluster
-
-            print()
-            print(_bench_cluster.markdown(cluster))
-        if transparent is not None:
-            print()
-            print("\n".join(_bench_transparent.markdown(transparent)))
-        if scale is not None:
-            print()
-            print("\n".join(_bench_scale.markdown(scale)))
-        if epoch0 is not None:
-            print()
-            print("\n".join(_bench_epoch0.markdown(epoch0)))
+        _print_report(results, figures)
     return 0 if all(t["met"] for t in targets) else 1
 
 

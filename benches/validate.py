@@ -42,7 +42,7 @@ def measure_decode_mbps(paths: list, seed: int = 0) -> float:
     """β: MB/s of reading + decoding + transforming the benchmark's JPEGs in one process
     (files read from the page cache; the transform of the benchmark)."""
     from . import demo
-    from .torch import pil_loader
+    from clairvoyant.torch import pil_loader
 
     transform = demo._transform()
     pick = random.Random(seed).sample(list(paths), min(DECODE_SAMPLE, len(paths)))
@@ -113,8 +113,8 @@ def _scenario(name: str, cfg: dict, sizes: list, beta: float, system: dict, work
 
 def predict(training: dict, data_dir: Path, out_dir: Path, log=print) -> dict:
     """Simulated and measured epoch times of both loaders of a training benchmark result."""
-    from . import config, simulator
-    from .sources import ImageFolder
+    from clairvoyant import config, simulator
+    from clairvoyant.sources import ImageFolder
 
     cfg = training["config"]
     src = ImageFolder(data_dir)
@@ -183,7 +183,7 @@ def predict(training: dict, data_dir: Path, out_dir: Path, log=print) -> dict:
 
 
 def markdown(v: dict) -> str:
-    from . import _report
+    from . import report
 
     rows = []
     for loader, r in v["loaders"].items():
@@ -199,6 +199,6 @@ def markdown(v: dict) -> str:
             f"{v.get('cores', '?')} cores. "
             f"Largest error {worst:.1%} (target 15%).",
             "",
-            _report.markdown_table(["loader", "epoch", "measured s", "simulated s", "error"], rows),
+            report.markdown_table(["loader", "epoch", "measured s", "simulated s", "error"], rows),
         ]
     )

@@ -1,4 +1,4 @@
-"""Decode benchmark (``python -m clairvoyant.bench --only decode``).
+"""Decode benchmark (``python -m benches --only decode``).
 
 ImageNet-like JPEGs (500x375, quality 90, about 107 KB, generated in memory so that no I/O is
 timed) through decode + RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize:
@@ -154,7 +154,7 @@ def _dropin_rank(ctx, cfg: dict) -> dict:
 
     import clairvoyant.torch as ctorch
 
-    from ._emulation import EmulatedAccelerator
+    from .emulation import EmulatedAccelerator
     from .demo import _transform
 
     torch.set_num_threads(1)
@@ -211,7 +211,7 @@ def bench_dropin(log, rounds: int = 2, epochs: int = 3, ranks: int = 2, root: Op
     import uuid
 
     from . import demo
-    from ._emulation import list_imagefolder, make_imagefolder, run_ranks
+    from .emulation import list_imagefolder, make_imagefolder, run_ranks
 
     tmp = None
     if root is None:
@@ -307,7 +307,7 @@ def bench_decode(log, count: int = 256, batch: int = 64, passes: int = 3, dropin
     import torch
     from torchvision import transforms as T
 
-    from .torch._native_pipeline import BatchDecoder, native_plan
+    from clairvoyant.torch._native_pipeline import BatchDecoder, native_plan
 
     data = [_jpeg(s) for s in range(count)]
     mean_kb = sum(map(len, data)) / count / 1e3
@@ -388,8 +388,8 @@ def markdown(d: dict, command: str, machine: dict, date: str) -> list:
 
 
 def main(argv: Optional[list] = None) -> int:
-    """``python -m clairvoyant._bench_decode [--part per-core|e2e|all]``: one part of the decode
-    benchmark, with its markdown (``python -m clairvoyant.bench --only decode`` runs both)."""
+    """``python -m benches.decode [--part per-core|e2e|all]``: one part of the decode
+    benchmark, with its markdown (``python -m benches --only decode`` runs both)."""
     import argparse
     import json
     import sys
@@ -400,7 +400,7 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--root", help="end to end: where the demo's ImageFolder is made (reused when present)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    command = "python -m clairvoyant._bench_decode " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benches.decode " + " ".join(argv if argv is not None else sys.argv[1:])
 
     def log(m: str) -> None:
         print(m, flush=True)

@@ -1,4 +1,4 @@
-"""The container-format benchmark of ``python -m clairvoyant.bench --only formats``.
+"""The container-format benchmark of ``python -m benches --only formats``.
 
 4 processes (ranks of one machine) each read their share of one epoch in a random order
 (clairvoyant's access stream, the same for every reader of a comparison), timed from a barrier to
@@ -180,11 +180,11 @@ def _run(kind: str, path: Path, env: dict, extra=None, ranks: int = RANKS, mount
     """``ranks`` processes of reader ``kind``; with ``mount`` (a FuseMount) also what the emulated
     file system served during the run: its reads, bytes, mean read size and mean transfers in
     progress (the γ its bandwidth curve saw)."""
-    from . import _emulation
+    from . import emulation
 
     before = mount.stats() if mount is not None else None
     t0 = time.perf_counter()
-    per = _emulation.run_ranks(_rank, ranks, args=(kind, str(path), extra or {}), env=env, timeout=900)
+    per = emulation.run_ranks(_rank, ranks, args=(kind, str(path), extra or {}), env=env, timeout=900)
     wall = time.perf_counter() - t0
     seconds = max(r["seconds"] for r in per)
     total = sum(r["bytes"] for r in per)
@@ -213,22 +213,11 @@ def _run(kind: str, path: Path, env: dict, extra=None, ranks: int = RANKS, mount
     }
 
 
-def bench_formats(out: Path, lmdb_mb: int, log, parts=("lmdb", "hdf5", "tar"), lmdb_ranks: int = RANKS) -> dict:
-    """Runs the three comparisons (those in ``parts``); returns their figures (a comparison whose
-    package is missing is skipped with the reason). ``lmdb_ranks`` sets the processes of the LMDB
-    pair on FUSE (the target's setting is 4)."""
-    import clairvoyant
-
-    from . import _emulation, datasets
-
-    root = out / "bench" / "formats"
-    data = root / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    cache = root / "cache"
-    cache.mkdir(parents=True, exist_ok=True)
+def _env_factory(cache: Path):
+    """The environment of each run: no configuration file, the index cache, a fresh run id."""
     seq = iter(range(1_000_000))
 
-    def env():
+    def env() -> dict:
         return {
             "CLAIRVOYANT_CONFIG": "",
             "CLAIRVOYANT_CACHE_DIR": str(cache.resolve()),
@@ -237,136 +226,189 @@ def bench_formats(out: Path, lmdb_mb: int, log, parts=("lmdb", "hdf5", "tar"), l
             "CLAIRVOYANT_QUIET": "1",
         }
 
-    res: dict = {"ranks": RANKS, "batch_size": BATCH}
-    fuse_why = _emulation.fuse_unavailable()
-    # -- LMDB ---------------------------------------------------------------------------------
-    try:
-        import lmdb  # noqa: F401
-    except ImportError:
-        res["lmdb"] = {"skipped": "the lmdb package is not installed"}
-    if "lmdb" not in parts:
-        res.pop("lmdb", None)
-    elif "lmdb" not in res:
-        shape = (3, 256, 256)
-        count = max(64, lmdb_mb * 1_000_000 // (3 * 256 * 256))
-        db = data / "lmdb"
-        log(f"formats: LMDB of {count:,} Caffe Datums {shape} ({count * 3 * 256 * 256 / 1e9:.2f} GB) ...")
-        datasets.make_lmdb(db, count, shape=shape, collect=False)
-        t = time.perf_counter()
+    return env
+
+
+def _bench_lmdb(root: Path, data: Path, cache: Path, env, lmdb_mb: int, log, lmdb_ranks: int, fuse_why) -> dict:
+    """The LMDB pair: a cold local file, then (where FUSE mounts and the page cache can be
+    dropped) on the emulation."""
+    import clairvoyant
+    from clairvoyant import datasets
+
+    shape = (3, 256, 256)
+    count = max(64, lmdb_mb * 1_000_000 // (3 * 256 * 256))
+    db = data / "lmdb"
+    log(f"formats: LMDB of {count:,} Caffe Datums {shape} ({count * 3 * 256 * 256 / 1e9:.2f} GB) ...")
+    datasets.make_lmdb(db, count, shape=shape, collect=False)
+    t = time.perf_counter()
+    _drop_cache(db)
+    clairvoyant.Lmdb(db, index_dir=cache)
+    index_s = time.perf_counter() - t
+    runs = {}
+    for kind in ("cv-lmdb", "lmdb-mmap"):
         _drop_cache(db)
-        clairvoyant.Lmdb(db, index_dir=cache)
-        index_s = time.perf_counter() - t
-        runs = {}
-        for kind in ("cv-lmdb", "lmdb-mmap"):
-            _drop_cache(db)
-            runs[kind] = _run(kind, db, {**env(), "CLAIRVOYANT_CACHE_DIR": str(cache.resolve())}, {"deadline_s": 120})
-            r = runs[kind]
-            log(f"formats: LMDB cold local file {kind:<10} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample, {r['major_faults']} major faults")
-        res["lmdb"] = {
-            "records": count,
-            "bytes": count * 3 * 256 * 256,
-            "index_seconds_cold": index_s,
+        runs[kind] = _run(kind, db, {**env(), "CLAIRVOYANT_CACHE_DIR": str(cache.resolve())}, {"deadline_s": 120})
+        r = runs[kind]
+        log(f"formats: LMDB cold local file {kind:<10} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample, {r['major_faults']} major faults")
+    res = {
+        "records": count,
+        "bytes": count * 3 * 256 * 256,
+        "index_seconds_cold": index_s,
+        "runs": runs,
+        "local_ratio": runs["cv-lmdb"]["mbps"] / runs["lmdb-mmap"]["mbps"],
+    }
+    why = fuse_why or _drop_page_cache()
+    if why is not None:
+        res["fuse_skipped"] = why
+        log(f"formats: LMDB on FUSE skipped: {why}")
+    else:
+        _bench_lmdb_fuse(res, root, data, cache, env, log, lmdb_ranks)
+    return res
+
+
+def _bench_lmdb_fuse(res: dict, root: Path, data: Path, cache: Path, env, log, lmdb_ranks: int) -> None:
+    """The LMDB pair on the FUSE emulation, page cache dropped before each run; into ``res``."""
+    import clairvoyant
+
+    from . import emulation
+
+    fuse_runs = {}
+    # py-lmdb maps data.mdb through the mount: each page fault is an emulated read.
+    with emulation.FuseMount(data, root / "mnt-mmap", mmap_files=True) as m:
+        clairvoyant.Lmdb(m.path / "lmdb", index_dir=cache)  # indexed before the cache is dropped
+        for kind, name in (("lmdb-mmap", "lmdb-mmap"), ("cv-lmdb", "cv-lmdb (mmap mount)")):
+            _drop_page_cache()
+            fuse_runs[name] = r = _run(kind, m.path / "lmdb", env(), {"deadline_s": 300}, lmdb_ranks, m)
+            log(_fuse_line(name, r))
+        res["fuse_read_ahead_kb"] = _read_ahead_kb(m.path)
+    with emulation.FuseMount(data, root / "mnt") as m:
+        clairvoyant.Lmdb(m.path / "lmdb", index_dir=cache)
+        _drop_page_cache()
+        fuse_runs["cv-lmdb"] = r = _run("cv-lmdb", m.path / "lmdb", env(), None, lmdb_ranks, m)
+        log(_fuse_line("cv-lmdb", r))
+    res["fuse_runs"] = fuse_runs
+    res["ratio"] = fuse_runs["cv-lmdb"]["mbps"] / fuse_runs["lmdb-mmap"]["mbps"]
+
+
+def _bench_hdf5(data: Path, mnt: Path, cache: Path, env, lmdb_mb: int, log) -> dict:
+    """Rows of one uncompressed HDF5 file on FUSE: clairvoyant, h5py and plain preads."""
+    import clairvoyant
+    from clairvoyant import datasets
+
+    rows = max(64, lmdb_mb * 1_000_000 // 4 // (3 * 128 * 128))
+    h5 = data / "rows.h5"
+    marker = data / f".rows-{rows}"
+    if not marker.exists():
+        log(f"formats: HDF5 of {rows:,} rows of 3x128x128 ...")
+        datasets.make_hdf5(h5, rows, shape=(3, 128, 128), dtype="uint8")
+        marker.write_text("")
+    clairvoyant.Hdf5(mnt / "rows.h5", dataset="data", labels="labels", index_dir=cache)
+    runs = {k: _run(k, mnt / "rows.h5", env()) for k in ("cv-hdf5", "h5py", "pread")}
+    for k, r in runs.items():
+        log(f"formats: HDF5 on FUSE {k:<8} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
+    return {
+        "rows": rows,
+        "runs": runs,
+        "vs_h5py": runs["cv-hdf5"]["mbps"] / runs["h5py"]["mbps"],
+        "vs_pread": runs["cv-hdf5"]["mbps"] / runs["pread"]["mbps"],
+    }
+
+
+def _bench_hdf5_gzip(data: Path, mnt: Path, cache: Path, env, lmdb_mb: int, log) -> dict:
+    """Gzip-compressed HDF5 on FUSE with 1 and 8 rows per chunk: clairvoyant against h5py."""
+    import h5py
+
+    import clairvoyant
+    from clairvoyant import datasets
+
+    rows = max(64, lmdb_mb * 1_000_000 // 4 // (3 * 128 * 128))
+    gz = {}
+    for per_chunk in (1, 8):
+        name = f"rows-gzip{per_chunk}.h5"
+        marker = data / f".rows-gzip{per_chunk}-{rows}"
+        if not marker.exists():
+            log(f"formats: HDF5 of {rows:,} rows of 3x128x128, gzip, {per_chunk} rows per chunk ...")
+            datasets.make_hdf5(data / name, rows, shape=(3, 128, 128), dtype="uint8", chunks=(per_chunk, 3, 128, 128), compression="gzip")
+            marker.write_text("")
+        with h5py.File(data / name, "r") as f:
+            stored = f["data"].id.get_storage_size()
+        clairvoyant.Hdf5(mnt / name, dataset="data", labels="labels", index_dir=cache)
+        runs = {k: _run(k, mnt / name, env()) for k in ("cv-hdf5gz", "h5py")}
+        for k, r in runs.items():
+            log(f"formats: HDF5 gzip ({per_chunk} rows/chunk) on FUSE {k:<9} {r['mbps']:7.1f} MB/s (decoded), {r['csw_per_sample']:6.2f} context switches/sample")
+        gz[f"rows_per_chunk_{per_chunk}"] = {
+            "rows": rows,
+            "stored_bytes": stored,
             "runs": runs,
-            "local_ratio": runs["cv-lmdb"]["mbps"] / runs["lmdb-mmap"]["mbps"],
+            "vs_h5py": runs["cv-hdf5gz"]["mbps"] / runs["h5py"]["mbps"],
         }
-        why = fuse_why or _drop_page_cache()
-        if why is not None:
-            res["lmdb"]["fuse_skipped"] = why
-            log(f"formats: LMDB on FUSE skipped: {why}")
-        else:
-            fuse_runs = {}
-            # py-lmdb maps data.mdb through the mount: each page fault is an emulated read.
-            with _emulation.FuseMount(data, root / "mnt-mmap", mmap_files=True) as m:
-                clairvoyant.Lmdb(m.path / "lmdb", index_dir=cache)  # indexed before the cache is dropped
-                for kind, name in (("lmdb-mmap", "lmdb-mmap"), ("cv-lmdb", "cv-lmdb (mmap mount)")):
-                    _drop_page_cache()
-                    fuse_runs[name] = r = _run(kind, m.path / "lmdb", env(), {"deadline_s": 300}, lmdb_ranks, m)
-                    log(_fuse_line(name, r))
-                res["lmdb"]["fuse_read_ahead_kb"] = _read_ahead_kb(m.path)
-            with _emulation.FuseMount(data, root / "mnt") as m:
-                clairvoyant.Lmdb(m.path / "lmdb", index_dir=cache)
-                _drop_page_cache()
-                fuse_runs["cv-lmdb"] = r = _run("cv-lmdb", m.path / "lmdb", env(), None, lmdb_ranks, m)
-                log(_fuse_line("cv-lmdb", r))
-            res["lmdb"]["fuse_runs"] = fuse_runs
-            res["lmdb"]["ratio"] = fuse_runs["cv-lmdb"]["mbps"] / fuse_runs["lmdb-mmap"]["mbps"]
+    return gz
+
+
+def _bench_tar(data: Path, mnt: Path, cache: Path, env, lmdb_mb: int, log) -> dict:
+    """~100 KB samples in 16 tar shards against the same samples as loose files, on FUSE."""
+    import clairvoyant
+    from clairvoyant import datasets
+
+    count = max(64, lmdb_mb * 1_000_000 // 4 // 100_000)
+    tars = data / "tars"
+    loose = data / "loose"
+    marker = data / f".tars-{count}"
+    if not marker.exists():
+        log(f"formats: {count:,} samples of ~100 KB in 16 tar shards and as loose files ...")
+        samples = datasets.make_tar_shards(tars, count, shards=16, size_range=(50_000, 150_000))
+        loose.mkdir(parents=True, exist_ok=True)
+        for k, (b, _) in enumerate(samples):
+            (loose / f"{k:07d}.bin").write_bytes(b)
+        marker.write_text("")
+    files = [f"loose/{k:07d}.bin" for k in range(count)]
+    clairvoyant.TarShards(mnt / "tars", index_dir=cache)
+    runs = {"cv-tar": _run("cv-tar", mnt / "tars", env()), "cv-loose": _run("cv-loose", mnt, env(), {"files": files})}
+    for k, r in runs.items():
+        log(f"formats: tar on FUSE {k:<9} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
+    return {"samples": count, "runs": runs, "ratio": runs["cv-tar"]["mbps"] / runs["cv-loose"]["mbps"]}
+
+
+def _missing(module: str, why: str):
+    """None when ``module`` imports, else ``{"skipped": why}``."""
+    try:
+        __import__(module)
+    except ImportError:
+        return {"skipped": why}
+    return None
+
+
+def bench_formats(out: Path, lmdb_mb: int, log, parts=("lmdb", "hdf5", "tar"), lmdb_ranks: int = RANKS) -> dict:
+    """Runs the three comparisons (those in ``parts``); returns their figures (a comparison whose
+    package is missing is skipped with the reason). ``lmdb_ranks`` sets the processes of the LMDB
+    pair on FUSE (the target's setting is 4)."""
+    from . import emulation
+
+    root = out / "bench" / "formats"
+    data = root / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    cache = root / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    env = _env_factory(cache)
+
+    res: dict = {"ranks": RANKS, "batch_size": BATCH}
+    fuse_why = emulation.fuse_unavailable()
+    if "lmdb" in parts:
+        res["lmdb"] = _missing("lmdb", "the lmdb package is not installed") or _bench_lmdb(root, data, cache, env, lmdb_mb, log, lmdb_ranks, fuse_why)
     if fuse_why is not None:
         res["fuse"] = {"skipped": fuse_why}
         return res
     if "hdf5" not in parts and "tar" not in parts:
         return res
     mnt = root / "mnt"
-    with _emulation.FuseMount(data, mnt):
-        # -- HDF5 -----------------------------------------------------------------------------
-        try:
-            import h5py  # noqa: F401
-        except ImportError:
-            res["hdf5"] = {"skipped": "h5py is not installed"}
-        if "hdf5" not in parts:
-            res.pop("hdf5", None)
-        elif "hdf5" not in res:
-            rows = max(64, lmdb_mb * 1_000_000 // 4 // (3 * 128 * 128))
-            h5 = data / "rows.h5"
-            marker = data / f".rows-{rows}"
-            if not marker.exists():
-                log(f"formats: HDF5 of {rows:,} rows of 3x128x128 ...")
-                datasets.make_hdf5(h5, rows, shape=(3, 128, 128), dtype="uint8")
-                marker.write_text("")
-            clairvoyant.Hdf5(mnt / "rows.h5", dataset="data", labels="labels", index_dir=cache)
-            runs = {k: _run(k, mnt / "rows.h5", env()) for k in ("cv-hdf5", "h5py", "pread")}
-            for k, r in runs.items():
-                log(f"formats: HDF5 on FUSE {k:<8} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
-            res["hdf5"] = {
-                "rows": rows,
-                "runs": runs,
-                "vs_h5py": runs["cv-hdf5"]["mbps"] / runs["h5py"]["mbps"],
-                "vs_pread": runs["cv-hdf5"]["mbps"] / runs["pread"]["mbps"],
-            }
-        # -- HDF5, compressed -----------------------------------------------------------------
-        if "hdf5" in parts and "skipped" not in res.get("hdf5", {}):
-            import h5py
-
-            rows = max(64, lmdb_mb * 1_000_000 // 4 // (3 * 128 * 128))
-            gz = {}
-            for per_chunk in (1, 8):
-                name = f"rows-gzip{per_chunk}.h5"
-                marker = data / f".rows-gzip{per_chunk}-{rows}"
-                if not marker.exists():
-                    log(f"formats: HDF5 of {rows:,} rows of 3x128x128, gzip, {per_chunk} rows per chunk ...")
-                    datasets.make_hdf5(data / name, rows, shape=(3, 128, 128), dtype="uint8", chunks=(per_chunk, 3, 128, 128), compression="gzip")
-                    marker.write_text("")
-                with h5py.File(data / name, "r") as f:
-                    stored = f["data"].id.get_storage_size()
-                clairvoyant.Hdf5(mnt / name, dataset="data", labels="labels", index_dir=cache)
-                runs = {k: _run(k, mnt / name, env()) for k in ("cv-hdf5gz", "h5py")}
-                for k, r in runs.items():
-                    log(f"formats: HDF5 gzip ({per_chunk} rows/chunk) on FUSE {k:<9} {r['mbps']:7.1f} MB/s (decoded), {r['csw_per_sample']:6.2f} context switches/sample")
-                gz[f"rows_per_chunk_{per_chunk}"] = {
-                    "rows": rows,
-                    "stored_bytes": stored,
-                    "runs": runs,
-                    "vs_h5py": runs["cv-hdf5gz"]["mbps"] / runs["h5py"]["mbps"],
-                }
-            res["hdf5_gzip"] = gz
-        # -- tar shards -------------------------------------------------------------------------
+    with emulation.FuseMount(data, mnt):
+        if "hdf5" in parts:
+            no_h5py = _missing("h5py", "h5py is not installed")
+            res["hdf5"] = no_h5py or _bench_hdf5(data, mnt, cache, env, lmdb_mb, log)
+            if no_h5py is None:
+                res["hdf5_gzip"] = _bench_hdf5_gzip(data, mnt, cache, env, lmdb_mb, log)
         if "tar" in parts:
-            count = max(64, lmdb_mb * 1_000_000 // 4 // 100_000)
-            tars = data / "tars"
-            loose = data / "loose"
-            marker = data / f".tars-{count}"
-            if not marker.exists():
-                log(f"formats: {count:,} samples of ~100 KB in 16 tar shards and as loose files ...")
-                samples = datasets.make_tar_shards(tars, count, shards=16, size_range=(50_000, 150_000))
-                loose.mkdir(parents=True, exist_ok=True)
-                for k, (b, _) in enumerate(samples):
-                    (loose / f"{k:07d}.bin").write_bytes(b)
-                marker.write_text("")
-            files = [f"loose/{k:07d}.bin" for k in range(count)]
-            clairvoyant.TarShards(mnt / "tars", index_dir=cache)
-            runs = {"cv-tar": _run("cv-tar", mnt / "tars", env()), "cv-loose": _run("cv-loose", mnt, env(), {"files": files})}
-            for k, r in runs.items():
-                log(f"formats: tar on FUSE {k:<9} {r['mbps']:7.1f} MB/s, {r['csw_per_sample']:6.2f} context switches/sample")
-            res["tar"] = {"samples": count, "runs": runs, "ratio": runs["cv-tar"]["mbps"] / runs["cv-loose"]["mbps"]}
+            res["tar"] = _bench_tar(data, mnt, cache, env, lmdb_mb, log)
     return res
 
 

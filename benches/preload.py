@@ -1,4 +1,4 @@
-"""Interposed-library benchmark (``python -m clairvoyant._bench_preload``; docs/transparent.md).
+"""Interposed-library benchmark (``python -m benches.preload``; docs/transparent.md).
 
 Two figures of the issue's targets, timed by a native loop (``preloadbench``, an example of
 crates/clairvoyant-preload) so that no Python is timed. Within one process under ``LD_PRELOAD``
@@ -24,9 +24,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ._preload import LIBRARY_NAME, preload_env, read_counters
+from clairvoyant._preload import LIBRARY_NAME, preload_env, read_counters
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]
 _TARGET = _REPO / "target" / "release"
 
 

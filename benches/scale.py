@@ -1,4 +1,4 @@
-"""Scale benchmark (``python -m clairvoyant.bench --only scale``): how the cost of planning and
+"""Scale benchmark (``python -m benches --only scale``): how the cost of planning and
 starting grows with the cluster, for 1 to 1,024 nodes of 4 ranks, ImageNet-1k and ImageNet-22k
 sizes, 90 epochs, batch 32, a 64 GiB class per node:
 
@@ -146,7 +146,7 @@ def simulator(args: list) -> dict:
 
 
 def _binary(name: str) -> Optional[str]:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     path = root / "target" / "release" / "examples" / name
     if path.exists():
         return str(path)

@@ -1,4 +1,4 @@
-"""Multi-node benchmarks (``python -m clairvoyant.bench --only cluster``), on one machine:
+"""Multi-node benchmarks (``python -m benches --only cluster``), on one machine:
 
 - (a) 4 emulated nodes x 2 ranks, each node's memory 30 % of the dataset (120 % in all), 4
   epochs, the demo's training loop (decode, DistributedSampler, the drop-in DataLoader) on the
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from . import demo
-from ._emulation import node_env
+from .emulation import node_env
 
 # Accelerator / file-system speed. On 2 cores, 8 ranks and their decode workers share the CPU:
 # faster accelerators make the run CPU-bound for every loader (at the demo's 1.6 clairvoyant's
@@ -88,15 +88,17 @@ def _predict(result: dict, fraction: float, log) -> dict | None:
     """The simulator's prediction of this run (clairvoyant), from the run's own parameters and a
     measured decode rate: predicted against measured epoch times and file-system bytes."""
     try:
-        from . import _validate, simulator
-        from ._emulation import list_imagefolder
+        from clairvoyant import simulator
+
+        from . import validate
+        from .emulation import list_imagefolder
     except ImportError as e:  # tomllib needs Python 3.11
         log(f"cluster prediction skipped: {e}")
         return None
     cfg = result["config"]
     paths, _, _ = list_imagefolder(cfg.get("root") or "")
     sizes = [os.path.getsize(p) for p in paths]
-    beta = _validate.measure_decode_mbps(paths)
+    beta = validate.measure_decode_mbps(paths)
     mean = sum(sizes) / len(sizes)
     b = cfg["batch_size"]
     predicted = simulator.predict_cluster(
@@ -131,7 +133,7 @@ def _predict(result: dict, fraction: float, log) -> dict | None:
 
 
 def _peerbench_binary() -> Path:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     return root / "target" / "release" / "examples" / "peerbench"
 
 
@@ -282,7 +284,7 @@ def _setup_rank(ctx, list_file: str) -> dict:
 
 def bench_setup(out: Path, log, files: int = 100_000) -> dict:
     """(e): Job() on 8 ranks of 4 nodes over ``files`` files (each node indexes them)."""
-    from ._emulation import run_ranks
+    from .emulation import run_ranks
 
     work = (out / "bench" / "cluster-setup").resolve()
     list_file = work / "list.txt"

@@ -302,7 +302,7 @@ def fsemu_binary() -> Path:
     env = os.environ.get("CLAIRVOYANT_FSEMU")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "target" / "release" / "clairvoyant-fsemu"
+    return Path(__file__).resolve().parents[1] / "target" / "release" / "clairvoyant-fsemu"
 
 
 def fuse_unavailable() -> str | None:

@@ -1,4 +1,4 @@
-"""Transparent mode benchmark (``python -m clairvoyant.bench --only transparent``): unmodified
+"""Transparent mode benchmark (``python -m benches --only transparent``): unmodified
 programs under ``clairvoyant run`` against the same programs reading the file system.
 
 1. An unmodified PyTorch script (ImageFolder, DistributedSampler, DataLoader with 2 workers,
@@ -8,7 +8,7 @@ programs under ``clairvoyant run`` against the same programs reading the file sy
    no one told clairvoyant: the byte hit rate on epochs >= 1, beside LRU's on the same trace;
    then the same with the order given (``--order-file``): file system bytes against the minimum
    S + (E-1)(S-C).
-3. The interposed library's cost per call (``_bench_preload``)."""
+3. The interposed library's cost per call (``benches.preload``)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ EPOCHS = 3
 
 
 def _repo_file(*parts) -> Path:
-    return Path(__file__).resolve().parents[2].joinpath(*parts)
+    return Path(__file__).resolve().parents[1].joinpath(*parts)
 
 
 def _env(work: Path) -> dict:
@@ -56,7 +56,7 @@ def _env(work: Path) -> dict:
 
 
 def _config(path: Path, memory: int) -> str:
-    from ._emulation import memory_config
+    from .emulation import memory_config
 
     return memory_config(path, memory, pfs_mbps="[[1, 60.0], [8, 200.0]]", open_latency_ms=2.0, threads=2)
 
@@ -68,7 +68,7 @@ def _crun(args: list, env: dict, timeout: float = 900) -> None:
 
 
 def bench_torch(out: Path, log) -> dict:
-    from ._emulation import FuseMount, fuse_unavailable, make_imagefolder
+    from .emulation import FuseMount, fuse_unavailable, make_imagefolder
 
     why = fuse_unavailable()
     if why:
@@ -196,9 +196,9 @@ def bench_transparent(out: Path, log) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     res: dict = {}
     try:
-        from . import _bench_preload
+        from . import preload
 
-        res["calls"] = _bench_preload.run()
+        res["calls"] = preload.run()
     except Exception as e:  # noqa: BLE001 - reported, the rest still runs
         res["calls"] = {"skipped": str(e)}
     res["half"] = bench_half(out, log)
