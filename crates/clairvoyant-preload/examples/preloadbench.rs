@@ -1,4 +1,4 @@
-//! Timing loops for the interposed library (`python -m clairvoyant._bench_preload` runs them).
+//! Timing loops for the interposed library (`python -m benches.preload` runs them).
 //!
 //! `preloadbench open|read PATH N [BLOCK]`: N cycles of `open(PATH)` + `close` (`open`) or of
 //! `open` + `read` to the end in 1 MiB calls + `close` (`read`), in blocks of BLOCK cycles
