@@ -1,6 +1,6 @@
 """Interposed-library benchmark (``python -m benches.preload``; docs/transparent.md).
 
-Two figures of the issue's targets, timed by a native loop (``preloadbench``, an example of
+Two figures of the transparent mode's targets, timed by a native loop (``preloadbench``, an example of
 crates/clairvoyant-preload) so that no Python is timed. Within one process under ``LD_PRELOAD``
 it alternates blocks of cycles through the interposed symbols and through libc's own definitions
 (``dlopen("libc.so.6")``), so both sides see the same machine load:
