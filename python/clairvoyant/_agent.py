@@ -205,7 +205,7 @@ def _start_engine(ds: _Dataset, args, order_pattern):
     try:
         engine = _native.Engine(
             ds.source._native, 1, 1, 0, True, node, nodes, [node], args.run_id or f"agent-{os.getpid()}",
-            ds.model.to_toml(), None, 0, cluster, agent,
+            ds.model, None, 0, cluster, agent,
         )  # fmt: skip
     except BaseException:
         if peers is not None and peers.server is not None:

@@ -110,7 +110,7 @@ def probe(
 ) -> SystemModel: ...
 def settings() -> list[tuple[str, str, list[str], str, str, str]]: ...
 def parse_bytes(text: str, what: str = "size") -> int: ...
-def node_capacities(source: "Source", local_ranks: int, model_toml: Optional[str] = None) -> list[tuple[str, int]]: ...
+def node_capacities(source: "Source", local_ranks: int, model: Optional["SystemModel"] = None) -> list[tuple[str, int]]: ...
 
 class LeaseHolder:
     """Keeps staged samples alive; releases them when garbage collected."""
@@ -193,7 +193,7 @@ class Engine:
         world_size: int,
         local_ranks: Sequence[int],
         run_id: str,
-        model_toml: Optional[str] = None,
+        model: Optional[SystemModel] = None,
         orders: Optional[Sequence[Sequence[int]]] = None,
         start_epoch: int = 0,
         cluster: Optional[dict] = None,

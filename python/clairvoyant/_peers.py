@@ -99,7 +99,7 @@ def setup(
     jid = job_id(run_id=run_id, world_size=world_size, fingerprint=source._native.fingerprint, **facts)
     secret = _cluster.job_secret(rank=rank, world_size=world_size, run_id=run_id or f"job-{jid:016x}", timeout=timeout)
     explicit = _explicit_peers(env)
-    capacities = [int(b) for _, b in _native.node_capacities(source._native, len(local_ranks), model.to_toml())]
+    capacities = [int(b) for _, b in _native.node_capacities(source._native, len(local_ranks), model)]
     server = None
     if first_local:
         if explicit is not None:

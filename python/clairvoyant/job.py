@@ -237,7 +237,7 @@ class Job:
             self.world_size,
             self.local_ranks,
             run,
-            model.to_toml(),  # the engine takes the description as a file's text
+            model,
             orders,
             start_epoch,
             cluster,

@@ -122,7 +122,7 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model_toml=None, orders=None, start_epoch=0, cluster=None, agent=None))]
+    #[pyo3(signature = (source, batch_size, epochs, seed, drop_last, rank, world_size, local_ranks, run_id, model=None, orders=None, start_epoch=0, cluster=None, agent=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -135,7 +135,7 @@ impl PyEngine {
         world_size: u32,
         local_ranks: Vec<u32>,
         run_id: String,
-        model_toml: Option<String>,
+        model: Option<PyRef<'_, crate::model::PySystemModel>>,
         orders: Option<Vec<Vec<u32>>>,
         start_epoch: u32,
         cluster: Option<PyCluster>,
@@ -155,7 +155,7 @@ impl PyEngine {
             cluster: cluster.map(|c| c.0),
             agent: agent.map(|a| a.0),
         };
-        let model = crate::model::model_from(model_toml)?;
+        let model = crate::model::model_from(model.as_deref())?;
         let src = source.inner.clone();
         let (engine, peers) = py
             .detach(|| {
@@ -430,13 +430,13 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyAgent {
 /// The capacities this node would cache `source` in for `local_ranks` ranks: [(class, bytes)],
 /// fastest first (announced to the other nodes of a multi-node job).
 #[pyfunction]
-#[pyo3(signature = (source, local_ranks, model_toml=None))]
+#[pyo3(signature = (source, local_ranks, model=None))]
 pub fn node_capacities(
     source: &PySource,
     local_ranks: u32,
-    model_toml: Option<String>,
+    model: Option<PyRef<'_, crate::model::PySystemModel>>,
 ) -> PyResult<Vec<(String, u64)>> {
-    let model = crate::model::model_from(model_toml)?;
+    let model = crate::model::model_from(model.as_deref())?;
     Ok(clairvoyant_core::engine::node_capacities(
         source.inner.as_ref(),
         &model,

@@ -1,8 +1,8 @@
 //! Bindings of `clairvoyant_core::model` and `probe`: a system description crosses into Python
-//! as a typed `SystemModel` object (read from a file, resolved, detected or probed); TOML text
-//! is made only to write a file (and for the engine's constructor, which takes it as text).
+//! as a typed `SystemModel` object (read from a file, resolved, detected or probed) and goes
+//! back to the engine as that object; TOML text is made only to write a file.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, SystemModel};
 use clairvoyant_core::probe::ProbeOptions;
@@ -10,10 +10,10 @@ use pyo3::prelude::*;
 
 use crate::errors::IntoPy;
 
-/// The model from resolved TOML text (as `SystemModel.to_toml()` gives it), or resolved afresh.
-pub fn model_from(toml_text: Option<String>) -> PyResult<SystemModel> {
-    match toml_text {
-        Some(t) => SystemModel::from_toml_str(&t, Path::new("<resolved config>")).py_err(),
+/// The model a `SystemModel` object holds, or resolved afresh (None).
+pub fn model_from(model: Option<&PySystemModel>) -> PyResult<SystemModel> {
+    match model {
+        Some(m) => Ok(m.model.clone()),
         None => Ok(SystemModel::resolve(None).py_err()?.0),
     }
 }
