@@ -166,7 +166,7 @@ def _placement(ds: _Dataset, order_pattern, nodes: int) -> tuple[dict, str]:
     counts = [access_counts(read_order_file(f, ds.root, ds.index), total) for f in files]
     # Files no node's order reads are placed as without an order (hashed owners) and
     # filled when a program first reads them.
-    agent = {"prefill": True, "counts": [(c.tolist(), fn.tolist()) for c, fn in counts], "hashed": ds.root}
+    agent = {"prefill": True, "counts": counts, "hashed": ds.root}
     outside = int(np.count_nonzero(np.all([c == 0 for c, _ in counts], axis=0)))
     if outside:
         print(

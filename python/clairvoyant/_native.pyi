@@ -34,8 +34,13 @@ from .errors import (
 def access_stream(
     num_samples: int, world_size: int, rank: int, epochs: int, batch_size: int, seed: int, drop_last: bool = False
 ) -> list[npt.NDArray[np.int64]]: ...
+# Integer sequences: a 1-D numpy integer array (read in place, without converting each element)
+# or any sequence of ints. Orders: a sequence of those, or a 2-D array with one row per epoch.
+_IntArray = npt.NDArray[np.integer] | Sequence[int]
+_Orders = Sequence[_IntArray] | npt.NDArray[np.integer]
+
 def access_stream_from_order(
-    num_samples: int, orders: Sequence[Sequence[int]], world_size: int, rank: int, batch_size: int, drop_last: bool = False
+    num_samples: int, orders: _Orders, world_size: int, rank: int, batch_size: int, drop_last: bool = False
 ) -> list[npt.NDArray[np.int64]]: ...
 def plan_report(
     num_samples: int,
@@ -43,11 +48,11 @@ def plan_report(
     epochs: int,
     batch_size: int,
     seed: int,
-    ranks: Sequence[int],
-    sample_bytes: Sequence[int],
+    ranks: _IntArray,
+    sample_bytes: _IntArray,
     classes: Sequence[tuple[str, int]],
     drop_last: bool = False,
-) -> str: ...
+) -> dict[str, Any]: ...
 
 def cluster_plan_report(
     num_samples: int,
@@ -56,11 +61,11 @@ def cluster_plan_report(
     batch_size: int,
     seed: int,
     nodes: Sequence[Sequence[int]],
-    sample_bytes: int,
+    sample_bytes: _IntArray,
     classes: Sequence[tuple[str, int]],
     drop_last: bool = False,
     node: int = 0,
-) -> str: ...
+) -> dict[str, Any]: ...
 class ClassSpec:
     """One storage class of a SystemModel."""
 
@@ -194,9 +199,10 @@ class Engine:
         local_ranks: Sequence[int],
         run_id: str,
         model: Optional[SystemModel] = None,
-        orders: Optional[Sequence[Sequence[int]]] = None,
+        orders: Optional[_Orders] = None,
         start_epoch: int = 0,
         cluster: Optional[dict] = None,
+        # {"prefill": bool, "hashed": root, "counts": [(uint32 counts, uint64 first needs), ...]}
         agent: Optional[dict] = None,
     ) -> None: ...
     def begin_epoch(self, epoch: int) -> None: ...
@@ -235,13 +241,13 @@ class AgentServer:
     def finished(self) -> bool: ...
     @property
     def attached(self) -> int: ...
-    def stats(self) -> dict: ...
+    def stats(self) -> dict[str, Any]: ...
     def close(self) -> None: ...
 
 class AgentClient:
     def __init__(self, socket: str, timeout: float = 10.0) -> None: ...
     def attach(self) -> None: ...
-    def stats(self) -> dict: ...
+    def stats(self) -> dict[str, Any]: ...
     def lookup(self, rel: str | bytes) -> tuple: ...
     def plan(self, pattern: str) -> None: ...
     def close(self) -> None: ...

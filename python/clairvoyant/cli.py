@@ -107,10 +107,8 @@ def _cluster_plan(args) -> int:
     nodes = [list(range(i * per_node, (i + 1) * per_node)) for i in range(args.nodes)]
     classes = [("memory", args.memory), ("ssd", args.ssd)]
     node = min(args.rank // max(per_node, 1), args.nodes - 1)
-    report = json.loads(
-        _native.cluster_plan_report(
-            args.samples, args.world_size, args.epochs, args.batch_size, args.seed, nodes, [args.sample_bytes], classes, args.drop_last, node
-        )
+    report = _native.cluster_plan_report(
+        args.samples, args.world_size, args.epochs, args.batch_size, args.seed, nodes, [args.sample_bytes], classes, args.drop_last, node
     )
     if args.json:
         json.dump(report, sys.stdout, indent=2)
@@ -154,8 +152,8 @@ def _plan(args) -> int:
     ranks = list(range(args.rank - args.rank % args.local_ranks, args.rank - args.rank % args.local_ranks + args.local_ranks))
     ranks = [r for r in ranks if r < args.world_size]
     classes = [("memory", args.memory), ("ssd", args.ssd)]
-    report = json.loads(
-        _native.plan_report(args.samples, args.world_size, args.epochs, args.batch_size, args.seed, ranks, [args.sample_bytes], classes, args.drop_last)
+    report = _native.plan_report(
+        args.samples, args.world_size, args.epochs, args.batch_size, args.seed, ranks, [args.sample_bytes], classes, args.drop_last
     )
     if args.json:
         json.dump(report, sys.stdout, indent=2)

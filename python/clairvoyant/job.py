@@ -58,12 +58,13 @@ def _ids(name: str, where: str, seq, num_samples: int) -> np.ndarray:
 
 
 def _orders(order, num_samples: int) -> list:
-    """Explicit per-epoch orders as lists of ints, every id checked against the dataset."""
+    """Explicit per-epoch orders as int64 arrays (the engine reads them in place), every id
+    checked against the dataset."""
     if isinstance(order, (str, bytes)) or not hasattr(order, "__iter__"):
         raise _TypeError(f"'order' must be a sequence of per-epoch sequences of sample ids, not {type(order).__name__}")
     out = []
     for e, epoch_order in enumerate(order):
-        out.append(_ids("order", f" epoch {e}", epoch_order, num_samples).tolist())
+        out.append(_ids("order", f" epoch {e}", epoch_order, num_samples))
     if not out:
         raise _native.ConfigError("invalid value for 'order': must hold at least one epoch")
     return out

@@ -12,6 +12,7 @@ use clairvoyant_agent::proto::Reply;
 use clairvoyant_agent::server::{Event, Server};
 use pyo3::prelude::*;
 
+use crate::convert::json_to_python;
 use crate::engine::PyEngine;
 use crate::errors;
 
@@ -97,10 +98,11 @@ impl PyAgentServer {
         self.server.attached()
     }
 
-    /// The agent's figures (see `Server::stats_json`).
+    /// The agent's figures as a dict (see `Server::stats_json`).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let json = py.import("json")?;
-        json.call_method1("loads", (self.server.stats_json(),))
+        let doc = serde_json::from_str(&self.server.stats_json())
+            .map_err(|e| errors::ClairvoyantError::new_err(format!("node agent statistics: {e}")))?;
+        json_to_python(py, &doc)
     }
 
     /// Stop accepting and remove the socket and the directory file (mappings stay valid for
@@ -135,7 +137,9 @@ impl PyAgentClient {
     /// The agent's figures as a dict.
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let text = self.conn()?.stats().map_err(err)?;
-        py.import("json")?.call_method1("loads", (text,))
+        let doc =
+            serde_json::from_str(&text).map_err(|e| err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+        json_to_python(py, &doc)
     }
 
     /// Where the agent says `rel`'s bytes are (str or bytes): ("cached", offset, size,

@@ -12,6 +12,7 @@ use numpy::{IntoPyArray, PyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
+use crate::convert::{orders_arg, uint_list};
 use crate::errors::{to_py, IntoPy};
 use crate::source::PySource;
 
@@ -136,11 +137,12 @@ impl PyEngine {
         local_ranks: Vec<u32>,
         run_id: String,
         model: Option<PyRef<'_, crate::model::PySystemModel>>,
-        orders: Option<Vec<Vec<u32>>>,
+        orders: Option<Bound<'_, PyAny>>,
         start_epoch: u32,
         cluster: Option<PyCluster>,
         agent: Option<PyAgent>,
     ) -> PyResult<Self> {
+        let orders = orders.as_ref().map(orders_arg).transpose()?;
         let spec = EngineSpec {
             batch_size,
             epochs,
@@ -411,7 +413,8 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyCluster {
 
 /// A node agent's job from Python: `{"prefill": bool, "hashed": root}` (owners by hashing each
 /// file's path relative to `root`) or `{"prefill": bool, "counts": [(counts, first_need), ...]}`
-/// (one pair of arrays per node), or both (see [`AgentDesc`]).
+/// (one pair per node: uint32 counts and uint64 first needs, numpy arrays or sequences of ints),
+/// or both (see [`AgentDesc`]).
 struct PyAgent(AgentDesc);
 
 impl<'a, 'py> FromPyObject<'a, 'py> for PyAgent {
@@ -422,9 +425,39 @@ impl<'a, 'py> FromPyObject<'a, 'py> for PyAgent {
         Ok(PyAgent(AgentDesc {
             prefill: f.get("prefill")?.unwrap_or(false),
             hashed: f.get("hashed")?,
-            counts: f.get("counts")?,
+            counts: agent_counts(&f)?,
         }))
     }
+}
+
+/// `agent['counts']`: every node's (counts, first needs) pair, arrays read in place; errors name
+/// `agent.counts[n].counts` or `agent.counts[n].first_need` (and the position in it).
+#[allow(clippy::type_complexity)]
+fn agent_counts(f: &Fields<'_>) -> PyResult<Option<Vec<(Vec<u32>, Vec<u64>)>>> {
+    let Some(pairs) = f.dict.get_item("counts")?.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let expected = "a sequence of (counts, first_need) pairs";
+    let items = pairs
+        .try_iter()
+        .map_err(|_| crate::errors::argument_type("agent.counts", expected, &pairs))?;
+    let mut out = Vec::new();
+    for (n, pair) in items.enumerate() {
+        let pair = pair?;
+        let halves = match pair.try_iter() {
+            Ok(it) => it.collect::<PyResult<Vec<_>>>()?,
+            Err(_) => Vec::new(),
+        };
+        let [counts, first] = halves.as_slice() else {
+            let at = format!("agent.counts[{n}]");
+            return Err(crate::errors::argument_type(&at, "a (counts, first_need) pair", &pair));
+        };
+        out.push((
+            uint_list::<u32>(&format!("agent.counts[{n}].counts"), counts)?,
+            uint_list::<u64>(&format!("agent.counts[{n}].first_need"), first)?,
+        ));
+    }
+    Ok(Some(out))
 }
 
 /// The capacities this node would cache `source` in for `local_ranks` ranks: [(class, bytes)],

@@ -7,6 +7,7 @@
 use pyo3::prelude::*;
 
 mod agent;
+mod convert;
 mod decode;
 mod engine;
 mod errors;

@@ -3,90 +3,10 @@
 use clairvoyant_core::plan::ReportSpec;
 use clairvoyant_core::schedule::Schedule;
 use numpy::{IntoPyArray, PyArray1};
-use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::PyBool;
 
-use crate::errors::{ConfigError, IntoPy};
-
-/// Unsigned integer types an argument can be checked into.
-pub(crate) trait UInt: TryFrom<i128> + Copy {
-    const MAX: u64;
-}
-impl UInt for u32 {
-    const MAX: u64 = u32::MAX as u64;
-}
-impl UInt for u64 {
-    const MAX: u64 = u64::MAX;
-}
-
-/// The integer argument `name` in `T`'s range: TypeError naming it for a non-integer (bool
-/// included), ConfigError naming it for a value out of range (instead of a bare OverflowError).
-pub(crate) fn int_arg<T: UInt>(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<T> {
-    let py = obj.py();
-    let out_of_range = || {
-        ConfigError::new_err(format!(
-            "invalid value for '{name}': must be in 0..={}, got {}",
-            T::MAX,
-            obj.str().map(|s| s.to_string()).unwrap_or_default()
-        ))
-    };
-    if obj.is_instance_of::<PyBool>() {
-        return Err(PyTypeError::new_err(format!("'{name}' must be an integer, not bool")));
-    }
-    match obj.extract::<i128>() {
-        Ok(v) => T::try_from(v).map_err(|_| out_of_range()),
-        Err(e) if e.is_instance_of::<PyOverflowError>(py) => Err(out_of_range()),
-        Err(_) => Err(PyTypeError::new_err(format!(
-            "'{name}' must be an integer, not {}",
-            obj.get_type().name().map(|n| n.to_string()).unwrap_or_default()
-        ))),
-    }
-}
-
-/// A sequence of unsigned integers; an element out of range or of the wrong type is named by
-/// its position (`name[i]`).
-pub(crate) fn uint_list<T>(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<T>>
-where
-    T: UInt + for<'a, 'py> FromPyObject<'a, 'py>,
-{
-    if let Ok(v) = obj.extract::<Vec<T>>() {
-        return Ok(v);
-    }
-    if obj.is_instance_of::<pyo3::types::PyString>() {
-        return Err(PyTypeError::new_err(format!(
-            "'{name}' must be a sequence of integers, not str"
-        )));
-    }
-    let items = obj
-        .try_iter()
-        .map_err(|_| PyTypeError::new_err(format!("'{name}' must be a sequence of integers")))?;
-    let mut out = Vec::new();
-    for (i, item) in items.enumerate() {
-        out.push(int_arg::<T>(&format!("{name}[{i}]"), &item?)?);
-    }
-    Ok(out)
-}
-
-/// Per-epoch orders of sample ids, each checked like [`uint_list`] (`orders[e][i]`).
-pub(crate) fn orders_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u32>>> {
-    if let Ok(v) = obj.extract::<Vec<Vec<u32>>>() {
-        return Ok(v);
-    }
-    if obj.is_instance_of::<pyo3::types::PyString>() {
-        return Err(PyTypeError::new_err(
-            "'orders' must be a sequence of sequences of sample ids, not str",
-        ));
-    }
-    let epochs = obj
-        .try_iter()
-        .map_err(|_| PyTypeError::new_err("'orders' must be a sequence of sequences of sample ids"))?;
-    let mut out = Vec::new();
-    for (e, epoch) in epochs.enumerate() {
-        out.push(uint_list::<u32>(&format!("orders[{e}]"), &epoch?)?);
-    }
-    Ok(out)
-}
+use crate::convert::{int_arg, json_to_python, orders_arg, uint_list};
+use crate::errors::IntoPy;
 
 /// One int64 array per epoch: `rank`'s samples in access order.
 #[pyfunction]
@@ -177,12 +97,12 @@ fn report_spec(
     })
 }
 
-/// The plan report as a JSON string (see `clairvoyant plan --json`).
+/// The plan report as dicts and lists (what `clairvoyant plan --json` prints).
 #[pyfunction]
 #[pyo3(signature = (num_samples, world_size, epochs, batch_size, seed, ranks, sample_bytes, classes, drop_last=false))]
 #[allow(clippy::too_many_arguments)]
-pub fn plan_report(
-    py: Python<'_>,
+pub fn plan_report<'py>(
+    py: Python<'py>,
     num_samples: &Bound<'_, PyAny>,
     world_size: &Bound<'_, PyAny>,
     epochs: &Bound<'_, PyAny>,
@@ -192,7 +112,7 @@ pub fn plan_report(
     sample_bytes: &Bound<'_, PyAny>,
     classes: Vec<(String, Bound<'_, PyAny>)>,
     drop_last: bool,
-) -> PyResult<String> {
+) -> PyResult<Bound<'py, PyAny>> {
     let ranks = uint_list::<u32>("ranks", ranks)?;
     let spec = report_spec(
         num_samples,
@@ -205,17 +125,17 @@ pub fn plan_report(
         drop_last,
     )?;
     let report = py.detach(|| spec.report(&ranks)).py_err()?;
-    Ok(report.to_string())
+    json_to_python(py, &report)
 }
 
-/// JSON report of the cluster-wide placement for `nodes` (each node's ranks), every node with
+/// The report (dicts and lists) of the cluster-wide placement for `nodes` (each node's ranks), every node with
 /// the capacities `classes`: coverage, expected file-system reads, every node's primary share and
 /// node `node`'s full placement.
 #[pyfunction]
 #[pyo3(signature = (num_samples, world_size, epochs, batch_size, seed, nodes, sample_bytes, classes, drop_last=false, node=0))]
 #[allow(clippy::too_many_arguments)]
-pub fn cluster_plan_report(
-    py: Python<'_>,
+pub fn cluster_plan_report<'py>(
+    py: Python<'py>,
     num_samples: &Bound<'_, PyAny>,
     world_size: &Bound<'_, PyAny>,
     epochs: &Bound<'_, PyAny>,
@@ -226,7 +146,7 @@ pub fn cluster_plan_report(
     classes: Vec<(String, Bound<'_, PyAny>)>,
     drop_last: bool,
     node: usize,
-) -> PyResult<String> {
+) -> PyResult<Bound<'py, PyAny>> {
     let spec = report_spec(
         num_samples,
         world_size,
@@ -238,5 +158,5 @@ pub fn cluster_plan_report(
         drop_last,
     )?;
     let v = py.detach(|| spec.cluster_report(&nodes, node)).py_err()?;
-    Ok(v.to_string())
+    json_to_python(py, &v)
 }

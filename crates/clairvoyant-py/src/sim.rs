@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use std::sync::atomic::Ordering;
 
+use crate::convert::json_to_python;
 use crate::errors::{to_py, IntoPy};
 
 type Outcome = Option<Result<serde_json::Value, Error>>;
@@ -101,34 +102,6 @@ fn toml_to_python<'py>(py: Python<'py>, v: &toml::Value) -> PyResult<Bound<'py, 
             let d = PyDict::new(py);
             for (k, x) in t {
                 d.set_item(k, toml_to_python(py, x)?)?;
-            }
-            d.into_any()
-        }
-    })
-}
-
-/// A result document as Python dicts, lists and numbers, keys in the document's order:
-/// exactly what `json.loads` of its JSON text gives.
-fn json_to_python<'py>(py: Python<'py>, v: &serde_json::Value) -> PyResult<Bound<'py, PyAny>> {
-    use serde_json::Value;
-    Ok(match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(u), _) => u.into_pyobject(py)?.into_any(),
-            (None, Some(i)) => i.into_pyobject(py)?.into_any(),
-            // serde_json holds only finite floats (non-finite ones are null).
-            (None, None) => PyFloat::new(py, n.as_f64().unwrap_or(f64::NAN)).into_any(),
-        },
-        Value::String(s) => PyString::new(py, s).into_any(),
-        Value::Array(a) => {
-            let items = a.iter().map(|x| json_to_python(py, x)).collect::<PyResult<Vec<_>>>()?;
-            PyList::new(py, items)?.into_any()
-        }
-        Value::Object(m) => {
-            let d = PyDict::new(py);
-            for (k, x) in m {
-                d.set_item(k, json_to_python(py, x)?)?;
             }
             d.into_any()
         }

@@ -810,7 +810,7 @@ def _batch_shape(loader) -> tuple:
     return None, False
 
 
-def _interleave(streams: dict, world: int, b: int, drop_last: bool) -> Optional[list]:
+def _interleave(streams: dict, world: int, b: int, drop_last: bool) -> Optional[np.ndarray]:
     """The global order whose split among ``world`` ranks (the engine's layout, batch size
     ``b``) gives each rank in ``streams`` exactly its batches. Ranks not on this machine get a
     placeholder of the right length (their streams do not affect this machine's cache).
@@ -839,5 +839,5 @@ def _interleave(streams: dict, world: int, b: int, drop_last: bool) -> Optional[
     head = rows[:, : full * b].reshape(world, full, b).transpose(1, 0, 2).reshape(-1)
     if rem and not drop_last:
         head = np.concatenate([head, rows[:, full * b :].reshape(-1)])
-    return head.tolist()
+    return head
 
