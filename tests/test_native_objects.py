@@ -208,3 +208,22 @@ def test_agent_statistics_are_dicts(tmp_path):
         assert isinstance(s["agent_cpu_s"], float)
     assert list(mine) == list(theirs)  # keys in the agent's order
     assert list(mine)[:3] == ["files", "attached", "lookups"]
+
+
+def test_the_stubs_say_the_reports_are_dicts_and_take_the_native_parameters():
+    import ast
+    import inspect
+
+    stub = ast.parse((Path(_native.__file__).parent / "_native.pyi").read_text())
+    defs = {n.name: n for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    for name in ("plan_report", "cluster_plan_report", "access_stream_from_order"):
+        fn = defs[name]
+        assert [a.arg for a in fn.args.args] == list(inspect.signature(getattr(_native, name)).parameters), name
+    for name in ("plan_report", "cluster_plan_report"):
+        assert ast.unparse(defs[name].returns).startswith("dict"), name
+    for cls in ("AgentServer", "AgentClient"):
+        stats = next(n for n in defs[cls].body if isinstance(n, ast.FunctionDef) and n.name == "stats")
+        assert ast.unparse(stats.returns).startswith("dict"), cls
+    engine_init = next(n for n in defs["Engine"].body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    orders = next(a for a in engine_init.args.args if a.arg == "orders")
+    assert "_Orders" in ast.unparse(orders.annotation)
