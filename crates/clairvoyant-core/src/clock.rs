@@ -1,6 +1,6 @@
 //! The monotonic clock the engine's waits for other local processes' claims are decided by:
 //! the real one in production, a [`ManualClock`] that tests advance explicitly (so a test of
-//! "after the deadline" advances time instead of sleeping).
+//! "after the deadline" advances time instead of waiting in real time).
 
 use std::fmt::Debug;
 use std::sync::{Condvar, Mutex, MutexGuard};

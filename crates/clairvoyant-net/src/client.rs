@@ -36,7 +36,7 @@ pub struct ClientConfig {
     /// failed probe, up to [`MAX_BACKOFF_FACTOR`] times).
     pub dead_for: Duration,
     /// What `dead_for` and the back-off are measured by: [`RealClock`](crate::RealClock) but in
-    /// tests, which advance a [`ManualClock`](crate::ManualClock) instead of sleeping.
+    /// tests, which advance a [`ManualClock`](crate::ManualClock) instead of waiting in real time.
     pub clock: Arc<dyn Clock>,
 }
 

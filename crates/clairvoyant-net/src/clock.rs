@@ -1,7 +1,7 @@
 //! The monotonic clock the peer client's down state and back-off are decided by: the real one
 //! in production, a [`ManualClock`] that tests advance explicitly (so a test of "after
-//! `dead_for`" advances time instead of sleeping). Socket time-outs and fetch deadlines stay in
-//! real time, as the kernel measures them.
+//! `dead_for`" advances time instead of waiting in real time). Socket time-outs and fetch
+//! deadlines stay in real time, as the kernel measures them.
 
 use std::fmt::Debug;
 use std::sync::Mutex;

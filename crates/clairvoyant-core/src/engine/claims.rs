@@ -5,7 +5,7 @@
 //! the claim to its holder (which may resume and publish it). A claimant that outlasted a deadline
 //! is read around at once until that claim moves on (published, abandoned, taken over).
 //! The deadlines are measured by the engine's [`Clock`] (real time but in tests, which advance
-//! a [`ManualClock`](crate::clock::ManualClock) instead of sleeping).
+//! a [`ManualClock`](crate::clock::ManualClock) instead of waiting in real time).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
