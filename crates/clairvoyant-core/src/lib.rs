@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+pub mod clock;
 pub mod engine;
 pub mod error;
 pub mod mem;

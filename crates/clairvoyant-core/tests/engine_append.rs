@@ -18,6 +18,7 @@ struct CountingSource {
     reads: Vec<AtomicU64>,
     blocked: u32,
     gate: Mutex<bool>,
+    /// Notified when the gate opens and when `started` or `finished` is set (under `gate`).
     opened: Condvar,
     started: AtomicBool,
     finished: AtomicBool,
@@ -50,6 +51,20 @@ impl CountingSource {
         *self.gate.lock().unwrap() = true;
         self.opened.notify_all();
     }
+    fn signal(&self, flag: &AtomicBool) {
+        let _g = self.gate.lock().unwrap();
+        flag.store(true, Ordering::SeqCst);
+        self.opened.notify_all();
+    }
+    /// Wait until `flag` is set (a minute at most: `what` did not happen).
+    fn await_flag(&self, flag: &AtomicBool, what: &str) {
+        let g = self.gate.lock().unwrap();
+        let (_g, _) = self
+            .opened
+            .wait_timeout_while(g, Duration::from_secs(60), |_| !flag.load(Ordering::SeqCst))
+            .unwrap();
+        assert!(flag.load(Ordering::SeqCst), "{what}");
+    }
 }
 
 impl Source for CountingSource {
@@ -68,7 +83,7 @@ impl Source for CountingSource {
     fn read_into(&self, k: u32, buf: &mut [u8]) -> Result<()> {
         self.reads[k as usize].fetch_add(1, Ordering::Relaxed);
         if k == self.blocked {
-            self.started.store(true, Ordering::SeqCst);
+            self.signal(&self.started);
             let mut open = self.gate.lock().unwrap();
             while !*open {
                 open = self.opened.wait(open).unwrap();
@@ -78,7 +93,7 @@ impl Source for CountingSource {
             *b = Self::byte(k, i);
         }
         if k == self.blocked {
-            self.finished.store(true, Ordering::SeqCst);
+            self.signal(&self.finished);
         }
         Ok(())
     }
@@ -244,11 +259,7 @@ fn skipping_past_a_fetch_in_flight_keeps_its_space_until_it_ends() {
     let src = CountingSource::new(400, Some(2));
     let engine = start(&src, 4 << 10, vec![(0..20).collect()]);
     engine.append_epoch((20..400).collect(), vec![380]).unwrap();
-    let t = Instant::now();
-    while !src.started.load(Ordering::SeqCst) {
-        assert!(t.elapsed() < Duration::from_secs(5), "sample 2 never fetched");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    src.await_flag(&src.started, "sample 2 never fetched");
     // Samples 0 and 1 are held across the skip.
     let (a, b) = (take(&engine), take(&engine));
     let t = Instant::now();
@@ -257,9 +268,7 @@ fn skipping_past_a_fetch_in_flight_keeps_its_space_until_it_ends() {
     // Let staging fill what the ring allows for the next pass, then let the blocked read write.
     std::thread::sleep(Duration::from_millis(100));
     src.open_gate();
-    while !src.finished.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    src.await_flag(&src.finished, "the blocked read never finished");
     consume(&engine, &(20..400).collect::<Vec<_>>());
     check(&a, 0);
     check(&b, 1);

@@ -87,6 +87,7 @@ fn peer_round(
         connect_timeout: Duration::from_secs(2),
         io_timeout: Duration::from_secs(5),
         dead_for: Duration::from_secs(5),
+        clock: Arc::new(clairvoyant_net::RealClock),
     };
     let clients: Vec<Arc<Client>> = (0..ranks)
         .map(|_| Arc::new(Client::new(cfg.clone(), addrs.clone())))

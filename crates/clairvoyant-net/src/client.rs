@@ -5,7 +5,10 @@
 //! after twice as long after each failed probe (at most [`MAX_BACKOFF_FACTOR`] times).
 //! [`Client::fetch_within`] bounds a whole fetch (connection, handshake, reply) by a deadline
 //! the caller derives from its other source: a peer slower than that is taken for stalled.
+//! The down state and the back-off are decided by [`ClientConfig::clock`] (tests advance a
+//! [`ManualClock`](crate::ManualClock)); I/O time-outs and fetch deadlines are real time.
 
+use crate::clock::Clock;
 use crate::error::NetError;
 use crate::frame::{self, Header, Kind, HEADER_LEN, MAC_LEN, MAX_MESSAGE, MAX_WAIT_MICROS, NONCE_LEN};
 use crate::secret::{nonce, Secret};
@@ -32,6 +35,9 @@ pub struct ClientConfig {
     /// How long a failed peer is not asked before the first probe (doubling after each
     /// failed probe, up to [`MAX_BACKOFF_FACTOR`] times).
     pub dead_for: Duration,
+    /// What `dead_for` and the back-off are measured by: [`RealClock`](crate::RealClock) but in
+    /// tests, which advance a [`ManualClock`](crate::ManualClock) instead of waiting in real time.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// The longest wait between probes of a down peer, as a multiple of `dead_for`.
@@ -238,7 +244,19 @@ impl Client {
     pub fn is_down(&self, peer: usize) -> bool {
         let Some(p) = self.peers.get(peer) else { return true };
         let g = lock(&p.inner);
-        g.down_until.is_some_and(|t| Instant::now() < t)
+        g.down_until.is_some_and(|t| self.cfg.clock.now() < t)
+    }
+
+    /// Wait until no probe of `peer` runs (at most `within`); whether none does. A fetch that
+    /// finds a down peer's `dead_for` over starts a probe in the background and answers
+    /// `PeerDown` at once; this is how a caller learns the probe's outcome ([`Client::is_down`]).
+    pub fn await_probe(&self, peer: usize, within: Duration) -> bool {
+        let Some(p) = self.peers.get(peer) else { return true };
+        let g = lock(&p.inner);
+        let (g, _) =
+            p.cv.wait_timeout_while(g, within, |g| g.probing)
+                .unwrap_or_else(|e| e.into_inner());
+        !g.probing
     }
 
     /// The counters now.
@@ -283,7 +301,7 @@ impl Client {
         let mut g = lock(&p.inner);
         match g.down_until {
             None => Admit::Normal,
-            Some(t) if Instant::now() < t || g.probing => Admit::Down,
+            Some(t) if self.cfg.clock.now() < t || g.probing => Admit::Down,
             Some(_) => {
                 g.probing = true;
                 drop(g);
@@ -311,7 +329,7 @@ impl Client {
         } else {
             g.backoff
         };
-        g.down_until = Some(Instant::now() + backoff);
+        g.down_until = Some(self.cfg.clock.now() + backoff);
         g.probing = false;
         // Pooled connections to a failed peer are not trusted again.
         let n = g.idle.len();
@@ -343,7 +361,7 @@ impl Client {
         }
         let mut g = lock(&p.inner);
         loop {
-            let down_now = g.down_until.is_some_and(|t| Instant::now() < t) && !g.probing;
+            let down_now = g.down_until.is_some_and(|t| self.cfg.clock.now() < t) && !g.probing;
             if down_now {
                 return Ok(None);
             }
@@ -526,8 +544,10 @@ fn probe(p: &Peer, cfg: &ClientConfig) {
             let base = cfg.dead_for.max(Duration::from_millis(1));
             let last = if g.backoff.is_zero() { base } else { g.backoff };
             g.backoff = (last * 2).min(base * MAX_BACKOFF_FACTOR);
-            g.down_until = Some(Instant::now() + g.backoff);
+            g.down_until = Some(cfg.clock.now() + g.backoff);
             g.probing = false;
+            drop(g);
+            p.cv.notify_all();
         }
     }
 }

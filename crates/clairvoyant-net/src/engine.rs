@@ -12,7 +12,9 @@ use clairvoyant_core::engine::{EngineSpec, JobSpec, PeerFetch, PeerReply, PeerSe
 use clairvoyant_core::source::Source;
 
 use crate::ServerStats;
-use crate::{Client, ClientConfig, ClientStats, Fetch, NetError, Provider, Secret, Served, Server, ServerConfig};
+use crate::{
+    Client, ClientConfig, ClientStats, Fetch, NetError, Provider, RealClock, Secret, Served, Server, ServerConfig,
+};
 
 /// How long a request may wait for the node's engine to be attached to its server (the nodes
 /// start at different speeds).
@@ -237,6 +239,7 @@ impl PeerClient {
             connect_timeout: CLIENT_CONNECT_TIMEOUT,
             io_timeout: CLIENT_IO_TIMEOUT,
             dead_for: CLIENT_DEAD_FOR,
+            clock: Arc::new(RealClock),
         };
         Ok(PeerClient {
             client: Client::new(cfg, addrs),

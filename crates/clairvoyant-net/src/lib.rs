@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod clock;
 #[cfg(feature = "engine")]
 pub mod engine;
 mod error;
@@ -18,7 +19,8 @@ mod wire;
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use client::{parse_challenge, Client, ClientConfig, ClientStats, Fetch};
+pub use client::{parse_challenge, Client, ClientConfig, ClientStats, Fetch, MAX_BACKOFF_FACTOR};
+pub use clock::{Clock, ManualClock, RealClock};
 pub use error::{FrameError, NetError};
 pub use frame::{decode, decode_frame, Header, Kind};
 pub use secret::Secret;

@@ -1,7 +1,7 @@
 //! Peers that die or stall: detected once per peer, then answered `PeerDown` at once.
 mod common;
 
-use clairvoyant_net::{Client, Fetch, Server};
+use clairvoyant_net::{Client, Fetch, ManualClock, Server};
 use common::*;
 use std::net::SocketAddr;
 use std::process::Command;
@@ -131,27 +131,47 @@ fn sigstop_is_detected_within_io_timeout() {
     child.signal("-CONT");
 }
 
+/// A client whose down state is measured by `clock` (advanced by the test, never slept for).
+fn manual_client(addrs: Vec<SocketAddr>, dead_for: Duration, clock: &Arc<ManualClock>) -> Client {
+    let mut cfg = client_cfg(7);
+    cfg.dead_for = dead_for;
+    cfg.clock = clock.clone();
+    Client::new(cfg, addrs)
+}
+
+/// Long enough for a probe of a local server, or of one that closes the connection, to end;
+/// reached only when a probe hangs.
+const PROBE_END: Duration = Duration::from_secs(30);
+
 #[test]
 fn shutdown_mid_stream_then_probe_after_dead_for() {
     let sizes: Vec<(u32, usize)> = (0..50u32).map(|i| (i, 50_000)).collect();
     let server = start(MemProvider::with_sizes(&sizes));
     let addr = server.local_addr();
-    let mut cfg = client_cfg(7);
-    cfg.dead_for = Duration::from_millis(300);
-    let client = Arc::new(Client::new(cfg, vec![addr]));
+    let clock = Arc::new(ManualClock::new());
+    let dead_for = Duration::from_millis(300);
+    let client = Arc::new(manual_client(vec![addr], dead_for, &clock));
     let stop = Arc::new(AtomicBool::new(false));
-    let got = Arc::new(AtomicU64::new(0));
+    // Each thread says once when it got 50 samples, and once when it was answered PeerDown.
+    let (tx, rx) = std::sync::mpsc::channel::<Fetch>();
     let threads: Vec<_> = (0..4)
         .map(|t| {
-            let (client, stop, got) = (client.clone(), stop.clone(), got.clone());
+            let (client, stop, tx) = (client.clone(), stop.clone(), tx.clone());
             std::thread::spawn(move || {
                 let mut dst = vec![0u8; 50_000];
-                let mut i = t;
+                let (mut i, mut got, mut down) = (t, 0, false);
                 while !stop.load(Ordering::Relaxed) {
                     match client.fetch(0, i % 50, Duration::ZERO, &mut dst).unwrap() {
                         Fetch::Got => {
                             assert_eq!(dst, sample_bytes(i % 50, 50_000));
-                            got.fetch_add(1, Ordering::Relaxed);
+                            got += 1;
+                            if got == 50 {
+                                tx.send(Fetch::Got).unwrap();
+                            }
+                        }
+                        Fetch::PeerDown if !down => {
+                            down = true;
+                            tx.send(Fetch::PeerDown).unwrap();
                         }
                         Fetch::PeerDown => {}
                         other => panic!("unexpected {other:?}"),
@@ -161,8 +181,13 @@ fn shutdown_mid_stream_then_probe_after_dead_for() {
             })
         })
         .collect();
-    while got.load(Ordering::Relaxed) < 200 {
-        std::thread::sleep(Duration::from_millis(5));
+    drop(tx);
+    for _ in 0..4 {
+        assert_eq!(
+            rx.recv().unwrap(),
+            Fetch::Got,
+            "every thread is served before the shutdown"
+        );
     }
     let t0 = Instant::now();
     server.shutdown();
@@ -171,10 +196,8 @@ fn shutdown_mid_stream_then_probe_after_dead_for() {
         shut < Duration::from_secs(2),
         "shutdown joins its threads quickly: {shut:?}"
     );
-    while !client.is_down(0) {
-        assert!(t0.elapsed() < Duration::from_secs(2), "the client noticed the shutdown");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert_eq!(rx.recv().unwrap(), Fetch::PeerDown, "a thread noticed the shutdown");
+    assert!(client.is_down(0), "the clock stands still: down until it is advanced");
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().unwrap();
@@ -185,35 +208,101 @@ fn shutdown_mid_stream_then_probe_after_dead_for() {
     scfg.bind = addr;
     let server = Server::start(scfg, Arc::new(MemProvider::with_sizes(&sizes))).unwrap();
     let mut dst = vec![0u8; 50_000];
+    clock.advance(dead_for - Duration::from_millis(1));
     assert_eq!(
         client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(),
         Fetch::PeerDown,
         "still within dead_for"
     );
-    std::thread::sleep(Duration::from_millis(350));
+    assert!(client.await_probe(0, PROBE_END));
+    assert!(client.is_down(0), "no probe within dead_for");
+    clock.advance(Duration::from_millis(1));
     // The probe runs off the data path: the fetch that starts it is answered at once, and the
     // peer is back once the probe's handshake succeeded.
-    let mut answers = Vec::new();
-    let t0 = Instant::now();
-    loop {
-        let f = client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap();
-        answers.push(f);
-        if f == Fetch::Got || t0.elapsed() > Duration::from_secs(5) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
     assert_eq!(
-        answers.last(),
-        Some(&Fetch::Got),
-        "the probe found the new server: {answers:?}"
-    );
-    assert_eq!(
-        answers[0],
+        client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(),
         Fetch::PeerDown,
         "the first fetch after dead_for is not the probe"
     );
-    assert!(!client.is_down(0));
+    assert!(client.await_probe(0, PROBE_END), "the probe ended");
+    assert!(!client.is_down(0), "the probe found the new server");
+    assert_eq!(client.fetch(0, 3, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    assert_eq!(dst, sample_bytes(3, 50_000));
+    assert_eq!(client.stats().down_events, vec![1]);
+    drop(server);
+}
+
+/// Fetch from a down peer after `clock` was advanced by `wait` less 1 ms: no probe starts (a
+/// probe would hang in its handshake: the listener never accepts it); then by the last 1 ms:
+/// the fetch starts a probe, which the listener accepts and fails by closing the connection.
+fn expect_probe_after(client: &Client, clock: &ManualClock, listener: &std::net::TcpListener, wait: Duration) {
+    let mut dst = vec![0u8; 1000];
+    clock.advance(wait - Duration::from_millis(1));
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    assert!(client.await_probe(0, Duration::from_secs(5)), "probed before {wait:?}");
+    assert!(client.is_down(0));
+    clock.advance(Duration::from_millis(1));
+    assert!(!client.is_down(0), "the wait of {wait:?} is over");
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    drop(listener.accept().expect("the probe connects"));
+    assert!(client.await_probe(0, PROBE_END), "the probe ended");
+    assert!(client.is_down(0), "a failed probe keeps the peer down");
+}
+
+/// Failed probes double the wait before the next one, up to MAX_BACKOFF_FACTOR × dead_for; a
+/// peer that answers a probe is up, and its next failure waits dead_for again.
+#[test]
+fn failed_probes_back_off_up_to_the_cap_and_recovery_resets_it() {
+    use clairvoyant_net::MAX_BACKOFF_FACTOR;
+    // A peer that accepts connections and closes them: every handshake with it fails.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let clock = Arc::new(ManualClock::new());
+    let dead_for = Duration::from_secs(1);
+    // Patient: a probe the listener does not accept hangs in its handshake (and is seen to).
+    let mut cfg = client_cfg(7);
+    (cfg.dead_for, cfg.clock) = (dead_for, clock.clone());
+    (cfg.connect_timeout, cfg.io_timeout) = (Duration::from_secs(120), Duration::from_secs(120));
+    let client = Client::new(cfg, vec![addr]);
+    let mut dst = vec![0u8; 1000];
+    let fetcher = std::thread::scope(|s| {
+        let f = s.spawn(|| client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap());
+        drop(listener.accept().unwrap());
+        f.join().unwrap()
+    });
+    assert_eq!(fetcher, Fetch::PeerDown);
+    assert_eq!(client.stats().down_events, vec![1]);
+    let mut wait = dead_for;
+    for _ in 0..7 {
+        expect_probe_after(&client, &clock, &listener, wait);
+        wait = (wait * 2).min(dead_for * MAX_BACKOFF_FACTOR);
+    }
+    assert_eq!(wait, dead_for * MAX_BACKOFF_FACTOR, "the cap was reached");
+    assert_eq!(client.stats().down_events, vec![1], "marked down once");
+    // The peer comes back: the next probe, after the capped wait, finds it.
+    drop(listener);
+    let sizes = [(1u32, 1000usize)];
+    let mut scfg = server_cfg(7);
+    scfg.bind = addr;
+    let server = Server::start(scfg.clone(), Arc::new(MemProvider::with_sizes(&sizes))).unwrap();
+    clock.advance(wait);
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    assert!(client.await_probe(0, PROBE_END));
+    assert!(!client.is_down(0), "the peer answered the probe");
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::Got);
+    // It fails again: the wait before its probe is dead_for again, not the capped one.
+    server.shutdown();
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    assert_eq!(client.stats().down_events, vec![2]);
+    let server = Server::start(scfg, Arc::new(MemProvider::with_sizes(&sizes))).unwrap();
+    clock.advance(dead_for - Duration::from_millis(1));
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    assert!(client.await_probe(0, PROBE_END));
+    assert!(client.is_down(0), "not probed within dead_for");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(client.fetch(0, 1, Duration::ZERO, &mut dst).unwrap(), Fetch::PeerDown);
+    assert!(client.await_probe(0, PROBE_END));
+    assert!(!client.is_down(0), "probed after dead_for");
     drop(server);
 }
 
@@ -276,6 +365,7 @@ fn silent_connections_do_not_lock_out_peers() {
     let addr = server.local_addr();
     let stop = Arc::new(AtomicBool::new(false));
     let opened = Arc::new(AtomicU64::new(0));
+    let (full_tx, full) = std::sync::mpsc::channel();
     let attacker = {
         let (stop, opened) = (stop.clone(), opened.clone());
         std::thread::spawn(move || {
@@ -292,13 +382,14 @@ fn silent_connections_do_not_lock_out_peers() {
                     conns.push(c);
                     opened.fetch_add(1, Ordering::Relaxed);
                 }
+                if opened.load(Ordering::Relaxed) >= 300 {
+                    let _ = full_tx.send(());
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
         })
     };
-    while opened.load(Ordering::Relaxed) < 300 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    full.recv().expect("the attacker opened its 300 connections");
     let mut served = 0;
     for i in 0..20u32 {
         let client = Client::new(client_cfg(7), vec![addr]);
@@ -321,12 +412,13 @@ fn silent_connections_do_not_lock_out_peers() {
 }
 
 /// A client whose own time-outs are far longer than any test: only a fetch's deadline can end a
-/// wait on a silent peer.
-fn patient_client(addrs: Vec<SocketAddr>, dead_for: Duration) -> Client {
+/// wait on a silent peer. Its down state is measured by `clock`.
+fn patient_client(addrs: Vec<SocketAddr>, dead_for: Duration, clock: &Arc<ManualClock>) -> Client {
     let mut cfg = client_cfg(7);
     cfg.io_timeout = Duration::from_secs(120);
     cfg.connect_timeout = Duration::from_secs(120);
     cfg.dead_for = dead_for;
+    cfg.clock = clock.clone();
     Client::new(cfg, addrs)
 }
 
@@ -348,7 +440,7 @@ fn a_silent_peer_costs_one_deadline_then_is_skipped() {
             }
         });
     }
-    let client = patient_client(vec![addr], Duration::from_secs(120));
+    let client = patient_client(vec![addr], Duration::from_secs(120), &Arc::new(ManualClock::new()));
     let mut dst = vec![7u8; 1000];
     let t0 = Instant::now();
     let f = client
@@ -414,7 +506,9 @@ fn a_reply_after_the_deadline_is_discarded() {
         inner: MemProvider::with_sizes(&[(1, 50_000), (2, 50_000), (3, 50_000)]),
     });
     let server = Server::start(server_cfg(7), gate.clone()).unwrap();
-    let client = patient_client(vec![server.local_addr()], Duration::from_millis(50));
+    let clock = Arc::new(ManualClock::new());
+    let dead_for = Duration::from_millis(50);
+    let client = patient_client(vec![server.local_addr()], dead_for, &clock);
     let mut dst = vec![0u8; 50_000];
     let within = Duration::from_millis(300);
     assert_eq!(
@@ -434,26 +528,21 @@ fn a_reply_after_the_deadline_is_discarded() {
     // The peer answers again (its late reply to sample 2 goes to a closed connection).
     *gate.open.lock().unwrap() = true;
     gate.opened.notify_all();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut got = 0;
-    while got < 50 {
-        assert!(
-            Instant::now() < deadline,
-            "the peer did not come back after answering probes"
-        );
+    // After dead_for, the next fetch starts a probe off the data path, which finds it up.
+    clock.advance(dead_for);
+    let within = Duration::from_secs(30);
+    assert_eq!(
+        client.fetch_within(0, 3, Duration::ZERO, within, &mut dst).unwrap(),
+        Fetch::PeerDown
+    );
+    assert!(client.await_probe(0, PROBE_END), "the probe ended");
+    assert!(!client.is_down(0), "the peer answered the probe");
+    for _ in 0..17 {
         for s in [3u32, 1, 2] {
             dst.fill(0);
-            match client
-                .fetch_within(0, s, Duration::ZERO, Duration::from_secs(30), &mut dst)
-                .unwrap()
-            {
-                Fetch::Got => {
-                    assert_eq!(dst, sample_bytes(s, 50_000), "sample {s}: its own bytes");
-                    got += 1;
-                }
-                Fetch::PeerDown => std::thread::sleep(Duration::from_millis(5)),
-                other => panic!("sample {s}: {other:?}"),
-            }
+            let f = client.fetch_within(0, s, Duration::ZERO, within, &mut dst).unwrap();
+            assert_eq!(f, Fetch::Got, "sample {s}");
+            assert_eq!(dst, sample_bytes(s, 50_000), "sample {s}: its own bytes");
         }
     }
     drop(server);

@@ -4,12 +4,15 @@
 //! sample, 2-5 s), after which the sample is read from its origin into private memory, leaving
 //! the claim to its holder (which may resume and publish it). A claimant that outlasted a deadline
 //! is read around at once until that claim moves on (published, abandoned, taken over).
+//! The deadlines are measured by the engine's [`Clock`] (real time but in tests, which advance
+//! a [`ManualClock`](crate::clock::ManualClock) instead of waiting in real time).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::peer::storage_deadline;
 use super::Inner;
+use crate::clock::Clock;
 use crate::tier::state::{MAX_PROCESSES, WAIT_SLICE};
 use crate::tier::{Acquire, StateSegment};
 
@@ -76,7 +79,7 @@ impl Inner {
     /// memory, the claim is not ours. A claimant that outlasted the wait is marked slow.
     pub(super) fn acquire_claim(&self, sample: u32, bytes: u64) -> Acquire {
         let state = self.node.cache.state();
-        let got = state.acquire(sample, self.claim_wait(sample, bytes));
+        let got = acquire_within(state, &*self.clock, sample, self.claim_wait(sample, bytes));
         if got == Acquire::Busy {
             if let Some((slot, word)) = state.claimant(sample) {
                 if slot != state.own_slot() {
@@ -88,9 +91,87 @@ impl Inner {
     }
 }
 
+/// [`StateSegment::acquire`] waiting at most `wait` as `clock` measures it: in waits of at most
+/// one [`WAIT_SLICE`] of real time (each ends with the check for a dead claimant, as in one long
+/// wait), until the claim settles or the clock reaches the deadline.
+fn acquire_within(state: &StateSegment, clock: &dyn Clock, sample: u32, wait: Duration) -> Acquire {
+    let deadline = clock.now() + wait;
+    loop {
+        let left = deadline.saturating_duration_since(clock.now());
+        let got = state.acquire(sample, left.min(WAIT_SLICE));
+        if got != Acquire::Busy || left.is_zero() {
+            return got;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
+    use std::sync::Arc;
+    use std::thread::JoinHandle;
+
+    /// A wait long enough to hang the test if it were measured in real time.
+    const HOUR: Duration = Duration::from_secs(3600);
+    /// Long enough for a waiter to read the clock; reached only when it does not.
+    const READ: Duration = Duration::from_secs(30);
+
+    /// `acquire_within(sample, HOUR)` on a thread of its own (left behind if the test fails,
+    /// rather than hanging it), once it took its deadline from the clock.
+    fn waiter(state: &Arc<StateSegment>, clock: &Arc<ManualClock>, sample: u32) -> JoinHandle<Acquire> {
+        let reads = clock.reads();
+        let (st, c) = (state.clone(), clock.clone());
+        let w = std::thread::spawn(move || acquire_within(&st, &*c, sample, HOUR));
+        assert!(
+            clock.await_reads(reads + 1, READ),
+            "the wait takes its deadline from the clock"
+        );
+        w
+    }
+
+    fn segment(dir: &tempfile::TempDir) -> Arc<StateSegment> {
+        Arc::new(StateSegment::open(dir.path(), "claims", 4).unwrap())
+    }
+
+    #[test]
+    fn a_claim_wait_ends_when_the_clock_reaches_its_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, clock) = (segment(&dir), Arc::new(ManualClock::new()));
+        // A claim of a live process (this one) that is never published.
+        assert!(state.claim(1));
+        let w = waiter(&state, &clock, 1);
+        clock.advance(HOUR - Duration::from_millis(1));
+        // A read after the advance: the waiter saw 1 ms left and waits on.
+        assert!(clock.await_reads(clock.reads() + 1, READ), "the wait reads the clock");
+        assert!(!w.is_finished(), "gave up before the deadline");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(w.join().unwrap(), Acquire::Busy);
+        assert!(state.claimant(1).is_some(), "the claim stays its holder's");
+        assert_eq!(acquire_within(&state, &*clock, 1, Duration::ZERO), Acquire::Busy);
+    }
+
+    #[test]
+    fn a_claim_wait_ends_when_the_claim_settles_whatever_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, clock) = (segment(&dir), Arc::new(ManualClock::new()));
+        assert!(state.claim(1));
+        let w = waiter(&state, &clock, 1);
+        state.publish(1, 7, 1);
+        assert_eq!(w.join().unwrap(), Acquire::Ready);
+        assert!(state.claim(2));
+        let w = waiter(&state, &clock, 2);
+        state.abandon(2);
+        assert_eq!(
+            w.join().unwrap(),
+            Acquire::Claimed,
+            "an abandoned claim goes to the waiter"
+        );
+        assert!(state.claim(3));
+        let w = waiter(&state, &clock, 3);
+        state.mark_no_space(3);
+        assert_eq!(w.join().unwrap(), Acquire::NoSpace);
+    }
 
     #[test]
     fn a_slow_mark_lasts_while_its_claim_is_held_and_goes_when_it_moves_on() {

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::clock::{Clock, RealClock};
 use crate::error::{Error, Result};
 use crate::model::{ClassKind, SystemModel};
 use crate::plan::{AccessCounts, ClusterAccess, NodePlan, UNCACHED};
@@ -233,6 +234,8 @@ struct Inner {
     fill_timeout: Duration,
     /// Other local processes whose fill claims outlasted their deadline.
     slow_claimants: claims::SlowClaimants,
+    /// What the waits for claims are measured by (`claims.rs`).
+    clock: Arc<dyn Clock>,
     stats: Mutex<Vec<EpochStats>>,
     pfs_bytes: AtomicU64,
     pfs_files: AtomicU64,
@@ -1091,6 +1094,7 @@ impl Inner {
             producers_gone: AtomicBool::new(false),
             fill_timeout: Duration::from_secs(30),
             slow_claimants: claims::SlowClaimants::new(),
+            clock: Arc::new(RealClock),
             stats: Mutex::new(
                 (0..spec.schedule.epochs)
                     .map(|epoch| EpochStats {

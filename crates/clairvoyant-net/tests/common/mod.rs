@@ -1,7 +1,7 @@
 //! Test helpers: an in-memory provider and configs.
 #![allow(dead_code)]
 
-use clairvoyant_net::{ClientConfig, Provider, Secret, Served, Server, ServerConfig};
+use clairvoyant_net::{ClientConfig, Provider, RealClock, Secret, Served, Server, ServerConfig};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,6 +106,7 @@ pub fn client_cfg(job: u64) -> ClientConfig {
         connect_timeout: Duration::from_secs(2),
         io_timeout: Duration::from_secs(2),
         dead_for: Duration::from_secs(30),
+        clock: Arc::new(RealClock),
     }
 }
 
