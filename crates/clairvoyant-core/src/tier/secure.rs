@@ -118,16 +118,7 @@ pub fn read_private(path: &Path) -> Result<Vec<u8>> {
                 Error::io(path, e)
             }
         })?;
-    let md = f.metadata().map_err(|e| Error::io(path, e))?;
-    if !md.is_file() {
-        return Err(Error::untrusted(path, "is not a regular file"));
-    }
-    if md.uid() != uid() {
-        return Err(Error::untrusted(
-            path,
-            format!("is owned by uid {}, not by this user (uid {})", md.uid(), uid()),
-        ));
-    }
+    let md = regular_file_of_ours(&f, path)?;
     if md.mode() & 0o7777 != 0o600 {
         return Err(Error::untrusted(
             path,
@@ -208,8 +199,8 @@ fn open_checked(options: &OpenOptions, path: &Path) -> Result<File> {
     Ok(f)
 }
 
-/// `f` (opened from `path`) must be a regular file owned by this user.
-pub fn check_file(f: &File, path: &Path) -> Result<()> {
+/// The metadata of `f` (opened from `path`) when it is a regular file owned by this user.
+fn regular_file_of_ours(f: &File, path: &Path) -> Result<std::fs::Metadata> {
     let md = f.metadata().map_err(|e| Error::io(path, e))?;
     if !md.is_file() {
         return Err(Error::untrusted(path, "is not a regular file"));
@@ -220,6 +211,12 @@ pub fn check_file(f: &File, path: &Path) -> Result<()> {
             format!("is owned by uid {}, not by this user (uid {})", md.uid(), uid()),
         ));
     }
+    Ok(md)
+}
+
+/// `f` (opened from `path`) must be a regular file owned by this user.
+pub fn check_file(f: &File, path: &Path) -> Result<()> {
+    let md = regular_file_of_ours(f, path)?;
     if md.mode() & 0o077 != 0 {
         f.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(|e| Error::io(path, e))?;
