@@ -152,7 +152,7 @@ def test_bad_arguments_name_the_flag(tmp_path):
         text=True,
         timeout=30,
     )
-    assert r.returncode != 0 and "--bandwidth" in r.stderr and "increase" in r.stderr, r.stderr
+    assert r.returncode != 0 and "--bandwidth" in r.stderr and "strictly increasing" in r.stderr, r.stderr
     r = subprocess.run(
         [str(emu.fsemu_binary()), str(tmp_path / "nope"), str(tmp_path / "mnt")], capture_output=True, text=True, timeout=30
     )

@@ -266,7 +266,7 @@ def test_predict_cluster_contention_and_errors():
 
 
 def test_the_training_benchmark_validation_scenario_resolves():
-    from clairvoyant import _validate
+    from benches import validate as _validate
 
     cfg = {
         "ranks": 2,
