@@ -4,6 +4,8 @@ sampler hook's notices."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,33 @@ def test_the_sampler_hook_says_an_iterable_dataset_has_no_order(monkeypatch, cap
     assert _sampler_hook.plan(loader) is False
     err = capsys.readouterr().err
     assert "Stream is an iterable-style dataset" in err and "hashed owners" in err
+
+
+def test_a_launcher_starts_over_when_its_new_agent_folder_is_reclaimed_at_once(tmp_path, monkeypatch):
+    # Another launcher on the node may reclaim a folder made a moment ago (nobody holds its lock
+    # yet): the check of the folder then finds it gone. The launcher starts over instead of failing.
+    from clairvoyant import _cluster, _run
+
+    real = _run._short_dir
+    calls = []
+
+    def racing(key):
+        calls.append(key)
+        if len(calls) == 1:
+            d = os.path.join(_cluster._user_runtime_dir(), f"agent-{key}")
+            os.mkdir(d, 0o700)
+            os.rmdir(d)  # reclaimed by the other launcher between its creation and its check
+            return _cluster._private_dir(d, create=False)
+        return real(key)
+
+    class Client:
+        def __init__(self, socket):
+            self.socket = socket
+
+        def attach(self):
+            pass
+
+    monkeypatch.setattr(_run, "_short_dir", racing)
+    monkeypatch.setattr(_native, "AgentClient", Client)
+    agent = _run.Agent(str(tmp_path), env={})
+    assert len(calls) == 2 and os.path.isdir(agent.dir) and agent.client.socket == agent.socket

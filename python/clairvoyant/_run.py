@@ -165,11 +165,14 @@ class Agent:
         facts = json.dumps([root, run, nodes, node, order_file, config, lazy], sort_keys=True).encode()
         key = hashlib.blake2b(facts, digest_size=8).hexdigest()
         self.started = False
+        self.dir = f"agent-{key}"
         for _ in range(100):
-            self.dir = _short_dir(key)
-            self.socket = os.path.join(self.dir, "agent.sock")
-            self.log = os.path.join(self.dir, "agent.log")
             try:
+                # Another launcher may reclaim a folder made a moment ago (nobody holds its lock
+                # yet): then it is gone before it is checked or its lock opened. Start over.
+                self.dir = _short_dir(key)
+                self.socket = os.path.join(self.dir, "agent.sock")
+                self.log = os.path.join(self.dir, "agent.log")
                 lock = _open_lock(os.path.join(self.dir, "agent.lock"))
             except FileNotFoundError:
                 continue  # the folder was reclaimed just now
