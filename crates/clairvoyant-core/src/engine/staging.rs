@@ -624,26 +624,29 @@ impl Inner {
         }
         drop(st);
         if let Err(e) = read {
-            self.release(&[t.pos]);
-            self.record(
-                t.epoch,
-                t.closes,
-                stalled,
-                Served {
-                    bytes: 0,
-                    src: Src::Pfs,
-                    overflow: false,
-                    corrupt: true,
-                },
-            );
+            t.corrupt = true; // counted so whatever made it be read again
+            self.fail(t, stalled);
             return Err(e);
         }
         Ok(())
     }
 
+    /// Give back a taken sample that cannot be handed out and count it as consumed (nothing
+    /// delivered, read from the dataset, corrupt when its copy was).
+    fn fail(&self, t: &Taken, stalled: Duration) {
+        self.release(&[t.pos]);
+        let served = Served {
+            bytes: 0,
+            src: Src::Pfs,
+            overflow: false,
+            corrupt: t.corrupt,
+        };
+        self.record(t.epoch, t.closes, stalled, served);
+    }
+
     /// Record the taken sample in the statistics and hand it out as a lease (or its error).
-    fn hand_out(&self, t: Taken, stalled: Duration) -> Result<Option<Lease>> {
-        match t.status {
+    fn hand_out(&self, mut t: Taken, stalled: Duration) -> Result<Option<Lease>> {
+        match std::mem::replace(&mut t.status, Status::Taken) {
             Status::Ready(source) => {
                 self.record(
                     t.epoch,
@@ -668,18 +671,7 @@ impl Inner {
                 }))
             }
             Status::Failed(e) => {
-                self.release(&[t.pos]);
-                self.record(
-                    t.epoch,
-                    t.closes,
-                    stalled,
-                    Served {
-                        bytes: 0,
-                        src: Src::Pfs,
-                        overflow: false,
-                        corrupt: t.corrupt,
-                    },
-                );
+                self.fail(&t, stalled);
                 Err(e)
             }
             _ => unreachable!("entry consumed twice"),
