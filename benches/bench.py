@@ -768,6 +768,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--epoch0-files", type=int, default=_bench_epoch0.FILES, help="~110 KB files for the epoch-0 benchmark against direct reads")
     ap.add_argument("--epoch0-programs", default=",".join(_bench_epoch0.PROGRAMS), help="programs of the epoch-0 benchmark (comma-separated: pool, torch, dropin)")
     ap.add_argument("--epoch0-repeats", type=int, default=1, help="runs of each program each way (alternated; the best epoch 0 is compared)")
+    ap.add_argument("--epoch0-job", action="store_true", help="also run each program as a 1-epoch job each way and compare the whole job's wall time")
     ap.add_argument("--out", default="out")
     return ap
 
@@ -803,7 +804,9 @@ def _run_benchmarks(args, out: Path, log, progress: str) -> dict:
     if wanted("transparent"):
         r["transparent"] = _bench_transparent.bench_transparent(out, log)
     if wanted("epoch0"):
-        r["epoch0"] = _bench_epoch0.bench_epoch0(out, log, args.epoch0_files, args.epoch0_repeats, tuple(args.epoch0_programs.split(",")))
+        r["epoch0"] = _bench_epoch0.bench_epoch0(
+            out, log, args.epoch0_files, args.epoch0_repeats, tuple(args.epoch0_programs.split(",")), one_epoch=args.epoch0_job
+        )
     if wanted("scale"):
         nodes = tuple(int(n) for n in args.scale_nodes.split(","))
         r["scale"] = _bench_scale.bench_scale(out, log, nodes, tuple(args.scale_datasets.split(",")))

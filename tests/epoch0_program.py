@@ -9,15 +9,23 @@ script: nothing in it knows about clairvoyant unless ``--patch`` imports the dro
 Every rank reads its DistributedSampler share of every file under ROOT (seed 0), steps an
 emulated accelerator (a sleep of batch bytes / ``--compute-mbps``) per batch and meets the other
 ranks at a barrier per step (torch.distributed, gloo), as data-parallel training does. Writes
-``{"seconds": [...], "samples": [...], "first_iter_seconds": [...]}`` to ``--out``."""
+``{"seconds": [...], "samples": [...], "first_iter_seconds": [...]}`` to ``--out``, with the
+phases of the job on the machine's monotonic clock (``started``: the program's first line,
+``epoch_bounds``: each epoch's start and end, ``finished``) and this process's CPU seconds per
+epoch (``cpu_seconds``; threads included, worker processes not), so that a harness can set
+other processes' CPU against the same epochs. ``--no-io`` hands out zeros of each file's size
+instead of reading it (sizes taken before the first epoch): the program's own floor."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+
+STARTED = time.monotonic()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 
 def files_under(root: str) -> list:
@@ -48,6 +56,17 @@ class Files:
         return bytes(data)
 
 
+class Zeros(Files):
+    """Each sample is zeros of its file's size: no file is opened while epochs run."""
+
+    def __init__(self, files):
+        super().__init__(files)
+        self.sizes = [os.stat(f).st_size for f in files]
+
+    def __getitem__(self, i):
+        return bytes(self.sizes[i])
+
+
 def as_list(batch):
     return batch
 
@@ -67,6 +86,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--compute-mbps", type=float, default=64.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--no-io", action="store_true", help="zeros of each file's size instead of its bytes")
     a = p.parse_args()
     if a.patch:
         import clairvoyant.torch.patch  # noqa: F401
@@ -77,16 +97,16 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     bps = a.compute_mbps * 1e6
     files = files_under(a.root)
-    dataset = Files(files)
+    dataset = Zeros(files) if a.no_io else Files(files)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    res: dict = {"seconds": [], "samples": [], "first_iter_seconds": []}
+    res: dict = {"seconds": [], "samples": [], "first_iter_seconds": [], "epoch_bounds": [], "cpu_seconds": [], "started": STARTED}
     loader = None
     if a.program == "torch":
         loader = DataLoader(dataset, batch_size=a.batch, sampler=sampler, num_workers=2, collate_fn=as_list)
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
         dist.barrier()
-        t = time.perf_counter()
+        t, t_mono, cpu = time.perf_counter(), time.monotonic(), time.process_time()
         n = 0
         if loader is not None:
             it = iter(loader)
@@ -113,11 +133,14 @@ def main() -> None:
                     step(sum(map(len, batch)), bps)
                     dist.barrier()
         res["seconds"].append(time.perf_counter() - t)
+        res["epoch_bounds"].append([t_mono, time.monotonic()])
+        res["cpu_seconds"].append(time.process_time() - cpu)
         res["samples"].append(n)
     del loader
+    dist.destroy_process_group()
+    res["finished"] = time.monotonic()
     with open(a.out, "w") as f:
         json.dump(res, f)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
