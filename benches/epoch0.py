@@ -114,9 +114,12 @@ class CpuSampler(threading.Thread):
         while grown:  # descendants of the roots (the agent is a child of a launcher)
             new = {p for p, (pp, _) in stats.items() if p not in members and (p in self.roots or pp in members)}
             grown = bool(new)
-            for p in new:
-                self.kind[p] = self._kind_of(p)
             members |= new
+        for p in members:
+            # Asked again until it is the agent: a child seen between its fork and its exec
+            # still has its parent's command line.
+            if p in stats and self.kind.get(p) != "agent":
+                self.kind[p] = self._kind_of(p)
         for p in members:
             if p in stats:
                 self.last[p] = max(self.last.get(p, 0.0), stats[p][1])

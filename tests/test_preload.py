@@ -1003,6 +1003,55 @@ def test_a_flipped_arena_byte_never_reaches_a_standin(built, dataset, start_agen
         assert c["corrupt"] == 0 and c["standins"] == 1, c
 
 
+REOPEN = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, sys
+p, arena, off = sys.argv[1], sys.argv[2], int(sys.argv[3])
+h = lambda b: hashlib.sha256(bytes(b)).hexdigest()
+def whole():
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}"), h(os.read(fd, 1 << 20))
+    finally:
+        os.close(fd)
+first = whole()
+with open(arena, "r+b") as g:  # outside the root: a plain write
+    g.seek(off)
+    b = g.read(1)
+    g.seek(off)
+    g.write(bytes([b[0] ^ 0x40]))
+second = whole()
+print(json.dumps({"first": first, "second": second, "counters": counters()}))
+"""
+)
+
+
+@pytest.mark.parametrize("verify", ["open", "process"])
+def test_standin_copies_are_verified_as_the_setting_says(built, dataset, start_agent, verify):
+    """Default: every stand-in open checks its copy, so a byte flipped in the arena after a
+    first open is caught at the next. ``CLAIRVOYANT_VERIFY=process``: a copy this process has
+    checked is not hashed again (the documented trade: unchecked after the first open)."""
+    agent = start_agent("dir")
+    off, size = agent.manifest()["a/x.bin"]
+    p = dataset / "a" / "x.bin"
+    d = p.read_bytes()
+    env = env_for(built, dataset, agent.socket, CLAIRVOYANT_VERIFY=verify)
+    r = run([sys.executable, "-c", REOPEN, str(p), str(agent.state / "arena"), str(off + size // 2)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    res = json.loads(r.stdout)
+    c = res["counters"]
+    standin = "/memfd:clairvoyant:x.bin (deleted)"
+    assert res["first"] == [standin, sha(d)], res
+    if verify == "open":
+        # The second copy fails its check: a real open, the file's own bytes.
+        assert res["second"] == [str(p), sha(d)] and c["corrupt"] >= 1 and c["standins"] == 1, res
+    else:
+        flipped = bytearray(d)
+        flipped[size // 2] ^= 0x40
+        assert res["second"] == [standin, sha(bytes(flipped))] and c["corrupt"] == 0 and c["standins"] == 2, res
+
+
 KEPT = (
     COUNTER_FN
     + r"""

@@ -173,6 +173,27 @@ fn verified_tag(bytes: &[u8], e: &Entry) -> u64 {
     clairvoyant_agent::checksum(&raw) | 1
 }
 
+/// Whether the cached copy `bytes` of the arena entry `e` holds what the dataset file held: its
+/// checksum, computed now; with `CLAIRVOYANT_VERIFY=process`, a copy this process has verified
+/// before is not hashed again (docs/transparent.md: that mode trusts a copy after its first
+/// check).
+pub(crate) fn copy_holds(bytes: &[u8], e: &Entry) -> bool {
+    let per_process = config().is_some_and(|c| c.verify_per_process);
+    if !per_process {
+        return clairvoyant_agent::checksum(bytes) == e.checksum;
+    }
+    let tag = verified_tag(bytes, e);
+    let slot = &VERIFIED_COPIES[tag as usize % VERIFIED_COPIES.len()];
+    if slot.load(Ordering::Acquire) == tag {
+        return true;
+    }
+    if clairvoyant_agent::checksum(bytes) != e.checksum {
+        return false;
+    }
+    slot.store(tag, Ordering::Release);
+    true
+}
+
 fn last_change_ns(st: &libc::stat) -> u64 {
     let ns = |s: i64, n: i64| (s as i128 * 1_000_000_000 + n as i128).max(0) as u64;
     ns(st.st_mtime, st.st_mtime_nsec).max(ns(st.st_ctime, st.st_ctime_nsec))
@@ -238,13 +259,7 @@ impl FdInfo {
         };
         if let Src::Arena(e) = &self.src {
             if self.state.load(Ordering::Acquire) == UNVERIFIED {
-                let per_process = config().is_some_and(|c| c.verify_per_process);
-                let tag = verified_tag(bytes, e);
-                if per_process && VERIFIED_COPIES[tag as usize % VERIFIED_COPIES.len()].load(Ordering::Acquire) == tag {
-                    self.state.store(VERIFIED, Ordering::Release);
-                    return Some(bytes);
-                }
-                if clairvoyant_agent::checksum(bytes) != e.checksum {
+                if !copy_holds(bytes, e) {
                     self.state.store(DROPPED, Ordering::Relaxed);
                     self.count(counter::CORRUPT, 1);
                     notice_once(
@@ -257,9 +272,6 @@ impl FdInfo {
                     return None;
                 }
                 self.state.store(VERIFIED, Ordering::Release);
-                if per_process {
-                    VERIFIED_COPIES[tag as usize % VERIFIED_COPIES.len()].store(tag, Ordering::Release);
-                }
             }
         }
         Some(bytes)
