@@ -59,6 +59,12 @@ def test_order_files_and_access_counts(tmp_path):
     counts, first = access_counts(epochs, 4)
     assert counts.tolist() == [1, 2, 1, 0]
     assert first[1] == 0 and first[0] == 1 and first[2] == (1 << 32) and first[3] == np.iinfo(np.uint64).max
+    # Absolute or relative, spelled as listed or not: the same ids; outside the root: an error.
+    order.write_text(f"{tmp_path}/b\n./a\n{tmp_path}/c/../a\n\nc\n{tmp_path}//c\n")
+    assert [list(e) for e in read_order_file(str(order), str(tmp_path), {"a": 0, "b": 1, "c": 2})] == [[1, 0, 0], [2, 2]]
+    order.write_text(f"a\n{tmp_path}/../x\n")
+    with pytest.raises(_native.ConfigError, match="line 2"):
+        read_order_file(str(order), str(tmp_path), {"a": 0})
     order.write_text("\n\n")
     with pytest.raises(_native.ConfigError, match="names no files"):
         read_order_file(str(order), str(tmp_path), {})

@@ -79,6 +79,7 @@ def read_order_file(path: str, root: str, index: dict) -> list:
     the root or absolute), epochs separated by a blank line or a line starting with ``#``. A
     name that is not UTF-8 is read as Python's surrogate escapes (the listing's form)."""
     epochs, current = [], []
+    prefix = os.path.join(root, "")
     try:
         f = open(path, encoding="utf-8", errors="surrogateescape")
     except OSError as e:
@@ -91,8 +92,15 @@ def read_order_file(path: str, root: str, index: dict) -> list:
                     epochs.append(np.asarray(current, dtype=np.int64))
                     current = []
                 continue
-            rel = relative(line.strip(), root)
-            k = index.get(rel) if rel is not None else None
+            name = line.strip()
+            # The usual line, a path as the listing spells it (absolute under the root, or
+            # relative), is looked up as it is: the listing's names are already normal. Any
+            # other is normalized first (the same id either way; normalizing every line was
+            # most of the agent's time from the order's arrival to its first read).
+            k = index.get(name[len(prefix) :] if name.startswith(prefix) else name)
+            if k is None:
+                rel = relative(name, root)
+                k = index.get(rel) if rel is not None else None
             if k is None:
                 raise _native.ConfigError(f"{path}, line {n}: {line.strip()!r} is not a file of the dataset {root}")
             current.append(k)
