@@ -70,9 +70,10 @@ def dataset(tmp_path):
 
 
 class Agent:
-    def __init__(self, exe: Path, root: Path, base: Path, mode: str):
-        self.state = base / f"state-{mode}-{time.monotonic_ns()}"
-        self.state.mkdir(mode=0o700)
+    def __init__(self, exe: Path, root: Path, base: Path, mode: str, state: Path | None = None):
+        self.state = state or base / f"state-{mode}-{time.monotonic_ns()}"
+        if state is None:
+            self.state.mkdir(mode=0o700)
         self.socket = self.state / "sock"
         self.proc = subprocess.Popen(
             [str(exe), "--root", str(root), "--socket", str(self.socket), "--state", str(self.state), "--mode", mode],
@@ -398,6 +399,54 @@ def test_agent_killed_mid_run_falls_back_with_correct_bytes(built, dataset, star
     else:
         # The arena mapping outlives the agent: still served, still verified.
         assert c["cached_reads"] > 0 and c["direct_reads"] == 0, c
+
+
+def _waits_for_flock(pid: int, ino: int) -> bool:
+    """Whether process ``pid`` is blocked on an flock of inode ``ino`` (a ``->`` line of /proc/locks)."""
+    with open("/proc/locks") as f:
+        return any("->" in line and f" {pid} " in line and line.split()[6].endswith(f":{ino}") for line in f)
+
+
+def test_first_open_waits_for_the_agent_the_launcher_is_starting(built, dataset, tmp_path):
+    """``clairvoyant run`` starts the program while it starts the agent, holding the lock of the
+    agent's folder: the program's first dataset open waits for that lock instead of reading
+    directly, then is served by the agent."""
+    import fcntl
+
+    state = tmp_path / "agent-folder"
+    state.mkdir(mode=0o700)
+    lock = os.open(state / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a launcher starting the agent
+    env = env_for(built, dataset, state / "sock")
+    code = "import sys\nprint('started', flush=True)\n" + READER
+    proc = subprocess.Popen([sys.executable, "-c", code, str(dataset), *FILES], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    agent = None
+    try:
+        assert proc.stdout.readline().strip() == b"started"
+        # Its first dataset open finds no agent and waits for the lock (a waiter in /proc/locks);
+        # reading directly instead, it would go on to the end.
+        ino = os.fstat(lock).st_ino
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and not _waits_for_flock(proc.pid, ino):
+            assert time.monotonic() < deadline, "the program neither waited for the lock nor finished"
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        agent = Agent(built[1], dataset, tmp_path, "dir", state=state)
+        fcntl.flock(lock, fcntl.LOCK_UN)  # the agent serves: the launcher lets go
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(lock)
+        if proc.poll() is None:
+            proc.kill()
+        if agent is not None:
+            agent.proc.stdin.close()
+            agent.kill()
+    assert proc.returncode == 0, err.decode()
+    res = json.loads(out)
+    check_reader_output(dataset, res)
+    c = res["counters"]
+    assert c["fallbacks"] == 0 and c["direct_reads"] == 0 and c["standins"] > 0, c
+    assert b"reading files directly" not in err, err
 
 
 def test_agent_that_never_answers_times_out(built, dataset, start_agent):

@@ -152,9 +152,16 @@ def _reclaim_agent_dirs(base: str, prefix: str) -> None:
 
 
 class Agent:
-    """This launcher's attachment to the node agent (started here when none runs)."""
+    """This launcher's attachment to the node agent (started here when none runs).
 
-    def __init__(self, root: str, *, order_file=None, nodes=1, node=0, config=None, env=None, timeout=START_TIMEOUT, lazy=False):
+    ``meanwhile(agent)``, when given, is called once this launcher holds the lock of the agent's
+    folder, or would wait for it (another launcher is starting the agent), and before the agent
+    is started: the program starts while the agent does. The interposed library waits at its
+    first dataset open until that lock is let go (docs/transparent.md, "Start-up")."""
+
+    def __init__(
+        self, root: str, *, order_file=None, nodes=1, node=0, config=None, env=None, timeout=START_TIMEOUT, lazy=False, meanwhile=None
+    ):
         env = os.environ if env is None else env
         self.root = root
         run = run_id_of(env)
@@ -176,13 +183,19 @@ class Agent:
                 lock = _open_lock(os.path.join(self.dir, "agent.lock"))
             except FileNotFoundError:
                 continue  # the folder was reclaimed just now
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                meanwhile = self._lock(lock, meanwhile)
+            except BaseException:
+                os.close(lock)
+                raise
             if _still_linked(lock, os.path.join(self.dir, "agent.lock")):
                 break
             os.close(lock)  # its agent left and removed the folder while we waited: start over
         else:
             raise _native.ConfigError(f"cannot take the lock in the agent folder {self.dir}: it keeps being removed")
         try:
+            if meanwhile is not None:
+                meanwhile(self)
             try:
                 self.client = _native.AgentClient(self.socket)
             except ConnectionError:
@@ -192,6 +205,18 @@ class Agent:
             self.client.attach()
         finally:
             os.close(lock)
+
+    def _lock(self, lock: int, meanwhile):
+        """Take the folder's lock; when another launcher holds it (it is starting the agent),
+        call ``meanwhile`` first. Returns ``meanwhile`` when it is still to be called."""
+        if meanwhile is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return meanwhile
+            except BlockingIOError:
+                meanwhile(self)  # the program's first dataset open waits for this lock
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return None
 
     def _start(self, run, order_file, nodes, node, config, env, timeout, lazy):
         # Directory files of agents that were killed (a live agent's is in use: only this lock
@@ -372,6 +397,25 @@ def _final_stats(args, agent, lock: threading.Lock, show: bool, started: float) 
         print(f"clairvoyant run: no figures from the node agent: {e}", file=sys.stderr)
 
 
+def _start_program(command: list, env: dict) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, env=env)
+    except OSError as e:
+        raise _native.ConfigError(f"cannot run {command[0]}: {e.strerror}") from e
+
+
+def _stop_program(proc: subprocess.Popen) -> None:
+    """The program started beside an agent that could not start: stopped (SIGTERM, then SIGKILL
+    after 10 s), as if it had not run."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def main(args) -> int:
     command = _command(args)
     root = _dataset_root(args)
@@ -382,18 +426,23 @@ def main(args) -> int:
     lib = preload_library()
     if order_file and args.sampler_order:
         raise _native.ConfigError("--order-file and --sampler-order both give the order: use one")
-    agent = Agent(root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order)
-    env = _program_env(args, root, agent, lib, nodes)
+    started = time.monotonic()
+    program = []
+    try:
+        # The program starts while the agent starts (its first dataset open waits for it).
+        agent = Agent(
+            root, order_file=order_file, nodes=nodes, node=node, config=args.config, lazy=args.sampler_order,
+            meanwhile=lambda a: program.append(_start_program(command, _program_env(args, root, a, lib, nodes))),
+        )  # fmt: skip
+    except BaseException:
+        for proc in program:
+            _stop_program(proc)
+        raise
+    (proc,) = program
     # One line per node, not one per launcher (see reports_stats).
     show = args.stats and reports_stats(os.environ)
-    started = time.monotonic()
     stop = threading.Event()
     lock = threading.Lock()
-    try:
-        proc = subprocess.Popen(command, env=env)
-    except OSError as e:
-        agent.close()
-        raise _native.ConfigError(f"cannot run {command[0]}: {e.strerror}") from e
     forwarded = {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         forwarded[sig] = signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))

@@ -314,6 +314,38 @@ fn peer_uid(fd: i32) -> io::Result<u32> {
     Ok(cred.uid)
 }
 
+/// Wait while a launcher holds the lock of the agent's folder (`agent.lock` beside the socket):
+/// `clairvoyant run` starts the program while it starts the node agent (or while another
+/// launcher does), and holds that lock until the agent serves. True when it waited for a lock
+/// that was held (the caller connects again); false when there is no lock of this user's to
+/// wait for, or it was free.
+fn wait_for_start(cfg: &Config) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Some(dir) = cfg.agent.parent() else { return false };
+    let Ok(path) = std::ffi::CString::new(dir.join("agent.lock").as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path; flags are constants.
+    let fd = unsafe { real::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // Only a lock file of this user's (in the launcher's private folder) may hold us up.
+    // SAFETY: geteuid has no preconditions.
+    let ours = crate::real_fstat(fd)
+        .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_uid == unsafe { libc::geteuid() });
+    // SAFETY: flock on our own fd: a non-blocking try first (free: nobody is starting the agent).
+    let held = ours && unsafe { real::flock(fd, libc::LOCK_SH | libc::LOCK_NB) } != 0;
+    if held {
+        // SAFETY: as above; blocks until the launcher lets go (it does once the agent serves, or
+        // has failed; its exit lets go too).
+        while unsafe { real::flock(fd, libc::LOCK_SH) } != 0 && crate::real::errno() == libc::EINTR {}
+    }
+    // SAFETY: our own fd (closing it drops our shared lock).
+    unsafe { real::close(fd) };
+    held
+}
+
 fn fd_ino(fd: i32) -> Option<u64> {
     crate::real_fstat(fd).map(|st| st.st_ino)
 }
@@ -397,7 +429,12 @@ impl Conn {
             // The program closed or replaced our socket fd.
             self.forget_stream(false);
         }
-        let res = self.connect(cfg);
+        let mut res = self.connect(cfg);
+        if res.is_err() && self.failures == 0 && wait_for_start(cfg) {
+            // The launcher was starting the agent (it started the program meanwhile): ask again.
+            self.forget_stream(true);
+            res = self.connect(cfg);
+        }
         if let Err(e) = &res {
             self.fail(e, cfg);
         }
