@@ -11,9 +11,15 @@ cache), each run directly and with clairvoyant, alternated:
 | DataLoader + DistributedSampler, 2 workers | ``clairvoyant run --sampler-order`` (order known) |
 | the same with ``import clairvoyant.torch.patch`` | the drop-in (the direct run is torch's) |
 
-Printed per program: seconds per epoch both ways, epoch 0's ratio, the file system's bytes
-against the dataset's and its mean reads in flight during epoch 0, the agent's CPU seconds
-beside the program's. The bound for epoch 0 is max(compute, dataset / 200 MB/s)."""
+Printed per program: seconds per epoch both ways and the program's own floor (the same
+program handed zeros of each file's size: no file opened), epoch 0's ratio, the file system's
+bytes against the dataset's and its mean reads in flight during epoch 0, and per epoch the CPU
+microseconds per sample of the programs (their processes, launchers apart) and of the node
+agent, sampled from /proc and set against each epoch's start and end. ``--epoch0-job`` also
+runs each program as a 1-epoch job each way and splits its wall time: start (to the program's
+first line: with clairvoyant the launcher and, where the program waits for it, the agent),
+setup (imports, process group, listing), epoch 0, end (to the last exit). The bound for epoch 0
+is max(compute, dataset / 200 MB/s)."""
 
 from __future__ import annotations
 
