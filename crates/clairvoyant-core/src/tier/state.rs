@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
 
-use super::futex;
+use clairvoyant_futex as futex;
+
 use super::secure;
 use crate::clock::{Clock, RealClock};
 use crate::error::{Error, Result};
