@@ -12,11 +12,17 @@
   else ``$XDG_CACHE_HOME/clairvoyant``, else ``~/.cache/clairvoyant``. The session points
   ``CLAIRVOYANT_CACHE_DIR`` at a temporary directory before any test runs and fails if by the
   end the user's cache directory holds an index of a dataset the session made.
+- Leftovers: the session fails, naming them, when by its end ``/tmp`` or ``/dev/shm`` holds an
+  entry of this project's (a name starting ``clairvoyant`` or ``cv-``; one level inside the
+  user folders ``clairvoyant-<uid>``) that was not there when it began. Another test session of
+  the project running at the same time (its ``clairvoyant-tests-<pid>-*`` folder seen, its
+  process alive) may have made them: then they are only named.
 
 Tests that mean a real ``/dev/shm`` or ``/tmp`` path still name it themselves.
 """
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,10 +31,63 @@ import pytest
 
 ENV = "CLAIRVOYANT_CACHE_DIR"
 _SESSION_DIRS: dict = {}
+# Where the product (and the tests) may leave things behind: the real temporary directory and
+# shared-memory folder, whatever TMPDIR and CLAIRVOYANT_SHM_DIR say during the session.
+LEFTOVER_PLACES = ("/tmp", "/dev/shm")
+SESSION_PREFIX = "clairvoyant-tests-"
+
+
+def project_entries(places) -> set:
+    """This project's entries in `places`: names starting ``clairvoyant`` or ``cv-`` (not the
+    test sessions' own folders), and what the per-user folders ``clairvoyant-<uid>[.n]`` hold."""
+    out = set()
+    for place in map(Path, places):
+        try:
+            names = os.listdir(place)
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith(("clairvoyant", "cv-")) or name.startswith(SESSION_PREFIX):
+                continue
+            out.add(str(place / name))
+            inside = place / name
+            if re.fullmatch(r"clairvoyant-\d+(\.\d+)?", name) and inside.is_dir() and not inside.is_symlink():
+                try:
+                    out.update(str(inside / n) for n in os.listdir(inside))
+                except OSError:
+                    pass  # another user's folder
+    return out
+
+
+def other_sessions(places, own) -> set:
+    """The folders in `places` of test sessions other than this one (`own`) that still run:
+    a session's folder names its pid (``clairvoyant-tests-<pid>-*``); the folders a failed
+    session keeps stay behind after it."""
+    found = set()
+    for place in places:
+        try:
+            names = os.listdir(place)
+        except OSError:
+            continue
+        for n in names:
+            m = re.match(re.escape(SESSION_PREFIX) + r"(\d+)-", n)
+            if m and _alive(int(m.group(1))):
+                found.add(str(Path(place) / n))
+    return found - set(own)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def _session_dir(parent: str) -> str:
-    d = tempfile.mkdtemp(prefix="clairvoyant-tests-", dir=parent)
+    d = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-", dir=parent)
     os.chmod(d, 0o1777)
     return d
 
@@ -41,6 +100,8 @@ def pytest_configure(config):
     if not shm_parent and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
         shm_parent = "/dev/shm"
     _SESSION_DIRS["saved"] = {k: os.environ.get(k) for k in ("CLAIRVOYANT_SHM_DIR", "TMPDIR")}
+    _SESSION_DIRS["before"] = project_entries(LEFTOVER_PLACES)
+    _SESSION_DIRS["others"] = other_sessions(LEFTOVER_PLACES, ())
     _SESSION_DIRS["shm"] = _session_dir(shm_parent or tempfile.gettempdir())
     # pytest's own tmp_path folders stay where they were (their paths hold sockets, which allow
     # 107 bytes); the `tmp_path_retention_policy` in pyproject.toml removes those of passed tests.
@@ -66,6 +127,15 @@ def pytest_sessionfinish(session, exitstatus):
         return
     for d in dirs:
         _remove_after_multiprocessing(d)
+    left = sorted(project_entries(LEFTOVER_PLACES) - _SESSION_DIRS.pop("before"))
+    if not left:
+        return
+    others = _SESSION_DIRS.pop("others") | other_sessions(LEFTOVER_PLACES, dirs)
+    if others:
+        print(f"\nnote: new in /tmp or /dev/shm, maybe from the test session running beside this one ({sorted(others)[0]}): {left}")
+        return
+    print(f"\nerror: the test session left these behind in /tmp or /dev/shm: {left}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _remove_after_multiprocessing(d: str) -> None:

@@ -197,43 +197,6 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
-/// Sleep until `word` may differ from `seen` (a wake on it, or `timeout`).
-fn futex_wait(word: &AtomicU32, seen: u32, timeout: std::time::Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a futex wait on a live, aligned u32 of a shared mapping (not FUTEX_PRIVATE: other
-    // processes wake it); the kernel only reads the word and the timespec.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            seen,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0,
-        )
-    };
-}
-
-/// Wake every process waiting on `word`.
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: a futex wake on a live, aligned u32 of a shared mapping.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0,
-        )
-    };
-}
-
 /// A shared mapping of a directory file.
 struct Map {
     ptr: *mut u8,
@@ -508,7 +471,7 @@ impl DirWriter {
     pub fn settle(&self, key: u64, word: u32) {
         if let Some(w) = self.map.claim_word(key, true) {
             w.store(word, Ordering::Release);
-            futex_wake(w);
+            clairvoyant_futex::wake_all(w);
         }
     }
 
@@ -522,7 +485,7 @@ impl DirWriter {
     /// Wait at most `timeout` for `key`'s claim to change from `seen`.
     pub fn wait_claim(&self, key: u64, seen: u32, timeout: std::time::Duration) {
         if let Some(w) = self.map.claim_word(key, false) {
-            futex_wait(w, seen, timeout);
+            clairvoyant_futex::wait(w, seen, timeout);
         }
     }
 
@@ -694,7 +657,7 @@ impl DirReader {
             if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                futex_wake(w);
+                clairvoyant_futex::wake_all(w);
             }
         }
     }
@@ -702,7 +665,7 @@ impl DirReader {
     /// Wait at most `timeout` for `key`'s claim to change from `seen`.
     pub fn wait_claim(&self, key: u64, seen: u32, timeout: std::time::Duration) {
         if let Some(w) = self.map.claim_word(key, false) {
-            futex_wait(w, seen, timeout);
+            clairvoyant_futex::wait(w, seen, timeout);
         }
     }
 

@@ -14,10 +14,11 @@ use clairvoyant_agent::dir::{path_key, DirReader};
 use clairvoyant_agent::proto::Reply;
 use clairvoyant_agent::server::{Event, Server};
 use clairvoyant_core::engine::{AgentCounts, AgentSpec, Engine, JobSpec};
-use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
+use clairvoyant_core::model::StagingSpec;
 use clairvoyant_core::plan::{hashed_counts, hashed_owners};
 use clairvoyant_core::schedule::Schedule;
 use clairvoyant_core::source::list::file_list;
+use clairvoyant_core::test_support::{memory_model, pfs};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -53,24 +54,7 @@ fn engine_with(dir: &Path, root: &Path, rels: &[impl AsRef<[u8]>], memory: u64, 
     let source = Arc::new(file_list(&paths, &vec![0; paths.len()], Some(&idx)).unwrap());
     let keys: Vec<u64> = rels.iter().map(|r| clairvoyant_agent::checksum(r.as_ref())).collect();
     let owners = hashed_owners(&keys, 1);
-    let model = SystemModel {
-        staging: StagingSpec::new(32 << 10, 2),
-        pfs: PfsSpec {
-            read_mbps: Curve::constant(100.0),
-            open_latency_s: 0.001,
-        },
-        classes: vec![ClassSpec {
-            name: "memory".into(),
-            kind: ClassKind::Memory,
-            capacity: memory,
-            threads: 2,
-            read_mbps: Curve::constant(10_000.0),
-            write_mbps: Curve::constant(10_000.0),
-        }],
-        interconnect_mbps: None,
-        compute_mbps: None,
-        preprocess_mbps: None,
-    };
+    let model = memory_model(memory, StagingSpec::new(32 << 10, 2), pfs(100.0, 0.001));
     let spec = JobSpec {
         schedule: Schedule::shuffle(rels.len() as u64, 1, 1, 1, 0, true).unwrap(),
         rank: 0,

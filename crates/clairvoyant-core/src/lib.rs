@@ -14,6 +14,8 @@ pub mod readahead;
 pub mod schedule;
 pub mod source;
 pub mod sysinfo;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod tier;
 
 pub use error::{Error, Result};

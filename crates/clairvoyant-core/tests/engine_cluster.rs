@@ -2,71 +2,26 @@
 //! cluster-wide placement reads each cached sample from the dataset once, a rank's samples come
 //! from other nodes' caches, and a peer that is down or answers wrong bytes is read around.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use clairvoyant_core::engine::{ClusterSpec, Engine, JobSpec, PeerFetch, PeerReply, PeerService, Serve, Src};
-use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
+use clairvoyant_core::model::{StagingSpec, SystemModel};
 use clairvoyant_core::plan::{node_access, ClusterAccess, ClusterPlacement};
 use clairvoyant_core::schedule::Schedule;
 use clairvoyant_core::source::Source;
+use clairvoyant_core::test_support::{memory_model, pfs, PatternSource};
 use clairvoyant_core::tier::checksum;
-use clairvoyant_core::Result;
 
-/// Bytes derived from (sample, position); every read counted per sample.
-struct Dataset {
-    sizes: Vec<u64>,
-    reads: Vec<AtomicU64>,
-    fingerprint: u64,
-}
+type Dataset = PatternSource;
 
-impl Dataset {
-    fn new(n: usize, salt: u64) -> Arc<Dataset> {
-        Arc::new(Dataset {
-            sizes: (0..n as u64).map(|k| 500 + (k * 53) % 1500).collect(),
-            reads: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            fingerprint: 0xc1u64 << 56 ^ (std::process::id() as u64) << 16 ^ salt,
-        })
-    }
-    fn byte(k: u32, i: usize) -> u8 {
-        (k as usize * 131 + i * 7) as u8
-    }
-    fn bytes_read(&self) -> u64 {
-        (0..self.sizes.len())
-            .map(|k| self.reads[k].load(Ordering::Relaxed) * self.sizes[k])
-            .sum()
-    }
-    fn total(&self) -> u64 {
-        self.sizes.iter().sum()
-    }
-}
-
-impl Source for Dataset {
-    fn len(&self) -> usize {
-        self.sizes.len()
-    }
-    fn size(&self, k: u32) -> u64 {
-        self.sizes[k as usize]
-    }
-    fn label(&self, k: u32) -> i64 {
-        k as i64 % 10
-    }
-    fn path(&self, k: u32) -> PathBuf {
-        PathBuf::from(format!("cluster/{k}"))
-    }
-    fn read_into(&self, k: u32, buf: &mut [u8]) -> Result<()> {
-        std::thread::sleep(Duration::from_micros(200));
-        self.reads[k as usize].fetch_add(1, Ordering::Relaxed);
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = Self::byte(k, i);
-        }
-        Ok(())
-    }
-    fn fingerprint(&self) -> u64 {
-        self.fingerprint
-    }
+/// `n` samples of 500 to 2000 bytes, each read taking 200 µs; `salt` keeps the node caches of
+/// tests running at once apart.
+fn dataset(n: usize, salt: u64) -> Arc<Dataset> {
+    let sizes = (0..n as u64).map(|k| 500 + (k * 53) % 1500).collect();
+    let fingerprint = 0xc1u64 << 56 ^ (std::process::id() as u64) << 16 ^ salt;
+    Arc::new(PatternSource::new(sizes, "cluster", fingerprint).with_read_delay(Duration::from_micros(200)))
 }
 
 /// The nodes' services, reached by direct calls. A node can be marked down; replies from a node
@@ -134,24 +89,7 @@ impl PeerFetch for InProcess {
 }
 
 fn model(memory: u64) -> SystemModel {
-    SystemModel {
-        staging: StagingSpec::new(32 << 10, 3),
-        pfs: PfsSpec {
-            read_mbps: Curve::constant(100.0),
-            open_latency_s: 0.001,
-        },
-        classes: vec![ClassSpec {
-            name: "memory".into(),
-            kind: ClassKind::Memory,
-            capacity: memory,
-            threads: 2,
-            read_mbps: Curve::constant(10_000.0),
-            write_mbps: Curve::constant(10_000.0),
-        }],
-        interconnect_mbps: None,
-        compute_mbps: None,
-        preprocess_mbps: None,
-    }
+    memory_model(memory, StagingSpec::new(32 << 10, 3), pfs(100.0, 0.001))
 }
 
 struct Run {
@@ -164,7 +102,7 @@ struct Run {
 
 impl Run {
     fn new(n: usize, nodes: u32, per_node: u32, epochs: u32, fraction: f64, salt: u64) -> Run {
-        let data = Dataset::new(n, salt);
+        let data = dataset(n, salt);
         let capacity = (data.total() as f64 * fraction) as u64;
         Run {
             peers: InProcess::new(nodes as usize),
@@ -188,7 +126,7 @@ impl Run {
                     schedule: self.schedule.clone(),
                     rank: r,
                     local_ranks: ranks.clone(),
-                    run_id: format!("cluster-test-{}", self.data.fingerprint),
+                    run_id: format!("cluster-test-{}", self.data.fingerprint()),
                     first_epoch: 0,
                     cluster: Some(ClusterSpec {
                         nodes: self.nodes.clone(),
@@ -264,7 +202,7 @@ fn aggregate_memory_above_the_dataset_reads_it_once() {
         run.data.bytes_read(),
         run.data.total(),
         "each sample read from the dataset once over the run ({} samples read more than once)",
-        run.data.reads.iter().filter(|r| r.load(Ordering::Relaxed) > 1).count()
+        (0..run.data.len() as u32).filter(|&k| run.data.reads(k) > 1).count()
     );
     let peer: u64 = by.iter().map(|b| b[Src::Peer as usize]).sum();
     let all: u64 = by.iter().flatten().sum();
@@ -340,7 +278,7 @@ fn start_agents_with(
                 schedule: Schedule::shuffle(data.len() as u64, nodes as u32, 1, 1, 3, false).unwrap(),
                 rank: i as u32,
                 local_ranks: vec![i as u32],
-                run_id: format!("{run}-{}", data.fingerprint),
+                run_id: format!("{run}-{}", data.fingerprint()),
                 first_epoch: 0,
                 cluster: (nodes > 1).then(|| ClusterSpec {
                     nodes: groups.clone(),
@@ -365,6 +303,21 @@ fn start_agents_with(
         .collect()
 }
 
+/// Wait until `done(agent)`, looking again after each sample the agent's prefill fills (its
+/// [`Engine::on_prefilled`] event); fails when no fill comes for 30 s while it is not done.
+fn await_prefill(agent: &Engine, done: impl Fn(&Engine) -> bool) {
+    let (filled, fills) = std::sync::mpsc::channel();
+    let hooked = agent.on_prefilled(Box::new(move |_| {
+        let _ = filled.send(());
+    }));
+    assert!(hooked, "the prefill event was taken already");
+    while !done(agent) {
+        fills
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the prefill did not finish");
+    }
+}
+
 /// Read every sample through node `agent` as a program would; returns (mapped, bytes, direct).
 fn read_all_local(data: &Dataset, agent: &Engine) -> (u64, u64, u64) {
     use clairvoyant_core::engine::Local;
@@ -372,7 +325,7 @@ fn read_all_local(data: &Dataset, agent: &Engine) -> (u64, u64, u64) {
     let arena = agent.segments().1.map(|p| std::fs::File::open(p).unwrap());
     let mut seen = (0, 0, 0);
     for k in 0..data.len() as u32 {
-        let want: Vec<u8> = (0..data.size(k) as usize).map(|i| Dataset::byte(k, i)).collect();
+        let want = data.bytes(k);
         match agent.local(k, Duration::from_secs(5)) {
             Local::Mapped {
                 offset,
@@ -401,7 +354,7 @@ fn read_all_local(data: &Dataset, agent: &Engine) -> (u64, u64, u64) {
 
 #[test]
 fn an_agent_keeps_a_fixed_subset_and_fills_it_on_first_read() {
-    let data = Dataset::new(300, 41);
+    let data = dataset(300, 41);
     let peers = InProcess::new(1);
     let agents = start_agents(&data, &peers, 1, data.total() / 2, "agent-one");
     let first = read_all_local(&data, &agents[0]);
@@ -419,20 +372,16 @@ fn an_agent_keeps_a_fixed_subset_and_fills_it_on_first_read() {
 
 #[test]
 fn an_agent_that_knows_the_order_fills_ahead_and_programs_never_read_twice() {
-    let data = Dataset::new(300, 43);
+    let data = dataset(300, 43);
     let peers = InProcess::new(1);
     let agents = start_agents_with(&data, &peers, 1, data.total(), "agent-prefill", true);
     // Programs open files while the prefill runs: each sample is read from the dataset once,
     // by whichever came first, the other waiting for that read.
     let seen = read_all_local(&data, &agents[0]);
     assert_eq!(seen, (300, 0, 0));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while agents[0].io_totals()[1] < 300 {
-        assert!(std::time::Instant::now() < deadline, "the prefill did not finish");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    await_prefill(&agents[0], |a| a.io_totals()[1] >= 300);
     for k in 0..300 {
-        assert_eq!(data.reads[k].load(Ordering::Relaxed), 1, "sample {k}");
+        assert_eq!(data.reads(k), 1, "sample {k}");
     }
     assert_eq!(read_all_local(&data, &agents[0]), (300, 0, 0));
     assert_eq!(data.bytes_read(), data.total());
@@ -440,15 +389,11 @@ fn an_agent_that_knows_the_order_fills_ahead_and_programs_never_read_twice() {
 
 #[test]
 fn an_agent_that_knows_the_order_fills_before_the_programs_ask() {
-    let data = Dataset::new(200, 44);
+    let data = dataset(200, 44);
     let peers = InProcess::new(1);
     let agents = start_agents_with(&data, &peers, 1, data.total(), "agent-prefill-ahead", true);
     // No program has asked anything: the whole placement is filled all the same.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while agents[0].io_totals()[1] < 200 {
-        assert!(std::time::Instant::now() < deadline, "the prefill did not finish");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    await_prefill(&agents[0], |a| a.io_totals()[1] >= 200);
     assert_eq!(data.bytes_read(), data.total());
     assert_eq!(read_all_local(&data, &agents[0]), (200, 0, 0));
     assert_eq!(data.bytes_read(), data.total(), "nothing read again once filled");
@@ -458,7 +403,7 @@ fn an_agent_that_knows_the_order_fills_before_the_programs_ask() {
 fn an_agent_fills_ahead_only_what_the_order_reads_and_the_rest_on_first_read() {
     use clairvoyant_core::engine::{AgentCounts, AgentSpec};
     use clairvoyant_core::plan::{order_with_hashed_rest, AccessCounts};
-    let data = Dataset::new(300, 45);
+    let data = dataset(300, 45);
     // The order reads samples 0..150 (a train/ folder) twice; 150..300 (val/) are outside it.
     let mut order = AccessCounts::empty(300);
     let ordered: Vec<u32> = (0..150).rev().collect();
@@ -485,25 +430,21 @@ fn an_agent_fills_ahead_only_what_the_order_reads_and_the_rest_on_first_read() {
         }),
     };
     let agent = Engine::start(data.clone(), &model(data.total()), spec).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while agent.io_totals()[1] < 150 {
-        assert!(std::time::Instant::now() < deadline, "the prefill did not finish");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert!((0..150).all(|k| data.reads[k].load(Ordering::Relaxed) == 1));
+    await_prefill(&agent, |a| a.io_totals()[1] >= 150);
+    assert!((0..150).all(|k| data.reads(k) == 1));
     assert!(
-        (150..300).all(|k| data.reads[k].load(Ordering::Relaxed) == 0),
+        (150..300).all(|k| data.reads(k) == 0),
         "a sample outside the order was read ahead"
     );
     // Every sample is cached all the same: the rest when first read, then never read again.
     assert_eq!(read_all_local(&data, &agent), (300, 0, 0));
     assert_eq!(read_all_local(&data, &agent), (300, 0, 0));
-    assert!((0..300).all(|k| data.reads[k].load(Ordering::Relaxed) == 1));
+    assert!((0..300).all(|k| data.reads(k) == 1));
 }
 
 #[test]
 fn agents_of_two_nodes_read_the_dataset_once_between_them() {
-    let data = Dataset::new(300, 42);
+    let data = dataset(300, 42);
     let peers = InProcess::new(2);
     let agents = start_agents(&data, &peers, 2, data.total() * 6 / 10, "agent-two");
     for _ in 0..2 {
@@ -515,7 +456,7 @@ fn agents_of_two_nodes_read_the_dataset_once_between_them() {
     }
     // Every sample was read from the dataset exactly once across the nodes.
     for k in 0..300 {
-        assert_eq!(data.reads[k].load(Ordering::Relaxed), 1, "sample {k}");
+        assert_eq!(data.reads(k), 1, "sample {k}");
     }
     // Owners are split between the nodes.
     let owned: Vec<u64> = agents.iter().map(|a| a.placement_summary()[0].1).collect();

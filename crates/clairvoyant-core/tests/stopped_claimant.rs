@@ -15,9 +15,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use clairvoyant_core::engine::{Engine, JobSpec};
-use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
+use clairvoyant_core::model::{ClassKind, StagingSpec, SystemModel};
 use clairvoyant_core::schedule::Schedule;
 use clairvoyant_core::source::Source;
+use clairvoyant_core::test_support::{fast_class, one_class_model, pfs};
 use clairvoyant_core::tier::{StateSegment, FILLING, READY};
 use clairvoyant_core::Result;
 
@@ -101,27 +102,14 @@ fn model(ssd: Option<&Path>) -> SystemModel {
         None => ("memory", ClassKind::Memory),
         Some(p) => ("ssd", ClassKind::Directory { path: p.to_path_buf() }),
     };
-    SystemModel {
+    one_class_model(
+        fast_class(name, kind, 1 << 20),
         // A small staging ring (about 20 samples): epoch 1 is not staged far ahead of the
         // consumer while epoch 0 is consumed.
-        staging: StagingSpec::new(12 << 10, 3),
+        StagingSpec::new(12 << 10, 3),
         // 1 ms to open, 100 MB/s: under 1 ms per sample, so the deadline is its 2 s floor.
-        pfs: PfsSpec {
-            read_mbps: Curve::constant(100.0),
-            open_latency_s: 0.001,
-        },
-        classes: vec![ClassSpec {
-            name: name.into(),
-            kind,
-            capacity: 1 << 20,
-            threads: 2,
-            read_mbps: Curve::constant(10_000.0),
-            write_mbps: Curve::constant(10_000.0),
-        }],
-        interconnect_mbps: None,
-        compute_mbps: None,
-        preprocess_mbps: None,
-    }
+        pfs(100.0, 0.001),
+    )
 }
 
 /// The child process: claims the samples named in `CV_TEST_CLAIMANT`, says so, and holds them

@@ -6,14 +6,12 @@
 //! One test in this file: the shared-memory folder is a process-wide setting, set once here
 //! before any engine starts.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clairvoyant_core::engine::{ClusterDesc, Engine, EngineSpec, PeersDesc, Src};
-use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
-use clairvoyant_core::source::Source;
+use clairvoyant_core::model::{StagingSpec, SystemModel};
+use clairvoyant_core::test_support::{memory_model, pfs, PatternSource};
 use clairvoyant_net::engine::{job_spec, NodeServer, PeerClient, ServerSpec};
 
 const SAMPLES: usize = 400;
@@ -21,63 +19,11 @@ const EPOCHS: u32 = 3;
 const SECRET: [u8; 32] = [0x5a; 32];
 const JOB: u64 = 0x7e57;
 
-/// Bytes derived from (sample, position); every read from "the file system" counted.
-struct Dataset {
-    sizes: Vec<u64>,
-    reads: AtomicU64,
-}
-
-impl Dataset {
-    fn byte(k: u32, i: usize) -> u8 {
-        (k as usize * 131 + i * 7) as u8
-    }
-}
-
-impl Source for Dataset {
-    fn len(&self) -> usize {
-        self.sizes.len()
-    }
-    fn size(&self, k: u32) -> u64 {
-        self.sizes[k as usize]
-    }
-    fn label(&self, k: u32) -> i64 {
-        k as i64 % 10
-    }
-    fn path(&self, k: u32) -> PathBuf {
-        PathBuf::from(format!("two-nodes/{k}"))
-    }
-    fn read_into(&self, k: u32, buf: &mut [u8]) -> clairvoyant_core::Result<()> {
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = Self::byte(k, i);
-        }
-        Ok(())
-    }
-    fn fingerprint(&self) -> u64 {
-        0x0e71_0000_0000 ^ std::process::id() as u64
-    }
-}
+type Dataset = PatternSource;
 
 /// One memory class per node; the file system slow enough that a peer is worth asking.
 fn model(memory: u64) -> SystemModel {
-    SystemModel {
-        staging: StagingSpec::new(32 << 10, 2),
-        pfs: PfsSpec {
-            read_mbps: Curve::constant(50.0),
-            open_latency_s: 0.002,
-        },
-        classes: vec![ClassSpec {
-            name: "memory".into(),
-            kind: ClassKind::Memory,
-            capacity: memory,
-            threads: 2,
-            read_mbps: Curve::constant(10_000.0),
-            write_mbps: Curve::constant(10_000.0),
-        }],
-        interconnect_mbps: None,
-        compute_mbps: None,
-        preprocess_mbps: None,
-    }
+    memory_model(memory, StagingSpec::new(32 << 10, 2), pfs(50.0, 0.002))
 }
 
 /// A node: its engine, its server and the client it fetches from the other node with.
@@ -172,11 +118,12 @@ fn two_engines_share_their_caches_over_loopback_and_read_around_a_closed_peer() 
     // Set before any engine starts, and the only test of this process: nothing reads it at once.
     std::env::set_var(clairvoyant_core::sysinfo::env::SHM_DIR.name, &shm);
 
-    let data = Arc::new(Dataset {
-        sizes: (0..SAMPLES as u32).map(node_size).collect(),
-        reads: AtomicU64::new(0),
-    });
-    let total: u64 = data.sizes.iter().sum();
+    let data = Arc::new(PatternSource::new(
+        (0..SAMPLES as u32).map(node_size).collect(),
+        "two-nodes",
+        0x0e71_0000_0000 ^ std::process::id() as u64,
+    ));
+    let total = data.total();
     // Together the nodes hold the dataset; each holds little more than its half, so most
     // samples another node is the primary of are fetched from it, not kept here.
     let capacity = total * 55 / 100;
@@ -211,7 +158,7 @@ fn two_engines_share_their_caches_over_loopback_and_read_around_a_closed_peer() 
         );
         assert!(n.server.stats().unwrap().served > 0, "node {r}'s server answered");
     }
-    let read_before = data.reads.load(Ordering::Relaxed);
+    let read_before = data.files_read();
     assert!(
         read_before <= SAMPLES as u64 * 2,
         "{read_before} reads of {SAMPLES} samples"
@@ -236,7 +183,7 @@ fn two_engines_share_their_caches_over_loopback_and_read_around_a_closed_peer() 
     assert!(fallbacks > 0, "fetches from the closed node fell back: {stats:?}");
     let c = node1.client.stats();
     assert!(c.peer_down > 0 && c.down_events[0] > 0, "node 0 taken for down: {c:?}");
-    assert!(data.reads.load(Ordering::Relaxed) > read_before);
+    assert!(data.files_read() > read_before);
     node1.server.close();
     node1.engine.shutdown();
 }

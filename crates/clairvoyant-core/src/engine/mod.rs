@@ -291,12 +291,14 @@ impl Engine {
         let total_bytes = source.total_bytes();
         let typical = if f == 0 { 0 } else { total_bytes / f as u64 };
         let useful = model.useful_classes(typical.max(1), spec.local_ranks.len() as u32);
+        // What every wait of this engine on other local processes is measured by.
+        let clock: Arc<dyn Clock> = Arc::new(RealClock);
         let Joined {
             node,
             fill_order,
             mine,
             origin: plan_origin,
-        } = Self::share_for(&source, model, &spec, &useful, total_bytes)?;
+        } = Self::share_for(&source, model, &spec, &useful, total_bytes, &*clock)?;
         // This rank's stream over the whole run: from the node's plan, else shuffled here.
         let streams = match mine {
             Some(s) => Ok(s),
@@ -323,6 +325,7 @@ impl Engine {
             ring_cap,
             stream: StreamParts::new(streams, spec.first_epoch),
             typical,
+            clock,
         };
         let inner = Arc::new(Inner::new(source, model, &spec, prepared));
         let filler = Filler::of(&spec.local_ranks, spec.rank, spec.agent.as_ref());
@@ -349,6 +352,7 @@ impl Engine {
         spec: &JobSpec,
         useful: &[usize],
         total_bytes: u64,
+        clock: &dyn Clock,
     ) -> Result<Joined> {
         if let Some(node) = join_share(source.fingerprint(), source.len(), &spec.local_ranks) {
             let mut ranks = node.ranks.lock().unwrap_or_else(|p| p.into_inner());
@@ -363,7 +367,7 @@ impl Engine {
                 origin: PlanOrigin::Process,
             });
         }
-        let (node, fill_order, mine, origin) = Self::node_share(source, model, spec, useful, total_bytes)?;
+        let (node, fill_order, mine, origin) = Self::node_share(source, model, spec, useful, total_bytes, clock)?;
         let node = Arc::new(node);
         NODE_SHARES
             .lock()
@@ -465,6 +469,7 @@ impl Engine {
         spec: &JobSpec,
         useful: &[usize],
         total_bytes: u64,
+        clock: &dyn Clock,
     ) -> Result<(
         NodeShare,
         Vec<Vec<u32>>,
@@ -489,7 +494,7 @@ impl Engine {
         if let Some(c) = &spec.cluster {
             check_cluster_capacities(c, &requests, &capacities)?;
         }
-        let (plan, mine, origin) = shared_plan(&cache, source, spec, &capacities)?;
+        let (plan, mine, origin) = shared_plan(&cache, source, spec, &capacities, clock)?;
         let NodePlan { placement, primary, .. } = plan;
         let cluster = spec.cluster.as_ref().map(|c| ClusterShare {
             node: c.node,
@@ -1024,6 +1029,8 @@ struct Prepared {
     stream: StreamParts,
     /// The dataset's mean sample size.
     typical: u64,
+    /// What the engine's waits on other local processes are measured by.
+    clock: Arc<dyn Clock>,
 }
 
 /// How this rank fills the node's classes, from its job's spec.
@@ -1094,7 +1101,7 @@ impl Inner {
             producers_gone: AtomicBool::new(false),
             fill_timeout: Duration::from_secs(30),
             slow_claimants: claims::SlowClaimants::new(),
-            clock: Arc::new(RealClock),
+            clock: p.clock,
             stats: Mutex::new(
                 (0..spec.schedule.epochs)
                     .map(|epoch| EpochStats {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{AgentCounts, JobSpec};
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::plan::{AccessCounts, ClusterPlacement, NodePlan, Placement};
 use crate::schedule::RankEpoch;
@@ -52,6 +53,7 @@ pub(super) fn shared_plan(
     source: &Arc<dyn Source>,
     spec: &JobSpec,
     capacities: &[u64],
+    clock: &dyn Clock,
 ) -> Result<(NodePlan, Option<Vec<RankEpoch>>, PlanOrigin)> {
     let local = spec.local_ranks.len();
     let rank_index = spec
@@ -75,7 +77,7 @@ pub(super) fn shared_plan(
     let path = cache.dir().join(format!("{}.plan", cache.stem()));
     let mut computed: Option<Result<NodePlan>> = None;
     let mut own_stream = None;
-    let (code, _) = cache.state().plan_turn(PLAN_WAIT, || {
+    let (code, _) = cache.state().plan_turn(PLAN_WAIT, clock, || {
         let mut plan = compute_plan(source, spec, capacities, share_streams);
         if let (Ok(p), false) = (&mut plan, share_streams) {
             // Only the streams of every local rank are shared; this one's own stays here.

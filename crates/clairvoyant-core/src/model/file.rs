@@ -168,35 +168,31 @@ struct FileClass {
     write_mbps: Option<CurveValue>,
 }
 
-/// The dotted key (under `prefix`) and the reason of an error serde gave for a table. toml keeps
-/// an error's key path private and shows it only in its text (``<message>\nin `a.b` ``); an
-/// unknown key is named in serde's message (``unknown field `x`, expected one of `a`, `b` ``).
-fn key_and_reason(e: &toml::de::Error, prefix: &str) -> (String, String) {
-    let message = e.message().trim().to_string();
-    let shown = e.to_string();
-    let inner = shown
-        .strip_prefix(e.message())
-        .map(str::trim)
-        .and_then(|r| r.strip_prefix("in `"))
-        .and_then(|r| r.strip_suffix('`'))
-        .unwrap_or("");
-    let mut parts: Vec<&str> = [prefix, inner].into_iter().filter(|p| !p.is_empty()).collect();
+/// `value` as `T`, or the first field that does not fit: its dotted key (`a.b`, `a[0].b`; an
+/// unknown key is the last part; `.` for the value as a whole) and serde's message. The system
+/// description and the simulator's scenarios name the keys of their errors this way.
+pub fn deserialize_toml<T: serde::de::DeserializeOwned>(
+    value: toml::Value,
+) -> std::result::Result<T, (String, String)> {
+    serde_path_to_error::deserialize(value)
+        .map_err(|e| (e.path().to_string(), e.into_inner().message().trim().to_string()))
+}
+
+/// The dotted key (under `prefix`) and the reason of an error [`deserialize_toml`] gave for a
+/// table; an unknown key's reason lists the keys allowed there (serde names them in its message:
+/// ``unknown field `x`, expected one of `a`, `b` ``).
+fn key_and_reason((path, message): (String, String), prefix: &str) -> (String, String) {
+    let path = if path == "." { "" } else { path.as_str() };
+    let key = [prefix, path]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(".");
     let Some(rest) = message.strip_prefix("unknown field `") else {
-        return (parts.join("."), message);
+        return (key, message);
     };
-    let names: Vec<&str> = rest.split('`').collect();
-    parts.push(names[0]);
-    let allowed: Vec<&str> = names
-        .iter()
-        .skip(2)
-        .step_by(2)
-        .copied()
-        .filter(|n| !n.is_empty())
-        .collect();
-    (
-        parts.join("."),
-        format!("unknown key; allowed here: {}", allowed.join(", ")),
-    )
+    let allowed: Vec<&str> = rest.split('`').skip(2).step_by(2).filter(|n| !n.is_empty()).collect();
+    (key, format!("unknown key; allowed here: {}", allowed.join(", ")))
 }
 
 /// Lays a file's sections over a base model; errors name `origin`.
@@ -209,7 +205,7 @@ impl Reader<'_> {
         Error::config(key, format!("{reason} (in {})", self.origin.display()))
     }
 
-    fn serde_err(&self, e: &toml::de::Error, prefix: &str) -> Error {
+    fn serde_err(&self, e: (String, String), prefix: &str) -> Error {
         let (key, reason) = key_and_reason(e, prefix);
         self.err(key, reason)
     }
@@ -226,7 +222,7 @@ impl Reader<'_> {
     }
 
     fn model(&self, doc: &toml::Table, base: SystemModel) -> Result<SystemModel> {
-        let file = FileModel::deserialize(doc.clone()).map_err(|e| self.serde_err(&e, ""))?;
+        let file: FileModel = deserialize_toml(toml::Value::Table(doc.clone())).map_err(|e| self.serde_err(e, ""))?;
         let mut m = base;
         if let Some(s) = file.staging {
             set(&mut m.staging.capacity, s.capacity.map(|c| c.0));
@@ -266,7 +262,7 @@ impl Reader<'_> {
         }
         let named = v.get("name").and_then(toml::Value::as_str).unwrap_or("");
         let prefix = class_key(named, i);
-        let c = FileClass::deserialize(v.clone()).map_err(|e| self.serde_err(&e, &prefix))?;
+        let c: FileClass = deserialize_toml(v.clone()).map_err(|e| self.serde_err(e, &prefix))?;
         let Some(Text(name)) = c.name else {
             return Err(self.err(format!("class[{i}].name"), "missing; every [[class]] needs a name"));
         };
@@ -617,6 +613,30 @@ mod tests {
         let Error::Config { key, reason } = e else { panic!() };
         assert_eq!(key, "class.ssd.size");
         assert!(reason.contains("capacity"), "{reason}");
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_is_named_by_its_dotted_key() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Doc {
+            #[allow(dead_code)]
+            list: Vec<Inner>,
+        }
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Inner {
+            #[allow(dead_code)]
+            n: u32,
+        }
+        let of = |s: &str| deserialize_toml::<Doc>(toml::Value::Table(s.parse().unwrap())).unwrap_err();
+        let (key, message) = of("[[list]]\nn = 1\n[[list]]\nn = \"x\"\n");
+        assert_eq!(key, "list[1].n");
+        assert!(message.contains("invalid type"), "{message}");
+        let (key, message) = of("[[list]]\nn = 1\nm = 2\n");
+        assert_eq!(key, "list[0].m");
+        assert!(message.starts_with("unknown field `m`"), "{message}");
+        assert_eq!(of("").0, ".", "a missing field is the document's");
     }
 
     #[test]

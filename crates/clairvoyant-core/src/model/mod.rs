@@ -91,7 +91,7 @@ mod validate;
 
 pub use bytes::{clamp_to_free, format_bytes, human_bytes, parse_bytes};
 pub use curve::Curve;
-pub use file::describe_toml;
+pub use file::{describe_toml, deserialize_toml};
 
 /// Most prefetch threads a class or the staging buffer may have.
 pub const MAX_THREADS: u32 = 1024;

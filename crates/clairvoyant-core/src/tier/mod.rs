@@ -18,7 +18,6 @@ use crate::model::ClassKind;
 
 pub mod directory;
 pub mod faulty;
-pub mod futex;
 pub mod memory;
 pub mod salvage;
 pub mod secure;

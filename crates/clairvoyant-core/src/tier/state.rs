@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapRaw;
 
-use super::futex;
+use clairvoyant_futex as futex;
+
 use super::secure;
+use crate::clock::{Clock, RealClock};
 use crate::error::{Error, Result};
 
 /// Sample states (low 8 bits of the state word; a FILLING word carries the claimant's process
@@ -370,9 +372,11 @@ impl StateSegment {
     /// arena) and publishes what it returns; everyone gets the published values.
     pub fn agree(&self, decide: impl FnOnce() -> Result<(Vec<u64>, ArenaAt)>) -> Result<(Vec<u64>, ArenaAt)> {
         let mut failed = None;
+        // Before any engine exists (its clock included): real time.
         let turn = self.turn(
             H_AGREE,
             Duration::from_secs(120),
+            &RealClock,
             "another local rank to finish setting up this node cache",
             || {
                 let (caps, at) = match decide() {
@@ -412,9 +416,11 @@ impl StateSegment {
     /// it for the others) and publishes its outcome (a code from 2 to 255); the others wait for
     /// it, as long as the deciding process lives, up to `timeout`. Returns the outcome and
     /// whether this caller decided. A decider that dies hands the turn to the next rank.
-    pub fn plan_turn(&self, timeout: Duration, decide: impl FnOnce() -> u8) -> Result<(u8, bool)> {
+    /// `timeout` is measured by `clock` (the engine's).
+    pub fn plan_turn(&self, timeout: Duration, clock: &dyn Clock, decide: impl FnOnce() -> u8) -> Result<(u8, bool)> {
         let mut decided = false;
-        let code = self.turn(H_PLAN, timeout, "another local rank to compute the node's plan", || {
+        let what = "another local rank to compute the node's plan";
+        let code = self.turn(H_PLAN, timeout, clock, what, || {
             decided = true;
             Some(decide().max(2) as u32)
         })?;
@@ -425,18 +431,20 @@ impl StateSegment {
     /// 1) << 8` (being decided by that process slot), or the published outcome (2..=255). The
     /// first caller runs `decide`: `Some(code)` publishes it, `None` gives the turn back (another
     /// rank may manage) and returns `Ok(None)`. The others wait for the outcome while the
-    /// decider lives, up to `timeout`.
+    /// decider lives, up to `timeout` as `clock` measures it (in futex waits of at most one
+    /// [`WAIT_SLICE`] of real time, each followed by a look at the clock).
     fn turn(
         &self,
         off: usize,
         timeout: Duration,
+        clock: &dyn Clock,
         what: &str,
         decide: impl FnOnce() -> Option<u32>,
     ) -> Result<Option<u32>> {
         let flag = self.u32(off);
         let mine = 1 | ((self.slot + 1) << 8);
         let mut decide = Some(decide);
-        let deadline = Instant::now() + timeout;
+        let deadline = clock.now() + timeout;
         loop {
             let cur = flag.load(Ordering::Acquire);
             if cur & 0xff >= 2 {
@@ -463,7 +471,7 @@ impl StateSegment {
                 let _ = flag.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Acquire);
                 continue;
             }
-            let now = Instant::now();
+            let now = clock.now();
             if now >= deadline {
                 return Err(Error::TimedOut {
                     path: self.path.clone(),
@@ -608,23 +616,6 @@ impl StateSegment {
     /// claimant bits.
     pub fn state(&self, sample: u32) -> u32 {
         self.word(sample).load(Ordering::Acquire) & 0xff
-    }
-
-    /// Wait while `sample` is FILLING, up to `timeout`; returns the state seen last.
-    pub fn wait_filled(&self, sample: u32, timeout: Duration) -> u32 {
-        let w = self.word(sample);
-        let deadline = Instant::now() + timeout;
-        loop {
-            let s = w.load(Ordering::Acquire);
-            if s & 0xff != FILLING {
-                return s & 0xff;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return FILLING;
-            }
-            futex::wait(w, s, (deadline - now).min(WAIT_SLICE));
-        }
     }
 }
 

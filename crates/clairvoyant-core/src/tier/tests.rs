@@ -1,6 +1,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::clock::{ManualClock, RealClock};
 
 fn key(tag: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
@@ -238,15 +239,55 @@ fn the_node_plan_turn_passes_on_from_a_dead_rank_and_is_taken_once() {
         let f = std::fs::OpenOptions::new().write(true).open(c.state().path()).unwrap();
         f.write_all_at(&(1u32 | (31 << 8)).to_ne_bytes(), 112).unwrap();
     }
-    let (code, decided) = c.state().plan_turn(Duration::from_secs(5), || 3).unwrap();
+    let (code, decided) = c.state().plan_turn(Duration::from_secs(5), &RealClock, || 3).unwrap();
     assert_eq!((code, decided), (3, true), "the turn came to this rank");
     // A second local rank gets the published outcome without deciding.
     let d = NodeCache::attach_in(base.path(), &name, 4, 1, 2).unwrap();
     let (code, decided) = d
         .state()
-        .plan_turn(Duration::from_secs(5), || panic!("decided twice"))
+        .plan_turn(Duration::from_secs(5), &RealClock, || panic!("decided twice"))
         .unwrap();
     assert_eq!((code, decided), (3, false));
+}
+
+#[test]
+fn the_wait_for_a_living_rank_computing_the_plan_ends_when_the_clock_reaches_its_deadline() {
+    /// A wait long enough to hang the test if it were measured in real time.
+    const HOUR: Duration = Duration::from_secs(3600);
+    /// Long enough for the waiter to read the clock; reached only when it does not.
+    const READ: Duration = Duration::from_secs(30);
+    let base = tempfile::tempdir().unwrap();
+    let name = key("plan-clock");
+    let c = NodeCache::attach_in(base.path(), &name, 4, 0, 2).unwrap();
+    let d = NodeCache::attach_in(base.path(), &name, 4, 1, 2).unwrap();
+    let clock = ManualClock::new();
+    let (inside, entered) = std::sync::mpsc::channel();
+    let (finish, finished) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        // The first rank decides until told to finish; this process lives, so it is waited for.
+        let first = s.spawn(move || {
+            c.state()
+                .plan_turn(HOUR, &RealClock, || {
+                    inside.send(()).unwrap();
+                    let _ = finished.recv();
+                    2
+                })
+                .unwrap()
+        });
+        entered.recv().unwrap();
+        let clock = &clock;
+        let second = s.spawn(move || d.state().plan_turn(HOUR, clock, || 9));
+        assert!(clock.await_reads(1, READ), "the wait takes its deadline from the clock");
+        clock.advance(HOUR - Duration::from_millis(1));
+        // A read after the advance: the waiter saw 1 ms left and waits on.
+        assert!(clock.await_reads(clock.reads() + 1, READ), "the wait reads the clock");
+        assert!(!second.is_finished(), "gave up before the deadline");
+        clock.advance(Duration::from_millis(1));
+        let err = second.join().unwrap().unwrap_err();
+        assert!(matches!(err, Error::TimedOut { .. }), "{err:?}");
+        finish.send(()).unwrap();
+        assert_eq!(first.join().unwrap(), (2, true));
+    });
 }
 
 #[test]
@@ -259,7 +300,7 @@ fn a_living_rank_computing_the_plan_is_waited_for() {
     std::thread::scope(|s| {
         let first = s.spawn(move || {
             c.state()
-                .plan_turn(Duration::from_secs(30), || {
+                .plan_turn(Duration::from_secs(30), &RealClock, || {
                     inside.send(()).unwrap();
                     std::thread::sleep(Duration::from_millis(300));
                     2
@@ -267,7 +308,7 @@ fn a_living_rank_computing_the_plan_is_waited_for() {
                 .unwrap()
         });
         entered.recv().unwrap();
-        let (code, decided) = d.state().plan_turn(Duration::from_secs(30), || 9).unwrap();
+        let (code, decided) = d.state().plan_turn(Duration::from_secs(30), &RealClock, || 9).unwrap();
         assert_eq!(first.join().unwrap(), (2, true));
         assert_eq!((code, decided), (2, false), "the second waited for the first's outcome");
     });

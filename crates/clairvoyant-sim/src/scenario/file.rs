@@ -107,12 +107,9 @@ impl Visitor<'_> for ByteSizeVisitor {
 pub(crate) fn parse(doc: &toml::Table) -> std::result::Result<ScenarioFile, (String, String)> {
     let mut doc = doc.clone();
     doc.remove("origin");
-    serde_path_to_error::deserialize(toml::Value::Table(doc)).map_err(|e| {
-        let key = match e.path().to_string() {
-            p if p == "." => "scenario".to_string(),
-            p => p,
-        };
-        (key, plain(e.into_inner().message().trim()))
+    clairvoyant_core::model::deserialize_toml(toml::Value::Table(doc)).map_err(|(key, message)| {
+        let key = if key == "." { "scenario".to_string() } else { key };
+        (key, plain(&message))
     })
 }
 
