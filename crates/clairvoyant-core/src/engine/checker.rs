@@ -1,7 +1,13 @@
 //! The changed-file check ahead of staging: one thread per engine stats the dataset files of
 //! the epoch the consumer is in, in access order, as soon as the consumer enters it, so that
 //! staging and the hand-out find each cached copy already checked and pay no `stat` of their own.
+//! It stats each file by its name in an open handle of its directory, opened once per epoch.
 
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use super::Inner;
@@ -28,9 +34,12 @@ impl Inner {
     pub(super) fn check_ahead(&self) {
         let mut done = 0;
         let mut chunk = Vec::with_capacity(CHUNK);
+        let mut dirs = Dirs::default();
         while let Some((round, mut pos)) = self.wait_for_round(done) {
+            // Opened again in each round, after the consumer entered it (see `Dirs`).
+            dirs.open.clear();
             while self.next_chunk(round, &mut pos, &mut chunk) {
-                self.check_chunk(&chunk, round, &mut pos);
+                self.check_chunk(&chunk, round, &mut pos, &mut dirs);
             }
             done = round;
         }
@@ -39,7 +48,7 @@ impl Inner {
     /// Check `chunk` (the samples just before position `pos`) for round `round`. Stops early
     /// when the consumer moved to another round or the engine shuts down, and goes on from
     /// [`Inner::check_from`] when that is further on (`pos` then moves there).
-    fn check_chunk(&self, chunk: &[u32], round: u32, pos: &mut u64) {
+    fn check_chunk(&self, chunk: &[u32], round: u32, pos: &mut u64, dirs: &mut Dirs) {
         let start = *pos - chunk.len() as u64;
         for (i, &sample) in chunk.iter().enumerate() {
             if self.shutdown.load(Ordering::Relaxed) || self.round.load(Ordering::Relaxed) != round {
@@ -50,7 +59,7 @@ impl Inner {
                 *pos = from;
                 return;
             }
-            self.current_in(sample, round);
+            self.current_by(sample, round, |path| dirs.last_change(path));
         }
     }
 
@@ -102,5 +111,94 @@ impl Inner {
         chunk.extend(st.stream.range(at..at + (to - from) as usize));
         *pos = to;
         true
+    }
+}
+
+/// Directories opened most: more are not kept open (their files are stat'ed by full path).
+const MAX_DIRS: usize = 256;
+
+/// The checker's open handles of the dataset's directories, so that a file's `stat` resolves
+/// only its name, not its whole path again. They are opened anew in each round, after the
+/// consumer entered it: a directory replaced or renamed before then is resolved afresh, as a
+/// `stat` of the whole path would; one replaced during the round is a change after the check,
+/// as for a file.
+#[derive(Default)]
+struct Dirs {
+    /// None: it could not be opened (its files are stat'ed by full path).
+    open: HashMap<PathBuf, Option<OwnedFd>>,
+}
+
+impl Dirs {
+    /// The last change (mtime or ctime, ns) of the file at `path`; None when it cannot be read.
+    fn last_change(&mut self, path: &Path) -> Option<i128> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return full_path_change(path);
+        };
+        if !self.open.contains_key(dir) && self.open.len() >= MAX_DIRS {
+            return full_path_change(path);
+        }
+        let fd = self.open.entry(dir.to_path_buf()).or_insert_with(|| open_dir(dir));
+        let (Some(fd), Ok(name)) = (fd.as_ref(), CString::new(name.as_bytes())) else {
+            return full_path_change(path);
+        };
+        // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is an open directory handle, `name` a NUL-terminated string and `st` a
+        // writable `stat` that outlive the call.
+        if unsafe { libc::fstatat(fd.as_raw_fd(), name.as_ptr(), &mut st, 0) } != 0 {
+            return None;
+        }
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        Some(ns(st.st_mtime, st.st_mtime_nsec).max(ns(st.st_ctime, st.st_ctime_nsec)))
+    }
+}
+
+fn full_path_change(path: &Path) -> Option<i128> {
+    std::fs::metadata(path).ok().map(|m| crate::source::last_change_ns(&m))
+}
+
+/// A handle of the directory `dir` for `fstatat` (`O_PATH`: it reads nothing).
+fn open_dir(dir: &Path) -> Option<OwnedFd> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    // SAFETY: a descriptor `open` just returned is owned by nothing else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn write(path: &Path, future_s: u64) {
+        std::fs::write(path, b"x").unwrap();
+        let f = std::fs::File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() + Duration::from_secs(future_s))
+            .unwrap();
+    }
+
+    #[test]
+    fn a_directory_replaced_between_rounds_is_resolved_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("d");
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("a.bin");
+        write(&file, 0);
+        let mut dirs = Dirs::default();
+        let before = dirs.last_change(&file).unwrap();
+        assert_eq!(Some(before), full_path_change(&file));
+        // The directory is replaced by another holding a newer file of the same name.
+        std::fs::rename(&dir, tmp.path().join("old")).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        write(&file, 600);
+        // Within the round the handle still names the directory opened in it...
+        assert_eq!(dirs.last_change(&file), Some(before));
+        // ... and the next round opens the path again and sees the new file.
+        dirs.open.clear();
+        let after = dirs.last_change(&file).unwrap();
+        assert!(after > before);
+        assert_eq!(Some(after), full_path_change(&file));
+        assert_eq!(dirs.last_change(&dir.join("missing.bin")), None);
     }
 }

@@ -78,6 +78,19 @@ impl Inner {
     /// change made between the epochs is still seen; one staged in its own epoch is not. The
     /// consumer's round is read before the stat: a check counts for the round it began in.
     pub(super) fn current_in(&self, sample: u32, round: u32) -> bool {
+        self.current_by(sample, round, |path| {
+            std::fs::metadata(path).ok().map(|m| crate::source::last_change_ns(&m))
+        })
+    }
+
+    /// [`Inner::current_in`] with the file's last change (mtime or ctime, ns) read by
+    /// `last_change` (None: it cannot be read, so the copy is not taken as current).
+    pub(super) fn current_by(
+        &self,
+        sample: u32,
+        round: u32,
+        last_change: impl FnOnce(&std::path::Path) -> Option<i128>,
+    ) -> bool {
         if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) >= round {
             return true;
         }
@@ -87,10 +100,7 @@ impl Inner {
         }
         let now = self.round.load(Ordering::Relaxed);
         let started = self.node.cache.state().fill_started_ns(recorded) as i128;
-        let ok = match std::fs::metadata(self.source.path(sample)) {
-            Ok(m) => crate::source::last_change_ns(&m) < started,
-            Err(_) => false,
-        };
+        let ok = last_change(&self.source.path(sample)).is_some_and(|t| t < started);
         if ok {
             self.checked[sample as usize].fetch_max(round.min(now), Ordering::Relaxed);
         }
