@@ -15,9 +15,8 @@ use super::Inner;
 /// Samples copied out of the staging state per hold of its lock.
 const CHUNK: usize = 256;
 
-/// How far past a position that staging or the hand-out had to check itself (the checker was
-/// behind) the checker goes on: they then stat different files rather than race for the same
-/// ones in step.
+/// How far past a position that the hand-out had to check itself (the checker was behind) the
+/// checker goes on: they then stat different files rather than race for the same ones in step.
 const LEAD: u64 = 64;
 
 impl Inner {
@@ -63,10 +62,11 @@ impl Inner {
         }
     }
 
-    /// [`Inner::current_in`] for the sample at staging position `pos`: where it makes a `stat`
-    /// in the consumer's round (the checker has not checked the sample yet), the checker is sent
-    /// on `LEAD` positions past `pos`, so that it checks what comes next rather than what is
-    /// being checked here.
+    /// [`Inner::current_in`] for the sample the consumer is handed at staging position `pos`:
+    /// where it makes a `stat` in the consumer's round (the checker has not checked the sample
+    /// yet), the checker is sent on `LEAD` positions past `pos`, so that it checks what comes
+    /// next rather than what the consumer is checking. (Staging's own checks, rare once the
+    /// checker runs, do not move it.)
     pub(super) fn current_at(&self, pos: u64, sample: u32, round: u32) -> bool {
         if !self.stamp_checked_in(sample, round) && round == self.round.load(Ordering::Relaxed) {
             self.check_from.fetch_max(pos + LEAD, Ordering::Relaxed);

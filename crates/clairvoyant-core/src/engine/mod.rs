@@ -230,7 +230,7 @@ struct Inner {
     grown: Condvar,
     /// The checker (`checker.rs`) waits here for the consumer to enter another epoch.
     round_moved: Condvar,
-    /// The staging position the checker goes on from when it is behind it (see
+    /// The staging position the checker goes on from when it is behind the consumer (see
     /// [`Inner::current_at`]).
     check_from: AtomicU64,
     shutdown: AtomicBool,

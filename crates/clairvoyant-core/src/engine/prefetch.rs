@@ -198,7 +198,7 @@ impl Inner {
         let len = self.source.size(sample);
         let dst: &mut [u8] = match slot_kind {
             0 => return Ok(Fetched::from(Src::Staging)),
-            2 => return self.fetch_mapped(pos, sample, len, round),
+            2 => return self.fetch_mapped(sample, len, round),
             _ => {
                 // A truncated ring file would fault on write: give it its size back (what was
                 // staged before is marked lost).
@@ -223,7 +223,7 @@ impl Inner {
             match self.acquire_claim(sample, len) {
                 Acquire::Ready => {
                     let good = self.node.cache.read_verified(class, sample, place, dst) == Verified::Good;
-                    if good && self.current_at(pos, sample, round) {
+                    if good && self.current_in(sample, round) {
                         return Ok(Fetched::from(Src::Ssd));
                     }
                     corrupt = !good;
@@ -267,14 +267,14 @@ impl Inner {
     /// A sample of the mapped memory class: served in place (checked by the consumer, see
     /// [`Inner::check_mapped`]); filled in place when this rank claims it; read into a private
     /// buffer when the dataset file changed, the class has no room for it, or another process's
-    /// fill of it outlasted its deadline ([`Inner::acquire_claim`]). `pos`: its staging position.
-    fn fetch_mapped(&self, pos: u64, sample: u32, len: u64, round: u32) -> Result<Fetched> {
+    /// fill of it outlasted its deadline ([`Inner::acquire_claim`]).
+    fn fetch_mapped(&self, sample: u32, len: u64, round: u32) -> Result<Fetched> {
         let (class, _) = self.store_of(sample).expect("mapped class");
         // Staged in place, it is checked for its own round when handed out: a position of an
         // epoch the consumer has not entered yet needs no check now (one would not count).
         let later = round > self.round.load(Ordering::Relaxed);
         match self.acquire_claim(sample, len) {
-            Acquire::Ready if later || self.current_at(pos, sample, round) => return Ok(Fetched::from(Src::Memory)),
+            Acquire::Ready if later || self.current_in(sample, round) => return Ok(Fetched::from(Src::Memory)),
             Acquire::Claimed => {
                 let mut scratch = Vec::new();
                 let src = self.fill_claimed(class, sample, &mut scratch)?;
