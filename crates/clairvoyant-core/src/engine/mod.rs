@@ -22,6 +22,7 @@ use crate::schedule::Schedule;
 use crate::source::Source;
 use crate::tier::{ClassRequest, NodeCache};
 
+mod checker;
 mod claims;
 mod key;
 mod local;
@@ -227,6 +228,11 @@ struct Inner {
     freed: Condvar,
     /// Producers at the end of the stream wait here for a pass to be appended.
     grown: Condvar,
+    /// The checker (`checker.rs`) waits here for the consumer to enter another epoch.
+    round_moved: Condvar,
+    /// The staging position the checker goes on from when it is behind the consumer (see
+    /// [`Inner::current_at`]).
+    check_from: AtomicU64,
     shutdown: AtomicBool,
     /// Every prefetch thread has exited (after shutdown): nothing writes into the ring any more.
     producers_gone: AtomicBool,
@@ -413,6 +419,11 @@ impl Engine {
         for t in 0..staging_threads {
             let inner = self.inner.clone();
             self.spawn(format!("cv-staging-{t}"), Box::new(move || inner.staging_prefetch()))?;
+        }
+        // Cached copies of dataset files are checked against them ahead of staging.
+        if staging_threads > 0 && self.inner.stamps {
+            let inner = self.inner.clone();
+            self.spawn("cv-checker".into(), Box::new(move || inner.check_ahead()))?;
         }
         Ok(())
     }
@@ -784,6 +795,7 @@ impl Engine {
             self.inner.produced.notify_all();
             self.inner.freed.notify_all();
             self.inner.grown.notify_all();
+            self.inner.round_moved.notify_all();
         }
         let threads: Vec<_> = self
             .threads
@@ -1097,6 +1109,8 @@ impl Inner {
             produced: Condvar::new(),
             freed: Condvar::new(),
             grown: Condvar::new(),
+            round_moved: Condvar::new(),
+            check_from: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             producers_gone: AtomicBool::new(false),
             fill_timeout: Duration::from_secs(30),

@@ -50,8 +50,9 @@ impl Inner {
 
     /// Whether this job checked the cached copy of `sample` against the dataset file in round
     /// `round` (the epoch of the staging position + 1) or later, or there is no file to check,
-    /// without a system call: a memory copy staged in place needs no fetch then. Otherwise a
-    /// staging thread checks it (`fetch`), off the consumer's path.
+    /// without a system call: a memory copy staged in place needs no fetch then. The checker
+    /// (`checker.rs`) makes these checks ahead of staging; where it is behind, a staging thread
+    /// checks the sample itself (`fetch`), off the consumer's path.
     pub(super) fn stamp_checked_in(&self, sample: u32, round: u32) -> bool {
         !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) >= round
     }
@@ -63,7 +64,8 @@ impl Inner {
 
     /// Whether the cached copy of `sample` is of the dataset file as it is now: the file was
     /// last modified, replaced or renamed (mtime, ctime) before the fill began. Checked with a
-    /// stat once per sample per epoch the consumer is in (copies filled in that epoch need none).
+    /// stat once per sample per epoch the consumer is in (copies filled in that epoch need none),
+    /// normally by the checker, ahead of staging.
     pub(super) fn current(&self, sample: u32) -> bool {
         self.current_in(sample, self.round.load(Ordering::Relaxed))
     }
@@ -73,8 +75,22 @@ impl Inner {
     /// again (or reported as changed, as for a sample that is not cached), never served stale.
     /// A check counts for the round the consumer is in when it is made: a position staged ahead
     /// of an epoch boundary is checked once more when it is handed out (`staging::next`), so a
-    /// change made between the epochs is still seen; one staged in its own epoch is not.
+    /// change made between the epochs is still seen; one staged in its own epoch is not. The
+    /// consumer's round is read before the stat: a check counts for the round it began in.
     pub(super) fn current_in(&self, sample: u32, round: u32) -> bool {
+        self.current_by(sample, round, |path| {
+            std::fs::metadata(path).ok().map(|m| crate::source::last_change_ns(&m))
+        })
+    }
+
+    /// [`Inner::current_in`] with the file's last change (mtime or ctime, ns) read by
+    /// `last_change` (None: it cannot be read, so the copy is not taken as current).
+    pub(super) fn current_by(
+        &self,
+        sample: u32,
+        round: u32,
+        last_change: impl FnOnce(&std::path::Path) -> Option<i128>,
+    ) -> bool {
         if !self.stamps || self.checked[sample as usize].load(Ordering::Relaxed) >= round {
             return true;
         }
@@ -82,13 +98,10 @@ impl Inner {
         if recorded == 0 {
             return true;
         }
+        let now = self.round.load(Ordering::Relaxed);
         let started = self.node.cache.state().fill_started_ns(recorded) as i128;
-        let ok = match std::fs::metadata(self.source.path(sample)) {
-            Ok(m) => crate::source::last_change_ns(&m) < started,
-            Err(_) => false,
-        };
+        let ok = last_change(&self.source.path(sample)).is_some_and(|t| t < started);
         if ok {
-            let now = self.round.load(Ordering::Relaxed);
             self.checked[sample as usize].fetch_max(round.min(now), Ordering::Relaxed);
         }
         ok
@@ -257,8 +270,11 @@ impl Inner {
     /// fill of it outlasted its deadline ([`Inner::acquire_claim`]).
     fn fetch_mapped(&self, sample: u32, len: u64, round: u32) -> Result<Fetched> {
         let (class, _) = self.store_of(sample).expect("mapped class");
+        // Staged in place, it is checked for its own round when handed out: a position of an
+        // epoch the consumer has not entered yet needs no check now (one would not count).
+        let later = round > self.round.load(Ordering::Relaxed);
         match self.acquire_claim(sample, len) {
-            Acquire::Ready if self.current_in(sample, round) => return Ok(Fetched::from(Src::Memory)),
+            Acquire::Ready if later || self.current_in(sample, round) => return Ok(Fetched::from(Src::Memory)),
             Acquire::Claimed => {
                 let mut scratch = Vec::new();
                 let src = self.fill_claimed(class, sample, &mut scratch)?;

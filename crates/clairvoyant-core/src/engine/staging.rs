@@ -398,14 +398,20 @@ impl Inner {
     }
 
     /// Where the next position's bytes go, and whether it is ready already (a memory-class
-    /// sample filled and checked in `round`); None: no ring space yet, wait for some.
+    /// sample filled and checked in `round`, or of a round after the consumer's); None: no ring
+    /// space yet, wait for some.
     fn slot_for(&self, st: &mut StagingState, sample: u32, round: u32, starved: bool) -> Option<(Slot, Status)> {
         let len = self.source.size(sample);
         let mut status = Status::Pending;
         let slot = match self.store_of(sample) {
             _ if len == 0 => Slot::Empty,
             Some((_, ClassStore::Mapped)) => {
-                if self.node.cache.state().state(sample) == crate::tier::READY && self.stamp_checked_in(sample, round) {
+                // A position of an epoch the consumer has not entered yet is checked when handed
+                // out (a check now would not count for its epoch): it needs none now.
+                let later = round > self.round.load(Ordering::Relaxed);
+                if self.node.cache.state().state(sample) == crate::tier::READY
+                    && (later || self.stamp_checked_in(sample, round))
+                {
                     // Checked against its checksum when handed out.
                     status = Status::Ready(Src::Memory);
                 }
@@ -471,7 +477,7 @@ impl Inner {
         let ready = matches!(t.status, Status::Ready(_));
         // A memory copy staged in place (possibly before the epoch began) whose dataset file
         // changed since it was filled: read the file as for a sample that is not cached.
-        let stale = ready && t.region == Region::Arena && !self.current_in(t.sample, t.epoch + 1);
+        let stale = ready && t.region == Region::Arena && !self.current_at(t.pos, t.sample, t.epoch + 1);
         if ready {
             match self.check_taken(&t, stale, group) {
                 Some(p) => t.ptr = p,
@@ -530,6 +536,8 @@ impl Inner {
         let epoch = st.epoch_of(pos);
         if self.round.load(Ordering::Relaxed) <= epoch {
             self.round.fetch_max(epoch + 1, Ordering::Relaxed);
+            // The checker starts on the epoch now.
+            self.round_moved.notify_all();
         }
         let closes = pos + 1 == st.epoch_starts[epoch as usize + 1];
         if closes {
