@@ -796,6 +796,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--epoch0-programs", default=",".join(_bench_epoch0.PROGRAMS), help="programs of the epoch-0 benchmark (comma-separated: pool, torch, dropin)")
     ap.add_argument("--epoch0-repeats", type=int, default=1, help="runs of each program each way (alternated; the best epoch 0 is compared)")
     ap.add_argument("--cluster-parts", default=",".join(_CLUSTER_PARTS), help="parts of the cluster benchmark (comma-separated: training, peer, kill, setup, fuse)")
+    ap.add_argument("--cluster-baseline", help="a directory holding another build of the clairvoyant package, run beside this one in the cluster benchmark on FUSE")
     ap.add_argument("--out", default="out")
     return ap
 
@@ -825,7 +826,7 @@ def _run_benchmarks(args, out: Path, log, progress: str) -> dict:
     if wanted("cluster"):
         from . import cluster as _bench_cluster
 
-        r["cluster"] = _bench_cluster.bench_cluster(out, log, progress, tuple(args.cluster_parts.split(",")))
+        r["cluster"] = _bench_cluster.bench_cluster(out, log, progress, tuple(args.cluster_parts.split(",")), args.cluster_baseline)
     if wanted("decode"):
         r["decode"] = bench_decode(log)
     if wanted("transparent"):

@@ -366,6 +366,7 @@ def _fuse_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epoch
     ctx.sync()
     marks, computes, fs = [time.perf_counter()], [], [_fs_counters(mnt) if ctx.rank == 0 else None]
     waits: list = []  # per epoch: seconds waiting for a batch, seconds in the barrier
+    cpu = [time.process_time()]  # this process's CPU time, all its threads (the peer server's too)
     job = clairvoyant.Job(source, batch_size=batch, epochs=epochs)
     setup = time.perf_counter() - marks[0]
     for e in range(epochs):
@@ -381,6 +382,7 @@ def _fuse_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epoch
         marks.append(time.perf_counter())
         computes.append(accel.compute_seconds - before)
         waits.append((data, sync))
+        cpu.append(time.process_time())
         fs.append(_fs_counters(mnt) if ctx.rank == 0 else None)
     stats, peers = job.stats(), job.peer_stats()
     job.close()
@@ -390,6 +392,7 @@ def _fuse_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epoch
         "data_seconds": [d for d, _ in waits],
         "barrier_seconds": [b for _, b in waits],
         "setup_seconds": setup,
+        "cpu_seconds": [b - a for a, b in zip(cpu, cpu[1:])],
         "fs_bytes": [b["bytes"] - a["bytes"] for a, b in zip(fs, fs[1:])] if ctx.rank == 0 else None,
         "reads_in_flight": [_in_flight(a, b) for a, b in zip(fs, fs[1:])] if ctx.rank == 0 else None,
         "stats": stats,
@@ -445,6 +448,8 @@ def _fuse_summary(per_rank: list, total: int) -> dict:
         "fs_vs_dataset": [b / total for b in per_rank[0]["fs_bytes"]],
         "reads_in_flight": per_rank[0]["reads_in_flight"],
         "setup_seconds": max(r["setup_seconds"] for r in per_rank),
+        # CPU seconds of all rank processes together, per epoch (the machine's cores x the epoch bound it).
+        "cpu_seconds": [sum(r["cpu_seconds"][e] for r in per_rank) for e in range(epochs)],
         "samples_by_source": sources,
         "stall_seconds": [sum(r["stats"][e]["stall_seconds"] for r in per_rank) for e in range(epochs)],
         # Per epoch and rank: (waiting for data, stepping, in barriers, the epoch).
@@ -460,9 +465,27 @@ def _fuse_summary(per_rank: list, total: int) -> dict:
     }
 
 
-def bench_cluster_fuse(out: Path, log, files: int = FUSE_FILES, repeats: int = 2) -> dict:
-    """(f): clairvoyant and the plain pool, alternated ``repeats`` times on one FUSE mount; every
-    ratio is between runs of this invocation (best epoch 0 of each; epochs >= 1 of every run)."""
+def _with_pythonpath(path: str | None, fn):
+    """``fn()`` with ``path`` first on PYTHONPATH, so that the rank processes it spawns import
+    the ``clairvoyant`` package found there (another build, for a comparison in the same run)."""
+    if path is None:
+        return fn()
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(Path(path).resolve()) + ("" if before is None else os.pathsep + before)
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def bench_cluster_fuse(out: Path, log, files: int = FUSE_FILES, repeats: int = 2, baseline: str | None = None) -> dict:
+    """(f): clairvoyant, the plain pool and the loop without data, alternated ``repeats`` times on
+    one FUSE mount; every ratio is between runs of this invocation (best epoch 0 of each; epochs
+    >= 1 of every run). ``baseline``: a directory holding another build of the ``clairvoyant``
+    package, run the same way beside this one ("baseline" in the figures)."""
     from . import emulation as _emulation
     from .bench import FUSE_BATCH, make_fuse_dataset
 
@@ -479,13 +502,24 @@ def bench_cluster_fuse(out: Path, log, files: int = FUSE_FILES, repeats: int = 2
     cache.mkdir(parents=True, exist_ok=True)
     env = {"CLAIRVOYANT_CONFIG": "", "CLAIRVOYANT_CACHE_DIR": str(cache), "CLAIRVOYANT_MEMORY": str(int(FUSE_NODE_MEMORY * total))}
     mnt = out / "bench" / "fuse-mnt"
-    runs: dict = {"clairvoyant": [], "pool": [], "floor": []}
+    runs: dict = {"clairvoyant": [], "pool": [], "floor": [], "baseline": []}
     args = (rel, labels, compute_bps, FUSE_EPOCHS, FUSE_BATCH)
     with _emulation.FuseMount(out / "bench" / "fuse-data", mnt, _emulation.FSEMU_DEFAULT_LATENCY_MS, table):
         m = str(mnt.resolve())
         for _ in range(repeats):
             per = _emulation.run_ranks(_floor_rank, ranks, args=(str((out / "bench" / "fuse-data").resolve()), *args), timeout=600)
             runs["floor"].append({"epoch_seconds": [max(r["epoch_seconds"][e] for r in per) for e in range(FUSE_EPOCHS)]})
+            if baseline is not None:
+                per = _with_pythonpath(
+                    baseline, lambda: _emulation.run_ranks(_fuse_rank, ranks, args=(m, *args), env=env, timeout=600, nodes=CLUSTER_NODES)
+                )
+                runs["baseline"].append(_fuse_summary(per, total))
+                b = runs["baseline"][-1]
+                log(
+                    f"cluster on FUSE: baseline epochs {[round(x, 2) for x in b['epoch_seconds']]} s, reads in flight "
+                    f"{[round(x, 1) for x in b['reads_in_flight']]}, waits for data {[round(x, 2) for x in b['data_seconds']]} s, CPU s of the ranks "
+                    f"{[round(x, 2) for x in b['cpu_seconds']]}"
+                )
             per = _emulation.run_ranks(_fuse_rank, ranks, args=(m, *args), env=env, timeout=600, nodes=CLUSTER_NODES)
             runs["clairvoyant"].append(_fuse_summary(per, total))
             per = _emulation.run_ranks(_fuse_pool_rank, ranks, args=(m, *args), env=env, timeout=600, nodes=CLUSTER_NODES)
@@ -498,13 +532,21 @@ def bench_cluster_fuse(out: Path, log, files: int = FUSE_FILES, repeats: int = 2
                 f"{[round(x, 3) for x in c['floor_over_epoch']]}), fs {[round(x, 3) for x in c['fs_vs_dataset']]}x, "
                 f"sources {c['samples_by_source']}, waits for data {[round(x, 2) for x in c['data_seconds']]} s, "
                 f"in barriers {[round(x, 2) for x in c['barrier_seconds']]} s, set-up {c['setup_seconds']:.2f} s, reads in flight "
-                f"{[round(x, 1) for x in c['reads_in_flight']]}; pool epoch 0 {p['epoch_seconds'][0]:.2f} s; no-I/O loop "
+                f"{[round(x, 1) for x in c['reads_in_flight']]}, CPU s of the ranks {[round(x, 2) for x in c['cpu_seconds']]}; pool epoch 0 {p['epoch_seconds'][0]:.2f} s; no-I/O loop "
                 f"{[round(x, 2) for x in runs['floor'][-1]['epoch_seconds']]} s"
             )
     c0 = min(r["epoch_seconds"][0] for r in runs["clairvoyant"])
     p0 = min(r["epoch_seconds"][0] for r in runs["pool"])
     bound = max(max(r["compute_seconds"][0] for r in runs["clairvoyant"]), total / peak)
     later = [x for r in runs["clairvoyant"] for x in r["floor_over_epoch"][1:]]
+    if runs["baseline"]:
+        b0 = min(r["epoch_seconds"][0] for r in runs["baseline"])
+        b_later = [x for r in runs["baseline"] for x in r["epoch_seconds"][1:]]
+        c_later = [x for r in runs["clairvoyant"] for x in r["epoch_seconds"][1:]]
+        log(
+            f"cluster on FUSE: against the baseline build: epoch 0 {c0 / b0:.3f}x (best of each), epochs >= 1 "
+            f"{sum(c_later) / sum(b_later):.3f}x (sum of all)"
+        )
     # The same loop with no data, run beside them: what barriers and stepping cost on this machine.
     loop = [f / c for r, fl in zip(runs["clairvoyant"], runs["floor"]) for c, f in zip(r["epoch_seconds"][1:], fl["epoch_seconds"][1:])]
     return {
@@ -524,20 +566,22 @@ def bench_cluster_fuse(out: Path, log, files: int = FUSE_FILES, repeats: int = 2
         "loop_over_epoch_ge1_min": min(loop),
         "loop_over_epoch_ge1_mean": sum(loop) / len(loop),
         "fs_vs_dataset": max(sum(r["fs_vs_dataset"]) for r in runs["clairvoyant"]),
+        "baseline": baseline,
     }
 
 
 CLUSTER_PARTS = ("training", "peer", "kill", "setup", "fuse")
 
 
-def bench_cluster(out: Path, log, progress: str = "stdout", parts: tuple = CLUSTER_PARTS) -> dict:
-    """The parts of the cluster benchmark named in ``parts``; the others are None."""
+def bench_cluster(out: Path, log, progress: str = "stdout", parts: tuple = CLUSTER_PARTS, baseline: str | None = None) -> dict:
+    """The parts of the cluster benchmark named in ``parts``; the others are None. ``baseline``:
+    see :func:`bench_cluster_fuse`."""
     return {
         "training": bench_cluster_training(out, log, progress) if "training" in parts else None,
         "peer_transport": bench_peer_transport(log) if "peer" in parts else None,
         "kill": bench_kill(out, log) if "kill" in parts else None,
         "setup": bench_setup(out, log) if "setup" in parts else None,
-        "fuse": bench_cluster_fuse(out, log) if "fuse" in parts else None,
+        "fuse": bench_cluster_fuse(out, log, baseline=baseline) if "fuse" in parts else None,
     }
 
 
