@@ -36,6 +36,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import demo
+from .cluster import CLUSTER_PARTS as _CLUSTER_PARTS
 from . import epoch0 as _bench_epoch0
 from . import formats as _bench_formats
 from . import report as _report
@@ -64,6 +65,11 @@ TARGETS = {
     "peer_fetch_gbps": 1.0,  # 100 KB samples, 4 servers on loopback, aggregate (at least; or 2x of a socket copy)
     "kill_extra_stall_seconds": 2.0,  # survivors of a node killed in epoch 2, extra stall (at most)
     "cluster_setup_seconds": 5.0,  # rendezvous, index, plan: 8 ranks, 100,000 files (at most)
+    # 4 nodes x 2 ranks, 30 % memory each, on the FUSE emulation (benches/cluster.py, part fuse).
+    "cluster_fuse_epoch0_vs_bound": 1.05,  # epoch 0 / max(compute, dataset / t(γ)) (at most)
+    "cluster_fuse_epoch0_vs_pool": 1.0,  # epoch 0 / plain reader pool in the same order, same run (at most)
+    "cluster_fuse_floor_epochs_ge1": 0.97,  # no-I/O floor (compute) / epoch time, every epoch >= 1 (at least)
+    "cluster_fuse_fs_vs_dataset": 1.05,  # file-system bytes over the run / dataset (at most)
     "decode_vs_pillow_per_core": 3.0,  # native decode+RRC+flip+normalize / torchvision+Pillow workers, images per CPU-s (at least)
     "decode_raw_vs_pipeline": 1.5,  # native decode alone / native pipeline, images per CPU-s (at most)
 }
@@ -83,9 +89,7 @@ TARGETS.update(_bench_scale.TARGETS)
 BENCH_COMPUTE_RATIO = 1.8
 
 
-def bench_training(
-    out: Path, samples: int, epochs: int, log, progress: str = "stdout", compute_ratio: float = BENCH_COMPUTE_RATIO
-) -> dict:
+def bench_training(out: Path, samples: int, epochs: int, log, progress: str = "stdout", compute_ratio: float = BENCH_COMPUTE_RATIO) -> dict:
     result = demo.run_comparison(
         out / "bench" / "training",
         out / "bench" / "data",
@@ -530,7 +534,9 @@ def bench_resume(out: Path, log) -> dict:
         b.close()
     warm.close()
     n, m = statistics.median(normal), statistics.median(resumed)
-    log(f"resume: first batch at an epoch start {n * 1e3:.0f} ms, after load_state_dict mid-epoch {m * 1e3:.0f} ms (medians of {RESUME_REPEATS})")
+    log(
+        f"resume: first batch at an epoch start {n * 1e3:.0f} ms, after load_state_dict mid-epoch {m * 1e3:.0f} ms (medians of {RESUME_REPEATS})"
+    )
     return {"epoch_start_s": normal, "resumed_s": resumed, "ratio": m / n}
 
 
@@ -559,6 +565,35 @@ def _target(name: str, value: Optional[float], at_least: bool) -> dict:
     return {"name": name, "value": value, "target": goal, "at_least": at_least, "met": met, "margin": margin}
 
 
+def _cluster_targets(cluster: dict) -> list:
+    """The targets of the cluster benchmark's parts that ran."""
+    out = []
+    if cluster.get("training"):
+        large, small = cluster["training"]["large"], cluster["training"]["small"]
+        out.append(_target("cluster_fs_vs_dataset", large["fs_vs_dataset"]["clairvoyant"], False))
+        util = large["utilization"]["clairvoyant"][1:]
+        out.append(_target("cluster_utilization_epochs_ge1", min(util) if util else None, True))
+        out.append(_target("cluster_epoch0_vs_bound", large["epoch0_vs_bound"], False))
+        out.append(_target("cluster_small_fs_vs_minimum", small["fs_vs_minimum"], False))
+    peer = cluster.get("peer_transport")
+    if peer:
+        # Met at 1 GB/s, or within 2x of a plain socket copy measured beside it.
+        gbps = peer["peer_gbps"] if peer["peer_over_plain"] < 0.5 else max(peer["peer_gbps"], 1.0)
+        out.append(_target("peer_fetch_gbps", gbps, True))
+    kill = cluster.get("kill")
+    if kill:
+        out.append(_target("kill_extra_stall_seconds", kill["max_extra_stall_seconds"] if kill["survivors_completed"] else None, False))
+    if cluster.get("setup"):
+        out.append(_target("cluster_setup_seconds", cluster["setup"]["seconds"], False))
+    fuse = cluster.get("fuse")
+    if fuse and "skipped" not in fuse:
+        out.append(_target("cluster_fuse_epoch0_vs_bound", fuse["epoch0_vs_bound"], False))
+        out.append(_target("cluster_fuse_epoch0_vs_pool", fuse["epoch0_vs_pool"], False))
+        out.append(_target("cluster_fuse_floor_epochs_ge1", fuse["floor_over_epoch_ge1_min"], True))
+        out.append(_target("cluster_fuse_fs_vs_dataset", fuse["fs_vs_dataset"], False))
+    return out
+
+
 def evaluate(
     training: Optional[dict],
     overhead: Optional[dict],
@@ -570,19 +605,7 @@ def evaluate(
 ) -> list:
     out = []
     if cluster:
-        large, small = cluster["training"]["large"], cluster["training"]["small"]
-        out.append(_target("cluster_fs_vs_dataset", large["fs_vs_dataset"]["clairvoyant"], False))
-        util = large["utilization"]["clairvoyant"][1:]
-        out.append(_target("cluster_utilization_epochs_ge1", min(util) if util else None, True))
-        out.append(_target("cluster_epoch0_vs_bound", large["epoch0_vs_bound"], False))
-        out.append(_target("cluster_small_fs_vs_minimum", small["fs_vs_minimum"], False))
-        peer = cluster["peer_transport"]
-        # Met at 1 GB/s, or within 2x of a plain socket copy measured beside it.
-        gbps = peer["peer_gbps"] if peer["peer_over_plain"] < 0.5 else max(peer["peer_gbps"], 1.0)
-        out.append(_target("peer_fetch_gbps", gbps, True))
-        kill = cluster["kill"]
-        out.append(_target("kill_extra_stall_seconds", kill["max_extra_stall_seconds"] if kill["survivors_completed"] else None, False))
-        out.append(_target("cluster_setup_seconds", cluster["setup"]["seconds"], False))
+        out += _cluster_targets(cluster)
     if resume:
         out.append(_target("resume_first_batch_vs_epoch_start", resume["ratio"], False))
     if training:
@@ -621,6 +644,10 @@ _LABELS = {
     "cluster_small_fs_vs_minimum": "4 nodes at 12.5 % each: file system bytes / (S + (E-1)(S-C))",
     "peer_fetch_gbps": "peer fetch, 100 KB samples, 4 servers on loopback, GB/s (or within 2x of a socket copy)",
     "kill_extra_stall_seconds": "node killed in epoch 2: survivors' extra stall, s (max over survivors)",
+    "cluster_fuse_epoch0_vs_bound": "4 nodes x 2 ranks on FUSE, 30 % memory each: epoch 0 / max(compute, dataset / t(γ))",
+    "cluster_fuse_epoch0_vs_pool": "4 nodes x 2 ranks on FUSE: epoch 0 / plain reader pool (same run)",
+    "cluster_fuse_floor_epochs_ge1": "4 nodes x 2 ranks on FUSE: no-I/O floor / epoch time, epochs >= 1 (min)",
+    "cluster_fuse_fs_vs_dataset": "4 nodes x 2 ranks on FUSE: file-system bytes / dataset over 3 epochs",
     "cluster_setup_seconds": "set-up of 8 ranks on 4 nodes, 100,000 files (index built), s",
     "simulator_memory_gib": "simulator peak resident memory, GiB",
     "decode_vs_pillow_per_core": "native decode + RandomResizedCrop + flip + normalize / torchvision + Pillow workers, per core",
@@ -701,9 +728,7 @@ def markdown(
         ]
         rows = []
         for e, (tp, tc) in enumerate(zip(training["epoch_seconds"]["pytorch"], training["epoch_seconds"]["clairvoyant"])):
-            rows.append(
-                [e, tp, training["utilization"]["pytorch"][e], tc, training["utilization"]["clairvoyant"][e], tp / tc]
-            )
+            rows.append([e, tp, training["utilization"]["pytorch"][e], tc, training["utilization"]["clairvoyant"][e], tp / tc])
         lines += [
             _report.markdown_table(
                 ["epoch", "PyTorch s", "PyTorch utilization", "clairvoyant s", "clairvoyant utilization", "speedup"], rows
@@ -720,10 +745,7 @@ def markdown(
             _report.markdown_table(
                 ["loader", "samples/s"],
                 [
-                    *[
-                        [f"PyTorch DataLoader, {w} workers", rate]
-                        for w, rate in overhead["pytorch_samples_per_second_by_workers"].items()
-                    ],
+                    *[[f"PyTorch DataLoader, {w} workers", rate] for w, rate in overhead["pytorch_samples_per_second_by_workers"].items()],
                     ["clairvoyant job.batches, epoch 0", overhead["clairvoyant_samples_per_second"][0]],
                     ["clairvoyant job.batches, epoch 1", overhead["clairvoyant_samples_per_second"][1]],
                 ],
@@ -760,15 +782,42 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--small-files", type=int, default=50_000, help="1 KB files for the overhead benchmark")
     ap.add_argument("--compute-ratio", type=float, default=BENCH_COMPUTE_RATIO, help="accelerator / file system speed")
     ap.add_argument("--fuse-files", type=int, default=8000, help="~100 KB files for the epoch-0 benchmark on FUSE")
-    ap.add_argument("--formats-mb", type=int, default=2000, help="size of the LMDB of the container-format benchmark (HDF5, tar: a quarter)")
-    ap.add_argument("--formats-parts", default="lmdb,hdf5,tar", help="which container formats to benchmark (comma-separated: lmdb, hdf5, tar)")
+    ap.add_argument(
+        "--formats-mb", type=int, default=2000, help="size of the LMDB of the container-format benchmark (HDF5, tar: a quarter)"
+    )
+    ap.add_argument(
+        "--formats-parts", default="lmdb,hdf5,tar", help="which container formats to benchmark (comma-separated: lmdb, hdf5, tar)"
+    )
     ap.add_argument("--only", choices=list(ONLY), help="run one benchmark only")
-    ap.add_argument("--scale-nodes", default=",".join(map(str, _bench_scale.NODES)), help="node counts of the scale benchmark (comma-separated)")
-    ap.add_argument("--scale-datasets", default=",".join(_bench_scale.DATASETS), help="dataset sizes of the scale benchmark: imagenet-1k, imagenet-22k")
-    ap.add_argument("--epoch0-files", type=int, default=_bench_epoch0.FILES, help="~110 KB files for the epoch-0 benchmark against direct reads")
-    ap.add_argument("--epoch0-programs", default=",".join(_bench_epoch0.PROGRAMS), help="programs of the epoch-0 benchmark (comma-separated: pool, torch, dropin)")
-    ap.add_argument("--epoch0-repeats", type=int, default=1, help="runs of each program each way (alternated; the best epoch 0 is compared)")
-    ap.add_argument("--epoch0-job", action="store_true", help="also run each program as a 1-epoch job each way and compare the whole job's wall time")
+    ap.add_argument(
+        "--scale-nodes", default=",".join(map(str, _bench_scale.NODES)), help="node counts of the scale benchmark (comma-separated)"
+    )
+    ap.add_argument(
+        "--scale-datasets", default=",".join(_bench_scale.DATASETS), help="dataset sizes of the scale benchmark: imagenet-1k, imagenet-22k"
+    )
+    ap.add_argument(
+        "--epoch0-files", type=int, default=_bench_epoch0.FILES, help="~110 KB files for the epoch-0 benchmark against direct reads"
+    )
+    ap.add_argument(
+        "--epoch0-programs",
+        default=",".join(_bench_epoch0.PROGRAMS),
+        help="programs of the epoch-0 benchmark (comma-separated: pool, torch, dropin)",
+    )
+    ap.add_argument(
+        "--epoch0-repeats", type=int, default=1, help="runs of each program each way (alternated; the best epoch 0 is compared)"
+    )
+    ap.add_argument(
+        "--epoch0-job", action="store_true", help="also run each program as a 1-epoch job each way and compare the whole job's wall time"
+    )
+    ap.add_argument(
+        "--cluster-parts",
+        default=",".join(_CLUSTER_PARTS),
+        help="parts of the cluster benchmark (comma-separated: training, peer, kill, setup, fuse)",
+    )
+    ap.add_argument(
+        "--cluster-baseline",
+        help="a directory holding another build of the clairvoyant package, run beside this one in the cluster benchmark on FUSE",
+    )
     ap.add_argument("--out", default="out")
     return ap
 
@@ -798,7 +847,7 @@ def _run_benchmarks(args, out: Path, log, progress: str) -> dict:
     if wanted("cluster"):
         from . import cluster as _bench_cluster
 
-        r["cluster"] = _bench_cluster.bench_cluster(out, log, progress)
+        r["cluster"] = _bench_cluster.bench_cluster(out, log, progress, tuple(args.cluster_parts.split(",")), args.cluster_baseline)
     if wanted("decode"):
         r["decode"] = bench_decode(log)
     if wanted("transparent"):
@@ -830,7 +879,12 @@ def _all_targets(r: dict) -> list:
     """Every target of the benchmarks that ran, as met or missed."""
     targets = evaluate(r["training"], r["overhead"], r["memory"], r["simulator"], r["fuse"], r["resume"], r["cluster"])
     targets += evaluate_decode(r["decode"])
-    for name, module in (("formats", _bench_formats), ("transparent", _bench_transparent), ("scale", _bench_scale), ("epoch0", _bench_epoch0)):
+    for name, module in (
+        ("formats", _bench_formats),
+        ("transparent", _bench_transparent),
+        ("scale", _bench_scale),
+        ("epoch0", _bench_epoch0),
+    ):
         if r[name] is not None:
             targets += module.evaluate(r[name], _target)
     return targets

@@ -11,6 +11,15 @@
 - (d) one node killed with SIGKILL in epoch 2 of 4 nodes x 1 rank: the others finish; their
   stall after the kill beyond that of the same run without a kill.
 - (e) set-up (rendezvous, index, plan) of 8 ranks on 4 nodes over 100,000 files.
+- (f) ``fuse``: 4 nodes x 2 ranks, each node's memory class 30 % of the dataset, the Job API on
+  the FUSE emulation of a shared file system (t(γ), 2 ms opens, no page cache), 3 epochs with a
+  training step and a barrier per step: epoch 0 against max(compute, dataset / t(γ)) and against
+  a plain reader pool in the order NoPFS reads (4 threads per rank, two batches ahead), epochs
+  >= 1 against the no-I/O floor (their compute), and where the samples came from (a sample
+  another node holds comes from that node, not from the file system again).
+
+``python -m benches --only cluster --cluster-parts fuse`` runs one part (comma-separated:
+training, peer, kill, setup, fuse).
 """
 
 from __future__ import annotations
@@ -320,19 +329,266 @@ def bench_setup(out: Path, log, files: int = 100_000) -> dict:
     return {"files": files, "ranks": 8, "nodes": 4, "runs": runs, "seconds": runs[0]["max_seconds"]}
 
 
-def bench_cluster(out: Path, log, progress: str = "stdout") -> dict:
+# -- (f) on the FUSE emulation --------------------------------------------------------------------
+FUSE_FILES = 8000
+FUSE_EPOCHS = 3
+FUSE_NODE_MEMORY = 0.30
+# Accelerators in all / the file system's peak t(γ): compute per epoch is half of reading the
+# dataset once, so epoch 0 is bound by the file system and epochs >= 1 by compute.
+FUSE_COMPUTE_RATIO = 2.0
+
+
+def _fs_counters(mnt: str) -> dict:
+    """The FUSE emulation's counters: uptime, bytes read, seconds spent in opens and transfers."""
+    with open(os.path.join(mnt, ".fsemu-stats"), "rb") as f:
+        s = json.loads(f.read())
+    return {k: s[k] for k in ("uptime_s", "bytes", "open_seconds", "transfer_seconds")}
+
+
+def _in_flight(a: dict, b: dict) -> float:
+    """Mean opens and transfers in progress on the file system between two counter readings."""
+    return ((b["open_seconds"] - a["open_seconds"]) + (b["transfer_seconds"] - a["transfer_seconds"])) / max(
+        1e-9, b["uptime_s"] - a["uptime_s"]
+    )
+
+
+def _fuse_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epochs: int, batch: int) -> dict:
+    """One rank of the Job API on the FUSE mount: every epoch in steps of ``batch`` samples, a
+    training step (slept) and a barrier per step. Each epoch's time ends at its last step; epoch
+    0's starts before the job is created (its prefetchers start with it). Rank 0 reads the file
+    system's byte counter at every epoch's end."""
+    import clairvoyant
+
+    from .emulation import EmulatedAccelerator
+
+    source = clairvoyant.FileList([os.path.join(mnt, r) for r in rel], labels)
+    accel = EmulatedAccelerator(compute_bps)
+    ctx.sync()
+    marks, computes, fs = [time.perf_counter()], [], [_fs_counters(mnt) if ctx.rank == 0 else None]
+    waits: list = []  # per epoch: seconds waiting for a batch, seconds in the barrier
+    cpu = [time.process_time()]  # this process's CPU time, all its threads (the peer server's too)
+    job = clairvoyant.Job(source, batch_size=batch, epochs=epochs)
+    setup = time.perf_counter() - marks[0]
+    for e in range(epochs):
+        before, data, sync = accel.compute_seconds, 0.0, 0.0
+        t = time.perf_counter()
+        for samples, _labels in job.batches(e):
+            data += time.perf_counter() - t
+            accel.step(sum(len(x) for x in samples))
+            t = time.perf_counter()
+            ctx.sync()
+            sync += time.perf_counter() - t
+            t = time.perf_counter()
+        marks.append(time.perf_counter())
+        computes.append(accel.compute_seconds - before)
+        waits.append((data, sync))
+        cpu.append(time.process_time())
+        fs.append(_fs_counters(mnt) if ctx.rank == 0 else None)
+    stats, peers = job.stats(), job.peer_stats()
+    job.close()
     return {
-        "training": bench_cluster_training(out, log, progress),
-        "peer_transport": bench_peer_transport(log),
-        "kill": bench_kill(out, log),
-        "setup": bench_setup(out, log),
+        "epoch_seconds": [b - a for a, b in zip(marks, marks[1:])],
+        "compute_seconds": computes,
+        "data_seconds": [d for d, _ in waits],
+        "barrier_seconds": [b for _, b in waits],
+        "setup_seconds": setup,
+        "cpu_seconds": [b - a for a, b in zip(cpu, cpu[1:])],
+        "fs_bytes": [b["bytes"] - a["bytes"] for a, b in zip(fs, fs[1:])] if ctx.rank == 0 else None,
+        "reads_in_flight": [_in_flight(a, b) for a, b in zip(fs, fs[1:])] if ctx.rank == 0 else None,
+        "stats": stats,
+        "peer_stats": peers,
+    }
+
+
+def _fuse_pool_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epochs: int, batch: int) -> dict:
+    """Epoch 0 of one rank with the plain reader pool of the single-node FUSE benchmark."""
+    from .bench import _epoch0_rank
+
+    return _epoch0_rank(ctx, "threadpool", mnt, rel, labels, compute_bps, epochs)
+
+
+def _floor_rank(ctx, data: str, rel: list, labels: list, compute_bps: float, epochs: int, batch: int) -> dict:
+    """The no-I/O floor: the same loop (a training step and a barrier per step, the same batches
+    in the same order) with no data to load; each epoch's time."""
+    import clairvoyant
+
+    from .emulation import EmulatedAccelerator
+
+    sizes = [os.path.getsize(os.path.join(data, r)) for r in rel]
+    streams = clairvoyant.access_stream(len(rel), ctx.world_size, ctx.rank, epochs, batch, 0)
+    accel = EmulatedAccelerator(compute_bps)
+    ctx.sync()
+    marks = [time.perf_counter()]
+    for e in range(epochs):
+        order = streams[e]
+        for b in range(0, len(order), batch):
+            accel.step(sum(sizes[int(i)] for i in order[b : b + batch]))
+            ctx.sync()
+        marks.append(time.perf_counter())
+    return {"epoch_seconds": [b - a for a, b in zip(marks, marks[1:])]}
+
+
+def _fuse_summary(per_rank: list, total: int) -> dict:
+    """One run's figures: per epoch the slowest rank's time and compute, the file system's bytes,
+    and the samples by source, stalls and peer misses over all ranks."""
+    epochs = len(per_rank[0]["epoch_seconds"])
+    sources: list = []
+    for e in range(epochs):
+        by: dict = {}
+        for r in per_rank:
+            for name, x in r["stats"][e]["sources"].items():
+                by[name] = by.get(name, 0) + x["samples"]
+        sources.append(by)
+    seconds = [max(r["epoch_seconds"][e] for r in per_rank) for e in range(epochs)]
+    compute = [max(r["compute_seconds"][e] for r in per_rank) for e in range(epochs)]
+    return {
+        "epoch_seconds": seconds,
+        "compute_seconds": compute,
+        "floor_over_epoch": [c / s for c, s in zip(compute, seconds)],
+        "fs_vs_dataset": [b / total for b in per_rank[0]["fs_bytes"]],
+        "reads_in_flight": per_rank[0]["reads_in_flight"],
+        "setup_seconds": max(r["setup_seconds"] for r in per_rank),
+        # CPU seconds of all rank processes together, per epoch (the machine's cores x the epoch bound it).
+        "cpu_seconds": [sum(r["cpu_seconds"][e] for r in per_rank) for e in range(epochs)],
+        "samples_by_source": sources,
+        "stall_seconds": [sum(r["stats"][e]["stall_seconds"] for r in per_rank) for e in range(epochs)],
+        # Per epoch and rank: (waiting for data, stepping, in barriers, the epoch).
+        "per_rank": [
+            [(r["data_seconds"][e], r["compute_seconds"][e], r["barrier_seconds"][e], r["epoch_seconds"][e]) for r in per_rank]
+            for e in range(epochs)
+        ],
+        # Per epoch, the most any rank spent waiting for its batches / in the per-step barrier.
+        "data_seconds": [max(r["data_seconds"][e] for r in per_rank) for e in range(epochs)],
+        "barrier_seconds": [max(r["barrier_seconds"][e] for r in per_rank) for e in range(epochs)],
+        "peer_misses": [sum(r["stats"][e]["peer_misses"] + r["stats"][e]["peer_fallbacks"] for r in per_rank) for e in range(epochs)],
+        "peer_stats": [r["peer_stats"] for r in per_rank],
+    }
+
+
+def _with_pythonpath(path: str | None, fn):
+    """``fn()`` with ``path`` first on PYTHONPATH, so that the rank processes it spawns import
+    the ``clairvoyant`` package found there (another build, for a comparison in the same run)."""
+    if path is None:
+        return fn()
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(Path(path).resolve()) + ("" if before is None else os.pathsep + before)
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def bench_cluster_fuse(out: Path, log, files: int = FUSE_FILES, repeats: int = 2, baseline: str | None = None) -> dict:
+    """(f): clairvoyant, the plain pool and the loop without data, alternated ``repeats`` times on
+    one FUSE mount; every ratio is between runs of this invocation (best epoch 0 of each; epochs
+    >= 1 of every run). ``baseline``: a directory holding another build of the ``clairvoyant``
+    package, run the same way beside this one ("baseline" in the figures)."""
+    from . import emulation as _emulation
+    from .bench import FUSE_BATCH, make_fuse_dataset
+
+    reason = _emulation.fuse_unavailable()
+    if reason is not None:
+        log(f"cluster on FUSE: skipped: {reason}")
+        return {"skipped": reason}
+    rel, labels, total = make_fuse_dataset(out / "bench" / "fuse-data", files)
+    table = _emulation.FSEMU_DEFAULT_BANDWIDTH
+    peak = max(y for _, y in table) * 1e6
+    ranks = CLUSTER_NODES * CLUSTER_RANKS_PER_NODE
+    compute_bps = FUSE_COMPUTE_RATIO * peak / ranks
+    cache = (out / "bench" / "fuse-cache").resolve()
+    cache.mkdir(parents=True, exist_ok=True)
+    env = {"CLAIRVOYANT_CONFIG": "", "CLAIRVOYANT_CACHE_DIR": str(cache), "CLAIRVOYANT_MEMORY": str(int(FUSE_NODE_MEMORY * total))}
+    mnt = out / "bench" / "fuse-mnt"
+    runs: dict = {"clairvoyant": [], "pool": [], "floor": [], "baseline": []}
+    args = (rel, labels, compute_bps, FUSE_EPOCHS, FUSE_BATCH)
+    with _emulation.FuseMount(out / "bench" / "fuse-data", mnt, _emulation.FSEMU_DEFAULT_LATENCY_MS, table):
+        m = str(mnt.resolve())
+        for _ in range(repeats):
+            per = _emulation.run_ranks(_floor_rank, ranks, args=(str((out / "bench" / "fuse-data").resolve()), *args), timeout=600)
+            runs["floor"].append({"epoch_seconds": [max(r["epoch_seconds"][e] for r in per) for e in range(FUSE_EPOCHS)]})
+            if baseline is not None:
+                per = _with_pythonpath(
+                    baseline, lambda: _emulation.run_ranks(_fuse_rank, ranks, args=(m, *args), env=env, timeout=600, nodes=CLUSTER_NODES)
+                )
+                runs["baseline"].append(_fuse_summary(per, total))
+                b = runs["baseline"][-1]
+                log(
+                    f"cluster on FUSE: baseline epochs {[round(x, 2) for x in b['epoch_seconds']]} s, reads in flight "
+                    f"{[round(x, 1) for x in b['reads_in_flight']]}, waits for data {[round(x, 2) for x in b['data_seconds']]} s, CPU s of the ranks "
+                    f"{[round(x, 2) for x in b['cpu_seconds']]}"
+                )
+            per = _emulation.run_ranks(_fuse_rank, ranks, args=(m, *args), env=env, timeout=600, nodes=CLUSTER_NODES)
+            runs["clairvoyant"].append(_fuse_summary(per, total))
+            per = _emulation.run_ranks(_fuse_pool_rank, ranks, args=(m, *args), env=env, timeout=600, nodes=CLUSTER_NODES)
+            runs["pool"].append(
+                {"epoch_seconds": [max(r["seconds"] for r in per)], "compute_seconds": [max(r["compute_seconds"] for r in per)]}
+            )
+            c, p = runs["clairvoyant"][-1], runs["pool"][-1]
+            log(
+                f"cluster on FUSE: clairvoyant epochs {[round(x, 2) for x in c['epoch_seconds']]} s (floor / epoch "
+                f"{[round(x, 3) for x in c['floor_over_epoch']]}), fs {[round(x, 3) for x in c['fs_vs_dataset']]}x, "
+                f"sources {c['samples_by_source']}, waits for data {[round(x, 2) for x in c['data_seconds']]} s, "
+                f"in barriers {[round(x, 2) for x in c['barrier_seconds']]} s, set-up {c['setup_seconds']:.2f} s, reads in flight "
+                f"{[round(x, 1) for x in c['reads_in_flight']]}, CPU s of the ranks {[round(x, 2) for x in c['cpu_seconds']]}; pool epoch 0 {p['epoch_seconds'][0]:.2f} s; no-I/O loop "
+                f"{[round(x, 2) for x in runs['floor'][-1]['epoch_seconds']]} s"
+            )
+    c0 = min(r["epoch_seconds"][0] for r in runs["clairvoyant"])
+    p0 = min(r["epoch_seconds"][0] for r in runs["pool"])
+    bound = max(max(r["compute_seconds"][0] for r in runs["clairvoyant"]), total / peak)
+    later = [x for r in runs["clairvoyant"] for x in r["floor_over_epoch"][1:]]
+    if runs["baseline"]:
+        b0 = min(r["epoch_seconds"][0] for r in runs["baseline"])
+        b_later = [x for r in runs["baseline"] for x in r["epoch_seconds"][1:]]
+        c_later = [x for r in runs["clairvoyant"] for x in r["epoch_seconds"][1:]]
+        log(
+            f"cluster on FUSE: against the baseline build: epoch 0 {c0 / b0:.3f}x (best of each), epochs >= 1 "
+            f"{sum(c_later) / sum(b_later):.3f}x (sum of all)"
+        )
+    # The same loop with no data, run beside them: what barriers and stepping cost on this machine.
+    loop = [f / c for r, fl in zip(runs["clairvoyant"], runs["floor"]) for c, f in zip(r["epoch_seconds"][1:], fl["epoch_seconds"][1:])]
+    return {
+        "files": files,
+        "dataset_bytes": total,
+        "nodes": CLUSTER_NODES,
+        "ranks": ranks,
+        "node_memory_fraction": FUSE_NODE_MEMORY,
+        "batch_size": FUSE_BATCH,
+        "compute_mbps_per_rank": compute_bps / 1e6,
+        "bound_seconds": bound,
+        "runs": runs,
+        "epoch0_vs_bound": c0 / bound,
+        "epoch0_vs_pool": c0 / p0,
+        "floor_over_epoch_ge1_min": min(later),
+        "floor_over_epoch_ge1_mean": sum(later) / len(later),
+        "loop_over_epoch_ge1_min": min(loop),
+        "loop_over_epoch_ge1_mean": sum(loop) / len(loop),
+        "fs_vs_dataset": max(sum(r["fs_vs_dataset"]) for r in runs["clairvoyant"]),
+        "baseline": baseline,
+    }
+
+
+CLUSTER_PARTS = ("training", "peer", "kill", "setup", "fuse")
+
+
+def bench_cluster(out: Path, log, progress: str = "stdout", parts: tuple = CLUSTER_PARTS, baseline: str | None = None) -> dict:
+    """The parts of the cluster benchmark named in ``parts``; the others are None. ``baseline``:
+    see :func:`bench_cluster_fuse`."""
+    return {
+        "training": bench_cluster_training(out, log, progress) if "training" in parts else None,
+        "peer_transport": bench_peer_transport(log) if "peer" in parts else None,
+        "kill": bench_kill(out, log) if "kill" in parts else None,
+        "setup": bench_setup(out, log) if "setup" in parts else None,
+        "fuse": bench_cluster_fuse(out, log, baseline=baseline) if "fuse" in parts else None,
     }
 
 
 def markdown(cluster: dict) -> str:
     """The cluster figures as the tables of docs/benchmarks.md."""
     lines = []
-    for name in ("large", "small"):
+    for name in ("large", "small") if cluster.get("training") else ():
         f = cluster["training"][name]
         cfg = f["config"]
         lines.append(
@@ -359,21 +615,56 @@ def markdown(cluster: dict) -> str:
                 f"{p['fs_bytes']:,} predicted, {p['measured_fs_bytes']:,} measured."
             )
         lines.append("")
-    peer = cluster["peer_transport"]
-    lines.append(
-        f"Peer transport (`peerbench`): {peer['peer_gbps']:.2f} GB/s aggregate, plain socket copy {peer['plain_socket_gbps']:.2f} "
-        f"GB/s (ratio {peer['peer_over_plain']:.2f}); server CPU {peer['server_cpu_us_per_sample']:.0f} µs per 100 KB sample."
-    )
-    k = cluster["kill"]
-    lines.append(
-        f"Node killed in epoch 2 ({k['nodes']} nodes x 1 rank, {k['epochs']} epochs): survivors completed "
-        f"{k['survivors_completed']}, extra stall {', '.join(f'{x:.2f}' for x in k['extra_stall_seconds'])} s, "
-        f"samples read around the dead node {k['fallbacks']}."
-    )
-    s = cluster["setup"]
-    lines.append(
-        f"Set-up of {s['ranks']} ranks on {s['nodes']} nodes over {s['files']:,} files: "
-        + ", ".join(f"{r['max_seconds']:.2f} s (index {r['index']})" for r in s["runs"])
-        + "."
-    )
+    peer = cluster.get("peer_transport")
+    if peer:
+        lines.append(
+            f"Peer transport (`peerbench`): {peer['peer_gbps']:.2f} GB/s aggregate, plain socket copy {peer['plain_socket_gbps']:.2f} "
+            f"GB/s (ratio {peer['peer_over_plain']:.2f}); server CPU {peer['server_cpu_us_per_sample']:.0f} µs per 100 KB sample."
+        )
+    k = cluster.get("kill")
+    if k:
+        lines.append(
+            f"Node killed in epoch 2 ({k['nodes']} nodes x 1 rank, {k['epochs']} epochs): survivors completed "
+            f"{k['survivors_completed']}, extra stall {', '.join(f'{x:.2f}' for x in k['extra_stall_seconds'])} s, "
+            f"samples read around the dead node {k['fallbacks']}."
+        )
+    s = cluster.get("setup")
+    if s:
+        lines.append(
+            f"Set-up of {s['ranks']} ranks on {s['nodes']} nodes over {s['files']:,} files: "
+            + ", ".join(f"{r['max_seconds']:.2f} s (index {r['index']})" for r in s["runs"])
+            + "."
+        )
+    if cluster.get("fuse"):
+        lines += fuse_markdown(cluster["fuse"])
     return "\n".join(lines)
+
+
+def fuse_markdown(f: dict) -> list:
+    """Part (f) as a table per run and its ratios."""
+    if "skipped" in f:
+        return [f"Cluster on FUSE: skipped ({f['skipped']})."]
+    lines = [
+        "",
+        f"**{f['nodes']} nodes x {f['ranks'] // f['nodes']} ranks on the FUSE emulation**, memory {f['node_memory_fraction']:.0%} "
+        f"of the dataset per node ({f['files']:,} files, {f['dataset_bytes'] / 1e6:.0f} MB), accelerator "
+        f"{f['compute_mbps_per_rank']:.0f} MB/s per rank, bound of epoch 0 {f['bound_seconds']:.2f} s:",
+        "",
+        "| run | clairvoyant epoch s | compute / epoch (>= 1) | same loop without data, s | fs bytes / dataset per epoch | samples: staging/memory/pfs/peer (epochs >= 1) | pool epoch 0 s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, (c, p, fl) in enumerate(zip(f["runs"]["clairvoyant"], f["runs"]["pool"], f["runs"]["floor"])):
+        later = [sum(by.get(k, 0) for by in c["samples_by_source"][1:]) for k in ("staging", "memory", "pfs", "peer")]
+        lines.append(
+            f"| {i + 1} | {', '.join(f'{x:.2f}' for x in c['epoch_seconds'])} | {', '.join(f'{x:.3f}' for x in c['floor_over_epoch'][1:])} "
+            f"| {', '.join(f'{x:.2f}' for x in fl['epoch_seconds'])} "
+            f"| {', '.join(f'{x:.3f}' for x in c['fs_vs_dataset'])} | {'/'.join(map(str, later))} | {p['epoch_seconds'][0]:.2f} |"
+        )
+    lines += [
+        "",
+        f"Epoch 0 / bound {f['epoch0_vs_bound']:.3f}, / plain pool {f['epoch0_vs_pool']:.3f} (best of each); no-I/O floor / "
+        f"epoch, epochs >= 1: min {f['floor_over_epoch_ge1_min']:.3f}, mean {f['floor_over_epoch_ge1_mean']:.3f} (the same loop "
+        f"without data, run beside it / epoch: min {f['loop_over_epoch_ge1_min']:.3f}, mean {f['loop_over_epoch_ge1_mean']:.3f}); file-system "
+        f"bytes over the run {f['fs_vs_dataset']:.3f}x the dataset.",
+    ]
+    return lines

@@ -78,3 +78,80 @@ def test_epoch0_sampler_tells_the_agent_from_the_program():
     finally:
         proc.stdin.close()
         proc.wait(timeout=60)
+
+
+def _fuse_rank_figures(data: float, epochs: int = 3) -> dict:
+    """What one rank of the cluster benchmark on FUSE reports, with made-up figures."""
+    sources = {"staging": 0, "memory": 60, "ssd": 0, "pfs": 0, "peer": 40}
+    return {
+        "epoch_seconds": [4.5] + [2.2] * (epochs - 1),
+        "compute_seconds": [2.0] * epochs,
+        "data_seconds": [data] * epochs,
+        "barrier_seconds": [0.1] * epochs,
+        "cpu_seconds": [1.0] * epochs,
+        "setup_seconds": 0.3,
+        "fs_bytes": [1000] + [0] * (epochs - 1),
+        "reads_in_flight": [30.0] + [0.0] * (epochs - 1),
+        "stats": [
+            {
+                "sources": {k: {"samples": v, "bytes": v} for k, v in sources.items()},
+                "stall_seconds": 0.5,
+                "peer_misses": 0,
+                "peer_fallbacks": 1,
+            }
+        ]
+        * epochs,
+        "peer_stats": None,
+    }
+
+
+def test_the_cluster_benchmark_on_fuse_sums_its_ranks_and_reports_only_parts_that_ran(monkeypatch):
+    """The FUSE part of the cluster benchmark: per epoch the slowest rank's figures and the sum of
+    the samples by source; targets and tables only for the parts that ran."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benches import bench, cluster
+
+    per_rank = [_fuse_rank_figures(0.2), _fuse_rank_figures(0.7)]
+    s = cluster._fuse_summary(per_rank, total=1000)
+    assert s["epoch_seconds"] == [4.5, 2.2, 2.2]
+    assert s["data_seconds"] == [0.7, 0.7, 0.7]
+    assert s["floor_over_epoch"][1] == 2.0 / 2.2
+    assert s["fs_vs_dataset"] == [1.0, 0.0, 0.0]
+    assert s["samples_by_source"][1] == {"staging": 0, "memory": 120, "ssd": 0, "pfs": 0, "peer": 80}
+    assert s["peer_misses"] == [2, 2, 2] and s["cpu_seconds"] == [2.0, 2.0, 2.0]
+    fuse = {
+        "nodes": 4,
+        "ranks": 8,
+        "files": 10,
+        "dataset_bytes": 1000,
+        "node_memory_fraction": 0.3,
+        "compute_mbps_per_rank": 50.0,
+        "bound_seconds": 4.0,
+        "runs": {"clairvoyant": [s], "pool": [{"epoch_seconds": [4.3]}], "floor": [{"epoch_seconds": [2.1, 2.1, 2.1]}], "baseline": []},
+        "epoch0_vs_bound": 4.5 / 4.0,
+        "epoch0_vs_pool": 4.5 / 4.3,
+        "floor_over_epoch_ge1_min": 2.0 / 2.2,
+        "floor_over_epoch_ge1_mean": 2.0 / 2.2,
+        "loop_over_epoch_ge1_min": 2.1 / 2.2,
+        "loop_over_epoch_ge1_mean": 2.1 / 2.2,
+        "fs_vs_dataset": 1.0,
+    }
+    only_fuse = {"training": None, "peer_transport": None, "kill": None, "setup": None, "fuse": fuse}
+    targets = {t["name"]: t for t in bench.evaluate(None, None, cluster=only_fuse)}
+    assert set(targets) == {
+        "cluster_fuse_epoch0_vs_bound",
+        "cluster_fuse_epoch0_vs_pool",
+        "cluster_fuse_floor_epochs_ge1",
+        "cluster_fuse_fs_vs_dataset",
+    }
+    assert not targets["cluster_fuse_epoch0_vs_bound"]["met"] and targets["cluster_fuse_fs_vs_dataset"]["met"]
+    text = cluster.markdown(only_fuse)
+    assert "| 1 | 4.50, 2.20, 2.20 | 0.909, 0.909 | 2.10, 2.10, 2.10 |" in text, text
+    assert "Peer transport" not in text and "Set-up" not in text
+    assert cluster.bench_cluster(ROOT / "out", print, parts=()) == {
+        "training": None,
+        "peer_transport": None,
+        "kill": None,
+        "setup": None,
+        "fuse": None,
+    }

@@ -38,7 +38,8 @@ pub struct FsFigures {
     pub open_latency_s: f64,
     /// Typical sample size, bytes.
     pub typical_bytes: u64,
-    /// Ranks of this node reading the file system at once.
+    /// Ranks reading the file system at once: this node's, or every node's when a job spans
+    /// nodes that share the file system.
     pub ranks: u32,
     /// Whether the figures describe this file system (a configuration or a probe gave them), or
     /// are defaults that may be far off.
@@ -399,7 +400,8 @@ pub fn figures(model: &SystemModel, typical_bytes: u64, ranks: u32) -> FsFigures
     }
 }
 
-/// The gate of the staging fetches of rank number `index` of the node's `ranks` under `model`:
+/// The gate of the staging fetches of rank number `index` of the `ranks` that read the file
+/// system (the node's, or the job's when it spans nodes) under `model`:
 /// up to [`MAX_FETCHES`] (or the configured `staging.threads` when more), starting from the
 /// model's figure.
 pub fn staging_gate(model: &SystemModel, typical_bytes: u64, ranks: u32, index: u32) -> Gate {
