@@ -981,19 +981,6 @@ pub fn node_capacities(source: &dyn Source, model: &SystemModel, local_ranks: u3
         .collect()
 }
 
-/// The ranks that read the dataset's storage at the same time, and this rank's number among
-/// them: every rank of every node when the job spans nodes (they read the one shared file system
-/// the model describes, so the reads in flight that saturate it are a budget for the whole job,
-/// not for each node), else the node's ranks.
-fn storage_readers(spec: &JobSpec) -> (u32, u32) {
-    let ranks: Vec<u32> = match spec.cluster.as_ref() {
-        Some(c) if c.nodes.len() > 1 => c.nodes.iter().flatten().copied().collect(),
-        _ => spec.local_ranks.clone(),
-    };
-    let index = ranks.iter().position(|&r| r == spec.rank).unwrap_or(0);
-    (ranks.len().max(1) as u32, index as u32)
-}
-
 /// Whether fetching a typical sample from a peer's memory beats the dataset's storage by the
 /// model (fetch_{i,1,j} against the storage's per-reader rate and latency). Without a configured
 /// interconnect, peers are assumed faster: reading the dataset once is the point.
@@ -1099,7 +1086,8 @@ impl Inner {
     fn new(source: Arc<dyn Source>, model: &SystemModel, spec: &JobSpec, p: Prepared) -> Inner {
         let f = source.len();
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
-        let (readers, reader_index) = storage_readers(spec);
+        let readers = spec.local_ranks.len() as u32;
+        let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap_or(0) as u32;
         Inner {
             source,
             batch_ends: RwLock::new(p.stream.batch_ends),
@@ -1150,7 +1138,7 @@ impl Inner {
             served_bytes: AtomicU64::new(0),
             prefilled: std::sync::OnceLock::new(),
             owner_pid: pid::current(),
-            readahead: crate::readahead::staging_gate(model, p.typical, readers, reader_index),
+            readahead: crate::readahead::staging_gate(model, p.typical, readers, local_index),
         }
     }
 }
@@ -1321,34 +1309,6 @@ mod tests {
         let f = Filler::of(&[0], 0, None);
         assert!(!f.agent && f.prefill);
         assert_eq!(f.share_of(&[4, 1, 3]), vec![4, 1, 3]);
-    }
-
-    fn spec_of(rank: u32, local_ranks: Vec<u32>, nodes: Option<Vec<Vec<u32>>>) -> JobSpec {
-        JobSpec {
-            schedule: crate::schedule::Schedule::shuffle(64, 8, 1, 1, 1, false).unwrap(),
-            rank,
-            local_ranks,
-            run_id: String::new(),
-            first_epoch: 0,
-            cluster: nodes.map(|nodes| ClusterSpec {
-                capacities: vec![vec![0]; nodes.len()],
-                nodes,
-                node: 0,
-                peers: None,
-                peer_wait: Duration::from_secs(1),
-            }),
-            agent: None,
-        }
-    }
-
-    #[test]
-    fn the_storage_is_read_by_every_rank_of_a_job_that_spans_nodes() {
-        let nodes = vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]];
-        // Rank 5 of node 2: one of the job's 8 readers of the shared file system.
-        assert_eq!(storage_readers(&spec_of(5, vec![4, 5], Some(nodes))), (8, 5));
-        // One node: its own ranks.
-        assert_eq!(storage_readers(&spec_of(5, vec![4, 5], None)), (2, 1));
-        assert_eq!(storage_readers(&spec_of(5, vec![4, 5], Some(vec![vec![4, 5]]))), (2, 1));
     }
 
     #[test]
