@@ -144,7 +144,13 @@ def test_probe_warns_about_page_cached_and_tiny_files_and_says_how_to_use_the_fi
     out = tmp_path / "system.toml"
     r = run("probe", str(tmp_path / "data"), "--budget", "1", "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert "page cache" in r.stderr and "tiny" in r.stderr, r.stderr
+    assert "tiny" in r.stderr, r.stderr
+    # Whether the timed opens look page-cached depends on the machine's load at that moment: the
+    # command must print exactly the warnings its own figures call for.
+    from clairvoyant._native import SystemModel
+
+    cached = any("page cache" in w for w in cli.probe_warnings(SystemModel.load(str(out)), 2000))
+    assert ("page cache" in r.stderr) == cached, r.stderr
     assert f"CLAIRVOYANT_CONFIG={out}" in r.stderr and f"config={str(out)!r}" in r.stderr
     assert "system.toml" in r.stderr and out.exists()
     assert "probe: probe:" not in r.stderr
