@@ -172,10 +172,14 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
         if cached:
             stats = loader.stats()[-1]
             row["samples_by_source"] = {k: v["samples"] for k, v in stats["sources"].items()}
+            row["peer"] = {k: stats[k] for k in ("peer_misses", "peer_fallbacks")}
         out.append(row)
+    peers = None
     if cached:
+        job = getattr(loader.__dict__.get("_cv"), "job", None)
+        peers = job.peer_stats() if job is not None else None
         loader.close()
-    return {"rank": ctx.rank, "epochs": out}
+    return {"rank": ctx.rank, "epochs": out, "peers": peers}
 
 
 def _merge(per_rank: list, loader: str, num_samples: int, fs_before: int) -> list:
@@ -195,6 +199,9 @@ def _merge(per_rank: list, loader: str, num_samples: int, fs_before: int) -> lis
             for x in eps:
                 by_source.update(x.get("samples_by_source", {}))
             by_source = dict(by_source)
+        peer = collections.Counter()
+        for x in eps:
+            peer.update(x.get("peer", {}))
         rows.append(
             {
                 "epoch": e,
@@ -205,6 +212,7 @@ def _merge(per_rank: list, loader: str, num_samples: int, fs_before: int) -> lis
                 "stall_seconds": round(max(x["stall_seconds"] for x in eps), 4),
                 "fs_bytes_read": fs_total - prev,
                 "samples_by_source": by_source,
+                **({"peer_misses": peer["peer_misses"], "peer_fallbacks": peer["peer_fallbacks"]} if peer else {}),
                 "samples_seen": sum(counts.values()),
                 "unique_samples_seen": len([k for k in counts if k >= 0]),
                 "every_sample_once": sum(counts.values()) == num_samples
@@ -351,6 +359,10 @@ def _train(loader: str, cfg: dict, fs, ranks: int, nodes: int, node_env: dict, l
         env["CLAIRVOYANT_PEERS"] = "off"
     per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env, nodes=nodes)
     rows = _merge(per_rank, loader, len(cfg["paths"]), before)
+    if os.environ.get("CV_DEMO_PEERS"):
+        import json
+        with open(os.environ["CV_DEMO_PEERS"], "a") as f:
+            f.write(json.dumps([r.get("peers") for r in per_rank]) + "\n")
     log(epoch_table(loader, rows))
     log(f"{loader}: {time.perf_counter() - t:.1f} s in all\n")
     return rows
@@ -390,6 +402,11 @@ def summary(result: dict) -> str:
             total_1 = sum(r["fs_bytes_read"] for r in one)
             text += f"one-node {total_1 / result['dataset_bytes']:.2f}x, "
         lines.append(text + f"pytorch {total_p / result['dataset_bytes']:.2f}x")
+        if any("peer_misses" in r for r in c):
+            lines.append(
+                "peers could not serve (not filled yet, not held, corrupt) / were taken off the data path: "
+                + ", ".join(f"epoch {r['epoch']} {r.get('peer_misses', 0)} / {r.get('peer_fallbacks', 0)}" for r in c)
+            )
     return "\n".join(lines)
 
 

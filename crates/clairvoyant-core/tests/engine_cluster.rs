@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use clairvoyant_core::engine::{ClusterSpec, Engine, JobSpec, PeerFetch, PeerReply, PeerService, Serve, Src};
+use clairvoyant_core::engine::{
+    ClusterSpec, Engine, JobSpec, PeerFetch, PeerReply, PeerService, Serve, Src, PEER_NOT_YET_ASKS,
+};
 use clairvoyant_core::model::{StagingSpec, SystemModel};
 use clairvoyant_core::plan::{node_access, ClusterAccess, ClusterPlacement};
 use clairvoyant_core::schedule::Schedule;
@@ -33,6 +35,9 @@ struct InProcess {
     down: Mutex<Vec<usize>>,
     damage_from: Mutex<Option<usize>>,
     asked: AtomicU64,
+    /// Every sample's first this many asks are answered "not yet" (a fill in progress there).
+    not_yet_first: u32,
+    not_yet_asked: Mutex<std::collections::HashMap<u32, u32>>,
 }
 
 impl InProcess {
@@ -52,6 +57,14 @@ impl PeerFetch for InProcess {
         self.asked.fetch_add(1, Ordering::Relaxed);
         if self.is_down(node) {
             return PeerReply::Down;
+        }
+        if self.not_yet_first > 0 {
+            let mut asked = self.not_yet_asked.lock().unwrap();
+            let n = asked.entry(sample).or_default();
+            *n += 1;
+            if *n <= self.not_yet_first {
+                return PeerReply::NotYet;
+            }
         }
         // A node's server answers once its engine is attached (like the real one).
         let guard = self.services.lock().unwrap();
@@ -210,6 +223,21 @@ fn aggregate_memory_above_the_dataset_reads_it_once() {
         peer > all / 3,
         "most samples of a rank live on other nodes: {peer} of {all}"
     );
+}
+
+/// A peer that answers "not yet" (its fill of the sample is still reading it) is asked again,
+/// not read around: the dataset is still read once.
+#[test]
+fn a_peer_still_filling_is_asked_again_not_read_around() {
+    let mut run = Run::new(600, 3, 2, 2, 0.4, 5);
+    let mut peers = InProcess::default();
+    *peers.services.lock().unwrap() = vec![None; 3];
+    peers.not_yet_first = PEER_NOT_YET_ASKS - 1;
+    run.peers = Arc::new(peers);
+    let by = run.run(|_, _| {});
+    assert_eq!(run.data.bytes_read(), run.data.total(), "a sample read twice");
+    let peer: u64 = by.iter().map(|b| b[Src::Peer as usize]).sum();
+    assert!(peer > 0, "no sample came from a peer");
 }
 
 #[test]

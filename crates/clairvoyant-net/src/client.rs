@@ -3,8 +3,11 @@
 //! detection: a peer that failed once is taken off the data path (fetches answer `PeerDown` at
 //! once) and probed off it, by a background connect and handshake, first after `dead_for`, then
 //! after twice as long after each failed probe (at most [`MAX_BACKOFF_FACTOR`] times).
-//! [`Client::fetch_within`] bounds a whole fetch (connection, handshake, reply) by a deadline
-//! the caller derives from its other source: a peer slower than that is taken for stalled.
+//! [`Client::fetch_within`] bounds a fetch's wait (for a connection, the handshake, the reply)
+//! by a deadline the caller derives from its other source: a peer silent that long is taken for
+//! stalled. A peer that answers other requests meanwhile is alive, only busy (for example
+//! reading the sample from a loaded file system on the caller's behalf): the wait goes on, up to
+//! the client's own time-outs, rather than reading the sample a second time elsewhere.
 //! The down state and the back-off are decided by [`ClientConfig::clock`] (tests advance a
 //! [`ManualClock`](crate::ManualClock)); I/O time-outs and fetch deadlines are real time.
 
@@ -109,6 +112,37 @@ struct Peer {
     inner: Mutex<PeerInner>,
     cv: Condvar,
     down_events: AtomicU64,
+    /// Replies received from this peer on any connection: the evidence that it is alive.
+    answered: AtomicU64,
+}
+
+/// A fetch's deadline: `by`, moved to `window` from now each time the peer is found to have
+/// answered another request since this fetch last looked (it is alive and busy, not stalled).
+struct Deadline {
+    by: Instant,
+    window: Duration,
+    heard: u64,
+}
+
+impl Deadline {
+    fn new(p: &Peer, window: Duration) -> Deadline {
+        Deadline {
+            by: Instant::now() + window,
+            window,
+            heard: p.answered.load(Relaxed),
+        }
+    }
+
+    /// At `by`: whether the wait may go on (the peer answered meanwhile); `by` moves if so.
+    fn extend(&mut self, p: &Peer) -> bool {
+        let answered = p.answered.load(Relaxed);
+        if answered == self.heard {
+            return false;
+        }
+        self.heard = answered;
+        self.by = Instant::now() + self.window;
+        true
+    }
 }
 
 #[derive(Default)]
@@ -159,6 +193,7 @@ impl Client {
                     inner: Mutex::new(PeerInner::default()),
                     cv: Condvar::new(),
                     down_events: AtomicU64::new(0),
+                    answered: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -174,12 +209,14 @@ impl Client {
         self.fetch_by(peer, sample, wait, None, dst)
     }
 
-    /// [`Client::fetch`] bounded by `within` in all (waiting for a pooled connection, connecting
-    /// and the handshake, the reply): a peer that has not answered by then is taken for stalled,
-    /// marked down (its other fetches answer `PeerDown` at once; it is probed off the data path)
-    /// and the connection is closed, so a late reply is never read. The server is granted at
-    /// most a quarter of `within` to wait for a fill in progress, so a live peer answers in time
-    /// even when it is slow to be scheduled.
+    /// [`Client::fetch`] bounded by `within` of silence (waiting for a pooled connection,
+    /// connecting and the handshake, the reply): a peer that has answered nothing, to this fetch
+    /// or any other, for `within` is taken for stalled, marked down (its other fetches answer
+    /// `PeerDown` at once; it is probed off the data path) and the connection is closed, so a
+    /// late reply is never read. While the peer answers other requests the wait goes on, up to
+    /// the client's time-outs (`connect_timeout` and `io_timeout`, as for [`Client::fetch`]).
+    /// The server is granted at most a quarter of `within` to wait for a fill in progress, so a
+    /// live peer answers in time even when it is slow to be scheduled.
     pub fn fetch_within(
         &self,
         peer: usize,
@@ -189,8 +226,7 @@ impl Client {
         dst: &mut [u8],
     ) -> Result<Fetch, NetError> {
         let within = within.max(Duration::from_millis(1));
-        let deadline = Instant::now() + within;
-        self.fetch_by(peer, sample, wait.min(within / 4), Some(deadline), dst)
+        self.fetch_by(peer, sample, wait.min(within / 4), Some(within), dst)
     }
 
     fn fetch_by(
@@ -198,7 +234,7 @@ impl Client {
         peer: usize,
         sample: u32,
         wait: Duration,
-        deadline: Option<Instant>,
+        within: Option<Duration>,
         dst: &mut [u8],
     ) -> Result<Fetch, NetError> {
         let p = self.peers.get(peer).ok_or(NetError::BadPeer {
@@ -211,12 +247,13 @@ impl Client {
             Admit::Probe => true,
         };
         let wait = wait.min(Duration::from_micros(MAX_WAIT_MICROS));
-        let mut outcome = self.attempt(p, sample, wait, deadline, dst);
+        let mut deadline = within.map(|w| Deadline::new(p, w));
+        let mut outcome = self.attempt(p, sample, wait, &mut deadline, dst);
         if let Err(Fault::Stale) = outcome {
             // The other pooled connections are likely as stale (the server closed idle ones or
             // restarted): drop them and retry once on a fresh connection.
             self.drop_idle(p);
-            outcome = self.attempt(p, sample, wait, deadline, dst);
+            outcome = self.attempt(p, sample, wait, &mut deadline, dst);
         }
         let f = match outcome {
             Ok(Some(f)) => {
@@ -354,11 +391,8 @@ impl Client {
 
     /// Take a pooled connection, open one, or wait for one. `Ok(None)`: none came free in time
     /// or the peer was marked down meanwhile.
-    fn acquire(&self, p: &Peer, wait: Duration, by: Option<Instant>) -> Result<Option<(Conn, bool)>, Fault> {
-        let mut deadline = Instant::now() + self.cfg.connect_timeout + self.cfg.io_timeout * 2 + wait;
-        if let Some(by) = by {
-            deadline = deadline.min(by);
-        }
+    fn acquire(&self, p: &Peer, wait: Duration, dl: &mut Option<Deadline>) -> Result<Option<(Conn, bool)>, Fault> {
+        let limit = Instant::now() + self.cfg.connect_timeout + self.cfg.io_timeout * 2 + wait;
         let mut g = lock(&p.inner);
         loop {
             let down_now = g.down_until.is_some_and(|t| self.cfg.clock.now() < t) && !g.probing;
@@ -371,7 +405,7 @@ impl Client {
             if g.open < self.cfg.connections_per_peer.max(1) {
                 g.open += 1;
                 drop(g);
-                return match connect(&self.cfg, p.addr, by) {
+                return match connect(&self.cfg, p.addr, dl.as_ref().map(|d| d.by)) {
                     Ok(c) => Ok(Some((c, false))),
                     Err(f) => {
                         lock(&p.inner).open -= 1;
@@ -381,7 +415,12 @@ impl Client {
                 };
             }
             let now = Instant::now();
+            let deadline = dl.as_ref().map_or(limit, |d| d.by.min(limit));
             if now >= deadline {
+                // The pool's connections are busy: wait on while their replies come.
+                if now < limit && dl.as_mut().is_some_and(|d| d.extend(p)) {
+                    continue;
+                }
                 return Ok(None);
             }
             g =
@@ -406,13 +445,13 @@ impl Client {
         p: &Peer,
         sample: u32,
         wait: Duration,
-        by: Option<Instant>,
+        dl: &mut Option<Deadline>,
         dst: &mut [u8],
     ) -> Result<Option<Fetch>, Fault> {
-        let Some((mut c, reused)) = self.acquire(p, wait, by)? else {
+        let Some((mut c, reused)) = self.acquire(p, wait, dl)? else {
             return Ok(None);
         };
-        match self.request(&mut c, sample, wait, by, dst) {
+        match self.request(p, &mut c, sample, wait, dl, dst) {
             Ok((f, keep)) => {
                 self.release(p, keep.then_some(c));
                 Ok(Some(f))
@@ -426,28 +465,27 @@ impl Client {
 
     /// One request on one connection. `Ok((outcome, keep))`: `keep` is false when the
     /// connection is out of step (a reply of the wrong length) and must be closed.
-    /// A time-out (`by` passed, or `io_timeout` of silence) is `Fault::Broken`: the connection
-    /// is closed, so a reply that comes later is never read.
+    /// A time-out (the deadline passed with the peer silent, or `io_timeout` of silence on
+    /// this connection) is `Fault::Broken`: the connection is closed, so a reply that comes
+    /// later is never read.
     fn request(
         &self,
+        p: &Peer,
         c: &mut Conn,
         sample: u32,
         wait: Duration,
-        by: Option<Instant>,
+        dl: &mut Option<Deadline>,
         dst: &mut [u8],
     ) -> Result<(Fetch, bool), Fault> {
         let get = Header::new(Kind::Get, sample, 0, wait.as_micros() as u64);
         write_two(&mut c.stream, &get.encode(), &[]).map_err(|_| Fault::Stale)?;
-        c.limit(bounded(self.cfg.io_timeout + wait, by)?)
-            .map_err(|_| Fault::Broken)?;
-        let mut hb = [0u8; HEADER_LEN];
-        if let Err((e, got)) = read_full(&mut c.stream, &mut hb) {
-            return Err(if got == 0 && !is_timeout(&e) {
-                Fault::Stale
-            } else {
-                Fault::Broken
-            });
-        }
+        let hb = self.reply_header(p, c, wait, dl)?;
+        p.answered.fetch_add(1, Relaxed);
+        // The peer has answered: the rest of the reply gets a deadline of its own.
+        let by = dl.as_mut().map(|d| {
+            d.extend(p);
+            d.by
+        });
         let h = frame::decode(&hb).map_err(|_| Fault::Broken)?;
         if h.sample != sample {
             return Err(Fault::Broken);
@@ -472,6 +510,36 @@ impl Client {
                 Ok((Fetch::NotHeld, true))
             }
             _ => Err(Fault::Broken),
+        }
+    }
+
+    /// Read a reply's header: within `io_timeout + wait` of silence on this connection, and by
+    /// the deadline unless the peer answered other requests meanwhile.
+    fn reply_header(
+        &self,
+        p: &Peer,
+        c: &mut Conn,
+        wait: Duration,
+        dl: &mut Option<Deadline>,
+    ) -> Result<[u8; HEADER_LEN], Fault> {
+        let limit = Instant::now() + self.cfg.io_timeout + wait;
+        let mut hb = [0u8; HEADER_LEN];
+        let mut got = 0;
+        loop {
+            let now = Instant::now();
+            let by = dl.as_ref().map_or(limit, |d| d.by.min(limit));
+            if now >= by {
+                if now < limit && dl.as_mut().is_some_and(|d| d.extend(p)) {
+                    continue;
+                }
+                return Err(Fault::Broken);
+            }
+            c.limit(by - now).map_err(|_| Fault::Broken)?;
+            match read_full(&mut c.stream, &mut hb[got..]) {
+                Ok(()) => return Ok(hb),
+                Err((e, n)) if is_timeout(&e) => got += n,
+                Err((_, n)) => return Err(if got + n == 0 { Fault::Stale } else { Fault::Broken }),
+            }
         }
     }
 }

@@ -547,3 +547,54 @@ fn a_reply_after_the_deadline_is_discarded() {
     }
     drop(server);
 }
+
+/// A peer that keeps answering other requests while one reply takes many deadlines (it reads
+/// that sample from a loaded file system on the caller's behalf) is busy, not stalled: the
+/// fetch waits for the reply rather than reading the sample a second time elsewhere, and the
+/// peer stays on the data path.
+#[test]
+fn a_busy_peer_that_answers_others_is_waited_for() {
+    let gate = Arc::new(Gate {
+        open: std::sync::Mutex::new(false),
+        opened: std::sync::Condvar::new(),
+        inner: MemProvider::with_sizes(&[(1, 50_000), (2, 50_000)]),
+    });
+    let server = Server::start(server_cfg(7), gate.clone()).unwrap();
+    let client = Arc::new(patient_client(
+        vec![server.local_addr()],
+        Duration::from_secs(120),
+        &Arc::new(ManualClock::new()),
+    ));
+    let within = Duration::from_secs(1);
+    let slow = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let mut dst = vec![0u8; 50_000];
+            let f = client.fetch_within(0, 2, Duration::ZERO, within, &mut dst).unwrap();
+            (f, dst)
+        })
+    };
+    // Sample 2's reply is held for three deadlines while sample 1 is answered throughout.
+    let t0 = Instant::now();
+    let mut dst = vec![0u8; 50_000];
+    let mut answered = 0;
+    while t0.elapsed() < within * 3 {
+        assert_eq!(
+            client.fetch_within(0, 1, Duration::ZERO, within, &mut dst).unwrap(),
+            Fetch::Got
+        );
+        answered += 1;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!slow.is_finished(), "sample 2 was answered before the gate opened");
+    *gate.open.lock().unwrap() = true;
+    gate.opened.notify_all();
+    let (f, dst) = slow.join().unwrap();
+    eprintln!(
+        "busy peer: {f:?} after {:?}; {answered} other replies meanwhile",
+        t0.elapsed()
+    );
+    assert_eq!(f, Fetch::Got, "the busy peer was given up");
+    assert_eq!(dst, sample_bytes(2, 50_000));
+    assert_eq!(client.stats().down_events, vec![0], "the busy peer was marked down");
+}

@@ -42,7 +42,7 @@ pub use node_plan::PlanOrigin;
 use peer::ClusterShare;
 pub use peer::{
     ClusterSpec, PeerFetch, PeerReply, PeerService, Serve, PEER_DEADLINE_CEILING, PEER_DEADLINE_FACTOR,
-    PEER_DEADLINE_FLOOR,
+    PEER_DEADLINE_FLOOR, PEER_NOT_YET_ASKS,
 };
 pub use spec::{
     batch_ends, AgentDesc, ClusterDesc, EngineSpec, PeersDesc, DEFAULT_PEER_CONNECTIONS, DEFAULT_PEER_WAIT,

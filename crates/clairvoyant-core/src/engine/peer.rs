@@ -27,6 +27,11 @@ pub const PEER_DEADLINE_FLOOR: Duration = Duration::from_secs(2);
 /// says of a large sample.
 pub const PEER_DEADLINE_CEILING: Duration = Duration::from_secs(5);
 
+/// How many times a fetch asks a peer that answers "not yet" (each ask lets the peer wait for
+/// the fill in progress, up to the fetch's `wait`) before the dataset's storage is read instead:
+/// the fill is a read of that storage already under way, and a second read would only slow it.
+pub const PEER_NOT_YET_ASKS: u32 = 4;
+
 /// What a peer answered to a fetch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerReply {
@@ -181,11 +186,20 @@ impl Inner {
     }
 
     /// Read `sample` from where it originates for this node: its primary node if that is
-    /// another one and it answers, else the dataset's storage.
+    /// another one and it answers (asked again while it answers "not yet", [`PEER_NOT_YET_ASKS`]
+    /// times in all), else the dataset's storage.
     pub(super) fn read_origin(&self, sample: u32, buf: &mut [u8]) -> Result<Src> {
         if let Some((p, peers)) = self.peer_of(sample) {
             let wait = self.cluster().map_or(Duration::ZERO, |c| c.peer_wait);
-            match peers.fetch(p, sample, wait, self.peer_deadline(buf.len() as u64), buf) {
+            let within = self.peer_deadline(buf.len() as u64);
+            let mut reply = peers.fetch(p, sample, wait, within, buf);
+            for _ in 1..PEER_NOT_YET_ASKS {
+                if reply != PeerReply::NotYet {
+                    break;
+                }
+                reply = peers.fetch(p, sample, wait, within, buf);
+            }
+            match reply {
                 PeerReply::Got => {
                     self.peer_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
                     return Ok(Src::Peer);
