@@ -311,8 +311,10 @@ def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bp
         # The clock starts before the job does: its prefetchers start with it.
         t = time.perf_counter()
         job = clairvoyant.Job(source, batch_size=FUSE_BATCH, epochs=epochs)
+        setup, first = time.perf_counter() - t, None
         n = 0
         for samples, _labels in job.batches(0):
+            first = first or time.perf_counter() - t
             n += len(samples)
             accel.step(sum(len(x) for x in samples))
             ctx.sync()
@@ -333,6 +335,7 @@ def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bp
         ctx.sync()
         before = _fs_snapshot(mnt) if ctx.rank == 0 else None
         t = time.perf_counter()
+        setup, first = 0.0, None
         n = 0
         # A plain pool: FUSE_POOL_THREADS readers, two batches of look-ahead (as a DataLoader's
         # prefetch), consumed in order.
@@ -342,6 +345,7 @@ def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bp
             nxt = len(futures)
             for b in range(0, len(order), FUSE_BATCH):
                 batch = [futures[k].result() for k in range(b, min(b + FUSE_BATCH, len(order)))]
+                first = first or time.perf_counter() - t
                 for k in range(b, min(b + FUSE_BATCH, len(order))):
                     futures[k] = None
                 while nxt < len(order) and nxt < b + FUSE_BATCH + ahead:
@@ -355,6 +359,8 @@ def _epoch0_rank(ctx, loader: str, mnt: str, rel: list, labels: list, compute_bp
     after = _fs_snapshot(mnt) if ctx.rank == 0 else None
     return {
         "seconds": seconds,
+        "setup_seconds": setup,
+        "first_batch_seconds": first,
         "samples": n,
         "compute_seconds": accel.compute_seconds,
         "fs_before": before,
@@ -377,6 +383,9 @@ def _epoch0_run(loader: str, mnt: Path, rel, labels, compute_bps: float, env: di
     return {
         "loader": loader,
         "epoch_seconds": seconds,
+        # The slowest rank's: creating the job (or pool), and from then to its first batch.
+        "setup_seconds": max(r["setup_seconds"] for r in per_rank),
+        "first_batch_seconds": max(r["first_batch_seconds"] or 0.0 for r in per_rank),
         "compute_seconds": max(r["compute_seconds"] for r in per_rank),
         "samples": sum(r["samples"] for r in per_rank),
         "fs_bytes_read": a["bytes"] - b["bytes"],
@@ -430,7 +439,8 @@ def bench_epoch0_fuse(out: Path, count: int, log, repeats: int = 2) -> dict:
                 runs[name].append(r)
                 log(
                     f"epoch 0 on FUSE: {name:<25} {r['epoch_seconds']:6.2f} s, {r['reads_in_flight']:5.1f} reads in flight, "
-                    f"{r['fs_bytes_read'] / total:.2f}x the dataset read"
+                    f"{r['fs_bytes_read'] / total:.2f}x the dataset read, set-up {r['setup_seconds']:.2f} s, "
+                    f"first batch at {r['first_batch_seconds']:.2f} s"
                 )
     best = {k: min(v, key=lambda r: r["epoch_seconds"]) for k, v in runs.items()}
     bound = max(best["clairvoyant"]["compute_seconds"], total / peak)

@@ -722,6 +722,42 @@ def test_small_dev_shm_loses_no_sample(tmp_path, size, memory):
     assert result(proc)["epochs"] == [[3000, 0], [3000, 0]]
 
 
+FILLED_SHM_BODY = """
+    n = 3000
+    sz = sizes(n, base=30000, spread=20000)  # ~120 MB in all
+    job = clairvoyant.Job(clairvoyant.Synthetic(sz), batch_size=16, epochs=2)
+    # Another program takes what shared memory has left after the job started.
+    filler = 0
+    with open("/dev/shm/filler", "wb") as f:
+        try:
+            while True:
+                f.write(bytes(1 << 20))
+                f.flush()
+                filler += 1
+        except OSError:
+            pass
+    got = [check_epoch(job, e, sz) for e in range(2)]
+    emit(epochs=got, filler_mb=filler)
+    job.close()
+    """
+
+
+@needs_root
+def test_dev_shm_filled_after_the_start_loses_no_sample(tmp_path):
+    # The memory class's blocks are reserved as samples are written: when shared memory is
+    # taken by another program meanwhile, the class is full, not a SIGBUS.
+    s = script(tmp_path, "filledshm", FILLED_SHM_BODY)
+    env = base_env(tmp_path, CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
+    env.pop("CLAIRVOYANT_SHM_DIR")  # the real /dev/shm, inside a private mount namespace
+    proc = in_small_tmpfs("/dev/shm", "400m", [sys.executable, str(s)], env)
+    assert proc.returncode != -signal.SIGBUS, proc.stderr[-2000:]
+    assert "Bad address" not in proc.stderr + proc.stdout
+    r = result(proc)
+    assert r["filler_mb"] > 0
+    assert r["epochs"] == [[3000, 0], [3000, 0]]
+    assert "is full" in proc.stderr, proc.stderr[-2000:]
+
+
 @needs_root
 def test_ssd_class_on_a_full_disk(tmp_path, shm):
     ssd = tmp_path / "ssd"

@@ -1,7 +1,10 @@
 //! The memory class: one shared file (normally on tmpfs) mapped by every local rank, laid out
-//! statically by the placement (a sample's place is its byte offset). Space is reserved when the
-//! file is created, and its size is checked (`lseek`) before bytes are handed out, so a truncated
-//! file is reported as a short read instead of a SIGBUS.
+//! statically by the placement (a sample's place is its byte offset). The file is created at its
+//! full size without blocks; each sample's range is reserved (`fallocate`) just before it is
+//! written, so that creating the class costs no time at the job's start, and a file system that
+//! fills up meanwhile leaves the sample uncached (the class is full) instead of raising SIGBUS
+//! when the page is touched. Its size is checked (`lseek`) before bytes are handed out, so a
+//! truncated file is reported as a short read instead of a SIGBUS.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -29,12 +32,17 @@ unsafe impl Send for MemoryTier {}
 unsafe impl Sync for MemoryTier {}
 
 impl MemoryTier {
-    /// Create the arena at `path` with `len` bytes reserved: exclusively, under a temporary name,
-    /// then linked into place (a stale file of ours left by a dead run is replaced).
+    /// Create the arena at `path`, `len` bytes long (its blocks are reserved as samples are
+    /// written): exclusively, under a temporary name, then linked into place (a stale file of
+    /// ours left by a dead run is replaced).
     pub fn create(path: &Path, len: u64) -> std::io::Result<()> {
         let tmp = path.with_extension(format!("mem.{}.tmp", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
-        let _f = secure::create_reserved(&tmp, len)?;
+        let f = secure::create_new(&tmp)?;
+        if let Err(e) = f.set_len(len) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
         let r = match std::fs::hard_link(&tmp, path) {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 // In our private directory only we can have put it there: a dead run's arena.
@@ -74,6 +82,18 @@ impl MemoryTier {
 
     fn check(&self, place: u64, len: u64) -> Result<(), Fault> {
         self.check_in_group(place, len, &mut None)
+    }
+
+    /// Check the range `place..place + len` and reserve its blocks for a write.
+    fn reserve(&self, place: u64, len: u64) -> Result<(), Fault> {
+        self.check(place, len)?;
+        secure::reserve_range(&self.file, place, len).map_err(|e| {
+            if secure::is_no_space(&e) {
+                Fault::NoSpace
+            } else {
+                Fault::Io(Error::io(&self.path, e))
+            }
+        })
     }
 
     /// [`MemoryTier::check`] with the file's size read only when `size` does not hold it yet
@@ -120,7 +140,7 @@ impl Tier for MemoryTier {
     }
 
     fn write(&self, _sample: u32, place: u64, bytes: &[u8]) -> Result<(), Fault> {
-        self.check(place, bytes.len() as u64)?;
+        self.reserve(place, bytes.len() as u64)?;
         // SAFETY: in bounds (checked); the caller holds the sample's claim, so nobody else
         // writes or reads this range until it publishes.
         unsafe {
@@ -138,6 +158,12 @@ impl Tier for MemoryTier {
 
     fn mapped(&self, place: u64, len: u64) -> Result<Option<*mut u8>, Fault> {
         self.check(place, len)?;
+        // SAFETY: in bounds (checked above).
+        Ok(Some(unsafe { self.map.as_mut_ptr().add(place as usize) }))
+    }
+
+    fn writable(&self, place: u64, len: u64) -> Result<Option<*mut u8>, Fault> {
+        self.reserve(place, len)?;
         // SAFETY: in bounds (checked above).
         Ok(Some(unsafe { self.map.as_mut_ptr().add(place as usize) }))
     }

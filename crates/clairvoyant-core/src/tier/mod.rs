@@ -64,6 +64,11 @@ pub trait Tier: Send + Sync {
     fn mapped(&self, _place: u64, _len: u64) -> Result<Option<*mut u8>, Fault> {
         Ok(None)
     }
+    /// [`Tier::mapped`] for a fill that writes the bytes in place: the range's storage is
+    /// reserved first ([`Fault::NoSpace`] when it cannot be).
+    fn writable(&self, place: u64, len: u64) -> Result<Option<*mut u8>, Fault> {
+        self.mapped(place, len)
+    }
     /// [`Tier::mapped`] for one access of a group made together (the samples of one hand-out
     /// call): the backing file's size is read by the group's first access (`size` is None) and
     /// kept in `size` for the rest, so a group costs one system call; a truncation that happened
@@ -503,7 +508,7 @@ impl NodeCache {
 
     /// The mapped bytes where a claimed `sample` is to be filled in place (mapped tiers only).
     pub fn fill_slot(&self, class: usize, place: u64, len: u64) -> Option<*mut u8> {
-        self.tiers[class].mapped(place, len).ok().flatten()
+        self.tiers[class].writable(place, len).ok().flatten()
     }
 
     /// `sample` does not fit in `class` (full, or no longer writable): it stays uncached, and

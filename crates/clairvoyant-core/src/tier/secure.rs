@@ -363,6 +363,12 @@ pub fn open_lock(path: &Path) -> Result<File> {
 /// Reserve `len` bytes of `f` now, so that a full file system shows up here and not later as
 /// SIGBUS or EFAULT when a mapped page is first touched.
 pub fn reserve(f: &File, len: u64) -> std::io::Result<()> {
+    reserve_range(f, 0, len)
+}
+
+/// [`reserve`] the `len` bytes of `f` from `offset` (blocks already there cost nothing; the
+/// file grows if the range ends past its end).
+pub fn reserve_range(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     if len == 0 {
         return Ok(());
@@ -370,7 +376,7 @@ pub fn reserve(f: &File, len: u64) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: a valid descriptor; posix_fallocate returns an error number, never touches memory.
-        let rc = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len as libc::off_t) };
+        let rc = unsafe { libc::posix_fallocate(f.as_raw_fd(), offset as libc::off_t, len as libc::off_t) };
         if rc != 0 {
             return Err(std::io::Error::from_raw_os_error(rc));
         }
@@ -379,7 +385,11 @@ pub fn reserve(f: &File, len: u64) -> std::io::Result<()> {
     #[cfg(not(target_os = "linux"))]
     {
         let _ = f.as_raw_fd();
-        f.set_len(len)
+        let end = offset + len;
+        if f.metadata()?.len() < end {
+            f.set_len(end)?;
+        }
+        Ok(())
     }
 }
 
