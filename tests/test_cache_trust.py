@@ -723,9 +723,12 @@ def test_small_dev_shm_loses_no_sample(tmp_path, size, memory):
 
 
 FILLED_SHM_BODY = """
-    n = 3000
-    sz = sizes(n, base=30000, spread=20000)  # ~120 MB in all
-    job = clairvoyant.Job(clairvoyant.Synthetic(sz), batch_size=16, epochs=2)
+    import pathlib
+    root = pathlib.Path(sys.argv[1])
+    paths = sorted(str(p) for p in root.iterdir())
+    # Read at 40 MB/s: the job fills its classes over seconds.
+    slow = clairvoyant.EmulatedFs(str(root.parent / "fs.state"), 0.0, 40.0)
+    job = clairvoyant.Job(clairvoyant.FileList(paths, [0] * len(paths), emulated=slow), batch_size=16, epochs=2)
     # Another program takes what shared memory has left after the job started.
     filler = 0
     with open("/dev/shm/filler", "wb") as f:
@@ -736,7 +739,10 @@ FILLED_SHM_BODY = """
                 filler += 1
         except OSError:
             pass
-    got = [check_epoch(job, e, sz) for e in range(2)]
+    got = []
+    for e in range(2):
+        wrong = sum(bytes(s) != open(paths[k], "rb").read() for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)))
+        got.append([len(paths), wrong])
     emit(epochs=got, filler_mb=filler)
     job.close()
     """
@@ -746,16 +752,22 @@ FILLED_SHM_BODY = """
 def test_dev_shm_filled_after_the_start_loses_no_sample(tmp_path):
     # The memory class's blocks are reserved as samples are written: when shared memory is
     # taken by another program meanwhile, the class is full, not a SIGBUS.
+    data = tmp_path / "data"
+    data.mkdir()
+    for k in range(600):
+        (data / f"{k:04d}.bin").write_bytes(bytes([k % 251]) * (40_000 + 97 * k))  # ~41 MB in all
     s = script(tmp_path, "filledshm", FILLED_SHM_BODY)
     env = base_env(tmp_path, CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
     env.pop("CLAIRVOYANT_SHM_DIR")  # the real /dev/shm, inside a private mount namespace
-    proc = in_small_tmpfs("/dev/shm", "400m", [sys.executable, str(s)], env)
+    proc = in_small_tmpfs("/dev/shm", "300m", [sys.executable, str(s), str(data)], env)
     assert proc.returncode != -signal.SIGBUS, proc.stderr[-2000:]
     assert "Bad address" not in proc.stderr + proc.stdout
     r = result(proc)
     assert r["filler_mb"] > 0
-    assert r["epochs"] == [[3000, 0], [3000, 0]]
-    assert "is full" in proc.stderr, proc.stderr[-2000:]
+    assert r["epochs"] == [[600, 0], [600, 0]], proc.stderr[-2000:]
+    # Whatever was not reserved before the filler came is staged and served anyway.
+    assert "storage class 'memory' is full" in proc.stderr, proc.stderr[-2000:]
+    assert "staged in process memory" in proc.stderr, proc.stderr[-2000:]
 
 
 @needs_root

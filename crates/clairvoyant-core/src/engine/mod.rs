@@ -1160,7 +1160,7 @@ fn rank_streams(spec: &JobSpec) -> Result<Vec<crate::schedule::RankEpoch>> {
 fn open_ring(node: &NodeShare, rank: u32, ring_cap: u64) -> Result<RingBuf> {
     node.cache
         .create_ring(rank, ring_cap.max(1))
-        .and_then(|(path, file)| RingBuf::new(file, path))
+        .and_then(|(path, file, reserved)| RingBuf::new(file, path, reserved))
 }
 
 /// The job fits its source and model: sample counts agree, ranks describe one machine, the

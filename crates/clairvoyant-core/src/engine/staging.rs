@@ -211,8 +211,10 @@ impl StagingState {
 }
 
 /// The staging ring's bytes: a shared file mapping, so that worker processes (decoding for
-/// this rank) can read staged samples in place. Its space is reserved when it is created (a full
-/// tmpfs shows up then, and the ring goes to a disk file, rather than as SIGBUS on first write).
+/// this rank) can read staged samples in place. Its blocks are reserved a step at a time just
+/// before staging first writes them ([`RingBuf::reserve`]), so a ring costs nothing at the
+/// job's start and no memory it never uses; a tmpfs that is full then shows up as a sample
+/// staged in process memory, not as SIGBUS on first write.
 /// The file is created in the node cache's private directory and unlinked as soon as it is
 /// mapped: workers open it through this process's descriptor (`/proc/<pid>/fd/<fd>`), so the
 /// memory goes with this process however it ends (closed, killed, `os._exit`), with nothing
@@ -226,11 +228,17 @@ pub(super) struct RingBuf {
     pub(super) path: std::path::PathBuf,
     map: std::sync::Mutex<Option<memmap2::MmapRaw>>,
     owner_pid: u32,
+    /// Bytes from the ring's start whose blocks are reserved.
+    reserved: std::sync::atomic::AtomicU64,
 }
 
+/// How much of the ring [`RingBuf::reserve`] reserves at a time.
+const RING_RESERVE_STEP: u64 = 4 << 20;
+
 impl RingBuf {
-    /// Map the ring created at `path` and unlink it there (see [`RingBuf`]).
-    pub(super) fn new(file: std::fs::File, path: std::path::PathBuf) -> Result<RingBuf> {
+    /// Map the ring created at `path` (`reserved` bytes from its start reserved) and unlink it
+    /// there (see [`RingBuf`]).
+    pub(super) fn new(file: std::fs::File, path: std::path::PathBuf, reserved: u64) -> Result<RingBuf> {
         use std::os::fd::AsRawFd;
         let map = match memmap2::MmapRaw::map_raw(&file) {
             Ok(m) => m,
@@ -249,7 +257,29 @@ impl RingBuf {
             len,
             map: std::sync::Mutex::new(Some(map)),
             owner_pid,
+            reserved: std::sync::atomic::AtomicU64::new(reserved.min(len)),
         })
+    }
+
+    /// Reserve the ring's blocks up to byte `end` before staging writes there: a step at a time
+    /// in the first lap, nothing after. False when they cannot be (the file system is full, or
+    /// the ring is closed): the sample is staged elsewhere.
+    pub(super) fn reserve(&self, end: u64) -> bool {
+        if end <= self.reserved.load(Ordering::Acquire) {
+            return true;
+        }
+        let file = self.file.lock().unwrap_or_else(|p| p.into_inner());
+        let have = self.reserved.load(Ordering::Acquire);
+        if end <= have {
+            return true;
+        }
+        let Some(f) = file.as_ref() else { return false };
+        let to = end.max(have + RING_RESERVE_STEP).min(self.len);
+        if crate::tier::secure::reserve_range(f, have, to - have).is_err() {
+            return false;
+        }
+        self.reserved.store(to, Ordering::Release);
+        true
     }
 
     /// Whether the ring's file still has its size. If someone truncated it, its size is given
@@ -267,6 +297,8 @@ impl RingBuf {
         if end < 0 || end as u64 >= self.len {
             return true;
         }
+        // The blocks past the cut are gone: reserved again when staging gets there.
+        self.reserved.fetch_min(end as u64, Ordering::AcqRel);
         let _ = file.set_len(self.len);
         false
     }
@@ -429,6 +461,13 @@ impl Inner {
                     st.ring_head
                 };
                 if start + len - st.tail() <= self.ring_cap {
+                    if !self.ring.reserve(start % self.ring_cap + len) {
+                        crate::tier::warn_once(
+                            "staging.ring.reserve",
+                            "shared memory is full: samples that find no reserved room in the staging ring are staged in process memory",
+                        );
+                        return Some((Slot::Heap(vec![0u8; len as usize].into_boxed_slice()), status));
+                    }
                     st.ring_head = start + len;
                     Slot::Ring { start, len }
                 } else if starved {

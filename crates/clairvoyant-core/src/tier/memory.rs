@@ -38,11 +38,7 @@ impl MemoryTier {
     pub fn create(path: &Path, len: u64) -> std::io::Result<()> {
         let tmp = path.with_extension(format!("mem.{}.tmp", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
-        let f = secure::create_new(&tmp)?;
-        if let Err(e) = f.set_len(len) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        let _f = secure::create_sized(&tmp, len)?;
         let r = match std::fs::hard_link(&tmp, path) {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 // In our private directory only we can have put it there: a dead run's arena.

@@ -415,18 +415,22 @@ impl NodeCache {
         self.tiers.iter().find_map(|t| t.shared_path())
     }
 
-    /// A new, reserved staging ring of `len` bytes for `rank`: in the shared-memory directory,
-    /// or in a disk directory when shared memory cannot hold it. Named with the process id so
-    /// the janitor removes it if the process dies.
-    pub fn create_ring(&self, rank: u32, len: u64) -> Result<(PathBuf, std::fs::File)> {
+    /// A new staging ring of `len` bytes for `rank`: in the shared-memory directory when it has
+    /// room for it now (its blocks are reserved as staging first writes them), else in a disk
+    /// directory, reserved whole. Named with the process id so the janitor removes it if the
+    /// process dies. Returns its path, the file and how many bytes from its start are reserved.
+    pub fn create_ring(&self, rank: u32, len: u64) -> Result<(PathBuf, std::fs::File, u64)> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let name = format!("{}.r{rank}.j{n}.p{}.ring", self.stem, std::process::id());
         let shm = self.dir.join(&name);
-        match secure::create_reserved(&shm, len) {
-            Ok(f) => return Ok((shm, f)),
-            Err(e) if !secure::is_no_space(&e) => return Err(Error::io(&shm, e)),
-            Err(_) => {}
+        let room = crate::sysinfo::free_space(&self.dir).is_ok_and(|free| free >= len.saturating_add(SHM_MARGIN));
+        if room {
+            match secure::create_sized(&shm, len) {
+                Ok(f) => return Ok((shm, f, 0)),
+                Err(e) if !secure::is_no_space(&e) => return Err(Error::io(&shm, e)),
+                Err(_) => {}
+            }
         }
         let disk = secure::private_dir(&secure::disk_base())?.join(&name);
         let f = secure::create_reserved(&disk, len).map_err(|e| {
@@ -458,7 +462,7 @@ impl NodeCache {
                 disk.display()
             ),
         );
-        Ok((disk, f))
+        Ok((disk, f, len))
     }
 
     /// Read READY `sample` of `class` into `buf` and check it against its recorded checksum.

@@ -393,6 +393,17 @@ pub fn reserve_range(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
     }
 }
 
+/// Create `path` exclusively, `len` bytes long with no blocks reserved (they are taken as the
+/// file is written: see [`reserve_range`]); on failure nothing is left behind.
+pub fn create_sized(path: &Path, len: u64) -> std::io::Result<File> {
+    let f = create_new(path)?;
+    if let Err(e) = f.set_len(len) {
+        let _ = std::fs::remove_file(path);
+        return Err(e);
+    }
+    Ok(f)
+}
+
 /// Create `path` exclusively with `len` bytes reserved; on failure nothing is left behind.
 pub fn create_reserved(path: &Path, len: u64) -> std::io::Result<File> {
     let f = create_new(path)?;
