@@ -359,10 +359,9 @@ def _train(loader: str, cfg: dict, fs, ranks: int, nodes: int, node_env: dict, l
         env["CLAIRVOYANT_PEERS"] = "off"
     per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env, nodes=nodes)
     rows = _merge(per_rank, loader, len(cfg["paths"]), before)
-    if os.environ.get("CV_DEMO_PEERS"):
-        import json
-        with open(os.environ["CV_DEMO_PEERS"], "a") as f:
-            f.write(json.dumps([r.get("peers") for r in per_rank]) + "\n")
+    if loader == "clairvoyant" and nodes > 1:
+        # Every rank's peer client counters (and its node's server's, on the first local rank).
+        rows[-1]["peer_stats"] = [r.get("peers") for r in per_rank]
     log(epoch_table(loader, rows))
     log(f"{loader}: {time.perf_counter() - t:.1f} s in all\n")
     return rows
