@@ -41,11 +41,12 @@ def need_module(name: str, install: str) -> None:
 
 
 def clean_env(**extra: str) -> dict:
-    """This process's environment without any launcher's variables (the cache directory the
-    tests use is kept), plus ``extra``."""
+    """This process's environment without any launcher's variables (the cache directory and
+    shared-memory folder the tests use are kept), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not (k.startswith(_LAUNCHER_PREFIXES) or k in _LAUNCHER_NAMES)}
-    if os.environ.get("CLAIRVOYANT_CACHE_DIR"):
-        env["CLAIRVOYANT_CACHE_DIR"] = os.environ["CLAIRVOYANT_CACHE_DIR"]
+    for kept in ("CLAIRVOYANT_CACHE_DIR", "CLAIRVOYANT_SHM_DIR"):
+        if os.environ.get(kept):
+            env[kept] = os.environ[kept]
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
