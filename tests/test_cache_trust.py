@@ -873,7 +873,9 @@ def test_unrelated_runs_with_run_id_none_do_not_share(tmp_path, shm):
                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 )
             )
-    outs = [result(subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate())) for p in procs]
+    # Read through the file objects: the line read above may have buffered the RESULT line too,
+    # which `communicate()` (reading the descriptors) would not see.
+    outs = [result(subprocess.CompletedProcess(p.args, p.wait(timeout=120), p.stdout.read(), p.stderr.read())) for p in procs]
     assert all(o["wrong"] == 0 for o in outs)
     run_a = sum(o["files"] for o in outs[:2])
     # Reads a prefetcher finishes after its rank took its statistics may go uncounted (a few).
