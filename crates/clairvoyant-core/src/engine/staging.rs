@@ -460,17 +460,17 @@ impl Inner {
                 } else {
                     st.ring_head
                 };
-                if start + len - st.tail() <= self.ring_cap {
-                    if !self.ring.reserve(start % self.ring_cap + len) {
+                let fits = start + len - st.tail() <= self.ring_cap;
+                if fits && self.ring.reserve(start % self.ring_cap + len) {
+                    st.ring_head = start + len;
+                    Slot::Ring { start, len }
+                } else if fits || starved {
+                    if fits {
                         crate::tier::warn_once(
                             "staging.ring.reserve",
                             "shared memory is full: samples that find no reserved room in the staging ring are staged in process memory",
                         );
-                        return Some((Slot::Heap(vec![0u8; len as usize].into_boxed_slice()), status));
                     }
-                    st.ring_head = start + len;
-                    Slot::Ring { start, len }
-                } else if starved {
                     // Stage it outside the ring rather than hang.
                     Slot::Heap(vec![0u8; len as usize].into_boxed_slice())
                 } else {
