@@ -101,11 +101,12 @@ pub struct Config {
     /// A window counts when the fetchers were busy at least this share of the target on average.
     pub busy_share: f64,
     /// Staging that is this many samples ahead of the consumer (at least `far_min`, else
-    /// `far_per_fetch` per fetch of the target) is not urgent: it runs at most `relaxed` fetches,
-    /// leaving the file system to ranks that are behind (the slowest rank sets the pace of
-    /// synchronous training, and reads for a later epoch must not slow the current one).
+    /// `far_per_fetch` per fetch of the starting level) is not urgent: it runs at most `relaxed`
+    /// fetches, and fewer than the target the closer it is to that mark, leaving the file system
+    /// to ranks that are behind (the slowest rank sets the pace of synchronous training, and
+    /// reads for a later epoch must not slow the current one).
     pub far_min: u64,
-    /// Samples ahead per fetch of the target that make staging not urgent.
+    /// Samples ahead per fetch of the starting level that make staging not urgent.
     pub far_per_fetch: u64,
     /// Most concurrent fetches while staging is not urgent (at least 1).
     pub relaxed: usize,
@@ -127,7 +128,7 @@ impl Default for Config {
             hold_windows: 8,
             busy_share: 0.75,
             far_min: 128,
-            far_per_fetch: 16,
+            far_per_fetch: 4,
             relaxed: 1,
         }
     }
@@ -159,6 +160,9 @@ enum Phase {
 pub struct Controller {
     cfg: Config,
     target: usize,
+    /// The level staging's distance from the consumer is measured against (the starting one,
+    /// the same for every rank that reads the file system the same way; see [`Controller::far`]).
+    far_basis: usize,
     /// The file system's figures are defaults: probe down too.
     explore_down: bool,
     /// This rank's part of the node's reads (1 / local ranks).
@@ -191,6 +195,7 @@ impl Controller {
         Controller {
             cfg,
             target,
+            far_basis: target,
             explore_down,
             share: 1.0,
             phase: Phase::Measure,
@@ -232,14 +237,28 @@ impl Controller {
         self.target
     }
 
-    /// Fetches allowed at once when staging is `ahead` samples ahead of the consumer.
+    /// Samples staging must be ahead of the consumer to be not urgent (see [`Config::far_min`]),
+    /// per fetch of the starting level, not of the current one: ranks that share a file system
+    /// start at the same level but climb apart, and a rank whose own climb moved its mark would
+    /// read further ahead at full concurrency while the others wait for their next batches
+    /// (synchronous training goes at the pace of the rank that is behind).
+    pub fn far(&self) -> u64 {
+        self.cfg.far_min.max(self.cfg.far_per_fetch * self.far_basis as u64)
+    }
+
+    /// Fetches allowed at once when staging is `ahead` samples ahead of the consumer: the
+    /// target when nothing is staged, fewer the further ahead staging is, `relaxed` from
+    /// [`Controller::far`] on. Where ranks share a saturated file system each one's part of it
+    /// follows its fetches in flight; a rank further ahead than the others then gives way to
+    /// them, so that their next batches are not read after its later ones.
     pub fn allowed(&self, ahead: u64) -> usize {
-        let far = self.cfg.far_min.max(self.cfg.far_per_fetch * self.target as u64);
+        let relaxed = self.cfg.relaxed.clamp(1, self.target.max(1));
+        let far = self.far();
         if ahead >= far {
-            self.cfg.relaxed.clamp(1, self.target.max(1))
-        } else {
-            self.target
+            return relaxed;
         }
+        let left = (self.target as u64 * (far - ahead)).div_ceil(far) as usize;
+        left.max(relaxed)
     }
 
     /// The tuning this controller runs with.
@@ -488,6 +507,13 @@ impl Gate {
             }
             st = self.freed.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Whether staging `ahead` samples ahead of the consumer is urgent: the next batches wait
+    /// for its reads, and reads that are not for them (filling a class ahead of need) must
+    /// leave the file system to it.
+    pub fn urgent(&self, ahead: u64) -> bool {
+        ahead < self.lock().ctl.far()
     }
 
     /// Wakes every waiter; later `acquire` calls return None.
@@ -745,11 +771,21 @@ mod tests {
     #[test]
     fn staging_far_ahead_runs_few_fetches() {
         let ctl = Controller::new(Config::default(), 8, true, 0.0);
+        assert_eq!(ctl.far(), 128);
         assert_eq!(ctl.allowed(0), 8);
-        assert_eq!(ctl.allowed(127), 8);
+        // Fewer the further ahead: half way, half the target.
+        assert_eq!(ctl.allowed(64), 4);
+        assert_eq!(ctl.allowed(127), 1);
         assert_eq!(ctl.allowed(128), 1);
-        let ctl = Controller::new(Config::default(), 16, true, 0.0);
-        assert_eq!(ctl.allowed(200), 16);
+        assert!((0..200).all(|a| ctl.allowed(a + 1) <= ctl.allowed(a)), "never more fetches further ahead");
+        let wide = Config {
+            max: 64,
+            ..Config::default()
+        };
+        let ctl = Controller::new(wide, 64, true, 0.0);
+        assert_eq!(ctl.far(), 256);
+        assert_eq!(ctl.allowed(0), 64);
+        assert_eq!(ctl.allowed(200), 14);
         assert_eq!(ctl.allowed(256), 1);
         let one = Controller::new(Config::default(), 1, true, 0.0);
         assert_eq!(one.allowed(10_000), 1);
@@ -766,6 +802,29 @@ mod tests {
             drop(held);
             assert!(h.join().unwrap());
         });
+    }
+
+    #[test]
+    fn a_rank_that_climbed_reads_no_further_ahead_than_the_others() {
+        // Two ranks on one file system start at the same level; one climbs to 4x. Its mark of
+        // "far ahead" stays the other's, and as far ahead it gets as few fetches.
+        let cfg = Config {
+            max: 128,
+            ..Config::default()
+        };
+        let mut climbed = Controller::new(cfg.clone(), 32, true, 0.0).sharing(2, 0);
+        let stayed = Controller::new(cfg, 32, true, 0.0).sharing(2, 1);
+        assert!(climbed.set(1.0, 128, 1e8));
+        assert_eq!(climbed.far(), stayed.far());
+        assert_eq!(climbed.allowed(climbed.far()), 1);
+        // Near the far mark the climbed rank gives way: fewer fetches than the other rank runs
+        // with nothing staged.
+        let near = climbed.far() * 7 / 8;
+        assert!(climbed.allowed(near) < stayed.allowed(0), "{} >= {}", climbed.allowed(near), stayed.allowed(0));
+        // Work that is not staging (filling a class ahead of need) waits while staging is urgent.
+        let gate = Gate::new(|now| Controller::new(Config::default(), 8, true, now));
+        assert!(gate.urgent(0) && gate.urgent(127));
+        assert!(!gate.urgent(128));
     }
 
     #[test]
