@@ -777,7 +777,10 @@ mod tests {
         assert_eq!(ctl.allowed(64), 4);
         assert_eq!(ctl.allowed(127), 1);
         assert_eq!(ctl.allowed(128), 1);
-        assert!((0..200).all(|a| ctl.allowed(a + 1) <= ctl.allowed(a)), "never more fetches further ahead");
+        assert!(
+            (0..200).all(|a| ctl.allowed(a + 1) <= ctl.allowed(a)),
+            "never more fetches further ahead"
+        );
         let wide = Config {
             max: 64,
             ..Config::default()
@@ -820,7 +823,12 @@ mod tests {
         // Near the far mark the climbed rank gives way: fewer fetches than the other rank runs
         // with nothing staged.
         let near = climbed.far() * 7 / 8;
-        assert!(climbed.allowed(near) < stayed.allowed(0), "{} >= {}", climbed.allowed(near), stayed.allowed(0));
+        assert!(
+            climbed.allowed(near) < stayed.allowed(0),
+            "{} >= {}",
+            climbed.allowed(near),
+            stayed.allowed(0)
+        );
         // Work that is not staging (filling a class ahead of need) waits while staging is urgent.
         let gate = Gate::new(|now| Controller::new(Config::default(), 8, true, now));
         assert!(gate.urgent(0) && gate.urgent(127));
