@@ -128,7 +128,7 @@ impl Default for Config {
             hold_windows: 8,
             busy_share: 0.75,
             far_min: 128,
-            far_per_fetch: 4,
+            far_per_fetch: 16,
             relaxed: 1,
         }
     }
@@ -509,13 +509,6 @@ impl Gate {
         }
     }
 
-    /// Whether staging `ahead` samples ahead of the consumer is urgent: the next batches wait
-    /// for its reads, and reads that are not for them (filling a class ahead of need) must
-    /// leave the file system to it.
-    pub fn urgent(&self, ahead: u64) -> bool {
-        ahead < self.lock().ctl.far()
-    }
-
     /// Wakes every waiter; later `acquire` calls return None.
     pub fn close(&self) {
         self.lock().closed = true;
@@ -786,10 +779,10 @@ mod tests {
             ..Config::default()
         };
         let ctl = Controller::new(wide, 64, true, 0.0);
-        assert_eq!(ctl.far(), 256);
+        assert_eq!(ctl.far(), 1024);
         assert_eq!(ctl.allowed(0), 64);
-        assert_eq!(ctl.allowed(200), 14);
-        assert_eq!(ctl.allowed(256), 1);
+        assert_eq!(ctl.allowed(768), 16);
+        assert_eq!(ctl.allowed(1024), 1);
         let one = Controller::new(Config::default(), 1, true, 0.0);
         assert_eq!(one.allowed(10_000), 1);
         // Through the gate: with staging far ahead only `relaxed` permits go out.
@@ -829,10 +822,6 @@ mod tests {
             climbed.allowed(near),
             stayed.allowed(0)
         );
-        // Work that is not staging (filling a class ahead of need) waits while staging is urgent.
-        let gate = Gate::new(|now| Controller::new(Config::default(), 8, true, now));
-        assert!(gate.urgent(0) && gate.urgent(127));
-        assert!(!gate.urgent(128));
     }
 
     #[test]

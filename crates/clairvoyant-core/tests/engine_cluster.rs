@@ -38,6 +38,9 @@ struct InProcess {
     /// Every sample's first this many asks are answered "not yet" (a fill in progress there).
     not_yet_first: u32,
     not_yet_asked: Mutex<std::collections::HashMap<u32, u32>>,
+    /// Fetches whose wait at the peer was not shorter than the asker's deadline: a peer still
+    /// filling the sample would answer "not yet" only when the asker had given up on it.
+    late_answers: AtomicU64,
 }
 
 impl InProcess {
@@ -53,8 +56,11 @@ impl InProcess {
 }
 
 impl PeerFetch for InProcess {
-    fn fetch(&self, node: usize, sample: u32, wait: Duration, _within: Duration, dst: &mut [u8]) -> PeerReply {
+    fn fetch(&self, node: usize, sample: u32, wait: Duration, within: Duration, dst: &mut [u8]) -> PeerReply {
         self.asked.fetch_add(1, Ordering::Relaxed);
+        if wait >= within {
+            self.late_answers.fetch_add(1, Ordering::Relaxed);
+        }
         if self.is_down(node) {
             return PeerReply::Down;
         }
@@ -238,6 +244,20 @@ fn a_peer_still_filling_is_asked_again_not_read_around() {
     assert_eq!(run.data.bytes_read(), run.data.total(), "a sample read twice");
     let peer: u64 = by.iter().map(|b| b[Src::Peer as usize]).sum();
     assert!(peer > 0, "no sample came from a peer");
+}
+
+/// A peer waits for a sample it is still filling for less than the asker waits for its answer:
+/// it says "not yet" in time to be asked again, and is not taken for down meanwhile.
+#[test]
+fn a_peer_answers_before_the_askers_deadline() {
+    let run = Run::new(600, 3, 2, 2, 0.4, 6);
+    run.run(|_, _| {});
+    assert!(run.peers.asked.load(Ordering::Relaxed) > 0, "no peer was asked");
+    assert_eq!(
+        run.peers.late_answers.load(Ordering::Relaxed),
+        0,
+        "a peer's wait outlasted the asker's deadline"
+    );
 }
 
 #[test]

@@ -190,8 +190,10 @@ impl Inner {
     /// times in all), else the dataset's storage.
     pub(super) fn read_origin(&self, sample: u32, buf: &mut [u8]) -> Result<Src> {
         if let Some((p, peers)) = self.peer_of(sample) {
-            let wait = self.cluster().map_or(Duration::ZERO, |c| c.peer_wait);
             let within = self.peer_deadline(buf.len() as u64);
+            // The peer answers "not yet" before this fetch's deadline of silence, so that a
+            // sample it is still filling is asked for again, not taken for the peer being down.
+            let wait = self.cluster().map_or(Duration::ZERO, |c| c.peer_wait).min(within / 2);
             let mut reply = peers.fetch(p, sample, wait, within, buf);
             for _ in 1..PEER_NOT_YET_ASKS {
                 if reply != PeerReply::NotYet {

@@ -2,20 +2,14 @@
 //! need) and the fetch of one staged sample from the fastest tier that has it. Every cached copy
 //! is checked against the checksum recorded when it was read from the dataset, and once per
 //! epoch against the dataset file's modification times; a wrong copy is read again from the
-//! dataset and counted as corrupt, a stale one is read again from the dataset. A class
-//! prefetcher reads only while staging is far enough ahead of the consumer: while staging is
-//! behind, the file system is its.
+//! dataset and counted as corrupt, a stale one is read again from the dataset.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use super::staging::Slot;
 use super::{ClassStore, Inner, Src};
 use crate::error::Result;
 use crate::tier::{Acquire, Filled, Verified};
-
-/// How long a class prefetcher waits before looking again whether staging is still urgent.
-const FILL_PAUSE: Duration = Duration::from_millis(10);
 
 /// What [`Inner::fetch`] produced for one staged sample.
 pub(super) struct Fetched {
@@ -153,13 +147,6 @@ impl Inner {
         loop {
             if self.shutdown.load(Ordering::Relaxed) {
                 return;
-            }
-            // Filling ahead of need takes the file system from staging: it waits while staging is
-            // behind (the next batches wait for staging's reads; a sample staging reaches first
-            // is filled by staging, a peer's request for one is served when it comes).
-            if self.readahead.urgent(self.staging_ahead()) {
-                std::thread::sleep(FILL_PAUSE);
-                continue;
             }
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(&k) = share.get(i) else { return };
