@@ -176,8 +176,7 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
         out.append(row)
     peers = None
     if cached:
-        job = getattr(loader.__dict__.get("_cv"), "job", None)
-        peers = job.peer_stats() if job is not None else None
+        peers = loader.peer_stats()
         loader.close()
     return {"rank": ctx.rank, "epochs": out, "peers": peers}
 

@@ -92,3 +92,7 @@ def test_demo_on_emulated_nodes(tmp_path):
     assert fs["clairvoyant"] <= 1.05 * s, fs
     assert fs["one-node"] > 1.1 * s, fs
     assert sum(r["samples_by_source"].get("peer", 0) for r in result["clairvoyant"]) > 0
+    # Every rank's peer counters, through the drop-in's own peer_stats().
+    per_rank = result["clairvoyant"][-1]["peer_stats"]
+    assert len(per_rank) == 2 and all(p is not None for p in per_rank), per_rank
+    assert sum(p["client"]["fetched"] for p in per_rank) > 0, per_rank

@@ -95,9 +95,11 @@ def test_the_bytes_come_from_clairvoyant(folder):
     loader = ct.DataLoader(ds, batch_size=5, shuffle=True, num_workers=0)
     n = sum(len(y) for _, y in loader)
     stats = loader._cv.job.stats()
+    assert loader.peer_stats() is None  # one node: no peers
     loader.close()
     assert n == len(ds)
     assert stats[0]["samples"] == len(ds)  # every sample went through the engine
+    assert loader.peer_stats() is None
 
 
 def test_is_a_torch_dataloader_with_torchs_attributes(folder):

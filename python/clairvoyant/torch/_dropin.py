@@ -312,6 +312,15 @@ class DataLoader(_TorchDataLoader[_T_co]):
         feed = self.__dict__.get("_cv")
         return [] if feed is None else feed.stats()
 
+    def peer_stats(self) -> Optional[dict]:
+        """For a job that spans nodes, its peer counters as :meth:`clairvoyant.Job.peer_stats`
+        gives them (this node's client, and its server on the node's first local rank), also
+        after :meth:`close`; None when the job is one node's or nothing is cached."""
+        if self._job_loader is not None:
+            return self._job_loader.job.peer_stats()
+        feed = self.__dict__.get("_cv")
+        return None if feed is None else feed.peer_stats()
+
     def close(self) -> None:
         """Stop the workers and the job now and release clairvoyant's shared memory (also done
         when the loader is garbage collected)."""
@@ -447,6 +456,7 @@ class _Feed:
         self.current: Optional[_Current] = None
         self.served: list = []  # (epoch key, engine pass) of every epoch served
         self._job_stats = None
+        self._peer_stats = None
         self._iter = None
         workers = loader.num_workers
         depth = (loader.prefetch_factor or 2) * max(1, workers)
@@ -778,6 +788,10 @@ class _Feed:
         if job is not None:
             job.close()
             self._job_stats = job.stats()
+            self._peer_stats = job.peer_stats()
+
+    def peer_stats(self) -> Optional[dict]:
+        return self.job.peer_stats() if self.job is not None else self._peer_stats
 
     def stats(self) -> list:
         job_stats = self.job.stats() if self.job is not None else self._job_stats
