@@ -334,7 +334,11 @@ impl Inner {
     pub(super) fn staging_prefetch(&self) {
         loop {
             // How many fetch at once is the read-concurrency controller's call (readahead.rs).
-            let Some(mut permit) = self.readahead.acquire(|| self.staging_ahead()) else {
+            let ahead = || {
+                let st = self.lock();
+                st.next_alloc.saturating_sub(st.next_consume)
+            };
+            let Some(mut permit) = self.readahead.acquire(ahead) else {
                 return;
             };
             let claim = match self.allocate_run() {
@@ -347,12 +351,6 @@ impl Inner {
             permit.finish(self.source.size(claim.sample));
             self.finish_fetch(claim.pos, outcome);
         }
-    }
-
-    /// Samples staging has allocated ahead of the consumer.
-    pub(super) fn staging_ahead(&self) -> u64 {
-        let st = self.lock();
-        st.next_alloc.saturating_sub(st.next_consume)
     }
 
     /// Allocate positions under the staging lock: a run of ready memory-class samples, ended
