@@ -822,6 +822,7 @@ IDENTITY_BODY = """
     fs = clairvoyant.EmulatedFs(fs_state, open_latency_ms=2.0, bandwidth_mbps=400.0)
     job = clairvoyant.Job(clairvoyant.FileList(listing, emulated=fs), batch_size=8, epochs=2, config=cfg)
     print("ATTACHED", flush=True)
+    sys.stdin.readline()  # the test's go: every rank of the run is attached
     wrong = 0
     for e in range(2):
         for k, (s, _) in zip(job.samples_of(e).tolist(), job.epoch(e)):
@@ -829,6 +830,21 @@ IDENTITY_BODY = """
     emit(wrong=wrong, files=sum(s["pfs_files_read"] for s in job.stats()), rank=job.rank)
     job.close()
     """
+
+
+def go(procs: list, release: bool = True) -> None:
+    """Wait until every rank in `procs` (running IDENTITY_BODY, not yet waited for) holds its node
+    cache, then (`release`) let them read. Without this a rank starved of CPU can start after its
+    partner finished both epochs and left, and then reads the dataset alone."""
+    for p in procs:
+        if not getattr(p, "attached", False):
+            line = p.stdout.readline().strip()
+            assert line == "ATTACHED", f"a rank did not start: {line!r} {p.stderr.read() if not line else ''}"
+            p.attached = True
+    if release:
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.close()
 
 
 def test_ranks_started_by_wrapper_scripts_share_one_cache(tmp_path, shm):
@@ -840,8 +856,11 @@ def test_ranks_started_by_wrapper_scripts_share_one_cache(tmp_path, shm):
         env = base_env(shm, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2, CLAIRVOYANT_CACHE_DIR=tmp_path / "index")
         # Each rank's own wrapper shell: different parent processes, no run id.
         cmd = f"{sys.executable} {s} {listing} {tmp_path / 'fs'} {cfg}; exit $?"
-        procs.append(subprocess.Popen(["sh", "-c", cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [result(subprocess.CompletedProcess(p.args, p.wait(timeout=120), *p.communicate())) for p in procs]
+        procs.append(
+            subprocess.Popen(["sh", "-c", cmd], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    go(procs)
+    outs = [result(subprocess.CompletedProcess(p.args, p.wait(timeout=120), p.stdout.read(), p.stderr.read())) for p in procs]
     assert all(o["wrong"] == 0 for o in outs)
     files = sum(o["files"] for o in outs)
     # Reads a prefetcher finishes after its rank took its statistics may go uncounted (a few).
@@ -860,8 +879,7 @@ def test_unrelated_runs_with_run_id_none_do_not_share(tmp_path, shm):
     # name (no run id, equal classes) are told apart by which local ranks are taken; ranks of
     # both starting at the same instant can pair across the runs (docs/architecture.md).
     for run_name, cfg in (("a", with_memory), ("b", without)):
-        for p in procs:
-            assert p.stdout.readline().strip() == "ATTACHED", "run a's rank did not start"
+        go(procs, release=False)
         for rank in range(2):
             env = base_env(
                 shm, RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2, TORCHELASTIC_RUN_ID="none",
@@ -870,9 +888,11 @@ def test_unrelated_runs_with_run_id_none_do_not_share(tmp_path, shm):
             procs.append(
                 subprocess.Popen(
                     [sys.executable, str(s), str(listing), str(tmp_path / f"fs-{run_name}"), str(cfg)],
-                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 )
             )
+    go(procs[2:])
+    go(procs[:2])
     # Read through the file objects: the line read above may have buffered the RESULT line too,
     # which `communicate()` (reading the descriptors) would not see.
     outs = [result(subprocess.CompletedProcess(p.args, p.wait(timeout=120), p.stdout.read(), p.stderr.read())) for p in procs]
