@@ -143,9 +143,13 @@ def test_two_nodes_below_the_dataset_read_the_minimum(tmp_path):
     assert fs <= minimum * 1.05
 
 
-def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float, staging: str = "4 MiB", harness=None):
+def _spawn_nodes(
+    tmp_path, nodes: int, epochs: int, step: float, fraction: float, staging: str = "4 MiB", harness=None, together: bool = False
+):
     """One rank per node, each its own process (as a launcher would start them): on loopback
-    with a shared-memory directory per node, or in ``harness``'s network namespaces."""
+    with a shared-memory directory per node, or in ``harness``'s network namespaces. With
+    ``together``, ranks stop only once all have ended (as a training's ranks do); without, a rank
+    that ends early stops serving the others, which then read its samples themselves."""
     import subprocess
     import sys
 
@@ -156,6 +160,8 @@ def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
     procs, outs = [], []
+    ends = tmp_path / "ends"
+    ends.mkdir()
     script = os.path.join(os.path.dirname(__file__), "cluster_rank.py")
     for i in range(nodes):
         out = tmp_path / f"rank{i}.jsonl"
@@ -172,6 +178,8 @@ def _spawn_nodes(tmp_path, nodes: int, epochs: int, step: float, fraction: float
             **node_env(i, shm, shared, run, "127.0.0.1" if harness is None else harness.addresses[i]),
         }
         argv = [sys.executable, script, str(list_file), config, str(out), str(epochs), str(step)]
+        if together:
+            argv.append(str(ends))
         if harness is None:
             procs.append(subprocess.Popen(argv, env=env))
         else:
@@ -308,7 +316,7 @@ def test_nodes_in_network_namespaces(tmp_path):
     from netns import Nodes
 
     with Nodes(3, rate="1gbit", delay="0.5ms") as harness:
-        procs, outs, total = _spawn_nodes(tmp_path, nodes=3, epochs=3, step=0.0, fraction=0.4, harness=harness)
+        procs, outs, total = _spawn_nodes(tmp_path, nodes=3, epochs=3, step=0.0, fraction=0.4, harness=harness, together=True)
         for i, p in enumerate(procs):
             assert p.wait(timeout=180) == 0, f"node {i} failed"
     for i in range(3):
