@@ -1258,6 +1258,27 @@ print(json.dumps([first, open_read()]), flush=True)
 """
 
 
+def stop(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and return once every thread of it is stopped: the signal is only queued
+    when kill() returns, and a thread of a loaded machine can still answer a request meanwhile."""
+    import signal
+
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                continue  # a thread that ended
+        if all(s in ("T", "t") for s in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop within {timeout:.0f} s: {states}"
+        time.sleep(0.001)
+
+
 def test_a_stopped_agent_costs_one_time_out_then_short_probes(built, dataset, start_agent):
     # The agent is stopped (SIGSTOP) after the program's first open. The next open waits the
     # whole round-trip time-out (3 s) and marks the agent down; the next contact, 5.5 s later
@@ -1277,7 +1298,7 @@ def test_a_stopped_agent_costs_one_time_out_then_short_probes(built, dataset, st
     )
     try:
         assert proc.stdout.readline().strip() == "stopme"
-        os.kill(agent.proc.pid, signal.SIGSTOP)
+        stop(agent.proc.pid)
         try:
             out, err = proc.communicate("go\n", timeout=60)
         finally:
