@@ -144,12 +144,15 @@ def test_emulated_fs_counts_one_read_per_sample_over_the_run(tmp_path, tree):
     assert stats[2]["sources"]["memory"]["samples"] == len(src)
 
 
-def _rank(rank, root, state, cache, q):
+def _rank(rank, root, state, cache, q, done):
     os.environ["CLAIRVOYANT_CACHE_DIR"] = cache
     try:
         fs = clairvoyant.EmulatedFs(state, open_latency_ms=0.5, bandwidth_mbps=100)
         job = clairvoyant.Job(clairvoyant.ImageFolder(root, emulated=fs), batch_size=2, epochs=3, rank=rank, world_size=2, local_ranks=[0, 1])
         n = sum(1 for e in range(3) for _ in job.epoch(e))
+        # Ranks leave together, as a training's do: a rank started late on a loaded machine then
+        # still finds the other's node cache (it may have read the whole dataset meanwhile).
+        done.wait(timeout=60)
         job.close()
         q.put((rank, n))
     except Exception as e:  # pragma: no cover
@@ -160,7 +163,8 @@ def test_two_rank_processes_read_the_dataset_once(tmp_path, tree):
     state = str(tmp_path / "fs.state")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    ps = [ctx.Process(target=_rank, args=(r, str(tree), state, str(tmp_path / "cache"), q)) for r in range(2)]
+    done = ctx.Barrier(2)
+    ps = [ctx.Process(target=_rank, args=(r, str(tree), state, str(tmp_path / "cache"), q, done)) for r in range(2)]
     for p in ps:
         p.start()
     res = dict(q.get(timeout=120) for _ in ps)
