@@ -17,9 +17,10 @@ SCRIPT = textwrap.dedent(
     import json, os, signal, sys, zlib
     import clairvoyant
     list_file, config, world, batch, die = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "die"
+    rank, local = int(sys.argv[6]), int(sys.argv[7])
     crcs = set(json.loads(open(list_file + ".crc").read()))
-    job = clairvoyant.Job(clairvoyant.FileList(list_file), batch_size=batch, epochs=2, seed=3, rank=0,
-                          world_size=world, local_ranks=[0], config=config)
+    job = clairvoyant.Job(clairvoyant.FileList(list_file), batch_size=batch, epochs=2, seed=3, rank=rank,
+                          world_size=world, local_ranks=list(range(local)), config=config)
     bad = 0
     for views, _ in job.batches(0):
         bad += sum(zlib.crc32(bytes(v)) not in crcs for v in views)
@@ -32,11 +33,14 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(tmp_path, env, world, batch, die):
+def _run(tmp_path, env, world, batch, die, rank=0, local=1):
     script = tmp_path / "rank.py"
     script.write_text(SCRIPT)
     r = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "list.txt"), str(tmp_path / "system.toml"), str(world), str(batch), "die" if die else "live"],
+        [
+            sys.executable, str(script), str(tmp_path / "list.txt"), str(tmp_path / "system.toml"),
+            str(world), str(batch), "die" if die else "live", str(rank), str(local),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -49,7 +53,7 @@ def _run(tmp_path, env, world, batch, die):
     return json.loads(lines[-1]), r
 
 
-def test_a_restart_reuses_what_the_killed_run_cached(tmp_path):
+def _dataset(tmp_path) -> int:
     import json
 
     rng = np.random.default_rng(5)
@@ -66,6 +70,11 @@ def test_a_restart_reuses_what_the_killed_run_cached(tmp_path):
     (tmp_path / "system.toml").write_text(
         f'[staging]\ncapacity = "1 MiB"\nthreads = 2\n[[class]]\nname = "memory"\nkind = "memory"\ncapacity = {2 * total}\nthreads = 1\n'
     )
+    return total
+
+
+def test_a_restart_reuses_what_the_killed_run_cached(tmp_path):
+    total = _dataset(tmp_path)
     shm = tmp_path / "shm"
     shm.mkdir(mode=0o700)
     env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "idx"), "CLAIRVOYANT_RUN_ID": "first"}
@@ -83,6 +92,24 @@ def test_a_restart_reuses_what_the_killed_run_cached(tmp_path):
     assert second["fs"] <= total - first["fs"] + total * 0.02
     assert second["memory"] > 0
     # Nothing salvaged is left behind once reused.
+    assert not [n for n in os.listdir(shm / f"clairvoyant-{os.getuid()}") if n.startswith("salvage-")]
+
+
+def test_the_rank_that_sets_the_cache_up_reuses_it_whichever_it_is(tmp_path):
+    # The restart's local rank 1 comes first (rank 0 is late, or never comes): it sets the node
+    # cache up and takes over what the killed run cached.
+    total = _dataset(tmp_path)
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o700)
+    env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "idx"), "CLAIRVOYANT_RUN_ID": "first"}
+    first, r1 = _run(tmp_path, env, world=1, batch=8, die=True)
+    assert r1.returncode == -9 and first["bad"] == 0 and first["fs"] == total
+    env["CLAIRVOYANT_RUN_ID"] = "second"
+    second, r2 = _run(tmp_path, env, world=2, batch=8, die=False, rank=1, local=2)
+    assert r2.returncode == 0, r2.stderr
+    assert second["bad"] == 0
+    assert "reused" in r2.stderr, r2.stderr
+    assert second["fs"] <= total * 0.02, f"local rank 1 read {second['fs']} of {total} bytes again"
     assert not [n for n in os.listdir(shm / f"clairvoyant-{os.getuid()}") if n.startswith("salvage-")]
 
 

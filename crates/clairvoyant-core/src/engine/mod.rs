@@ -514,7 +514,9 @@ impl Engine {
             peer_wait: c.peer_wait,
         });
         let (stores, placement_summary) = stores_and_summary(&cache, &requests, &placement);
-        if rank_index == 0 {
+        // The rank that set the cache up takes over what a dead run left (local rank 0 unless
+        // it came late); the layout every rank computes alike is written once.
+        if cache.set_up_here() {
             if let Some(mem) = stores.iter().position(|s| *s == ClassStore::Mapped) {
                 reuse::record_and_reuse(&cache, source.as_ref(), mem, &placement.class_of, &placement.offset);
             }

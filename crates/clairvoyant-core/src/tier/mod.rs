@@ -177,6 +177,8 @@ pub struct NodeCache {
     creator_pid: u32,
     detached: AtomicBool,
     full_warned: Vec<AtomicBool>,
+    /// This attachment set the cache up (it decided the capacities in [`NodeCache::setup`]).
+    set_up_here: bool,
 }
 
 impl NodeCache {
@@ -220,6 +222,7 @@ impl NodeCache {
                     creator_pid: std::process::id(),
                     detached: AtomicBool::new(false),
                     full_warned: Vec::new(),
+                    set_up_here: false,
                 });
             }
         }
@@ -227,6 +230,12 @@ impl NodeCache {
             "local_ranks",
             format!("64 runs on this machine already hold local rank {rank_index} of node cache {key}"),
         ))
+    }
+
+    /// Whether this attachment set the cache up: the first local rank to arrive, whichever it
+    /// is (a rank started late may find the others gone and set up a fresh cache alone).
+    pub fn set_up_here(&self) -> bool {
+        self.set_up_here
     }
 
     /// The cache's name (`clairvoyant-<key>[.g<n>]`).
@@ -259,7 +268,9 @@ impl NodeCache {
             shm: self.dir.join(format!("{}.mem", self.stem)),
             disk: secure::private_dir(&secure::disk_base())?.join(format!("{}.mem", self.stem)),
         };
+        let mut set_up_here = false;
         let (caps, at) = self.state.agree(|| {
+            set_up_here = true;
             // A fresh cache starts empty: files a crashed run of the same name left in a
             // directory class go before anyone can fill it.
             self.clear_directory_classes(classes);
@@ -270,6 +281,7 @@ impl NodeCache {
             }
             Ok((caps, at))
         })?;
+        self.set_up_here = set_up_here;
         if caps.len() != classes.len() {
             return Err(Error::config(
                 "class",
