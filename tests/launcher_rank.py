@@ -60,10 +60,11 @@ def main() -> int:
         "seen": seen,
         "bad": bad,
         "stats": job.stats(),
-        "peers": job.peer_stats(),
     }
     # Every node is done before any peer server stops.
     _cluster.allgather(b"done", rank=where.rank, world_size=where.world_size, run_id=where.run_id)
+    # Taken once every node is done: a node that ends first has not served the others yet.
+    result["peers"] = job.peer_stats()
     job.close()
     with open(os.path.join(a.out, f"rank{where.rank}.json"), "w") as f:
         json.dump(result, f)
