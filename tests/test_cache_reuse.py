@@ -73,11 +73,17 @@ def _dataset(tmp_path) -> int:
     return total
 
 
-def test_a_restart_reuses_what_the_killed_run_cached(tmp_path):
-    total = _dataset(tmp_path)
+def _node(tmp_path) -> tuple:
+    """This machine's shared-memory directory for the runs, and their environment (run "first")."""
     shm = tmp_path / "shm"
     shm.mkdir(mode=0o700)
     env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "idx"), "CLAIRVOYANT_RUN_ID": "first"}
+    return shm, env
+
+
+def test_a_restart_reuses_what_the_killed_run_cached(tmp_path):
+    total = _dataset(tmp_path)
+    shm, env = _node(tmp_path)
     first, r1 = _run(tmp_path, env, world=2, batch=8, die=True)
     assert r1.returncode == -9 and first["bad"] == 0
     assert any(n.endswith(".layout") for n in os.listdir(shm / f"clairvoyant-{os.getuid()}")), "the killed run left its layout"
@@ -99,9 +105,7 @@ def test_the_rank_that_sets_the_cache_up_reuses_it_whichever_it_is(tmp_path):
     # The restart's local rank 1 comes first (rank 0 is late, or never comes): it sets the node
     # cache up and takes over what the killed run cached.
     total = _dataset(tmp_path)
-    shm = tmp_path / "shm"
-    shm.mkdir(mode=0o700)
-    env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm), "CLAIRVOYANT_CACHE_DIR": str(tmp_path / "idx"), "CLAIRVOYANT_RUN_ID": "first"}
+    shm, env = _node(tmp_path)
     first, r1 = _run(tmp_path, env, world=1, batch=8, die=True)
     assert r1.returncode == -9 and first["bad"] == 0 and first["fs"] == total
     env["CLAIRVOYANT_RUN_ID"] = "second"
