@@ -1,14 +1,13 @@
 """One rank of an emulated multi-node job, run as its own process by the cluster tests: it
 consumes every epoch of a Job over a file list, checks every sample's bytes against the file's
 CRC, optionally sleeps per batch (a training step), and appends one JSON line per epoch to its
-output file (flushed, so a test can watch progress and kill a node mid-run). Given a directory
+output file (flushed, so a test can watch progress and kill a node mid-run). Given "together"
 as a sixth argument, ranks leave together, as ranks of a training do (their collectives keep them
-within a step): each marks its end there and waits for the others before it stops serving them."""
+within a step): each meets the others (clairvoyant's own rendezvous) before it stops serving them."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import zlib
@@ -16,18 +15,7 @@ import zlib
 import clairvoyant
 
 
-def leave_together(directory: str, timeout: float = 120.0) -> None:
-    world = int(os.environ["WORLD_SIZE"])
-    open(os.path.join(directory, f"done-{os.environ['RANK']}"), "w").close()
-    deadline = time.monotonic() + timeout
-    while len([n for n in os.listdir(directory) if n.startswith("done-")]) < world:
-        if time.monotonic() > deadline:
-            print(f"cluster_rank: not every rank ended within {timeout:.0f} s; leaving", file=sys.stderr)
-            return
-        time.sleep(0.01)
-
-
-def main(list_file: str, config: str, out: str, epochs: int, step_seconds: float, together: str | None = None) -> int:
+def main(list_file: str, config: str, out: str, epochs: int, step_seconds: float, together: bool = False) -> int:
     src = clairvoyant.FileList(list_file)
     crc = {}
     for k, p in enumerate(src.paths):
@@ -66,10 +54,13 @@ def main(list_file: str, config: str, out: str, epochs: int, step_seconds: float
             )
             log.flush()
     if together:
-        leave_together(together)
+        from clairvoyant import _cluster, _env
+
+        where = _env.detect()
+        _cluster.allgather(b"done", rank=where.rank, world_size=where.world_size, run_id=where.run_id)
     job.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), *sys.argv[6:7]))
+    sys.exit(main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6:7] == ["together"]))

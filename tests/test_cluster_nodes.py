@@ -160,8 +160,6 @@ def _spawn_nodes(
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o700)
     procs, outs = [], []
-    ends = tmp_path / "ends"
-    ends.mkdir()
     script = os.path.join(os.path.dirname(__file__), "cluster_rank.py")
     for i in range(nodes):
         out = tmp_path / f"rank{i}.jsonl"
@@ -179,7 +177,7 @@ def _spawn_nodes(
         }
         argv = [sys.executable, script, str(list_file), config, str(out), str(epochs), str(step)]
         if together:
-            argv.append(str(ends))
+            argv.append("together")
         if harness is None:
             procs.append(subprocess.Popen(argv, env=env))
         else:

@@ -7,9 +7,9 @@
 //! dataset's fingerprint and each sample's offset in the arena. When all processes of a cache
 //! have died, the janitor (see [`super::NodeCache::attach_in`]) renames its state, arena and
 //! layout to `salvage-<name>.*` instead of removing them; the local rank that sets up the next
-//! job's node cache over a dataset with the same fingerprint claims them (an atomic rename), copies what it can
-//! use, checking each sample's checksum and that its file has not changed since it was cached,
-//! and removes them. Salvaged caches nobody claims go after an hour.
+//! job's node cache over a dataset with the same fingerprint claims them (an atomic rename),
+//! copies what it can use, checking each sample's checksum and that its file has not changed
+//! since it was cached, and removes them. Salvaged caches nobody claims go after an hour.
 
 use std::io::Write;
 use std::os::unix::fs::FileExt;
