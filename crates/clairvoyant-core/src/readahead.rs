@@ -17,8 +17,12 @@
 //! down, kept when the throughput holds, so a figure that was too high comes down as well.
 //!
 //! Ranks adapt independently. Where the file system is saturated, one rank that adds reads
-//! takes a larger share from the others, which looks like a gain to that rank; [`Config::max`]
-//! bounds the result.
+//! takes a larger share from the others, which looks like a gain to that rank; the saturation
+//! estimate weighs a probe by the rank's part of the file system's reads, which counts every
+//! rank of the job (nodes share the file system; counting only the node's ranks overstated a
+//! rank's part, and on 4 emulated nodes ranks climbed to 32 reads where 4 saturate). With
+//! thousands of ranks one rank's probe barely moves the fetch time and the estimate says
+//! little; [`Config::max`] bounds the result.
 //!
 //! [`Controller`] is pure logic over times in seconds that the caller passes in, so tests drive
 //! it with synthetic figures; [`Gate`] applies it to threads (a permit per fetch).
@@ -115,6 +119,11 @@ pub struct Config {
 /// Most concurrent staging fetches of one rank.
 pub const MAX_FETCHES: usize = 32;
 
+/// Probe times ranks are spread over (see [`Controller::sharing`]): ranks in the same slot
+/// probe together, so the first probe of a rank waits at most `2 * (STAGGER_SLOTS - 1)` windows
+/// however many ranks a job has.
+pub const STAGGER_SLOTS: u32 = 8;
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -165,7 +174,7 @@ pub struct Controller {
     far_basis: usize,
     /// The file system's figures are defaults: probe down too.
     explore_down: bool,
-    /// This rank's part of the node's reads (1 / local ranks).
+    /// This rank's part of the file system's reads (1 / the ranks that read it).
     share: f64,
     phase: Phase,
     /// Windows to hold after the next failed probe: doubles while probes from one level keep
@@ -217,17 +226,19 @@ impl Controller {
         Controller::new(cfg, initial, !f.known, now).sharing(f.ranks, index)
     }
 
-    /// This rank is number `index` of `ranks` on the node that read the same file system the
-    /// same way. Ranks then probe at different times (windows of different lengths, the first
-    /// probe delayed by two windows per index): the saturation estimate of
-    /// `Controller::node_gain` assumes that the other ranks held still.
+    /// This rank is number `index` of the `ranks` that read the same file system the same way
+    /// (every rank of the job: nodes share it). Ranks then probe at different times (windows of
+    /// different lengths, the first probe delayed by two windows per slot, in [`STAGGER_SLOTS`]
+    /// slots by index): the saturation estimate of `Controller::node_gain` assumes that the
+    /// other ranks held still.
     pub fn sharing(mut self, ranks: u32, index: u32) -> Controller {
         let ranks = ranks.max(1);
         self.share = 1.0 / ranks as f64;
-        let index = index % ranks;
-        self.cfg.window_s *= 1.0 + 0.3 * index as f64 / ranks as f64;
-        if index > 0 {
-            self.phase = Phase::Hold { left: 2 * index };
+        let slots = ranks.min(STAGGER_SLOTS);
+        let slot = index % slots;
+        self.cfg.window_s *= 1.0 + 0.3 * slot as f64 / slots as f64;
+        if slot > 0 {
+            self.phase = Phase::Hold { left: 2 * slot };
         }
         self
     }
@@ -315,7 +326,7 @@ impl Controller {
     /// extra reads take bandwidth from the other ranks. The fetch time tells how saturated the
     /// file system is: there, a transfer's time grows with the reads in flight on the node, and
     /// this rank's move changed those by `(k - 1) * share` (k: the level's ratio, share: this
-    /// rank's part of the node's reads), so `(w - 1) / ((k - 1) * share)` (w: the fetch time's
+    /// rank's part of the file system's reads), so `(w - 1) / ((k - 1) * share)` (w: the fetch time's
     /// ratio) estimates the saturation σ in [0, 1]; all ranks moving by k then give the node
     /// `k / (1 + (k - 1) σ)`.
     fn node_gain(&self, from: usize, base: Window, now: Window) -> f64 {
@@ -708,6 +719,48 @@ mod tests {
             );
             assert!(rate > 0.9 * 200e6, "start {start}: {rate}");
         }
+    }
+
+    #[test]
+    fn ranks_of_several_nodes_share_the_file_system_s_reads() {
+        // 4 nodes x 2 ranks on one file system with the detected defaults, as the engine sets
+        // them up: the model's reads in flight divided by the job's 8 ranks, each rank 1/8 of
+        // the reads. Divided by the node's 2 ranks, the ranks started (and stayed) at 15 each,
+        // 120 reads in flight where about 11 saturate; on 4 emulated nodes some climbed to 32.
+        let machine = crate::sysinfo::Machine {
+            mem_total: Some(8 << 30),
+            mem_available: Some(4 << 30),
+            cpus: 2,
+        };
+        let m = SystemModel::detect_on(&machine, None);
+        let f = figures(&m, 100_000, 8);
+        let mut ctls: Vec<Controller> = (0..8)
+            .map(|i| Controller::from_figures(Config::default(), &f, i, 0.0))
+            .collect();
+        let rate = drive_node(&mut ctls, 30.0);
+        let levels: Vec<usize> = ctls.iter().map(|c| c.target()).collect();
+        assert!(
+            levels.iter().sum::<usize>() <= 80,
+            "levels {levels:?}, {:?}",
+            ctls.iter().map(|c| &c.history).collect::<Vec<_>>()
+        );
+        assert!(rate > 0.9 * 200e6, "{rate}");
+    }
+
+    #[test]
+    fn probes_are_spread_over_a_few_slots_whatever_the_ranks() {
+        // Rank 8,191 of 8,192 probes within the first 2 * (STAGGER_SLOTS - 1) windows, not
+        // after thousands.
+        let ctl = Controller::new(Config::default(), 1, true, 0.0).sharing(8192, 8191);
+        assert_eq!(
+            ctl.phase,
+            Phase::Hold {
+                left: 2 * (STAGGER_SLOTS - 1)
+            }
+        );
+        assert!(ctl.config().window_s < 1.3 * Config::default().window_s);
+        let first = Controller::new(Config::default(), 1, true, 0.0).sharing(8192, 8192);
+        assert_eq!(first.phase, Phase::Measure);
     }
 
     #[test]

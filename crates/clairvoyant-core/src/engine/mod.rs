@@ -1089,7 +1089,7 @@ impl Inner {
         let f = source.len();
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
         let readers = spec.local_ranks.len() as u32;
-        let local_index = spec.local_ranks.iter().position(|&r| r == spec.rank).unwrap_or(0) as u32;
+        let (fs_readers, fs_index) = fs_readers(spec);
         Inner {
             source,
             batch_ends: RwLock::new(p.stream.batch_ends),
@@ -1140,9 +1140,17 @@ impl Inner {
             served_bytes: AtomicU64::new(0),
             prefilled: std::sync::OnceLock::new(),
             owner_pid: pid::current(),
-            readahead: crate::readahead::staging_gate(model, p.typical, readers, local_index),
+            readahead: crate::readahead::staging_gate(model, p.typical, fs_readers, fs_index),
         }
     }
+}
+
+/// The ranks that read the file system this rank reads, and this rank's number among them:
+/// every rank of the job, on every node (nodes share the file system; the model's t(γ) counts
+/// the readers of all of them).
+fn fs_readers(spec: &JobSpec) -> (u32, u32) {
+    let ranks = spec.schedule.world_size.max(spec.local_ranks.len() as u32).max(1);
+    (ranks, spec.rank % ranks)
 }
 
 /// Give up this engine's use of `node` (starting failed): the last user leaves the node cache.
@@ -1304,6 +1312,29 @@ mod tests {
         assert_eq!(shares, vec![vec![9, 5, 1], vec![7, 3], vec![6, 2]]);
         let f = Filler::of(&ranks, 5, Some(&agent));
         assert!(f.agent && f.prefill);
+    }
+
+    #[test]
+    fn every_rank_of_the_job_reads_the_file_system() {
+        // Rank 5 of 8, on a node of ranks 4 and 5: the file system is shared by all 8, so the
+        // read-concurrency controller divides the file system's reads by 8, not by 2.
+        let spec = JobSpec {
+            schedule: crate::schedule::Schedule::shuffle(64, 8, 2, 1, 0, false).unwrap(),
+            rank: 5,
+            local_ranks: vec![4, 5],
+            run_id: String::new(),
+            first_epoch: 0,
+            cluster: None,
+            agent: None,
+        };
+        assert_eq!(fs_readers(&spec), (8, 5));
+        let alone = JobSpec {
+            schedule: crate::schedule::Schedule::shuffle(64, 1, 2, 1, 0, false).unwrap(),
+            rank: 0,
+            local_ranks: vec![0],
+            ..spec
+        };
+        assert_eq!(fs_readers(&alone), (1, 0));
     }
 
     #[test]
