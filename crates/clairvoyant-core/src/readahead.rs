@@ -721,18 +721,23 @@ mod tests {
         }
     }
 
+    /// The model detected on a 2-core machine with 8 GiB and no configuration.
+    fn detected_model() -> SystemModel {
+        let machine = crate::sysinfo::Machine {
+            mem_total: Some(8 << 30),
+            mem_available: Some(4 << 30),
+            cpus: 2,
+        };
+        SystemModel::detect_on(&machine, None)
+    }
+
     #[test]
     fn ranks_of_several_nodes_share_the_file_system_s_reads() {
         // 4 nodes x 2 ranks on one file system with the detected defaults, as the engine sets
         // them up: the model's reads in flight divided by the job's 8 ranks, each rank 1/8 of
         // the reads. Divided by the node's 2 ranks, the ranks started (and stayed) at 15 each,
         // 120 reads in flight where about 11 saturate; on 4 emulated nodes some climbed to 32.
-        let machine = crate::sysinfo::Machine {
-            mem_total: Some(8 << 30),
-            mem_available: Some(4 << 30),
-            cpus: 2,
-        };
-        let m = SystemModel::detect_on(&machine, None);
+        let m = detected_model();
         let f = figures(&m, 100_000, 8);
         let mut ctls: Vec<Controller> = (0..8)
             .map(|i| Controller::from_figures(Config::default(), &f, i, 0.0))
@@ -896,12 +901,7 @@ mod tests {
 
     #[test]
     fn detected_defaults_are_unknown_figures() {
-        let machine = crate::sysinfo::Machine {
-            mem_total: Some(8 << 30),
-            mem_available: Some(4 << 30),
-            cpus: 2,
-        };
-        let mut m = SystemModel::detect_on(&machine, None);
+        let mut m = detected_model();
         assert!(!figures(&m, 100_000, 4).known);
         m.pfs.read_mbps = table();
         let f = figures(&m, 100_000, 4);
