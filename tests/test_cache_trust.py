@@ -1089,8 +1089,15 @@ CLASS_BODY = """
     fs = clairvoyant.EmulatedFs(fs_state, open_latency_ms=5.0, bandwidth_mbps=400.0)
     job = clairvoyant.Job(clairvoyant.FileList(listing, emulated=fs), batch_size=8, epochs=2, config=cfg)
     if len(sys.argv) > 4:  # made read-only during the run
-        import subprocess
-        subprocess.run(["mount", "-o", "remount,ro", sys.argv[4]], check=True)
+        import subprocess, time
+        # The kernel refuses the remount (busy) while a file on it is open for writing: a fill
+        # of the class in progress. Try again until the moment falls between two fills.
+        for _ in range(400):
+            if subprocess.run(["mount", "-o", "remount,ro", sys.argv[4]], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.005)
+        else:
+            subprocess.run(["mount", "-o", "remount,ro", sys.argv[4]], check=True)
     got = []
     for e in range(2):
         wrong = 0
