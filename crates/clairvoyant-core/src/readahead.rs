@@ -20,7 +20,7 @@
 //! takes a larger share from the others, which looks like a gain to that rank; the saturation
 //! estimate weighs a probe by the rank's part of the file system's reads, which counts every
 //! rank of the job (nodes share the file system; counting only the node's ranks overstated a
-//! rank's part, and on 4 emulated nodes ranks climbed to 32 reads where 4 saturate). With
+//! rank's part, and on 4 emulated nodes ranks climbed to 32 reads where 2-15 each did as well). With
 //! thousands of ranks one rank's probe barely moves the fetch time and the estimate says
 //! little; [`Config::max`] bounds the result.
 //!
