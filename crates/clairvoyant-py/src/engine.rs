@@ -2,6 +2,7 @@
 //! staging ring or of the node's shared memory, kept valid by a lease object that releases the
 //! staging space when the last view of it is gone.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,8 @@ pub struct PyEngine {
     pub(crate) engine: Arc<Engine>,
     /// The client this engine fetches other nodes' samples with (multi-node jobs).
     peers: Option<Arc<PeerClient>>,
+    /// Set by `interrupt`: the batch being taken on another thread gives up.
+    interrupted: AtomicBool,
 }
 
 fn view<'py>(lease: &Lease, holder: &Bound<'py, PyAny>) -> Bound<'py, PyArray1<u8>> {
@@ -58,14 +61,16 @@ impl PyEngine {
         let mut first_err = None;
         // Samples consumed so far, handed out or failed.
         let mut taken = 0;
+        self.interrupted.store(false, Ordering::Relaxed);
         while taken < n {
+            if self.interrupted.swap(false, Ordering::Relaxed) {
+                first_err = Some(to_py(clairvoyant_core::Error::Cancelled));
+                break;
+            }
             // One call hands out as many as are ready (the GIL released once for them all),
-            // waking every 100 ms for Ctrl-C.
+            // waking every 20 ms for Ctrl-C and `interrupt`.
             let before = leases.len();
-            let r = py.detach(|| {
-                self.engine
-                    .next_many(n - taken, Duration::from_millis(100), &mut leases)
-            });
+            let r = py.detach(|| self.engine.next_many(n - taken, Duration::from_millis(20), &mut leases));
             taken += leases.len() - before;
             match r {
                 Ok(()) if taken < n => {
@@ -168,7 +173,14 @@ impl PyEngine {
         Ok(PyEngine {
             engine: Arc::new(engine),
             peers,
+            interrupted: AtomicBool::new(false),
         })
+    }
+
+    /// Make a batch being taken on another thread (`next_batch_shared`, `next_batch`) give up
+    /// within 20 ms with CancelledError, its samples released. A later call waits again.
+    fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::Relaxed);
     }
 
     fn begin_epoch(&self, py: Python<'_>, epoch: u32) -> PyResult<()> {

@@ -258,9 +258,10 @@ class CachedDataset(torch.utils.data.Dataset):
     Each batch's bytes stay in shared memory until this process says it is done with them:
     ``done[token % len(done)] = token + 1`` (a shared tensor the loading process reads)."""
 
-    def __init__(self, dataset, kind: str, done: torch.Tensor, states: torch.Tensor):
+    def __init__(self, dataset, kind: str, done: torch.Tensor, states: torch.Tensor, board=None):
         self.dataset = dataset
         self.kind = kind
+        self.board = board  # where a ticket's bytes are posted (see _tickets)
         self.done = done
         self.states = states  # [slots, bytes]: RNG state before each batch, for exact resume
         self._maps: dict = {}
@@ -283,13 +284,19 @@ class CachedDataset(torch.utils.data.Dataset):
                 m = self._maps[path] = memoryview(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
         return m
 
-    def _bytes(self, k: int, req):
-        if k in req.private:
-            return memoryview(req.private[k])
-        r, off, n = req.where[k]
+    def _bytes(self, k: int, req, where, private):
+        if k in private:
+            return memoryview(private[k])
+        r, off, n = where[k]
         if n == 0:
             return memoryview(b"")
         return self._region(req.segments[r])[off : off + n]
+
+    def _where(self, req) -> tuple:
+        """(where, private) of a request: a ticket waits until its bytes are staged."""
+        if isinstance(req.where, str):
+            return self.board.redeem(req.token)
+        return req.where, req.private
 
     def _item(self, index: int, data):
         if self.kind == "protocol":
@@ -339,9 +346,10 @@ class CachedDataset(torch.utils.data.Dataset):
             return [self.dataset[i] for i in req]
         try:
             self._begin(req)
-            if req.where is None:  # not cached, or clairvoyant could not read it: as torch would
+            where, private = self._where(req)
+            if where is None:  # not cached, or clairvoyant could not read it: as torch would
                 return [self.dataset[i] for i in req]
-            return [self._item(i, self._bytes(k, req)) for k, i in enumerate(req)]
+            return [self._item(i, self._bytes(k, req, where, private)) for k, i in enumerate(req)]
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1
 
@@ -350,9 +358,10 @@ class CachedDataset(torch.utils.data.Dataset):
             return self.dataset[req]
         try:
             self._begin(req)
-            if req.where is None:
+            where, private = self._where(req)
+            if where is None:
                 return self.dataset[int(req)]
-            return self._item(int(req), self._bytes(0, req))
+            return self._item(int(req), self._bytes(0, req, where, private))
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -35,7 +36,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleP
 
 from .. import _env, _settings
 from ..errors import ArgumentTypeError, CancelledError, ConfigError, EpochConsumedError, ExhaustedError
-from . import _datasets, _job_loader, _native_loader, _order, _rank
+from . import _datasets, _job_loader, _native_loader, _order, _rank, _tickets
 
 __all__ = ["DataLoader"]
 
@@ -204,6 +205,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if feed is None:
             return super()._get_iterator()
         view = _View(self, feed)
+        native = self._native_setup()
+        # Worker processes take tickets: the sampler does not wait for the batch's bytes.
+        feed.ticketed = native is None and self.num_workers > 0
         # A resumed epoch was begun by the interrupted run, which drew its iterator's base seed
         # then: creating this iterator must not draw another from the user's generator, or the
         # epochs after the resumed one would be drawn from a shifted generator.
@@ -211,7 +215,6 @@ class DataLoader(_TorchDataLoader[_T_co]):
         gen = self.generator
         saved = (gen.get_state() if gen is not None else torch.get_rng_state()) if resuming else None
         drawn = feed.count
-        native = self._native_setup()
         try:
             if native is not None:
                 it = _native_loader.NativeIter(view, native)
@@ -453,6 +456,9 @@ class _Feed:
         self.count = 0
         self.token = 0
         self.leases: dict = {}
+        self.lock = threading.Lock()  # guards leases (the feeder adds to them)
+        self.feeder: Optional[_tickets.Feeder] = None
+        self.ticketed = False
         self.current: Optional[_Current] = None
         self.served: list = []  # (epoch key, engine pass) of every epoch served
         self._job_stats = None
@@ -464,8 +470,10 @@ class _Feed:
         self.done = torch.zeros(slots, dtype=torch.int64).share_memory_()
         self.states = torch.zeros((slots if workers > 0 else 0, _STATE_BYTES), dtype=torch.uint8).share_memory_()
         self.segments: tuple = ()
+        width = loader.batch_size if loader._auto_collation and loader.batch_size else (1 if not loader._auto_collation else 256)
+        self.board = _tickets.Board(slots, width) if workers > 0 else None
         self.dataset = _datasets.CachedDataset(
-            loader.dataset, self.adapter.kind if self.adapter else "none", self.done, self.states
+            loader.dataset, self.adapter.kind if self.adapter else "none", self.done, self.states, self.board
         )
 
     def __del__(self):
@@ -642,12 +650,21 @@ class _Feed:
         if old is not None and not getattr(old, "_persistent_workers", False):
             if hasattr(old, "_shutdown_workers") and getattr(old, "_workers", None):
                 old._shutdown_workers()
-        self.leases.clear()
+        self._stop_feeder()
+        with self.lock:
+            self.leases.clear()
+
+    def _stop_feeder(self) -> None:
+        feeder, self.feeder = self.feeder, None
+        if feeder is not None:
+            feeder.stop(self.job._engine if self.job is not None else None)
+            self.board.clean()
 
     def _sweep(self) -> None:
         done = self.done
-        for t in [t for t in self.leases if int(done[t % done.numel()]) == t + 1]:
-            del self.leases[t]
+        with self.lock:
+            for t in [t for t in self.leases if int(done[t % done.numel()]) == t + 1]:
+                del self.leases[t]
 
     def _epoch_batches(self, loader: DataLoader, key, resume, gstate) -> tuple:
         """The epoch's batches and where in them to start: a loaded state of this epoch resumes
@@ -689,11 +706,15 @@ class _Feed:
 
     def _item(self, b, src, batched: bool, state):
         """What the sampler yields for batch (or index) ``b``: where its bytes are, leased until
-        the consumer is done with it."""
+        the consumer is done with it (for workers, a ticket: see ``_tickets``)."""
         token = self.token
         self.token += 1
         where, private, lease = None, {}, None
-        if src is not None:
+        if src is not None and self.feeder is not None:
+            got = self.feeder.hand()
+            assert got == token, (got, token)
+            where = _tickets.TICKET
+        elif src is not None:
             try:
                 lease, where, _labels, private = next(src)
                 private = dict(private)
@@ -705,7 +726,8 @@ class _Feed:
                 where = None
         self._sweep()
         if lease is not None:
-            self.leases[token] = lease
+            with self.lock:
+                self.leases[token] = lease
         if batched:
             return _datasets.Batch(b, token, self.segments, where, private, state)
         if not isinstance(b, int):
@@ -732,6 +754,8 @@ class _Feed:
             self._start(loader, key, batches)
         tail = batches[skip:]
         p, src = self._serve_pass(key, tail, cacheable)
+        if src is not None and self.ticketed and self.board is not None:
+            self.feeder = _tickets.Feeder(self.board, src, self.token, len(tail), self.leases, self.lock, f"epoch {key}")
         # The next epoch's prediction is appended once the first batches are on their way
         # (torch dispatches prefetch_factor x num_workers of them when the epoch starts), not
         # before: the epoch's first batch should not wait for it.
@@ -783,7 +807,11 @@ class _Feed:
     def close(self) -> None:
         if os.getpid() != self.pid:
             return  # a forked worker: the job and its shared memory are the parent's
-        self.leases.clear()
+        self._stop_feeder()
+        if self.board is not None:
+            self.board.clean()
+        with self.lock:
+            self.leases.clear()
         job, self.job = self.job, None
         if job is not None:
             job.close()

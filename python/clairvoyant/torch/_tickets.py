@@ -1,0 +1,234 @@
+"""Batches handed to workers before their bytes are staged.
+
+torch's multi-process iterator draws the next batch of indices while it hands the training loop
+the current one (``_process_data`` calls ``_try_put_index`` first). If drawing waited for that
+batch's bytes, every step would wait for the batch ``prefetch_factor x num_workers`` ahead of it:
+in epoch 0, where the file system sets the pace, the loop would trail the staging by that many
+batches.
+
+So the sampler hands out a *ticket* at once: the batch's indices and a token. A feeder thread in
+the loading process takes the job's batches in order as they are staged and posts, for each
+token, where its bytes are on a :class:`Board` in shared memory; the worker holding the ticket
+waits for its post. The loop then waits only for the batch it is about to use.
+
+A post is (token + 1, status, count) in ``head[slot]`` and ``count`` descriptors (region,
+offset, length) in ``where[slot]``, written before the head. A batch too large for a slot, with
+samples in private memory, or that failed, is *spilled*: pickled to a file in a folder of this
+user's shared memory, read and removed by the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..errors import CancelledError, ExhaustedError
+
+__all__ = ["Board", "Feeder", "TICKET"]
+
+# What ``Batch.where`` holds for a ticket (None: the dataset reads the batch itself).
+TICKET = "ticket"
+
+_READY = 1  # descriptors in the slot
+_SPILLED = 2  # (descriptors, private bytes) in the spill file
+_UNCACHED = 3  # clairvoyant could not read a sample: the dataset reads the batch
+_FAILED = 4  # (error class name, message) in the spill file
+
+# The widest batch a slot holds; wider ones spill.
+_MAX_WIDTH = 4096
+
+
+class Board:
+    """Posts of where each ticket's bytes are, in shared memory (travels to the workers)."""
+
+    def __init__(self, slots: int, width: int):
+        self.width = max(1, min(int(width), _MAX_WIDTH))
+        self.head = torch.zeros((slots, 3), dtype=torch.int64).share_memory_()
+        self.where = torch.zeros((slots, self.width, 3), dtype=torch.int64).share_memory_()
+        self.pid = os.getpid()  # the loading process
+        self._views = None
+        from .. import _native
+
+        # The folder of spilled posts (made at the first), private to this user.
+        self._spills = os.path.join(os.fsdecode(_native.user_runtime_dir()), f"spill-{self.pid}-{os.urandom(6).hex()}")
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_views"] = None
+        return state
+
+    def _arrays(self):
+        if self._views is None:
+            self._views = (self.head.numpy(), self.where.numpy())
+        return self._views
+
+    # -- the loading process -----------------------------------------------------------------
+    def post(self, token: int, where, private: dict) -> None:
+        head, table = self._arrays()
+        slot = token % head.shape[0]
+        if private or len(where) > self.width:
+            self._spill(token, _SPILLED, (list(where), dict(private)))
+            return
+        n = len(where)
+        if n:
+            table[slot, :n] = np.asarray(where, dtype=np.int64).reshape(n, 3)
+        head[slot, 1] = _READY
+        head[slot, 2] = n
+        head[slot, 0] = token + 1  # last: the post is complete
+
+    def post_uncached(self, token: int) -> None:
+        head, _ = self._arrays()
+        slot = token % head.shape[0]
+        head[slot, 1] = _UNCACHED
+        head[slot, 0] = token + 1
+
+    def post_error(self, token: int, error: BaseException) -> None:
+        self._spill(token, _FAILED, (type(error).__name__, str(error)))
+
+    def _spill(self, token: int, status: int, payload) -> None:
+        head, _ = self._arrays()
+        slot = token % head.shape[0]
+        folder = self._spills
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, str(token))
+        tmp = f"{path}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+        head[slot, 1] = status
+        head[slot, 0] = token + 1
+
+    def clean(self) -> None:
+        """Remove spilled posts no worker read (their workers were stopped)."""
+        if os.getpid() == self.pid:
+            shutil.rmtree(self._spills, ignore_errors=True)
+
+    # -- a worker ----------------------------------------------------------------------------
+    def redeem(self, token: int) -> tuple:
+        """(where, private) of ticket ``token`` once posted: where None means the dataset reads
+        the batch itself. Raises the error that ended the batch's epoch."""
+        head, table = self._arrays()
+        slot = token % head.shape[0]
+        delay, checked = 2e-5, time.monotonic()
+        while head[slot, 0] != token + 1:
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
+            now = time.monotonic()
+            if now - checked > 1.0:
+                checked = now
+                try:
+                    os.kill(self.pid, 0)
+                except ProcessLookupError:
+                    raise CancelledError(f"the loading process {self.pid} exited before batch {token}'s bytes were staged") from None
+                except PermissionError:  # pragma: no cover - alive, another user's pid
+                    pass
+        status = int(head[slot, 1])
+        if status == _READY:
+            n = int(head[slot, 2])
+            return [tuple(int(x) for x in row) for row in table[slot, :n].tolist()], {}
+        if status == _UNCACHED:
+            return None, {}
+        path = os.path.join(self._spills, str(token))
+        with open(path, "rb") as f:
+            payload = pickle.load(f)
+        os.unlink(path)
+        if status == _SPILLED:
+            where, private = payload
+            return where, private
+        name, message = payload
+        raise (ExhaustedError if name == "ExhaustedError" else CancelledError)(message)
+
+
+class Feeder:
+    """Takes one epoch's batches from the job in order, as they are staged, and posts them for
+    the tickets handed out so far (never more: a slot is reused ``slots`` tokens later)."""
+
+    def __init__(self, board: Board, src, first: int, total: int, leases: dict, lock: threading.Lock, what: str):
+        self.board, self.src = board, src
+        self.first, self.total = first, total
+        self.leases, self.lock = leases, lock  # lock guards leases too
+        self.what = what  # "epoch N", for messages
+        self.handed = 0  # tickets handed out
+        self.filled = 0  # tickets posted
+        self.error: Optional[BaseException] = None  # ended the epoch: raised at the next hand-out
+        self.stopping = False
+        self.closed = False
+        self._wake = threading.Condition(lock)
+        self._thread = threading.Thread(target=self._run, name="clairvoyant-feed", daemon=True)
+        self._thread.start()
+
+    def hand(self) -> int:
+        """Hand out the next ticket (its token); raises the error that ended the epoch."""
+        with self._wake:
+            if self.error is not None:
+                raise self.error
+            if self.closed:
+                raise ExhaustedError(f"this iterator of {self.what} was left unfinished when the next epoch began; epochs are consumed in order")
+            token = self.first + self.handed
+            self.handed += 1
+            self._wake.notify()
+            return token
+
+    def _run(self) -> None:
+        end: Optional[BaseException] = None
+        try:
+            for k in range(self.total):
+                with self._wake:
+                    while self.handed <= k and not self.stopping:
+                        self._wake.wait()
+                    if self.stopping:
+                        return
+                token = self.first + k
+                lease = None
+                try:
+                    lease, where, _labels, private = next(self.src)
+                except (CancelledError, ExhaustedError) as e:
+                    if not self.stopping:
+                        end = e
+                        with self._wake:
+                            self.error = e
+                    return
+                except StopIteration:
+                    return
+                except Exception:
+                    # clairvoyant could not read a sample of this batch: the dataset reads the
+                    # batch itself, as with torch's DataLoader (and fails as it would).
+                    self.board.post_uncached(token)
+                else:
+                    with self._wake:
+                        self.leases[token] = lease
+                    self.board.post(token, where, private)
+                del lease
+                self.filled = k + 1
+        except BaseException as e:  # noqa: BLE001 - posted to the workers, raised at the next hand-out
+            end = e
+            with self._wake:
+                self.error = e
+        finally:
+            with self._wake:
+                self.closed = True
+                left = range(self.first + self.filled, self.first + self.handed)
+            why = end or ExhaustedError(f"{self.what} was left unfinished when the next epoch began")
+            for token in left:
+                try:
+                    self.board.post_error(token, why)
+                except OSError:
+                    pass
+
+    def stop(self, engine) -> None:
+        """End the feed (the epoch is left): its waiting take is interrupted, the tickets not
+        posted are posted as ended. Returns once the thread is gone."""
+        with self._wake:
+            self.stopping = True
+            self._wake.notify_all()
+        while self._thread.is_alive():
+            if engine is not None:
+                engine.interrupt()
+            self._thread.join(timeout=0.05)

@@ -1,0 +1,194 @@
+"""Tickets: the drop-in's sampler hands a batch to torch's workers before its bytes are staged,
+and the worker waits for where they are (``clairvoyant.torch._tickets``)."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import clairvoyant.torch as ct  # noqa: E402
+from clairvoyant.errors import CancelledError, ExhaustedError  # noqa: E402
+from clairvoyant.torch import _tickets  # noqa: E402
+
+
+class _Src:
+    """A job's batch iterator whose batches are staged when the test says so."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+        self.staged = threading.Semaphore(0)
+        self.interrupted = threading.Event()
+        self.taken = 0
+
+    def __next__(self):
+        while not self.staged.acquire(timeout=0.01):
+            if self.interrupted.is_set():
+                self.interrupted.clear()
+                raise CancelledError("interrupted")
+        item = self.batches[self.taken]
+        self.taken += 1
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class _Engine:
+    def __init__(self, src):
+        self.src = src
+
+    def interrupt(self):
+        self.src.interrupted.set()
+
+
+def _batch(where, private=None):
+    return (object(), where, np.zeros(len(where), dtype=np.int64), private or {})
+
+
+def _redeem_later(board, token):
+    got = {}
+
+    def run():
+        try:
+            got["value"] = board.redeem(token)
+        except BaseException as e:  # noqa: BLE001 - what the worker would raise
+            got["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, got
+
+
+def _feeder(board, src, total, first=10):
+    leases = {}
+    return _tickets.Feeder(board, src, first, total, leases, threading.Lock(), "epoch 0"), leases
+
+
+def test_tickets_are_handed_out_before_the_bytes_are_staged():
+    board = _tickets.Board(8, 4)
+    src = _Src([_batch([(0, 0, 5), (0, 5, 7)]), _batch([(1, 64, 3)])])
+    feeder, leases = _feeder(board, src, 2)
+    # Nothing is staged, yet both tickets are handed out at once.
+    assert feeder.hand() == 10 and feeder.hand() == 11
+    t, got = _redeem_later(board, 10)
+    t.join(0.2)
+    assert t.is_alive(), "the worker must wait for the post"
+    src.staged.release()
+    t.join(5)
+    assert got["value"] == ([(0, 0, 5), (0, 5, 7)], {})
+    assert 10 in leases  # the bytes stay leased until the worker says it is done
+    src.staged.release()
+    assert board.redeem(11) == ([(1, 64, 3)], {})
+    feeder.stop(None)
+
+
+def test_the_feeder_takes_no_batch_before_its_ticket_is_handed_out():
+    board = _tickets.Board(8, 4)
+    src = _Src([_batch([(0, 0, 1)])] * 3)
+    for _ in range(3):
+        src.staged.release()
+    feeder, _ = _feeder(board, src, 3)
+    threading.Event().wait(0.1)
+    assert src.taken == 0  # a slot is reused later: never post past the tickets handed out
+    feeder.hand()
+    board.redeem(10)
+    threading.Event().wait(0.05)
+    assert src.taken == 1
+    feeder.stop(None)
+
+
+def test_wide_batches_and_private_bytes_are_spilled_and_the_spill_removed():
+    board = _tickets.Board(8, 2)
+    wide = [(0, 8 * i, 8) for i in range(5)]
+    src = _Src([_batch(wide), _batch([(2, 0, 3)], {0: b"abc"})])
+    feeder, _ = _feeder(board, src, 2)
+    feeder.hand(), feeder.hand()
+    src.staged.release(), src.staged.release()
+    assert board.redeem(10) == (wide, {})
+    assert board.redeem(11) == ([(2, 0, 3)], {0: b"abc"})
+    assert os.listdir(board._spills) == []  # read and removed
+    board.clean()
+    assert not os.path.exists(board._spills)
+    feeder.stop(None)
+
+
+def test_a_batch_clairvoyant_could_not_read_is_read_by_the_dataset():
+    board = _tickets.Board(8, 4)
+    src = _Src([OSError("sample 3: no such file"), _batch([(0, 0, 1)])])
+    feeder, _ = _feeder(board, src, 2)
+    feeder.hand(), feeder.hand()
+    src.staged.release(), src.staged.release()
+    assert board.redeem(10) == (None, {})
+    assert board.redeem(11) == ([(0, 0, 1)], {})
+    feeder.stop(None)
+
+
+def test_a_closed_job_fails_the_waiting_tickets_and_the_next_hand_out():
+    board = _tickets.Board(8, 4)
+    src = _Src([CancelledError("the job is closed"), _batch([(0, 0, 1)])])
+    feeder, _ = _feeder(board, src, 2)
+    feeder.hand(), feeder.hand()
+    waiting = [_redeem_later(board, t) for t in (10, 11)]
+    src.staged.release()
+    for t, got in waiting:
+        t.join(5)
+        assert isinstance(got.get("error"), CancelledError) and "closed" in str(got["error"])
+    with pytest.raises(CancelledError, match="closed"):
+        feeder.hand()
+    feeder.stop(None)
+
+
+def test_stopping_interrupts_the_wait_and_ends_the_handed_tickets():
+    board = _tickets.Board(8, 4)
+    src = _Src([_batch([(0, 0, 1)])] * 4)
+    feeder, _ = _feeder(board, src, 4)
+    feeder.hand(), feeder.hand()
+    t, got = _redeem_later(board, 10)
+    feeder.stop(_Engine(src))  # the take of batch 10 is waiting: interrupted, not waited out
+    t.join(5)
+    assert isinstance(got.get("error"), ExhaustedError)
+    # Ticket 11 was handed out too: its worker is told, not left waiting.
+    with pytest.raises(ExhaustedError):
+        board.redeem(11)
+    with pytest.raises(ExhaustedError, match="left unfinished"):
+        feeder.hand()
+
+
+class _Bytes(torch.utils.data.Dataset):
+    """The dataset protocol over small files."""
+
+    def __init__(self, root, n):
+        self.files = []
+        for i in range(n):
+            p = os.path.join(root, f"{i}.bin")
+            with open(p, "wb") as f:
+                f.write(bytes([i % 251]) * (1 + i % 7))
+            self.files.append(p)
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        with open(self.files[i], "rb") as f:
+            return torch.tensor(list(f.read()), dtype=torch.int64).sum() * 1000 + i
+
+    def __clairvoyant_files__(self):
+        return self.files
+
+    def __clairvoyant_getitem__(self, i, data):
+        return torch.tensor(list(bytes(data)), dtype=torch.int64).sum() * 1000 + i
+
+
+def test_batches_wider_than_a_slot_arrive_whole(tmp_path):
+    ds = _Bytes(str(tmp_path), 320)
+    rng = np.random.default_rng(1)
+    batches = [rng.permutation(320)[:300].tolist(), list(range(5)), rng.permutation(320)[:290].tolist()]
+    ref = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_sampler=batches, num_workers=2)]
+    loader = ct.DataLoader(ds, batch_sampler=batches, num_workers=2)
+    got = [b.tolist() for b in loader]
+    stats = loader.stats()
+    loader.close()
+    assert got == ref
+    assert stats and stats[0]["samples"] == 595  # from clairvoyant, through spilled tickets
