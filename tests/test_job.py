@@ -192,3 +192,33 @@ def test_a_closed_job_leaves_the_node_cache_at_once(monkeypatch):
     assert sum(1 for _ in second.epoch(0)) == 30
     second.close()
     del first
+
+
+def test_starting_a_job_pauses_the_collector_and_restores_it():
+    import gc
+
+    src = clairvoyant.Synthetic(sizes(20), [0] * 20)
+    seen = []
+    original = clairvoyant.Job._attach_engine
+
+    def attach(self, *a, **k):
+        seen.append(gc.isenabled())
+        return original(self, *a, **k)
+
+    clairvoyant.Job._attach_engine = attach
+    try:
+        assert gc.isenabled()
+        with clairvoyant.Job(src, batch_size=4, epochs=1):
+            assert gc.isenabled()
+        gc.disable()
+        try:
+            clairvoyant.Job(src, batch_size=4, epochs=1).close()
+            assert not gc.isenabled()  # left as the program had it
+        finally:
+            gc.enable()
+        with pytest.raises(clairvoyant.ConfigError):
+            clairvoyant.Job(src, batch_size=0, epochs=1)
+        assert gc.isenabled()
+    finally:
+        clairvoyant.Job._attach_engine = original
+    assert seen == [False, False]

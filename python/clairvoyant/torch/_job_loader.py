@@ -187,8 +187,11 @@ class _Facts:
 def _worker_loop(decoder: Callable, collate_fn: Callable, segments: tuple, tasks, results, worker_id: int) -> None:
     """A decode worker: maps the shared segments read-only, decodes and collates each batch it is
     given, and sends back the batch (tensors travel through shared memory) or the exception."""
+    import gc
+
     from torch.utils.data._utils.worker import ExceptionWrapper
 
+    gc.freeze()  # what was inherited at the fork stays out of the collector's walks (see _dropin)
     _torch.set_num_threads(1)
     maps: dict = {}
 
