@@ -81,7 +81,7 @@ def test_tickets_are_handed_out_before_the_bytes_are_staged():
     assert 10 in leases  # the bytes stay leased until the worker says it is done
     src.staged.release()
     assert board.redeem(11) == ([(1, 64, 3)], {})
-    feeder.stop(None)
+    feeder.stop()
 
 
 def test_the_feeder_takes_no_batch_before_its_ticket_is_handed_out():
@@ -96,7 +96,7 @@ def test_the_feeder_takes_no_batch_before_its_ticket_is_handed_out():
     board.redeem(10)
     threading.Event().wait(0.05)
     assert src.taken == 1
-    feeder.stop(None)
+    feeder.stop()
 
 
 def test_wide_batches_and_private_bytes_are_spilled_and_the_spill_removed():
@@ -111,7 +111,7 @@ def test_wide_batches_and_private_bytes_are_spilled_and_the_spill_removed():
     assert os.listdir(board._spills) == []  # read and removed
     board.clean()
     assert not os.path.exists(board._spills)
-    feeder.stop(None)
+    feeder.stop()
 
 
 def test_a_batch_clairvoyant_could_not_read_is_read_by_the_dataset():
@@ -122,7 +122,7 @@ def test_a_batch_clairvoyant_could_not_read_is_read_by_the_dataset():
     src.staged.release(), src.staged.release()
     assert board.redeem(10) == (None, {})
     assert board.redeem(11) == ([(0, 0, 1)], {})
-    feeder.stop(None)
+    feeder.stop()
 
 
 def test_a_closed_job_fails_the_waiting_tickets_and_the_next_hand_out():
@@ -137,7 +137,7 @@ def test_a_closed_job_fails_the_waiting_tickets_and_the_next_hand_out():
         assert isinstance(got.get("error"), CancelledError) and "closed" in str(got["error"])
     with pytest.raises(CancelledError, match="closed"):
         feeder.hand()
-    feeder.stop(None)
+    feeder.stop()
 
 
 def test_stopping_interrupts_the_wait_and_ends_the_handed_tickets():
@@ -146,7 +146,8 @@ def test_stopping_interrupts_the_wait_and_ends_the_handed_tickets():
     feeder, _ = _feeder(board, src, 4)
     feeder.hand(), feeder.hand()
     t, got = _redeem_later(board, 10)
-    feeder.stop(_Engine(src))  # the take of batch 10 is waiting: interrupted, not waited out
+    feeder.engine = _Engine(src)
+    feeder.stop()  # the take of batch 10 is waiting: interrupted, not waited out
     t.join(5)
     assert isinstance(got.get("error"), ExhaustedError)
     # Ticket 11 was handed out too: its worker is told, not left waiting.

@@ -665,7 +665,7 @@ class _Feed:
     def _stop_feeder(self) -> None:
         feeder, self.feeder = self.feeder, None
         if feeder is not None:
-            feeder.stop(self.job._engine if self.job is not None else None)
+            feeder.stop()
             self.board.clean()
 
     def _sweep(self) -> None:
@@ -763,7 +763,8 @@ class _Feed:
         tail = batches[skip:]
         p, src = self._serve_pass(key, tail, cacheable)
         if src is not None and self.ticketed and self.board is not None:
-            self.feeder = _tickets.Feeder(self.board, src, self.token, len(tail), self.leases, self.lock, f"epoch {key}")
+            engine = self.job._engine
+            self.feeder = _tickets.Feeder(self.board, src, self.token, len(tail), self.leases, self.lock, f"epoch {key}", engine)
         # The next epoch's prediction is appended once the first batches are on their way
         # (torch dispatches prefetch_factor x num_workers of them when the epoch starts), not
         # before: the epoch's first batch should not wait for it.

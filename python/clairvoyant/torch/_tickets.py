@@ -19,11 +19,13 @@ user's shared memory, read and removed by the worker.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import shutil
 import threading
 import time
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -54,10 +56,17 @@ class Board:
         self.where = torch.zeros((slots, self.width, 3), dtype=torch.int64).share_memory_()
         self.pid = os.getpid()  # the loading process
         self._views = None
-        from .. import _native
+        # The folder of spilled posts (made at the first): in this user's private folder of
+        # shared memory, else in the temporary folder (its name cannot be guessed).
+        try:
+            from .. import _native
 
-        # The folder of spilled posts (made at the first), private to this user.
-        self._spills = os.path.join(os.fsdecode(_native.user_runtime_dir()), f"spill-{self.pid}-{os.urandom(6).hex()}")
+            base = os.fsdecode(_native.user_runtime_dir())
+        except Exception:  # noqa: BLE001 - no usable shared memory folder
+            import tempfile
+
+            base = tempfile.gettempdir()
+        self._spills = os.path.join(base, f"clairvoyant-spill-{self.pid}-{os.urandom(8).hex()}")
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -150,8 +159,8 @@ class Feeder:
     """Takes one epoch's batches from the job in order, as they are staged, and posts them for
     the tickets handed out so far (never more: a slot is reused ``slots`` tokens later)."""
 
-    def __init__(self, board: Board, src, first: int, total: int, leases: dict, lock: threading.Lock, what: str):
-        self.board, self.src = board, src
+    def __init__(self, board: Board, src, first: int, total: int, leases: dict, lock: threading.Lock, what: str, engine=None):
+        self.board, self.src, self.engine = board, src, engine  # engine: interrupted by stop()
         self.first, self.total = first, total
         self.leases, self.lock = leases, lock  # lock guards leases too
         self.what = what  # "epoch N", for messages
@@ -163,6 +172,7 @@ class Feeder:
         self._wake = threading.Condition(lock)
         self._thread = threading.Thread(target=self._run, name="clairvoyant-feed", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def hand(self) -> int:
         """Hand out the next ticket (its token); raises the error that ended the epoch."""
@@ -222,13 +232,26 @@ class Feeder:
                 except OSError:
                     pass
 
-    def stop(self, engine) -> None:
+    def stop(self) -> None:
         """End the feed (the epoch is left): its waiting take is interrupted, the tickets not
         posted are posted as ended. Returns once the thread is gone."""
         with self._wake:
             self.stopping = True
             self._wake.notify_all()
+        if self._thread is threading.current_thread():
+            return
         while self._thread.is_alive():
-            if engine is not None:
-                engine.interrupt()
+            if self.engine is not None:
+                self.engine.interrupt()
             self._thread.join(timeout=0.05)
+        _LIVE.discard(self)
+
+
+# Feeders still running: stopped at exit, before the interpreter finalizes.
+_LIVE: "weakref.WeakSet[Feeder]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for feeder in list(_LIVE):
+        feeder.stop()
