@@ -114,6 +114,23 @@ def test_wide_batches_and_private_bytes_are_spilled_and_the_spill_removed():
     feeder.stop()
 
 
+def test_without_room_to_spill_the_dataset_reads_the_batch_and_errors_still_arrive(tmp_path):
+    board = _tickets.Board(8, 2)
+    blocker = tmp_path / "full"
+    blocker.write_bytes(b"")
+    board._spills = str(blocker / "spill")  # cannot be created, as on a full file system
+    wide = [(0, 8 * i, 8) for i in range(5)]
+    src = _Src([_batch(wide), CancelledError("the job is closed")])
+    feeder, _ = _feeder(board, src, 3)
+    feeder.hand(), feeder.hand(), feeder.hand()
+    src.staged.release(), src.staged.release()
+    assert board.redeem(10) == (None, {})  # nothing lost: read as torch would
+    for token in (11, 12):  # the error's kind arrives without its message file
+        with pytest.raises(CancelledError):
+            board.redeem(token)
+    feeder.stop()
+
+
 def test_a_batch_clairvoyant_could_not_read_is_read_by_the_dataset():
     board = _tickets.Board(8, 4)
     src = _Src([OSError("sample 3: no such file"), _batch([(0, 0, 1)])])
@@ -211,3 +228,75 @@ def test_workers_keep_what_they_inherited_out_of_the_collector(tmp_path):
     loader.close()
     assert gc.get_freeze_count() == 0  # the training process is left as it was
     assert min(counts) > 1000, counts  # torch's objects, frozen in each worker
+
+
+_ORPHAN = r"""
+import os, sys, time, torch
+import clairvoyant, clairvoyant.torch as ct
+
+root = sys.argv[1]
+files = []
+for i in range(64):
+    p = os.path.join(root, f"{i}.bin")
+    with open(p, "wb") as f:
+        f.write(bytes(2000))
+    files.append(p)
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(files)
+    def __getitem__(self, i):
+        return i
+    def __clairvoyant_source__(self):
+        fs = clairvoyant.EmulatedFs(os.path.join(root, "fs.state"), 5000.0, 1.0)  # 5 s per open
+        return clairvoyant.FileList(files, [0] * len(files), emulated=fs)
+    def __clairvoyant_getitem__(self, i, data):
+        return i
+
+loader = ct.DataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers=True)
+it = iter(loader)  # the workers get their first tickets and wait for the bytes
+print(" ".join(str(w.pid) for w in it._workers), flush=True)
+time.sleep(120)
+"""
+
+
+def test_workers_waiting_for_tickets_exit_when_the_training_process_is_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    (tmp_path / "data").mkdir()
+    env = dict(os.environ, CLAIRVOYANT_QUIET="1")
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "data")], stdout=subprocess.PIPE, text=True, env=env)
+    workers: list = []
+    try:
+        workers[:] = [int(p) for p in proc.stdout.readline().split()]
+        assert len(workers) == 2
+        time.sleep(0.5)  # the workers now wait for their tickets' posts
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        alive = workers
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [w for w in workers if _alive(w)]
+        assert not alive, f"workers {alive} outlived the training process"
+    finally:
+        proc.kill()
+        proc.wait()
+        for w in workers:  # a failed run leaves none behind
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -83,27 +83,37 @@ class Board:
         head, table = self._arrays()
         slot = token % head.shape[0]
         if private or len(where) > self.width:
-            self._spill(token, _SPILLED, (list(where), dict(private)))
+            try:
+                self._spill(token, (list(where), dict(private)))
+            except OSError:  # no room in shared memory: the dataset reads the batch itself
+                self.post_uncached(token)
+                return
+            self._publish(slot, token, _SPILLED, 0)
             return
         n = len(where)
         if n:
             table[slot, :n] = np.asarray(where, dtype=np.int64).reshape(n, 3)
-        head[slot, 1] = _READY
-        head[slot, 2] = n
+        self._publish(slot, token, _READY, n)
+
+    def _publish(self, slot: int, token: int, status: int, count: int) -> None:
+        head, _ = self._arrays()
+        head[slot, 1] = status
+        head[slot, 2] = count
         head[slot, 0] = token + 1  # last: the post is complete
 
     def post_uncached(self, token: int) -> None:
-        head, _ = self._arrays()
-        slot = token % head.shape[0]
-        head[slot, 1] = _UNCACHED
-        head[slot, 0] = token + 1
+        self._publish(token % self.head.shape[0], token, _UNCACHED, 0)
 
     def post_error(self, token: int, error: BaseException) -> None:
-        self._spill(token, _FAILED, (type(error).__name__, str(error)))
+        """End ticket ``token`` with ``error`` (its message travels in a spill file when there
+        is room for one; the error's kind always does)."""
+        try:
+            self._spill(token, str(error))
+        except OSError:
+            pass
+        self._publish(token % self.head.shape[0], token, _FAILED, 2 if isinstance(error, ExhaustedError) else 1)
 
-    def _spill(self, token: int, status: int, payload) -> None:
-        head, _ = self._arrays()
-        slot = token % head.shape[0]
+    def _spill(self, token: int, payload) -> None:
         folder = self._spills
         os.makedirs(folder, mode=0o700, exist_ok=True)
         path = os.path.join(folder, str(token))
@@ -111,8 +121,6 @@ class Board:
         with open(tmp, "wb") as f:
             pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
-        head[slot, 1] = status
-        head[slot, 0] = token + 1
 
     def clean(self) -> None:
         """Remove spilled posts no worker read (their workers were stopped)."""
@@ -125,34 +133,44 @@ class Board:
         the batch itself. Raises the error that ended the batch's epoch."""
         head, table = self._arrays()
         slot = token % head.shape[0]
-        delay, checked = 2e-5, time.monotonic()
+        delay, checked, parent = 2e-5, time.monotonic(), os.getppid()
         while head[slot, 0] != token + 1:
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
             now = time.monotonic()
             if now - checked > 1.0:
                 checked = now
+                # Orphaned (the parent's exit reparents its children at once, even while it is
+                # an unreaped zombie), or the loading process is gone.
+                gone = os.getppid() != parent
                 try:
                     os.kill(self.pid, 0)
                 except ProcessLookupError:
-                    raise CancelledError(f"the loading process {self.pid} exited before batch {token}'s bytes were staged") from None
+                    gone = True
                 except PermissionError:  # pragma: no cover - alive, another user's pid
                     pass
+                if gone:
+                    raise CancelledError(f"the loading process {self.pid} exited before batch {token}'s bytes were staged")
         status = int(head[slot, 1])
         if status == _READY:
             n = int(head[slot, 2])
             return [tuple(int(x) for x in row) for row in table[slot, :n].tolist()], {}
         if status == _UNCACHED:
             return None, {}
+        kind = int(head[slot, 2])
         path = os.path.join(self._spills, str(token))
-        with open(path, "rb") as f:
-            payload = pickle.load(f)
-        os.unlink(path)
+        try:
+            with open(path, "rb") as f:
+                payload = pickle.load(f)
+            os.unlink(path)
+        except OSError:  # an error's message is left out when there was no room for it
+            if status == _SPILLED:
+                raise
+            payload = f"batch {token} was not staged: its epoch ended"
         if status == _SPILLED:
             where, private = payload
             return where, private
-        name, message = payload
-        raise (ExhaustedError if name == "ExhaustedError" else CancelledError)(message)
+        raise (ExhaustedError if kind == 2 else CancelledError)(payload)
 
 
 class Feeder:
