@@ -175,36 +175,36 @@ class Job:
         run_id: str | None = None,
         peers: bool | None = None,
     ):
-        # Starting a job allocates (imports, the cluster's records): with torch loaded, that can
-        # set off a full collection of every object in the process (0.15 s idle, 0.7 s with 8
-        # ranks starting on 2 cores) before the engine reads anything. Paused, the collection
-        # comes later, while the engine's threads read.
-        with _collector_paused():
-            self._closed = True  # until the engine exists (close() and __del__ must not fail)
-            self._engine = None
-            self._peers = None
-            batch_size, epochs, seed, drop_last, start_epoch = _schedule_args(batch_size, epochs, order, seed, drop_last, start_epoch)
-            if run_id is not None and not isinstance(run_id, str):
-                raise _TypeError(f"'run_id' must be a string, not {type(run_id).__name__}")
-            rank, world_size, local_ranks = _rank_args(rank, world_size, local_ranks)
-            self.source = as_source(source)
-            where = _detect(rank, world_size, local_ranks)
-            orders = None if order is None else _orders(order, len(self.source))
-            if orders is not None and epochs is not None and epochs != len(orders):
-                raise _native.ConfigError(
-                    f"invalid value for 'epochs': {epochs}, but 'order' gives {len(orders)} epoch(s); "
-                    "explicit orders define the epochs (leave 'epochs' out or make it len(order))"
-                )
-            self.rank, self.world_size, self.local_ranks = where.rank, where.world_size, where.local_ranks
-            self.batch_size, self.seed, self.drop_last = batch_size, seed, drop_last
-            from . import config as _config
+        self._closed = True  # until the engine exists (close() and __del__ must not fail)
+        self._engine = None
+        self._peers = None
+        batch_size, epochs, seed, drop_last, start_epoch = _schedule_args(batch_size, epochs, order, seed, drop_last, start_epoch)
+        if run_id is not None and not isinstance(run_id, str):
+            raise _TypeError(f"'run_id' must be a string, not {type(run_id).__name__}")
+        rank, world_size, local_ranks = _rank_args(rank, world_size, local_ranks)
+        self.source = as_source(source)
+        where = _detect(rank, world_size, local_ranks)
+        orders = None if order is None else _orders(order, len(self.source))
+        if orders is not None and epochs is not None and epochs != len(orders):
+            raise _native.ConfigError(
+                f"invalid value for 'epochs': {epochs}, but 'order' gives {len(orders)} epoch(s); "
+                "explicit orders define the epochs (leave 'epochs' out or make it len(order))"
+            )
+        self.rank, self.world_size, self.local_ranks = where.rank, where.world_size, where.local_ranks
+        self.batch_size, self.seed, self.drop_last = batch_size, seed, drop_last
+        from . import config as _config
 
-            model = _config.resolve(config)
-            self.config_path = model.path
-            if peers is not None and not isinstance(peers, (bool, np.bool_)):
-                raise _TypeError(f"'peers' must be a bool or None, not {type(peers).__name__}")
-            run = where.run_id if run_id is None else run_id
-            cluster = None
+        model = _config.resolve(config)
+        self.config_path = model.path
+        if peers is not None and not isinstance(peers, (bool, np.bool_)):
+            raise _TypeError(f"'peers' must be a bool or None, not {type(peers).__name__}")
+        run = where.run_id if run_id is None else run_id
+        cluster = None
+        # Meeting the other nodes and starting the engine allocate (imports, the cluster's
+        # records): with torch loaded, that can set off a full collection of every object in the
+        # process (0.15 s idle, 0.7 s with 8 ranks starting on 2 cores) before the engine reads
+        # anything. Paused, the collection comes later, while the engine's threads read.
+        with _collector_paused():
             if _peers.wanted(peers, where.world_size, where.local_ranks):
                 facts = {
                     "batch_size": batch_size,
@@ -225,13 +225,13 @@ class Job:
                 )
                 cluster = self._peers.cluster
             self._attach_engine(batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster)
-            self.epochs = self._engine.epochs
-            self.start_epoch = start_epoch
-            self._steps = len(self._engine.batch_ends(start_epoch))
-            self._live = None  # weak reference to the iterator of the current epoch
-            self._loaders: list = []  # weak references to DataLoaders built on this job
-            self._final_stats = None
-            self._closed = False
+        self.epochs = self._engine.epochs
+        self.start_epoch = start_epoch
+        self._steps = len(self._engine.batch_ends(start_epoch))
+        self._live = None  # weak reference to the iterator of the current epoch
+        self._loaders: list = []  # weak references to DataLoaders built on this job
+        self._final_stats = None
+        self._closed = False
 
     def _attach_engine(self, batch_size, epochs, orders, seed, drop_last, run, model, start_epoch, cluster) -> None:
         """Start the engine and hand it to this job's peer server (closed when the engine fails)."""

@@ -206,8 +206,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
             return super()._get_iterator()
         view = _View(self, feed)
         native = self._native_setup()
-        # Worker processes take tickets: the sampler does not wait for the batch's bytes.
-        feed.ticketed = native is None and self.num_workers > 0
+        # Worker processes take tickets: the sampler does not wait for the batch's bytes (a
+        # loader given workers only after its first epoch has no board, and hands out leases).
+        feed.ticketed = native is None and self.num_workers > 0 and feed.board is not None
         # A resumed epoch was begun by the interrupted run, which drew its iterator's base seed
         # then: creating this iterator must not draw another from the user's generator, or the
         # epochs after the resumed one would be drawn from a shifted generator.
@@ -478,7 +479,8 @@ class _Feed:
         self.done = torch.zeros(slots, dtype=torch.int64).share_memory_()
         self.states = torch.zeros((slots if workers > 0 else 0, _STATE_BYTES), dtype=torch.uint8).share_memory_()
         self.segments: tuple = ()
-        width = loader.batch_size if loader._auto_collation and loader.batch_size else (1 if not loader._auto_collation else 256)
+        # A slot holds a batch of the loader's size (256 for a batch sampler's; wider ones spill).
+        width = (loader.batch_size or 256) if loader._auto_collation else 1
         self.board = _tickets.Board(slots, width) if workers > 0 else None
         self.dataset = _datasets.CachedDataset(
             loader.dataset, self.adapter.kind if self.adapter else "none", self.done, self.states, self.board
@@ -666,7 +668,8 @@ class _Feed:
         feeder, self.feeder = self.feeder, None
         if feeder is not None:
             feeder.stop()
-            self.board.clean()
+        if self.board is not None:
+            self.board.clean()  # spilled posts no stopped worker read
 
     def _sweep(self) -> None:
         done = self.done
@@ -762,7 +765,7 @@ class _Feed:
             self._start(loader, key, batches)
         tail = batches[skip:]
         p, src = self._serve_pass(key, tail, cacheable)
-        if src is not None and self.ticketed and self.board is not None:
+        if src is not None and self.ticketed:
             engine = self.job._engine
             self.feeder = _tickets.Feeder(self.board, src, self.token, len(tail), self.leases, self.lock, f"epoch {key}", engine)
         # The next epoch's prediction is appended once the first batches are on their way
@@ -817,8 +820,6 @@ class _Feed:
         if os.getpid() != self.pid:
             return  # a forked worker: the job and its shared memory are the parent's
         self._stop_feeder()
-        if self.board is not None:
-            self.board.clean()
         with self.lock:
             self.leases.clear()
         job, self.job = self.job, None

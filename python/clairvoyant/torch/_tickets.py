@@ -41,7 +41,7 @@ TICKET = "ticket"
 _READY = 1  # descriptors in the slot
 _SPILLED = 2  # (descriptors, private bytes) in the spill file
 _UNCACHED = 3  # clairvoyant could not read a sample: the dataset reads the batch
-_FAILED = 4  # (error class name, message) in the spill file
+_FAILED = 4  # the epoch ended: the error's kind in the count, its message in the spill file
 
 # The widest batch a slot holds; wider ones spill.
 _MAX_WIDTH = 4096
@@ -154,7 +154,7 @@ class Board:
         status = int(head[slot, 1])
         if status == _READY:
             n = int(head[slot, 2])
-            return [tuple(int(x) for x in row) for row in table[slot, :n].tolist()], {}
+            return [tuple(row) for row in table[slot, :n].tolist()], {}
         if status == _UNCACHED:
             return None, {}
         kind = int(head[slot, 2])
@@ -180,7 +180,7 @@ class Feeder:
     def __init__(self, board: Board, src, first: int, total: int, leases: dict, lock: threading.Lock, what: str, engine=None):
         self.board, self.src, self.engine = board, src, engine  # engine: interrupted by stop()
         self.first, self.total = first, total
-        self.leases, self.lock = leases, lock  # lock guards leases too
+        self.leases = leases  # guarded by ``lock``
         self.what = what  # "epoch N", for messages
         self.handed = 0  # tickets handed out
         self.filled = 0  # tickets posted
