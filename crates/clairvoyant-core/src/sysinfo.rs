@@ -199,6 +199,15 @@ pub mod env {
         "\"0\" makes the drop-in run torch's own decode and transforms (torch's exact batches).",
     );
 
+    /// Whether the drop-in's persistent workers decode the next epoch's first batches ahead.
+    pub const DECODE_AHEAD: Var = user(
+        "CLAIRVOYANT_DECODE_AHEAD",
+        Kind::Flag,
+        "on with persistent workers, when the next epoch is predicted",
+        "\"0\": the drop-in's idle persistent workers do not decode the next epoch's first batches \
+         before it begins (see docs/architecture.md, \"Decode ahead\").",
+    );
+
     /// Stand-in opens of transparent mode.
     pub const STANDIN: Var = user(
         "CLAIRVOYANT_STANDIN",
@@ -359,7 +368,7 @@ pub mod env {
     );
 
     /// Every variable, in the order the documentation lists them.
-    pub const ALL: [Var; 30] = [
+    pub const ALL: [Var; 31] = [
         CONFIG,
         CACHE_DIR,
         SSD_DIR,
@@ -371,6 +380,7 @@ pub mod env {
         QUIET,
         VERIFY,
         NATIVE_DECODE,
+        DECODE_AHEAD,
         STANDIN,
         RENDEZVOUS,
         RENDEZVOUS_TIMEOUT,

@@ -34,6 +34,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from . import _ahead
+
 __all__ = ["Adapter", "adapter_for", "CachedDataset", "Batch", "Index"]
 
 
@@ -156,14 +158,15 @@ class Batch(list):
     """The sample indices of one batch, as the user's batch sampler gave them, plus where their
     bytes are in clairvoyant's shared memory. Travels to a worker in torch's index queue."""
 
-    __slots__ = ("token", "segments", "where", "private", "restore")
+    __slots__ = ("token", "segments", "where", "private", "restore", "last")
 
-    def __init__(self, indices, token: int, segments, where, private: dict, restore=None):
+    def __init__(self, indices, token: int, segments, where, private: dict, restore=None, last=None):
         super().__init__(indices)
         self.token, self.segments, self.where, self.private, self.restore = token, segments, where, private, restore
+        self.last = last  # the epoch's last token when workers decode the next epoch's first batches ahead
 
     def __reduce__(self):
-        return (Batch, (list(self), self.token, self.segments, self.where, self.private, self.restore))
+        return (Batch, (list(self), self.token, self.segments, self.where, self.private, self.restore, self.last))
 
 
 class Index(int):
@@ -284,13 +287,13 @@ class CachedDataset(torch.utils.data.Dataset):
                 m = self._maps[path] = memoryview(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
         return m
 
-    def _bytes(self, k: int, req, where, private):
+    def _bytes(self, k: int, segments, where, private):
         if k in private:
             return memoryview(private[k])
         r, off, n = where[k]
         if n == 0:
             return memoryview(b"")
-        return self._region(req.segments[r])[off : off + n]
+        return self._region(segments[r])[off : off + n]
 
     def _where(self, req) -> tuple:
         """(where, private) of a request: a ticket waits until its bytes are staged."""
@@ -344,14 +347,22 @@ class CachedDataset(torch.utils.data.Dataset):
     def __getitems__(self, req):
         if not isinstance(req, Batch):  # not one of clairvoyant's batches: as torch would
             return [self.dataset[i] for i in req]
+        # This worker may have decoded it ahead: the decode ahead ends before anything else runs.
+        early = _ahead.claim(req.token) if req.last is not None or _ahead.active() else None
         try:
             self._begin(req)
             where, private = self._where(req)
             if where is None:  # not cached, or clairvoyant could not read it: as torch would
                 return [self.dataset[i] for i in req]
-            return [self._item(i, self._bytes(k, req, where, private)) for k, i in enumerate(req)]
+            if early is not None:
+                items = early.use(req, where, private, self.board)
+                if items is not None:
+                    return items
+            return [self._item(i, self._bytes(k, req.segments, where, private)) for k, i in enumerate(req)]
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1
+            if req.last is not None:
+                _ahead.after(self, req)
 
     def __getitem__(self, req):
         if not isinstance(req, Index):
@@ -361,7 +372,7 @@ class CachedDataset(torch.utils.data.Dataset):
             where, private = self._where(req)
             if where is None:
                 return self.dataset[int(req)]
-            return self._item(int(req), self._bytes(0, req, where, private))
+            return self._item(int(req), self._bytes(0, req.segments, where, private))
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1
 

@@ -21,6 +21,7 @@ unpredictable sampler) is appended and the passes before it are skipped unread.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -36,7 +37,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleP
 
 from .. import _env, _settings
 from ..errors import ArgumentTypeError, CancelledError, ConfigError, EpochConsumedError, ExhaustedError
-from . import _datasets, _job_loader, _native_loader, _order, _rank, _tickets
+from . import _ahead, _datasets, _job_loader, _native_loader, _order, _rank, _tickets
 
 __all__ = ["DataLoader"]
 
@@ -209,6 +210,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
         # Worker processes take tickets: the sampler does not wait for the batch's bytes (a
         # loader given workers only after its first epoch has no board, and hands out leases).
         feed.ticketed = native is None and self.num_workers > 0 and feed.board is not None
+        if feed.ticketed and _ahead.wanted(self):
+            view.collate_fn = _ahead.Collate(self.collate_fn)
         # A resumed epoch was begun by the interrupted run, which drew its iterator's base seed
         # then: creating this iterator must not draw another from the user's generator, or the
         # epochs after the resumed one would be drawn from a shifted generator.
@@ -447,6 +450,7 @@ class _Current:
     def __init__(self, key, total: int, skip: int, first_token: int, gstate):
         self.key, self.total, self.skip, self.first_token, self.gstate = key, total, skip, first_token, gstate
         self.plain = False  # indices passed to the dataset as they are: no worker records their states
+        self.last: Optional[int] = None  # the epoch's last token, when workers decode ahead after it
 
 
 class _Feed:
@@ -468,6 +472,7 @@ class _Feed:
         self.lock = threading.Lock()  # guards leases (the feeder adds to them)
         self.feeder: Optional[_tickets.Feeder] = None
         self.ticketed = False
+        self.ahead_gen = 0  # generations of batches taken ahead
         self.current: Optional[_Current] = None
         self.served: list = []  # (epoch key, engine pass) of every epoch served
         self._job_stats = None
@@ -660,16 +665,21 @@ class _Feed:
         if old is not None and not getattr(old, "_persistent_workers", False):
             if hasattr(old, "_shutdown_workers") and getattr(old, "_workers", None):
                 old._shutdown_workers()
-        self._stop_feeder()
+        # Batches the workers are done with are released first: a take ahead may wait for room.
+        self._sweep()
+        ahead = self._stop_feeder()
         with self.lock:
             self.leases.clear()
+        return ahead
 
-    def _stop_feeder(self) -> None:
+    def _stop_feeder(self, patience: Optional[float] = None) -> Optional[_tickets.Ahead]:
+        """Stop the feeder; what it took ahead of the next epoch, if anything."""
         feeder, self.feeder = self.feeder, None
         if feeder is not None:
-            feeder.stop()
+            feeder.stop(patience)
         if self.board is not None:
             self.board.clean()  # spilled posts no stopped worker read
+        return feeder.ahead if feeder is not None else None
 
     def _sweep(self) -> None:
         done = self.done
@@ -704,16 +714,47 @@ class _Feed:
             )
         return _order.drain(loader._index_sampler_of_user(), loader._auto_collation), 0, gstate, None
 
-    def _serve_pass(self, key, tail: list, cacheable: bool):
-        """The engine pass that serves ``tail`` and its batches (None, None when not cached)."""
+    def _serve_pass(self, key, tail: list, cacheable: bool, ahead: Optional[_tickets.Ahead]):
+        """The engine pass that serves ``tail``, its batches and those already taken of them
+        (None, None, () when not cached). Batches taken ahead are adopted when they are this
+        pass's first; otherwise the pass begun for them is skipped."""
         job = self.job
+        if ahead is not None:
+            # Whatever happens, the search for this epoch's pass starts after it.
+            adoptable = ahead.intact and self.ticketed and ahead.first == self.token
+            self.next_pass = max(self.next_pass, ahead.pass_ + (0 if adoptable else 1))
+            if not adoptable:
+                ahead = None
         if job is None or not tail or not cacheable:
-            return None, None
+            return None, None, ()
         p = self._pass_for(_flatten(tail), _sizes(tail))
         self.served.append((key, p))
-        src = job.shared_batches(p)
         self.next_pass = p + 1
-        return p, src
+        if ahead is not None and p == ahead.pass_:
+            self.board.adopt(ahead.gen)
+            return p, ahead.src, ahead.taken
+        if ahead is not None:  # another pass: the one begun ahead is skipped
+            self.next_pass = max(self.next_pass, ahead.pass_ + 1)
+            if p < ahead.pass_:  # pragma: no cover - the search starts at the pass begun ahead
+                raise AssertionError((p, ahead.pass_))
+        return p, job.shared_batches(p), ()
+
+    def _plan_ahead(self, p: int, depth: int, first: int) -> Optional[_tickets.Ahead]:
+        """(In the feeder's thread, every batch of pass ``p`` posted.) The next epoch's first
+        ``depth`` batches to take ahead, when its pass is predicted; None otherwise."""
+        job = self.job
+        if job is None or job.epochs <= p + 1 or self.next_pass != p + 1:
+            return None
+        q = p + 1
+        try:
+            sizes = [int(n) for n in job.batch_sizes(q)][:depth]
+            samples = job.samples_of(q)
+        except EpochConsumedError:
+            return None
+        bounds = np.cumsum([0] + sizes)
+        batches = [samples[bounds[j] : bounds[j + 1]].tolist() for j in range(len(sizes))]
+        self.ahead_gen += 1
+        return _tickets.Ahead(self.ahead_gen, q, job.shared_batches(q), batches, first)
 
     def _item(self, b, src, batched: bool, state):
         """What the sampler yields for batch (or index) ``b``: where its bytes are, leased until
@@ -740,14 +781,14 @@ class _Feed:
             with self.lock:
                 self.leases[token] = lease
         if batched:
-            return _datasets.Batch(b, token, self.segments, where, private, state)
+            return _datasets.Batch(b, token, self.segments, where, private, state, self.current.last)
         if not isinstance(b, int):
             return b
         return _datasets.Index(b, token, self.segments, where, private, state)
 
     def epoch(self, loader: DataLoader):
         """The generator torch's iterator draws indices from, one epoch."""
-        self._retire()
+        ahead = self._retire()
         key = _order.epoch_of(loader.sampler)
         if key is None:
             key = self.count
@@ -764,10 +805,20 @@ class _Feed:
         if not self.started and cacheable:
             self._start(loader, key, batches)
         tail = batches[skip:]
-        p, src = self._serve_pass(key, tail, cacheable)
+        p, src, pre = self._serve_pass(key, tail, cacheable, ahead)
+        del ahead
+        # Persistent workers decode the next epoch's first batches while they would idle (see
+        # _ahead); torch dispatches an epoch's first prefetch_factor x num_workers batches at once.
+        ahead_fn = None
+        if src is not None and self.ticketed and _ahead.wanted(loader):
+            depth = (loader.prefetch_factor or 2) * loader.num_workers
+            ahead_fn = functools.partial(self._plan_ahead, p, depth)
+            self.current.last = self.token + len(tail) - 1
         if src is not None and self.ticketed:
             engine = self.job._engine
-            self.feeder = _tickets.Feeder(self.board, src, self.token, len(tail), self.leases, self.lock, f"epoch {key}", engine)
+            self.feeder = _tickets.Feeder(
+                self.board, src, self.token, len(tail), self.leases, self.lock, f"epoch {key}", engine, pre, ahead_fn
+            )
         # The next epoch's prediction is appended once the first batches are on their way
         # (torch dispatches prefetch_factor x num_workers of them when the epoch starts), not
         # before: the epoch's first batch should not wait for it.
@@ -819,7 +870,7 @@ class _Feed:
     def close(self) -> None:
         if os.getpid() != self.pid:
             return  # a forked worker: the job and its shared memory are the parent's
-        self._stop_feeder()
+        self._stop_feeder(patience=0)
         with self.lock:
             self.leases.clear()
         job, self.job = self.job, None

@@ -204,7 +204,7 @@ class _Decoder:
 
     def data(self, req, k: int) -> Any:
         if req.where is not None:
-            return self.cached._bytes(k, req, req.where, req.private)
+            return self.cached._bytes(k, req.segments, req.where, req.private)
         with open(self.path(req[k]), "rb") as f:  # not cached: read as torch's loader would
             return f.read()
 

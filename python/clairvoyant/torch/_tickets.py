@@ -15,6 +15,11 @@ A post is (token + 1, status, count) in ``head[slot]`` and ``count`` descriptors
 offset, length) in ``where[slot]``, written before the head. A batch too large for a slot, with
 samples in private memory, or that failed, is *spilled*: pickled to a file in a folder of this
 user's shared memory, read and removed by the worker.
+
+Once every ticket of an epoch is handed out, the feeder may take the predicted next epoch's
+first batches *ahead* and post them for the workers to decode while they would idle (see
+``_ahead``): ``ahead = [generation, first token, posted, final, adopted generation]`` and a
+spill file per batch. The next epoch adopts them when it serves that pass.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import torch
 
 from ..errors import CancelledError, ExhaustedError
 
-__all__ = ["Board", "Feeder", "TICKET"]
+__all__ = ["Ahead", "Board", "Feeder", "TICKET"]
 
 # What ``Batch.where`` holds for a ticket (None: the dataset reads the batch itself).
 TICKET = "ticket"
@@ -54,6 +59,8 @@ class Board:
         self.width = max(1, min(int(width), _MAX_WIDTH))
         self.head = torch.zeros((slots, 3), dtype=torch.int64).share_memory_()
         self.where = torch.zeros((slots, self.width, 3), dtype=torch.int64).share_memory_()
+        # [generation, first token, posted, final, adopted generation] of the batches taken ahead.
+        self.ahead = torch.zeros(5, dtype=torch.int64).share_memory_()
         self.pid = os.getpid()  # the loading process
         self._views = None
         # The folder of spilled posts (made at the first): in this user's private folder of
@@ -75,8 +82,12 @@ class Board:
 
     def _arrays(self):
         if self._views is None:
-            self._views = (self.head.numpy(), self.where.numpy())
-        return self._views
+            self._views = (self.head.numpy(), self.where.numpy(), self.ahead.numpy())
+        return self._views[:2]
+
+    def _ahead(self) -> np.ndarray:
+        self._arrays()
+        return self._views[2]
 
     # -- the loading process -----------------------------------------------------------------
     def post(self, token: int, where, private: dict) -> None:
@@ -113,7 +124,7 @@ class Board:
             pass
         self._publish(token % self.head.shape[0], token, _FAILED, 2 if isinstance(error, ExhaustedError) else 1)
 
-    def _spill(self, token: int, payload) -> None:
+    def _spill(self, token, payload) -> None:
         folder = self._spills
         os.makedirs(folder, mode=0o700, exist_ok=True)
         path = os.path.join(folder, str(token))
@@ -121,6 +132,45 @@ class Board:
         with open(tmp, "wb") as f:
             pickle.dump(payload, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
+
+    # -- batches taken ahead (the loading process) --------------------------------------------
+    def begin_ahead(self, gen: int, first: int) -> None:
+        a = self._ahead()
+        a[2] = a[3] = 0
+        a[1] = first
+        a[0] = gen  # last: the header is complete
+
+    def post_ahead(self, gen: int, j: int, token: int, indices: list, where, private: dict) -> bool:
+        """Post the ``j``-th batch taken ahead (False when there is no room to spill it)."""
+        try:
+            self._spill(f"ahead-{gen}-{j}", (token, list(indices), [tuple(w) for w in where], dict(private)))
+        except OSError:
+            return False
+        self._ahead()[2] = j + 1
+        return True
+
+    def end_ahead(self) -> None:
+        self._ahead()[3] = 1
+
+    def adopt(self, gen: int) -> None:
+        """The epoch now served is the one whose batches were taken ahead as ``gen``."""
+        self._ahead()[4] = gen
+
+    # -- batches taken ahead (a worker) -------------------------------------------------------
+    def ahead_header(self) -> tuple:
+        """(generation, first token, posted, final, adopted generation)."""
+        return tuple(int(x) for x in self._ahead())
+
+    def read_ahead(self, gen: int, j: int):
+        """(token, indices, where, private) of the ``j``-th batch taken ahead as ``gen``, or None."""
+        path = os.path.join(self._spills, f"ahead-{gen}-{j}")
+        try:
+            with open(path, "rb") as f:
+                payload = pickle.load(f)
+            os.unlink(path)
+        except (OSError, pickle.UnpicklingError, EOFError):
+            return None
+        return payload
 
     def clean(self) -> None:
         """Remove spilled posts no worker read (their workers were stopped)."""
@@ -177,9 +227,27 @@ class Feeder:
     """Takes one epoch's batches from the job in order, as they are staged, and posts them for
     the tickets handed out so far (never more: a slot is reused ``slots`` tokens later)."""
 
-    def __init__(self, board: Board, src, first: int, total: int, leases: dict, lock: threading.Lock, what: str, engine=None):
+    def __init__(
+        self,
+        board: Board,
+        src,
+        first: int,
+        total: int,
+        leases: dict,
+        lock: threading.Lock,
+        what: str,
+        engine=None,
+        pre: tuple = (),
+        ahead=None,
+    ):
         self.board, self.src, self.engine = board, src, engine  # engine: interrupted by stop()
         self.first, self.total = first, total
+        # The first batches, already taken ahead by the previous epoch's feeder.
+        self.pre = list(pre)
+        # Called in the feeder's thread once every batch is posted: the next epoch's Ahead, or None.
+        self.plan_ahead = ahead
+        self.ahead: Optional[Ahead] = None  # what was taken ahead
+        self._taking_ahead = False
         self.leases = leases  # guarded by ``lock``
         self.what = what  # "epoch N", for messages
         self.handed = 0  # tickets handed out
@@ -216,7 +284,13 @@ class Feeder:
                 token = self.first + k
                 lease = None
                 try:
-                    lease, where, _labels, private = next(self.src)
+                    if k < len(self.pre):
+                        lease, where, private = self.pre[k]
+                        self.pre[k] = None
+                        if lease is None:
+                            raise LookupError("clairvoyant could not read a sample of this batch")
+                    else:
+                        lease, where, _labels, private = next(self.src)
                 except (CancelledError, ExhaustedError) as e:
                     if not self.stopping:
                         end = e
@@ -235,6 +309,8 @@ class Feeder:
                     self.board.post(token, where, private)
                 del lease
                 self.filled = k + 1
+            if self.plan_ahead is not None:
+                self._take_ahead()
         except BaseException as e:  # noqa: BLE001 - posted to the workers, raised at the next hand-out
             end = e
             with self._wake:
@@ -250,19 +326,69 @@ class Feeder:
                 except OSError:
                     pass
 
-    def stop(self) -> None:
+    def stop(self, patience: Optional[float] = None) -> None:
         """End the feed (the epoch is left): its waiting take is interrupted, the tickets not
-        posted are posted as ended. Returns once the thread is gone."""
+        posted are posted as ended; a take ahead gets ``patience`` seconds to finish first
+        (default ``_AHEAD_PATIENCE``). Returns once the thread is gone."""
         with self._wake:
             self.stopping = True
             self._wake.notify_all()
         if self._thread is threading.current_thread():
             return
+        # A take ahead is let finish (its batch is the next epoch's first), for a while.
+        patience = time.monotonic() + (_AHEAD_PATIENCE if patience is None else patience)
         while self._thread.is_alive():
-            if self.engine is not None:
+            if self.engine is not None and not (self._taking_ahead and time.monotonic() < patience):
                 self.engine.interrupt()
             self._thread.join(timeout=0.05)
         _LIVE.discard(self)
+
+    def _take_ahead(self) -> None:
+        """Take the next epoch's first batches (if it is predicted) and post them ahead."""
+        ahead = self.plan_ahead(self.first + self.total)
+        if ahead is None:
+            return
+        self.ahead = ahead
+        board = self.board
+        board.begin_ahead(ahead.gen, ahead.first)
+        posting = True
+        try:
+            for j, indices in enumerate(ahead.batches):
+                with self._wake:
+                    if self.stopping:
+                        return
+                    self._taking_ahead = True
+                try:
+                    lease, where, _labels, private = next(ahead.src)
+                except (CancelledError, ExhaustedError):
+                    ahead.intact = False  # the pass's iterator was interrupted or ended
+                    return
+                except Exception:  # a sample it could not read: the dataset reads that batch
+                    ahead.taken.append((None, None, None))
+                    posting = False
+                    continue
+                finally:
+                    self._taking_ahead = False
+                ahead.taken.append((lease, where, dict(private)))
+                del lease
+                posting = posting and board.post_ahead(ahead.gen, j, ahead.first + j, indices, where, private)
+        finally:
+            board.end_ahead()
+
+
+# How long the next epoch waits for a take ahead before interrupting it (seconds).
+_AHEAD_PATIENCE = 2.0
+
+
+class Ahead:
+    """The next epoch's first batches, taken ahead of it: generation ``gen`` of pass ``pass_``,
+    for tokens from ``first``. ``taken`` holds (lease, where, private) per batch taken (None
+    for one clairvoyant could not read); ``intact``: ``src`` can go on serving the pass."""
+
+    def __init__(self, gen: int, pass_: int, src, batches: list, first: int):
+        self.gen, self.pass_, self.src, self.batches, self.first = gen, pass_, src, batches, first
+        self.taken: list = []
+        self.intact = True
 
 
 # Feeders still running: stopped at exit, before the interpreter finalizes.
@@ -272,4 +398,4 @@ _LIVE: "weakref.WeakSet[Feeder]" = weakref.WeakSet()
 @atexit.register
 def _stop_all() -> None:
     for feeder in list(_LIVE):
-        feeder.stop()
+        feeder.stop(patience=0)
