@@ -16,6 +16,9 @@ Exact by construction. A worker uses items decoded ahead only when
 - the worker's random states (torch, ``random``, numpy) are those the decode started from;
 
 then it sets its states to where the decode left them, as if it had decoded the batch now.
+The thread also collates the items with the loader's ``collate_fn`` (the largest part of a
+batch's cost once it is decoded: the batch tensor is written to shared memory); the wrapped
+``collate_fn`` hands that result back, and the states after it, for those very items.
 Otherwise the items are dropped. The decode ahead restores the states it started from, so a
 dropped decode changed nothing the dataset's own code can see through those generators. (A
 dataset that keeps other state, such as a private generator, sees one extra call per dropped
@@ -54,15 +57,25 @@ def wanted(loader) -> bool:
 
 
 class Collate:
-    """The loader's ``collate_fn``, then the start of a scheduled decode ahead (the worker's
-    last batch of the epoch is complete: nothing of it runs any more)."""
+    """The loader's ``collate_fn`` (or what it gave for these very items, collated ahead),
+    then the start of a scheduled decode ahead (the worker's last batch of the epoch is
+    complete: nothing of it runs any more)."""
 
     def __init__(self, fn):
         self.fn = fn
 
     def __call__(self, batch):
-        out = self.fn(batch)
-        _collated()
+        w = _STATE
+        ready = w.collated if w is not None else None
+        if ready is not None and ready[0] is batch:
+            from ._datasets import set_rng_state
+
+            w.collated = None
+            out = ready[1]
+            set_rng_state(ready[2])
+        else:
+            out = self.fn(batch)
+        _collated(self.fn)
         return out
 
 
@@ -81,11 +94,18 @@ def _plain_where(where) -> list:
 class _Early:
     """One batch decoded ahead."""
 
-    __slots__ = ("gen", "token", "indices", "where", "private", "pre", "post", "items")
+    __slots__ = ("gen", "token", "indices", "where", "private", "pre", "post", "items", "collated")
 
-    def __init__(self, gen, token, indices, where, private, pre, post, items):
+    def __init__(self, gen, token, indices, where, private, pre, post, items, collated):
         self.gen, self.token, self.indices, self.where, self.private = gen, token, indices, where, private
         self.pre, self.post, self.items = pre, post, items
+        # (the collate function's result, the random states after it), or None
+        self.collated = collated
+
+    def adopted(self, req, board) -> bool:
+        """These are the request's batch, and the loading process adopted them (their leases
+        were held throughout; the request's post holds the same bytes)."""
+        return board.ahead_header()[4] == self.gen and list(req) == self.indices
 
     def use(self, req, where, private: dict, board) -> Optional[list]:
         """The items when they are exactly what decoding ``req`` now would give, else None
@@ -104,6 +124,8 @@ class _Early:
             return None
         set_rng_state(self.post)
         items, self.items = self.items, None
+        if self.collated is not None:  # torch collates these very items next
+            _worker().collated = (items, *self.collated)
         return items
 
 
@@ -116,6 +138,7 @@ class _Worker:
         self.wanted = -1  # the token the worker's request is for: its decode is finished
         self.pending: Optional[tuple] = None  # what to decode once the batch is collated
         self.results: dict = {}  # token -> _Early
+        self.collated: Optional[tuple] = None  # (items, their collation, random states after it)
 
     def _wait(self, ready, deadline: float) -> bool:
         """Poll ``ready()`` (True: go on, False: give up, None: not yet) until the worker
@@ -129,7 +152,7 @@ class _Worker:
             delay = min(delay * 2, 5e-3)
         return False
 
-    def run(self, dataset, first: int, wid: int, workers: int, segments) -> None:
+    def run(self, dataset, first: int, wid: int, workers: int, segments, collate) -> None:
         from ._datasets import rng_state, set_rng_state
 
         board = dataset.board
@@ -163,8 +186,13 @@ class _Worker:
                         return
                     items.append(dataset._item(i, dataset._bytes(k, segments, where, private)))
                 post = rng_state()
-                self.results[token] = _Early(gen, token, indices, _plain_where(where), dict(private), state, post, items)
-                state = post
+                collated = None
+                try:
+                    collated = (collate(items), rng_state())
+                except Exception:  # noqa: BLE001 - collated when the batch is asked for, and fails then
+                    set_rng_state(post)
+                self.results[token] = _Early(gen, token, indices, _plain_where(where), dict(private), state, post, items, collated)
+                state = post if collated is None else collated[1]
         except Exception:  # noqa: BLE001 - the request decodes the batch itself, and fails as it would
             return
         finally:
@@ -193,6 +221,7 @@ def claim(token: int) -> Optional[_Early]:
     if w is None:
         return None
     w.pending = None
+    w.collated = None
     t = w.thread
     if t is not None:
         w.wanted = token
@@ -213,11 +242,11 @@ def after(dataset, req) -> None:
     w.pending = (dataset, req.last + 1, info.id, info.num_workers, req.segments)
 
 
-def _collated() -> None:
+def _collated(collate) -> None:
     w = _STATE
     if w is None or w.pending is None:
         return
-    args, w.pending = w.pending, None
+    args, w.pending = (*w.pending, collate), None
     w.stop.clear()
     w.wanted = -1
     w.thread = threading.Thread(target=w.run, args=args, name="clairvoyant-ahead", daemon=True)

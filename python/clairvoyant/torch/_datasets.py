@@ -351,7 +351,10 @@ class CachedDataset(torch.utils.data.Dataset):
         early = _ahead.claim(req.token) if req.last is not None or _ahead.active() else None
         try:
             self._begin(req)
-            where, private = self._where(req)
+            if early is not None and early.adopted(req, self.board):
+                where, private = early.where, early.private  # the batch's post is the same
+            else:
+                where, private = self._where(req)
             if where is None:  # not cached, or clairvoyant could not read it: as torch would
                 return [self.dataset[i] for i in req]
             if early is not None:
