@@ -228,3 +228,23 @@ def test_a_take_ahead_that_cannot_finish_is_interrupted_and_its_pass_is_not_adop
     assert 0.15 < time.monotonic() - began < 2.0  # waited its patience, then interrupted
     assert not feeder.ahead.intact
     assert board.ahead_header()[3] == 1  # final: waiting workers give up
+
+
+def test_a_pass_whose_take_ahead_was_interrupted_is_skipped_and_the_epoch_still_torch_s(tmp_path, monkeypatch):
+    # As when the next epoch interrupts a take ahead that did not finish in time: the pass's
+    # iterator is not intact, so the epoch is appended anew and what was decoded ahead dropped.
+    take = _tickets.Feeder._take_ahead
+
+    def interrupted(self):
+        take(self)
+        if self.ahead is not None:
+            self.ahead.intact = False
+
+    monkeypatch.setattr(_tickets.Feeder, "_take_ahead", interrupted)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ref = _epochs(torch.utils.data.DataLoader, tmp_path / "a", pause=0.3)
+    got = _epochs(ct.DataLoader, tmp_path / "b", pause=0.3)
+    _same(ref, got)
+    for e, _, began, first in got:
+        assert min(first) > began, e

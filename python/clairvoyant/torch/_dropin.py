@@ -719,24 +719,19 @@ class _Feed:
         (None, None, () when not cached). Batches taken ahead are adopted when they are this
         pass's first; otherwise the pass begun for them is skipped."""
         job = self.job
-        if ahead is not None:
-            # Whatever happens, the search for this epoch's pass starts after it.
-            adoptable = ahead.intact and self.ticketed and ahead.first == self.token
-            self.next_pass = max(self.next_pass, ahead.pass_ + (0 if adoptable else 1))
-            if not adoptable:
-                ahead = None
+        adoptable = job is not None and tail and cacheable and self.ticketed
+        if ahead is not None and not (adoptable and ahead.intact and ahead.first == self.token):
+            # Its pass was begun: the search for this epoch's pass starts after it.
+            self.next_pass = max(self.next_pass, ahead.pass_ + 1)
+            ahead = None
         if job is None or not tail or not cacheable:
             return None, None, ()
-        p = self._pass_for(_flatten(tail), _sizes(tail))
+        p = self._pass_for(_flatten(tail), _sizes(tail))  # the pass taken ahead, or a later one
         self.served.append((key, p))
         self.next_pass = p + 1
         if ahead is not None and p == ahead.pass_:
             self.board.adopt(ahead.gen)
             return p, ahead.src, ahead.taken
-        if ahead is not None:  # another pass: the one begun ahead is skipped
-            self.next_pass = max(self.next_pass, ahead.pass_ + 1)
-            if p < ahead.pass_:  # pragma: no cover - the search starts at the pass begun ahead
-                raise AssertionError((p, ahead.pass_))
         return p, job.shared_batches(p), ()
 
     def _plan_ahead(self, p: int, depth: int, first: int) -> Optional[_tickets.Ahead]:
