@@ -300,3 +300,28 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ")[1][0] != "Z"
     except (FileNotFoundError, IndexError):
         return False
+
+
+def test_spill_folders_of_killed_loading_processes_are_removed(tmp_path):
+    import subprocess
+    import sys
+
+    board = _tickets.Board(8, 2)
+    base = os.path.dirname(board._spills)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = os.path.join(base, f"clairvoyant-spill-{gone.pid}-{'0' * 16}")
+    live = os.path.join(base, f"clairvoyant-spill-{os.getpid()}-{'1' * 16}")
+    for d in (stale, live):
+        os.makedirs(os.path.join(d, "inner"))
+    try:
+        board.post(3, [(0, 0, 1)] * 3, {})  # wider than a slot: spilled, the folder made
+        assert board.redeem(3)[0] == [(0, 0, 1)] * 3
+        assert not os.path.exists(stale)
+        assert os.path.isdir(live)  # its process is alive
+    finally:
+        board.clean()
+        import shutil
+
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(live, ignore_errors=True)

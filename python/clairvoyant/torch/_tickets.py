@@ -126,6 +126,8 @@ class Board:
 
     def _spill(self, token, payload) -> None:
         folder = self._spills
+        if not os.path.isdir(folder):
+            _remove_stale(os.path.dirname(folder))
         os.makedirs(folder, mode=0o700, exist_ok=True)
         path = os.path.join(folder, str(token))
         tmp = f"{path}.tmp"
@@ -221,6 +223,27 @@ class Board:
             where, private = payload
             return where, private
         raise (ExhaustedError if kind == 2 else CancelledError)(payload)
+
+
+def _remove_stale(base: str) -> None:
+    """Remove the spill folders in ``base`` of loading processes that are gone (killed: a
+    process that exits cleans its own)."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 4 or parts[:2] != ["clairvoyant", "spill"] or not parts[2].isdigit():
+            continue
+        try:
+            os.kill(int(parts[2]), 0)
+            continue  # alive (or its pid is another process's now)
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError):
+            continue
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 class Feeder:
