@@ -248,3 +248,18 @@ def test_a_pass_whose_take_ahead_was_interrupted_is_skipped_and_the_epoch_still_
     _same(ref, got)
     for e, _, began, first in got:
         assert min(first) > began, e
+
+
+def test_a_take_ahead_that_fails_leaves_the_epoch_and_the_next_hand_out_alone():
+    board = _tickets.Board(16, 4)
+    now = _Src(1, auto=True)
+
+    def plan(first):
+        raise CancelledError("the job is closed")
+
+    feeder = _tickets.Feeder(board, now, 0, 1, {}, threading.Lock(), "epoch 0", _Engine(now), (), plan)
+    feeder.hand()
+    assert board.redeem(0)[0] == [(0, 10, 3)]
+    feeder._thread.join(5)
+    assert feeder.error is None and feeder.ahead is None
+    feeder.stop()

@@ -333,7 +333,11 @@ class Feeder:
                 del lease
                 self.filled = k + 1
             if self.plan_ahead is not None:
-                self._take_ahead()
+                try:
+                    self._take_ahead()
+                except Exception:  # noqa: BLE001 - optional: the next epoch takes its batches itself
+                    if self.ahead is not None:
+                        self.ahead.intact = False
         except BaseException as e:  # noqa: BLE001 - posted to the workers, raised at the next hand-out
             end = e
             with self._wake:
