@@ -79,16 +79,18 @@ def _epochs(DL, root, epochs=(0, 1, 2), pause=0.0, collate=None, n=40, **kw):
     return out
 
 
-def _same(ref, got):
+def _both(tmp_path, **kw):
+    """torch's loader and clairvoyant's on two copies of the files: the same batches."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    ref = _epochs(torch.utils.data.DataLoader, tmp_path / "a", **kw)
+    got = _epochs(ct.DataLoader, tmp_path / "b", **kw)
     assert [(e, b) for e, b, _, _ in got] == [(e, b) for e, b, _, _ in ref]
+    return ref, got
 
 
 def test_the_next_epoch_s_first_batches_are_decoded_before_it_begins(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    ref = _epochs(torch.utils.data.DataLoader, tmp_path / "a", pause=0.5)
-    got = _epochs(ct.DataLoader, tmp_path / "b", pause=0.5)
-    _same(ref, got)
+    ref, got = _both(tmp_path, pause=0.5)
     # torch decodes each epoch's first batch after its iter(); clairvoyant's idle workers
     # decoded epochs 1 and 2's first batches before theirs.
     for e, _, began, first in ref:
@@ -99,21 +101,13 @@ def test_the_next_epoch_s_first_batches_are_decoded_before_it_begins(tmp_path):
 
 
 def test_a_collate_fn_that_draws_gets_torch_s_batches(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    ref = _epochs(torch.utils.data.DataLoader, tmp_path / "a", pause=0.3, collate=_noisy_collate)
-    got = _epochs(ct.DataLoader, tmp_path / "b", pause=0.3, collate=_noisy_collate)
-    _same(ref, got)
+    ref, got = _both(tmp_path, pause=0.3, collate=_noisy_collate)
     assert max(got[1][3]) < got[1][2]
 
 
 def test_an_epoch_other_than_the_predicted_one_drops_what_was_decoded_ahead(tmp_path):
     # Epoch 1 is predicted after epoch 0 and decoded ahead; the loop goes to epoch 7 instead.
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    ref = _epochs(torch.utils.data.DataLoader, tmp_path / "a", epochs=(0, 7, 8), pause=0.3)
-    got = _epochs(ct.DataLoader, tmp_path / "b", epochs=(0, 7, 8), pause=0.3)
-    _same(ref, got)
+    ref, got = _both(tmp_path, epochs=(0, 7, 8), pause=0.3)
     assert min(got[1][3]) > got[1][2]  # epoch 7 was decoded after its iter()
     assert max(got[2][3]) < got[2][2]  # epoch 8, predicted after 7, before its own
 
@@ -241,11 +235,7 @@ def test_a_pass_whose_take_ahead_was_interrupted_is_skipped_and_the_epoch_still_
             self.ahead.intact = False
 
     monkeypatch.setattr(_tickets.Feeder, "_take_ahead", interrupted)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    ref = _epochs(torch.utils.data.DataLoader, tmp_path / "a", pause=0.3)
-    got = _epochs(ct.DataLoader, tmp_path / "b", pause=0.3)
-    _same(ref, got)
+    ref, got = _both(tmp_path, pause=0.3)
     for e, _, began, first in got:
         assert min(first) > began, e
 
