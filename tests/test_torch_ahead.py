@@ -253,3 +253,13 @@ def test_a_take_ahead_that_fails_leaves_the_epoch_and_the_next_hand_out_alone():
     feeder._thread.join(5)
     assert feeder.error is None and feeder.ahead is None
     feeder.stop()
+
+
+def test_a_batch_taken_ahead_that_could_not_be_read_is_read_by_the_dataset():
+    board = _tickets.Board(16, 4)
+    nxt = _Src(3, auto=True)
+    feeder = _tickets.Feeder(board, nxt, 0, 2, {}, threading.Lock(), "epoch 1", None, [(None, None, None)])
+    feeder.hand(), feeder.hand()
+    assert board.redeem(0) == (None, {})  # uncached: the dataset reads it itself
+    assert board.redeem(1)[0] == [(0, 10, 3)]  # then the pass goes on
+    feeder.stop()

@@ -307,11 +307,9 @@ class Feeder:
                 token = self.first + k
                 lease = None
                 try:
-                    if k < len(self.pre):
+                    if k < len(self.pre):  # taken ahead: (None, ...) when a sample could not be read
                         lease, where, private = self.pre[k]
                         self.pre[k] = None
-                        if lease is None:
-                            raise LookupError("clairvoyant could not read a sample of this batch")
                     else:
                         lease, where, _labels, private = next(self.src)
                 except (CancelledError, ExhaustedError) as e:
@@ -323,6 +321,8 @@ class Feeder:
                 except StopIteration:
                     return
                 except Exception:
+                    lease = None
+                if lease is None:
                     # clairvoyant could not read a sample of this batch: the dataset reads the
                     # batch itself, as with torch's DataLoader (and fails as it would).
                     self.board.post_uncached(token)
