@@ -11,8 +11,8 @@ worker 0), and keeps the items.
 Exact by construction. A worker uses items decoded ahead only when
 
 - the loading process *adopted* them (the next epoch is served by that very pass, so the bytes
-  were leased throughout),
-- the request's indices and bytes are those decoded, and
+  were leased throughout and the request's post is the one decoded),
+- the request's indices are those decoded, and
 - the worker's random states (torch, ``random``, numpy) are those the decode started from;
 
 then it sets its states to where the decode left them, as if it had decoded the batch now.
@@ -87,10 +87,6 @@ def _same_state(a: tuple, b: tuple) -> bool:
     return a[2][0] == b[2][0] and np.array_equal(a[2][1], b[2][1]) and tuple(a[2][2:]) == tuple(b[2][2:])
 
 
-def _plain_where(where) -> list:
-    return [tuple(int(x) for x in w) for w in where]
-
-
 class _Early:
     """One batch decoded ahead."""
 
@@ -104,22 +100,20 @@ class _Early:
 
     def adopted(self, req, board) -> bool:
         """These are the request's batch, and the loading process adopted them (their leases
-        were held throughout; the request's post holds the same bytes)."""
-        return board.ahead_header()[4] == self.gen and list(req) == self.indices
+        were held throughout; the request's post holds the same bytes). If not, every item
+        decoded ahead is dropped."""
+        if board.ahead_header()[4] == self.gen and list(req) == self.indices:
+            return True
+        _worker().results.clear()
+        return False
 
-    def use(self, req, where, private: dict, board) -> Optional[list]:
-        """The items when they are exactly what decoding ``req`` now would give, else None
-        (and every item decoded ahead is dropped)."""
+    def use(self) -> Optional[list]:
+        """(An adopted batch.) The items when the worker's random states are those the decode
+        began from, so that they are what decoding the batch now would give; else None (and
+        every item decoded ahead is dropped)."""
         from ._datasets import rng_state, set_rng_state
 
-        exact = (
-            board.ahead_header()[4] == self.gen
-            and list(req) == self.indices
-            and _plain_where(where) == self.where
-            and dict(private) == self.private
-            and _same_state(rng_state(), self.pre)
-        )
-        if not exact:
+        if not _same_state(rng_state(), self.pre):
             _worker().results.clear()
             return None
         set_rng_state(self.post)
@@ -157,7 +151,13 @@ class _Worker:
 
         board = dataset.board
         deadline = time.monotonic() + _WAIT
-        if not self._wait(lambda: True if board.ahead_header()[0] > 0 and board.ahead_header()[1] == first else None, deadline):
+
+        def begun():
+            """True once the posts ahead of the epoch that starts at token ``first`` begin."""
+            gen, at = board.ahead_header()[:2]
+            return True if gen > 0 and at == first else None
+
+        if not self._wait(begun, deadline):
             return
         gen = board.ahead_header()[0]
 
@@ -191,7 +191,7 @@ class _Worker:
                     collated = (collate(items), rng_state())
                 except Exception:  # noqa: BLE001 - collated when the batch is asked for, and fails then
                     set_rng_state(post)
-                self.results[token] = _Early(gen, token, indices, _plain_where(where), dict(private), state, post, items, collated)
+                self.results[token] = _Early(gen, token, indices, where, dict(private), state, post, items, collated)
                 state = post if collated is None else collated[1]
         except Exception:  # noqa: BLE001 - the request decodes the batch itself, and fails as it would
             return

@@ -351,16 +351,15 @@ class CachedDataset(torch.utils.data.Dataset):
         early = _ahead.claim(req.token) if req.last is not None or _ahead.active() else None
         try:
             self._begin(req)
-            if early is not None and early.adopted(req, self.board):
-                where, private = early.where, early.private  # the batch's post is the same
-            else:
-                where, private = self._where(req)
+            if early is not None and not early.adopted(req, self.board):
+                early = None
+            # An adopted batch's post holds the bytes it was decoded from.
+            where, private = (early.where, early.private) if early is not None else self._where(req)
             if where is None:  # not cached, or clairvoyant could not read it: as torch would
                 return [self.dataset[i] for i in req]
-            if early is not None:
-                items = early.use(req, where, private, self.board)
-                if items is not None:
-                    return items
+            items = early.use() if early is not None else None
+            if items is not None:
+                return items
             return [self._item(i, self._bytes(k, req.segments, where, private)) for k, i in enumerate(req)]
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1
