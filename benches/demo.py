@@ -144,12 +144,15 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
         sampler.set_epoch(epoch)
         compute0 = acc.compute_seconds
         stall = 0.0
+        first_batch = None
         fingerprints: list = []
         it = iter(loader)
         for _ in range(len(loader)):
             t = time.perf_counter()
             batch = next(it)
             stall += time.perf_counter() - t
+            if first_batch is None:
+                first_batch = time.perf_counter() - start
             labels = batch[1]
             if len(batch) > 2:
                 fingerprints.extend(int(x) for x in batch[2])
@@ -166,6 +169,7 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
             "setup_seconds": setup_seconds if epoch == 0 else 0.0,
             "compute_seconds": acc.compute_seconds - compute0,
             "stall_seconds": stall,
+            "first_batch_seconds": first_batch or 0.0,
             "fs_bytes_read_total": fs.bytes_read,
             "samples": [index_of.get(fp, -1) for fp in fingerprints],
         }
@@ -209,6 +213,7 @@ def _merge(per_rank: list, loader: str, num_samples: int, fs_before: int) -> lis
                 "compute_seconds": round(compute, 4),
                 "accelerator_utilization": round(min(1.0, compute / epoch_seconds), 4),
                 "stall_seconds": round(max(x["stall_seconds"] for x in eps), 4),
+                "first_batch_seconds": round(max(x["first_batch_seconds"] for x in eps), 4),
                 "fs_bytes_read": fs_total - prev,
                 "samples_by_source": by_source,
                 **({"peer_misses": peer["peer_misses"], "peer_fallbacks": peer["peer_fallbacks"]} if peer else {}),
@@ -367,7 +372,7 @@ def _train(loader: str, cfg: dict, fs, ranks: int, nodes: int, node_env: dict, l
 
 
 def epoch_table(loader: str, rows: list) -> str:
-    headers = ["epoch", "time s", "compute s", "utilization", "stall s", "fs MB read", "samples by source", "each once"]
+    headers = ["epoch", "time s", "compute s", "utilization", "stall s", "first batch s", "fs MB read", "samples by source", "each once"]
     body = [
         [
             r["epoch"],
@@ -375,6 +380,7 @@ def epoch_table(loader: str, rows: list) -> str:
             r["compute_seconds"],
             r["accelerator_utilization"],
             r["stall_seconds"],
+            r.get("first_batch_seconds", ""),
             report.mb(r["fs_bytes_read"]),
             report.sources_text(r["samples_by_source"]),
             "yes" if r["every_sample_once"] else "NO",

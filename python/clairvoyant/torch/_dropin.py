@@ -21,7 +21,9 @@ unpredictable sampler) is appended and the passes before it are skipped unread.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import os
 import sys
 import threading
@@ -202,7 +204,16 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     # -- torch's iterators over clairvoyant's sampler and dataset --------------------------
     def _get_iterator(self):
-        feed = self._feed()
+        held = _HEAP.hold()  # before the first allocations of the job's start (see _Heap)
+        try:
+            feed = self._feed()
+        except BaseException:
+            _HEAP.release(held)
+            raise
+        if feed is None or feed.holds_heap:
+            _HEAP.release(held)
+        else:
+            feed.holds_heap = held
         if feed is None:
             return super()._get_iterator()
         view = _View(self, feed)
@@ -389,6 +400,53 @@ class _Iter(_MultiProcessingDataLoaderIter):
                 self._cv_thread = None
 
 
+class _Heap:
+    """Keeps the training process's objects out of its collector's full walks while a loader is
+    open.
+
+    With torch loaded a process holds some 350,000 objects, and a full collection of Python's
+    cyclic collector walks them all: 0.15 s on an idle core, 0.6 s when 8 ranks start at once on
+    2 cores. The import of torch and torchvision leaves one due, and the allocations of an
+    iterator's creation (the job's start, the workers' fork) set it off before the engine has
+    read anything, in every rank at once. The objects the process holds when its first loader
+    creates an iterator (modules, the model) are frozen then (``gc.freeze``, as Python's
+    documentation recommends before forking), and unfrozen when the last open loader closes or
+    at exit, so that a cycle among them that became garbage meanwhile is collected then. Objects
+    created later are collected as always. A program that froze objects itself, or runs with the
+    collector off, is left as it is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+
+    def hold(self) -> bool:
+        with self._lock:
+            if self._holders == 0:
+                if not gc.isenabled() or gc.get_freeze_count():
+                    return False
+                gc.freeze()
+            self._holders += 1
+            return True
+
+    def release(self, held: bool = True) -> None:
+        with self._lock:
+            if not held or self._holders == 0:
+                return
+            self._holders -= 1
+            if self._holders == 0:
+                gc.unfreeze()
+
+    def release_all(self) -> None:
+        with self._lock:
+            if self._holders:
+                self._holders = 0
+                gc.unfreeze()
+
+
+_HEAP = _Heap()
+atexit.register(_HEAP.release_all)  # the collection at exit then finalizes them
+
+
 class _View:
     """The loader as torch's iterator sees it: the user's loader, but with clairvoyant's
     dataset and index sampler."""
@@ -478,6 +536,7 @@ class _Feed:
         self._job_stats = None
         self._peer_stats = None
         self._iter = None
+        self.holds_heap = False  # this loader's hold on the frozen heap (_Heap)
         workers = loader.num_workers
         depth = (loader.prefetch_factor or 2) * max(1, workers)
         slots = 4 * depth + 16
@@ -865,6 +924,9 @@ class _Feed:
     def close(self) -> None:
         if os.getpid() != self.pid:
             return  # a forked worker: the job and its shared memory are the parent's
+        if self.holds_heap:
+            self.holds_heap = False
+            _HEAP.release()
         self._stop_feeder(patience=0)
         with self.lock:
             self.leases.clear()
