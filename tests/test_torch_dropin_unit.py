@@ -76,6 +76,26 @@ def test_same_batches_as_torch(folder, sampler, workers):
     assert got == ref
 
 
+@pytest.mark.parametrize("sampler,early", [("dist", True), ("sequential", True), ("gen", False), ("global", False)])
+def test_a_first_epoch_known_without_drawing_starts_the_job_before_the_workers_fork(folder, monkeypatch, sampler, early):
+    """A DistributedSampler's or SequentialSampler's first epoch is known without drawing from a
+    generator: the engine reads while torch's workers start. A random sampler's is drawn by
+    torch's iterator after the fork (drawing it earlier would shift torch's generator)."""
+    from clairvoyant.torch import _dropin
+
+    started = []
+    init = _dropin._Iter.__init__
+
+    def spy(self, view):
+        started.append(view._index_sampler._feed.job is not None)
+        init(self, view)
+
+    monkeypatch.setattr(_dropin._Iter, "__init__", spy)
+    got = _run(ct.DataLoader, folder, epochs=2, sampler=sampler, workers=2)
+    assert started == [early, True]
+    assert got == _run(torch.utils.data.DataLoader, folder, epochs=2, sampler=sampler, workers=2)
+
+
 def test_peeking_restarts_the_epoch_as_torch_does(folder):
     ref = _run(torch.utils.data.DataLoader, folder, peek=True, workers=2)
     got = _run(ct.DataLoader, folder, peek=True, workers=2)

@@ -237,6 +237,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
                 it = _SingleProcessDataLoaderIter(view)
             else:
                 self.check_worker_number_rationality()
+                feed.start_early(self)
                 it = _Iter(view)
         finally:
             # Worker processes make torch's iterator draw the epoch while it is created: the
@@ -606,6 +607,19 @@ class _Feed:
         if self.job is None:
             self.job = self._own_job(source, where, key, flat, b, dl, horizon)
         self.segments = tuple(self.job.segments)
+
+    def start_early(self, loader: DataLoader) -> None:
+        """Start the job before torch's iterator forks its workers (it draws the first epoch
+        after), when that epoch's batches are known without drawing from any generator: a
+        DistributedSampler's or a SequentialSampler's. The engine then reads while the workers
+        start (0.05-0.1 s per rank when 8 start at once on 2 cores)."""
+        if self.started or loader._resume is not None or self.predictor.kind not in ("distributed", "sequential"):
+            return
+        key = _order.epoch_of(loader.sampler)
+        key = self.count if key is None else key
+        batches = self.predictor.batches(key)
+        if batches and _order.integer_indices(batches, loader._auto_collation):
+            self._start(loader, key, batches)
 
     def _notice_unknown_order(self, sampler) -> None:
         hint = (
