@@ -8,25 +8,13 @@ import subprocess
 import sys
 import textwrap
 
+import plain_files
 import pytest
 
 pytest.importorskip("torch")
 
 _PRELUDE = """
-import gc, os, sys, weakref, torch, clairvoyant.torch as ct
-
-class Plain(torch.utils.data.Dataset):
-    def __init__(self, files):
-        self.files = files
-    def __len__(self):
-        return len(self.files)
-    def __getitem__(self, i):
-        with open(self.files[i], "rb") as f:
-            return self.__clairvoyant_getitem__(i, f.read())
-    def __clairvoyant_files__(self):
-        return self.files
-    def __clairvoyant_getitem__(self, i, data):
-        return torch.tensor([i, len(data)])
+import gc, sys, weakref, clairvoyant.torch as ct
 
 class Cycle:
     def __init__(self):
@@ -34,14 +22,12 @@ class Cycle:
     def __del__(self):
         print("finalized", flush=True)
 
-files = [os.path.join(DATA, f"{i}.bin") for i in range(12)]
-
 def loader():
     return ct.DataLoader(Plain(files), batch_size=4, num_workers=2)
 
 def check(l):
     got = sorted(tuple(x) for b in l for x in b.tolist())
-    assert got == [(i, 100 + i) for i in range(12)], got
+    assert got == EXPECTED, got
     assert l._cv.job is not None, "the dataset was not cached"
 """
 
@@ -103,12 +89,8 @@ _CASES = {
 
 @pytest.mark.parametrize("case", sorted(_CASES))
 def test_the_collector(tmp_path, case):
-    data = tmp_path / "d"
-    data.mkdir()
-    for i in range(12):
-        (data / f"{i}.bin").write_bytes(bytes([i]) * (100 + i))
     script = tmp_path / "s.py"
-    script.write_text(f"DATA = {str(data)!r}\n" + _PRELUDE + textwrap.dedent(_CASES[case]))
+    script.write_text(plain_files.make(tmp_path / "d") + _PRELUDE + textwrap.dedent(_CASES[case]))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.split()

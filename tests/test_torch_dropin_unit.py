@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import numpy as np
+import plain_files
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -417,33 +418,16 @@ def test_no_pass_is_read_ahead_past_the_last_epoch(folder):
 def test_classifying_a_plain_dataset_imports_no_torchvision(tmp_path):
     """A dataset cannot be torchvision's when torchvision is not imported, so the drop-in does not
     import it (seconds per rank) to find out; the dataset is still cached and served."""
-    data = tmp_path / "d"
-    data.mkdir()
-    for i in range(12):
-        (data / f"{i}.bin").write_bytes(bytes([i]) * (100 + i))
     script = tmp_path / "s.py"
     script.write_text(
-        textwrap.dedent(
-            f"""
-            import os, sys, torch, clairvoyant.torch as ct
+        plain_files.make(tmp_path / "d")
+        + textwrap.dedent(
+            """
+            import sys, clairvoyant.torch as ct
 
-            class Plain(torch.utils.data.Dataset):
-                def __init__(self, files):
-                    self.files = files
-                def __len__(self):
-                    return len(self.files)
-                def __getitem__(self, i):
-                    with open(self.files[i], "rb") as f:
-                        return self.__clairvoyant_getitem__(i, f.read())
-                def __clairvoyant_files__(self):
-                    return self.files
-                def __clairvoyant_getitem__(self, i, data):
-                    return torch.tensor([i, len(data)])
-
-            files = [os.path.join({str(data)!r}, f"{{i}}.bin") for i in range(12)]
             loader = ct.DataLoader(Plain(files), batch_size=4)
             got = sorted(tuple(x) for b in loader for x in b.tolist())
-            assert got == [(i, 100 + i) for i in range(12)], got
+            assert got == EXPECTED, got
             assert loader._cv.job is not None, "the dataset was not cached"
             loader.close()
             print("torchvision" in sys.modules)
