@@ -1,7 +1,7 @@
 """The drop-in keeps the training process's objects out of the collector's full walks while a
 loader is open (``_dropin._Heap``): frozen at the first iterator, unfrozen when the last open
 loader closes or at exit; a program that froze objects itself or turned the collector off is
-left as it is. Each case runs in its own interpreter (the collector is process-wide)."""
+left as it is; each worker freezes what it inherited. Each case runs in its own interpreter (the collector is process-wide)."""
 
 import os
 import subprocess
@@ -72,6 +72,21 @@ _CASES = {
         check(a)
         assert gc.get_freeze_count() == 0 and not gc.isenabled()
         a.close()
+        print("done")
+        """,
+    # Each worker freezes what it inherited at the fork, whatever the training process does
+    # (here: nothing, its collector being off).
+    "workers freeze": """
+        class Counts(Plain):
+            def __clairvoyant_getitem__(self, i, data):
+                return torch.tensor(gc.get_freeze_count())
+        gc.disable()
+        a = ct.DataLoader(Counts(files), batch_size=4, num_workers=2)
+        counts = torch.cat(list(a)).tolist()
+        assert a._cv.job is not None, "the dataset was not cached"
+        a.close()
+        assert gc.get_freeze_count() == 0
+        assert min(counts) > 1000, counts  # torch's objects, frozen in each worker
         print("done")
         """,
     # Exit without close(): unfrozen at exit, so the collection at exit finalizes the cycle.

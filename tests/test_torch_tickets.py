@@ -212,24 +212,6 @@ def test_batches_wider_than_a_slot_arrive_whole(tmp_path):
     assert stats and stats[0]["samples"] == 595  # from clairvoyant, through spilled tickets
 
 
-class _FreezeCount(_Bytes):
-    def __clairvoyant_getitem__(self, i, data):
-        import gc
-
-        return gc.get_freeze_count()
-
-
-def test_workers_keep_what_they_inherited_out_of_the_collector(tmp_path):
-    import gc
-
-    ds = _FreezeCount(str(tmp_path), 8)
-    loader = ct.DataLoader(ds, batch_size=4, num_workers=2)
-    counts = torch.cat(list(loader)).tolist()
-    loader.close()
-    assert gc.get_freeze_count() == 0  # the training process is left as it was
-    assert min(counts) > 1000, counts  # torch's objects, frozen in each worker
-
-
 _ORPHAN = r"""
 import os, sys, time, torch
 import clairvoyant, clairvoyant.torch as ct
