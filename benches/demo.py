@@ -385,7 +385,7 @@ def epoch_table(loader: str, rows: list) -> str:
             r["compute_seconds"],
             r["accelerator_utilization"],
             r["stall_seconds"],
-            r.get("first_batch_seconds", ""),
+            r["first_batch_seconds"],
             report.mb(r["fs_bytes_read"]),
             report.sources_text(r["samples_by_source"]),
             "yes" if r["every_sample_once"] else "NO",

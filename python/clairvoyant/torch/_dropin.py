@@ -204,16 +204,14 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     # -- torch's iterators over clairvoyant's sampler and dataset --------------------------
     def _get_iterator(self):
-        held = _HEAP.hold()  # before the first allocations of the job's start (see _Heap)
+        held, feed = _HEAP.hold(), None  # before the first allocations of the job's start (see _Heap)
         try:
             feed = self._feed()
-        except BaseException:
-            _HEAP.release(held)
-            raise
-        if feed is None or feed.holds_heap:
-            _HEAP.release(held)
-        else:
-            feed.holds_heap = held
+        finally:
+            if held and (feed is None or feed.holds_heap):
+                _HEAP.release()  # not cached, or this loader holds it already
+            elif held:
+                feed.holds_heap = True
         if feed is None:
             return super()._get_iterator()
         view = _View(self, feed)
@@ -429,9 +427,9 @@ class _Heap:
             self._holders += 1
             return True
 
-    def release(self, held: bool = True) -> None:
+    def release(self) -> None:
         with self._lock:
-            if not held or self._holders == 0:
+            if self._holders == 0:  # (released at exit already)
                 return
             self._holders -= 1
             if self._holders == 0:
@@ -570,8 +568,7 @@ class _Feed:
         r = loader._resume
         if r is None or r["yielded"] >= r["total"]:
             return False
-        key = _order.epoch_of(loader.sampler)
-        return r["epoch"] == (self.count if key is None else key)
+        return r["epoch"] == self._epoch_key(loader)
 
     def serving(self, it) -> None:
         self._iter = weakref.ref(it)
@@ -615,11 +612,16 @@ class _Feed:
         start (0.05-0.1 s per rank when 8 start at once on 2 cores)."""
         if self.started or loader._resume is not None or self.predictor.kind not in ("distributed", "sequential"):
             return
-        key = _order.epoch_of(loader.sampler)
-        key = self.count if key is None else key
+        key = self._epoch_key(loader)
         batches = self.predictor.batches(key)
         if batches and _order.integer_indices(batches, loader._auto_collation):
             self._start(loader, key, batches)
+
+    def _epoch_key(self, loader: DataLoader):
+        """The epoch the next iteration draws: the sampler's epoch number, else the count of
+        epochs drawn so far."""
+        key = _order.epoch_of(loader.sampler)
+        return self.count if key is None else key
 
     def _notice_unknown_order(self, sampler) -> None:
         hint = (
@@ -857,9 +859,7 @@ class _Feed:
     def epoch(self, loader: DataLoader):
         """The generator torch's iterator draws indices from, one epoch."""
         ahead = self._retire()
-        key = _order.epoch_of(loader.sampler)
-        if key is None:
-            key = self.count
+        key = self._epoch_key(loader)
         self.count += 1
         gstate = _order.generator_state(loader)
         resume, loader._resume = loader._resume, None
