@@ -118,8 +118,14 @@ def test_decode_runs_in_several_processes_and_reads_shared_memory(data_dir, tmp_
         assert labels.tolist() == [int(job.labels[k]) for k in job.samples_of(epoch)]
     pids = {int(p) for p in os.listdir(tmp_path)}
     assert len(pids) > 1 and os.getpid() not in pids
-    # The second epoch came from the node's memory class, read in place by the workers.
-    assert job.stats()[1]["sources"]["memory"]["samples"] == 42
+    # The second epoch came from the node's memory class, read in place by the workers, and
+    # nothing was read from the file system twice. A staging thread of epoch 1 may claim a
+    # sample before the thread of its epoch-0 position does (a loaded machine): that sample's
+    # one read then counts for epoch 1, and its memory read for epoch 0.
+    sources = [job.stats()[e]["sources"] for e in range(2)]
+    assert sources[1]["memory"]["samples"] + sources[1]["pfs"]["samples"] == 42, sources
+    assert sources[1]["memory"]["samples"] >= 40, sources
+    assert sources[0]["pfs"]["samples"] + sources[1]["pfs"]["samples"] <= 42, sources
     loader.close()
     job.close()
 
