@@ -264,10 +264,13 @@ def run_ranks(
                 rank, ok, value = results.get(timeout=min(wait, 5.0) if wait is not None else 5.0)
             except Exception:  # queue.Empty
                 if deadline is not None and time.monotonic() >= deadline:
+                    barrier.abort()  # ranks waiting at it stop rather than hold the joins below
                     raise TimeoutError(f"ranks did not finish within {timeout} s")
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                dead = [(r, p) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without reporting")
+                    barrier.abort()
+                    r, p = dead[0]
+                    raise RuntimeError(f"rank {r} exited with code {p.exitcode} without reporting (killed, or failed before it ran)")
                 continue
             if ok:
                 outs[rank] = value

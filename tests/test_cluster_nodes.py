@@ -342,3 +342,19 @@ def test_a_node_killed_in_its_namespace(tmp_path):
     for i in (0, 2):
         epochs = _lines(outs[i])
         assert [x["epoch"] for x in epochs] == [0, 1, 2, 3] and all(x["ok"] for x in epochs), f"node {i}"
+
+
+def _dies_before_the_barrier(ctx):
+    if ctx.rank == 1:
+        os._exit(3)  # as a rank killed with -9: nothing reported
+    ctx.sync()
+    return ctx.rank
+
+
+def test_a_rank_that_dies_without_reporting_stops_the_others_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 exited with code 3 without reporting"):
+        run_ranks(_dies_before_the_barrier, 2, timeout=120)
+    # Rank 0 waited at the barrier: it is let go, not left to the 30 s join and a terminate.
+    took = time.monotonic() - t0
+    assert took < 20, f"run_ranks took {took:.1f} s to give up"
