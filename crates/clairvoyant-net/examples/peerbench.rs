@@ -189,6 +189,7 @@ fn main() {
                 max_connections: 256,
                 io_timeout: Duration::from_secs(5),
                 workers: 4,
+                waiters: 4,
             };
             Server::start(cfg, Arc::new(ArenaProvider(arena.clone()))).unwrap()
         })

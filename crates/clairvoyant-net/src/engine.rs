@@ -126,8 +126,10 @@ pub struct ServerSpec {
     pub max_connections: usize,
     /// Seconds a handshake step or request frame may take once begun (at least 0.01).
     pub io_timeout: f64,
-    /// Threads answering requests (at least 1).
+    /// Threads answering requests that need no wait (at least 1).
     pub workers: usize,
+    /// Threads answering requests that may wait or read from the dataset (at least 1).
+    pub waiters: usize,
 }
 
 impl ServerSpec {
@@ -146,6 +148,7 @@ impl ServerSpec {
             max_connections: self.max_connections,
             io_timeout: Duration::from_secs_f64(self.io_timeout.max(0.01)),
             workers: self.workers.max(1),
+            waiters: self.waiters.max(1),
         })
     }
 }
@@ -319,6 +322,7 @@ mod tests {
             max_connections: 16,
             io_timeout: 1.0,
             workers: 1,
+            waiters: 1,
         }
     }
 

@@ -3,9 +3,11 @@
 //! did not fit the socket buffer, all without blocking. A complete `Get` goes to a small fixed
 //! pool of worker threads that asks the node's [`Provider`] and writes the reply (non-blocking;
 //! what is left goes back to the poller). A provider answer that may wait for an imminent fill
-//! is asked on a second pool of the same size, so waits never delay answers that are ready.
+//! is asked on a second pool (`waiters` threads), so waits never delay answers that are ready.
+//! That pool also reads from the dataset the samples this node is first to hold for the asking
+//! node: I/O-bound, so it has more threads than the first.
 //!
-//! Threads: 1 + 2 x `workers`, whatever the number of connections. An idle or slow connection
+//! Threads: 1 + `workers` + `waiters`, whatever the number of connections. An idle or slow connection
 //! holds no thread, only its socket and a few hundred bytes of state: silent or trickling
 //! connections (a slowloris) cannot starve the others, and time out on the poller's clock.
 //!
@@ -80,8 +82,11 @@ pub struct ServerConfig {
     /// Longest time a handshake step or a request frame may take once begun, and longest
     /// silence while a reply drains.
     pub io_timeout: Duration,
-    /// Threads answering requests; as many again may wait for imminent fills (at least 1).
+    /// Threads answering requests that need no wait (at least 1).
     pub workers: usize,
+    /// Threads answering requests that may wait for an imminent fill or read the sample from
+    /// the dataset (at least 1).
+    pub waiters: usize,
 }
 
 /// Counters since start. `cpu_seconds` is the CPU time of the server's threads (Linux).
@@ -492,11 +497,13 @@ impl Server {
                 reason: "must be above zero".into(),
             });
         }
-        if cfg.workers == 0 {
-            return Err(NetError::Config {
-                key: "workers",
-                reason: "must be at least 1".into(),
-            });
+        for (key, n) in [("workers", cfg.workers), ("waiters", cfg.waiters)] {
+            if n == 0 {
+                return Err(NetError::Config {
+                    key,
+                    reason: "must be at least 1".into(),
+                });
+            }
         }
         let bind = cfg.bind;
         let bind_err = |source| NetError::Bind { addr: bind, source };
@@ -507,7 +514,7 @@ impl Server {
             .register(&mut listener, LISTENER, Interest::READABLE)
             .map_err(bind_err)?;
         let waker = Waker::new(poll.registry(), WAKER).map_err(bind_err)?;
-        let workers = cfg.workers;
+        let (workers, waiters) = (cfg.workers, cfg.waiters);
         let shared = Arc::new(Shared {
             cfg,
             provider,
@@ -526,7 +533,7 @@ impl Server {
             poller: None,
             workers: Vec::new(),
         };
-        for i in 0..2 * workers {
+        for i in 0..workers + waiters {
             let sh = shared.clone();
             let waits = i >= workers;
             *lock(&shared.live) += 1;

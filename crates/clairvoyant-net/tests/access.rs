@@ -172,7 +172,7 @@ fn silent_trickling_and_slow_reading_connections_do_not_starve_others() {
     let mut cfg = server_cfg(7);
     cfg.max_connections = 512;
     cfg.io_timeout = Duration::from_secs(5);
-    cfg.workers = 2;
+    (cfg.workers, cfg.waiters) = (2, 2);
     let big = 8 << 20;
     let server = Server::start(cfg, Arc::new(MemProvider::with_sizes(&[(1, 4096), (2, big)]))).unwrap();
     let addr = server.local_addr();

@@ -43,6 +43,7 @@ fn start_servers() -> Vec<NodeServer> {
                 max_connections: 64,
                 io_timeout: 5.0,
                 workers: 2,
+                waiters: 2,
             })
             .expect("a server on loopback")
         })

@@ -177,7 +177,7 @@ fn requests_waiting_for_a_fill_do_not_delay_ready_ones() {
     let mut p = MemProvider::with_sizes(&[(1, 1000)]);
     p.entries.insert(2, Entry::NotYet);
     let mut cfg = server_cfg(7);
-    cfg.workers = 2;
+    (cfg.workers, cfg.waiters) = (2, 2);
     let server = clairvoyant_net::Server::start(cfg, Arc::new(p)).unwrap();
     let addr = server.local_addr();
     // More waiting requests than waiting threads, each granted 800 ms.
@@ -208,4 +208,56 @@ fn requests_waiting_for_a_fill_do_not_delay_ready_ones() {
         assert!(took < Duration::from_millis(1500), "a waiting request took {took:?}");
     }
     eprintln!("10 ready fetches beside 4 waiting ones: {ready:?}");
+}
+
+/// A provider whose every answer is a slow read (as a dataset read for the asking node): each
+/// `serve` holds its thread until `want` of them run at once (or 5 s pass), and notes the most
+/// that ran at once.
+struct SlowReads {
+    want: usize,
+    running: std::sync::Mutex<(usize, usize)>,
+    moved: std::sync::Condvar,
+}
+
+impl clairvoyant_net::Provider for SlowReads {
+    fn serve(&self, sample: u32, _wait: Duration) -> clairvoyant_net::Served {
+        let mut g = self.running.lock().unwrap();
+        g.0 += 1;
+        g.1 = g.1.max(g.0);
+        self.moved.notify_all();
+        let (mut g, _) = self.moved.wait_timeout_while(g, Duration::from_secs(5), |g| g.1 < self.want).unwrap();
+        g.0 -= 1;
+        clairvoyant_net::Served::Ready {
+            bytes: Box::new(sample.to_le_bytes().to_vec()),
+            checksum: xxhash_rust::xxh3::xxh3_64(&sample.to_le_bytes()),
+        }
+    }
+}
+
+#[test]
+fn requests_that_read_run_on_all_waiting_threads_not_on_the_answering_ones() {
+    let provider = Arc::new(SlowReads {
+        want: 6,
+        running: std::sync::Mutex::new((0, 0)),
+        moved: std::sync::Condvar::new(),
+    });
+    let mut cfg = server_cfg(7);
+    (cfg.workers, cfg.waiters) = (1, 6);
+    let server = clairvoyant_net::Server::start(cfg, provider.clone()).unwrap();
+    let addr = server.local_addr();
+    let readers: Vec<_> = (0..6u32)
+        .map(|k| {
+            std::thread::spawn(move || {
+                let client = Client::new(client_cfg(7), vec![addr]);
+                let mut dst = vec![0u8; 4];
+                let f = client.fetch(0, k, Duration::from_secs(10), &mut dst).unwrap();
+                (f, dst == k.to_le_bytes())
+            })
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(r.join().unwrap(), (Fetch::Got, true));
+    }
+    // All 6 reads ran at once: the waiting pool is sized by `waiters`, not by `workers` (1).
+    assert_eq!(provider.running.lock().unwrap().1, 6);
 }

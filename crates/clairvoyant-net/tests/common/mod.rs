@@ -94,6 +94,7 @@ pub fn server_cfg(job: u64) -> ServerConfig {
         max_connections: 64,
         io_timeout: Duration::from_millis(500),
         workers: 4,
+        waiters: 4,
     }
 }
 
