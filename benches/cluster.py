@@ -27,13 +27,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from . import demo
 from .emulation import node_env
+from .emulation import shm_root as shm_root_dir
 
 # Accelerator / file-system speed. On 2 cores, 8 ranks and their decode workers share the CPU:
 # faster accelerators make the run CPU-bound for every loader (at the demo's 1.6 clairvoyant's
@@ -191,8 +194,9 @@ def _kill_run(work: Path, list_file: Path, total: int, kill: bool, nodes: int, e
     shared = work / f"shared-{tag}"
     shared.mkdir(mode=0o700)
     procs, outs = [], []
+    shm_root = Path(tempfile.mkdtemp(prefix=f"cv-{tag}-", dir=shm_root_dir()))
     for i in range(nodes):
-        shm = work / f"shm-{tag}-{i}"
+        shm = shm_root / f"node{i}"
         shm.mkdir(mode=0o700)
         out = work / f"{tag}-rank{i}.jsonl"
         env = {
@@ -233,6 +237,7 @@ def _kill_run(work: Path, list_file: Path, total: int, kill: bool, nodes: int, e
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        shutil.rmtree(shm_root, ignore_errors=True)
     return [lines(o) for o in outs]
 
 

@@ -10,11 +10,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing as mp
 import os
 import shutil
+import tempfile
 import time
 import traceback
 import zlib
@@ -191,6 +193,25 @@ write_mbps = 5000.0
     return str(path)
 
 
+def shm_root() -> str | None:
+    """Where emulated nodes keep their node-shared memory: ``/dev/shm`` (a tmpfs, as on a real
+    node) when this machine has it, else the temp dir (None). A folder on a disk's file system
+    would make every cached sample a dirty page the kernel writes back to disk."""
+    d = "/dev/shm"
+    return d if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK) else None
+
+
+@contextlib.contextmanager
+def shm_folder(prefix: str):
+    """A fresh folder under :func:`shm_root` for a run's node-shared memory
+    (``CLAIRVOYANT_SHM_DIR``), removed when the block ends."""
+    d = tempfile.mkdtemp(prefix=prefix, dir=shm_root())
+    try:
+        yield Path(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def node_env(node: int, shm: str, shared: str, run_id: str, listen: str = "127.0.0.1") -> dict:
     """The variables that make a process part of emulated node ``node`` on this machine: its node
     id, its own shared-memory directory ``shm`` (nodes share no cache), the directory ``shared``
@@ -234,7 +255,7 @@ def run_ranks(
     barrier = ctx.Barrier(world_size)
     results = ctx.Queue()
     procs = []
-    scratch = tempfile.mkdtemp(prefix="clairvoyant-nodes-") if nodes > 1 else None
+    scratch = tempfile.mkdtemp(prefix="clairvoyant-nodes-", dir=shm_root()) if nodes > 1 else None
     for rank in range(world_size):
         node = rank // per_node
         penv = {

@@ -185,8 +185,9 @@ def phases(ranks: list, spawned: float, ended: float) -> dict:
     return {"start": started - spawned, "setup": first - started, "epochs": last - first, "end": ended - last, "job": ended - spawned}
 
 
-def _run(name: str, clairvoyant: bool, mnt: Path, work: Path, fs, epochs: int = EPOCHS, no_io: bool = False) -> dict:
-    """One job of RANKS ranks; per-epoch seconds (the slowest rank's), file system figures."""
+def _run(name: str, clairvoyant: bool, mnt: Path, work: Path, shm: Path, fs, epochs: int = EPOCHS, no_io: bool = False) -> dict:
+    """One job of RANKS ranks; per-epoch seconds (the slowest rank's), file system figures. ``shm``:
+    the node-shared memory folder (a tmpfs, as on a real node)."""
     args, run_args = PROGRAMS[name]
     prog = str(Path(__file__).resolve().parents[1] / "tests" / "epoch0_program.py")
     tag = f"{name}-{'cv' if clairvoyant else 'direct'}-{time.monotonic_ns()}"
@@ -202,14 +203,13 @@ def _run(name: str, clairvoyant: bool, mnt: Path, work: Path, fs, epochs: int = 
             "CLAIRVOYANT_NODES": "1",
             "CLAIRVOYANT_NODE_RANK": "0",
             "CLAIRVOYANT_RUN_ID": tag,
-            "CLAIRVOYANT_SHM_DIR": str(work / "shm"),
+            "CLAIRVOYANT_SHM_DIR": str(shm),
             "CLAIRVOYANT_CACHE_DIR": str(work / "cache"),
             "CLAIRVOYANT_CONFIG": "",
             "CLAIRVOYANT_QUIET": "1",
             "OMP_NUM_THREADS": "1",
         }
     )
-    (work / "shm").mkdir(parents=True, exist_ok=True)
     stats = work / f"{tag}-agent.json"
     procs, outs = [], []
     before = fs.stats()
@@ -273,7 +273,7 @@ def _log_run(log, name: str, how: str, r: dict, total: int, files: int) -> None:
     )
 
 
-def _program_runs(name: str, repeats: int, one_epoch: bool, fs, work: Path, log, total: int, files: int) -> dict:
+def _program_runs(name: str, repeats: int, one_epoch: bool, fs, work: Path, shm: Path, log, total: int, files: int) -> dict:
     """The program ``name`` run ``repeats`` times each way, alternated; for the reader pool and
     the DataLoader also without I/O (``floor``: the program's own cost with every sample in
     memory); with ``one_epoch`` also as a 1-epoch job each way (``job_direct``,
@@ -289,6 +289,7 @@ def _program_runs(name: str, repeats: int, one_epoch: bool, fs, work: Path, log,
                 how in ("clairvoyant", "job_clairvoyant"),
                 fs.path,
                 work,
+                shm,
                 fs,
                 epochs=1 if how.startswith("job") else EPOCHS,
                 no_io=how == "floor",
@@ -323,9 +324,9 @@ def bench_epoch0(out: Path, log, files: int = FILES, repeats: int = 1, programs=
         "programs": {},
     }
     work = Path(tempfile.mkdtemp(prefix="cv-epoch0-", dir=out)).resolve()
-    with emulation.FuseMount(data, work / "mnt") as fs:
+    with emulation.FuseMount(data, work / "mnt") as fs, emulation.shm_folder("cv-epoch0-") as shm:
         for name in programs:
-            runs = _program_runs(name, repeats, one_epoch, fs, work, log, total, files)
+            runs = _program_runs(name, repeats, one_epoch, fs, work, shm, log, total, files)
             best = {k: min(v, key=lambda r: r["seconds"][0]) for k, v in runs.items()}
             res["programs"][name] = {
                 "runs": runs,

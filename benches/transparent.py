@@ -46,12 +46,14 @@ def _repo_file(*parts) -> Path:
     return Path(__file__).resolve().parents[1].joinpath(*parts)
 
 
-def _env(work: Path) -> dict:
+def _env(work: Path, shm: Path) -> dict:
+    """The runs' variables: node-shared memory in ``shm`` (a tmpfs, as on a real node), the
+    index cache in ``work``."""
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
-    env["CLAIRVOYANT_SHM_DIR"] = str(work / "shm")
+    env["CLAIRVOYANT_SHM_DIR"] = str(shm)
     env["CLAIRVOYANT_CACHE_DIR"] = str(work / "cache")
-    (work / "shm").mkdir(parents=True, exist_ok=True)
+    shm.mkdir(parents=True, exist_ok=True)
     return env
 
 
@@ -67,7 +69,7 @@ def _crun(args: list, env: dict, timeout: float = 900) -> None:
         raise RuntimeError(f"clairvoyant run failed ({r.returncode}):\n{r.stderr[-3000:]}")
 
 
-def bench_torch(out: Path, log) -> dict:
+def bench_torch(out: Path, log, shm: Path) -> dict:
     from .emulation import FuseMount, fuse_unavailable, make_imagefolder
 
     why = fuse_unavailable()
@@ -78,7 +80,7 @@ def bench_torch(out: Path, log) -> dict:
     data = out / "bench" / "transparent-images"
     total = make_imagefolder(data, 8, 150, size_range=(224, 320), seed=4)
     work = Path(tempfile.mkdtemp(prefix="cv-transparent-", dir=out)).resolve()
-    env = _env(work)
+    env = _env(work, shm / "torch")
     res: dict = {"dataset_bytes": total, "files": 1200, "epochs": EPOCHS}
     with FuseMount(data, work / "mnt") as fs:
         mnt = str(fs.path)
@@ -131,7 +133,7 @@ def _lru_hit_rate(paths: list, sizes: dict, capacity: int, epochs: int) -> float
     return hits / later
 
 
-def bench_half(out: Path, log) -> dict:
+def bench_half(out: Path, log, shm: Path) -> dict:
     sys.path.insert(0, str(_repo_file("tests")))
     from transparent_reader import files  # the program's own listing
 
@@ -155,7 +157,7 @@ def bench_half(out: Path, log) -> dict:
     reader = str(_repo_file("tests", "transparent_reader.py"))
     res: dict = {"dataset_bytes": total, "capacity": capacity, "epochs": EPOCHS, "files": len(paths)}
     # Order unknown.
-    env = _env(work / "unknown")
+    env = _env(work / "unknown", shm / "unknown")
     stats = work / "unknown.json"
     log("transparent mode, cache 50 %, order unknown ...")
     _crun(["--dataset", str(root), "--config", cfg, "--stats-json", str(stats), "--",
@@ -175,7 +177,7 @@ def bench_half(out: Path, log) -> dict:
             o = list(paths)
             random.Random(e).shuffle(o)
             f.write("\n".join(o) + "\n\n")
-    env = _env(work / "known")
+    env = _env(work / "known", shm / "known")
     stats = work / "known.json"
     log("transparent mode, cache 50 %, --order-file ...")
     _crun(["--dataset", str(root), "--config", cfg, "--order-file", str(order), "--stats-json", str(stats), "--",
@@ -201,8 +203,11 @@ def bench_transparent(out: Path, log) -> dict:
         res["calls"] = preload.run()
     except Exception as e:  # noqa: BLE001 - reported, the rest still runs
         res["calls"] = {"skipped": str(e)}
-    res["half"] = bench_half(out, log)
-    res["torch"] = bench_torch(out, log)
+    from .emulation import shm_folder
+
+    with shm_folder("cv-transparent-") as shm:
+        res["half"] = bench_half(out, log, shm)
+        res["torch"] = bench_torch(out, log, shm)
     return res
 
 
