@@ -225,7 +225,10 @@ impl clairvoyant_net::Provider for SlowReads {
         g.0 += 1;
         g.1 = g.1.max(g.0);
         self.moved.notify_all();
-        let (mut g, _) = self.moved.wait_timeout_while(g, Duration::from_secs(5), |g| g.1 < self.want).unwrap();
+        let (mut g, _) = self
+            .moved
+            .wait_timeout_while(g, Duration::from_secs(5), |g| g.1 < self.want)
+            .unwrap();
         g.0 -= 1;
         clairvoyant_net::Served::Ready {
             bytes: Box::new(sample.to_le_bytes().to_vec()),
