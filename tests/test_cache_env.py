@@ -103,3 +103,24 @@ def test_a_job_leaves_only_its_index_in_the_cache_folder(tmp_path, monkeypatch):
     assert run() == files
     # Nothing of the job in the shared-memory folder either (the per-user folder stays).
     assert [f for _, _, fs in os.walk(shm) for f in fs] == []
+
+
+def test_a_second_job_over_the_same_dataset_is_told_it_caches_in_the_first_ones_classes(monkeypatch, capfd):
+    """Jobs of one process over one dataset share the first one's node cache (train and
+    validation, say); one that asks for other classes gets the first one's, and is told so."""
+    data = clairvoyant.Synthetic([123] * 77)
+    first = clairvoyant.Job(data, batch_size=7, epochs=1, rank=0, world_size=1)
+    assert [name for name, _, _ in first.placement()] == ["memory"]
+    monkeypatch.setenv("CLAIRVOYANT_MEMORY", "0")
+    capfd.readouterr()
+    second = clairvoyant.Job(data, batch_size=7, epochs=1, rank=0, world_size=1)
+    err = capfd.readouterr().err
+    assert "shares the node cache of another open job" in err and "(memory)" in err and "(none)" in err, err
+    assert second.placement() == first.placement()
+    assert sum(1 for _ in second.epoch(0)) == 77
+    second.close()
+    first.close()
+    # Alone, a job caches in its own classes.
+    alone = clairvoyant.Job(data, batch_size=7, epochs=1, rank=0, world_size=1)
+    assert alone.placement() == []
+    alone.close()

@@ -105,7 +105,14 @@ class LeaseHolder:
 
 class PeerServer:
     def __init__(
-        self, bind: str, secret: bytes, job: int, max_connections: int = 8192, io_timeout: float = 5.0, workers: int = 4
+        self,
+        bind: str,
+        secret: bytes,
+        job: int,
+        max_connections: int = 8192,
+        io_timeout: float = 5.0,
+        workers: int = 4,
+        waiters: int = 16,
     ) -> None: ...
     @property
     def address(self) -> str: ...

@@ -158,14 +158,7 @@ class PeerServer:
     @property
     def address(self) -> str: ...
     def __init__(
-        self,
-        bind: str,
-        secret: bytes,
-        job: int,
-        max_connections: int = 8192,
-        io_timeout: float = 5.0,
-        workers: int = 4,
-        waiters: int = 16,
+        self, bind: str, secret: bytes, job: int, max_connections: int = 8192, io_timeout: float = 5.0, workers: int = 4, waiters: int = 16
     ) -> None: ...
     def attach(self, engine: "Engine") -> None: ...
     def close(self) -> None: ...
