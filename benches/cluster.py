@@ -27,16 +27,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from . import demo
-from .emulation import node_env
-from .emulation import shm_root as shm_root_dir
+from .emulation import node_env, shm_folder
 
 # Accelerator / file-system speed. On 2 cores, 8 ranks and their decode workers share the CPU:
 # faster accelerators make the run CPU-bound for every loader (at the demo's 1.6 clairvoyant's
@@ -193,52 +190,51 @@ def _kill_run(work: Path, list_file: Path, total: int, kill: bool, nodes: int, e
     tag = f"{'kill' if kill else 'base'}-{os.getpid()}-{time.monotonic_ns()}"
     shared = work / f"shared-{tag}"
     shared.mkdir(mode=0o700)
-    procs, outs = [], []
-    shm_root = Path(tempfile.mkdtemp(prefix=f"cv-{tag}-", dir=shm_root_dir()))
-    for i in range(nodes):
-        shm = shm_root / f"node{i}"
-        shm.mkdir(mode=0o700)
-        out = work / f"{tag}-rank{i}.jsonl"
-        env = {
-            **os.environ,
-            "RANK": str(i),
-            "WORLD_SIZE": str(nodes),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            **node_env(i, shm, shared, tag),
-        }
-        argv = [sys.executable, str(script), str(list_file), str(config), str(out), str(epochs), str(step)]
-        procs.append(subprocess.Popen(argv, env=env))
-        outs.append(out)
+    with shm_folder(f"cv-{tag}-") as shm_root:  # the nodes' node-shared memory, removed at the end
+        procs, outs = [], []
+        for i in range(nodes):
+            shm = shm_root / f"node{i}"
+            shm.mkdir(mode=0o700)
+            out = work / f"{tag}-rank{i}.jsonl"
+            env = {
+                **os.environ,
+                "RANK": str(i),
+                "WORLD_SIZE": str(nodes),
+                "LOCAL_RANK": "0",
+                "LOCAL_WORLD_SIZE": "1",
+                **node_env(i, shm, shared, tag),
+            }
+            argv = [sys.executable, str(script), str(list_file), str(config), str(out), str(epochs), str(step)]
+            procs.append(subprocess.Popen(argv, env=env))
+            outs.append(out)
 
-    def lines(p):
+        def lines(p):
+            try:
+                return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+            except FileNotFoundError:
+                return []
+
+        victim = 1
         try:
-            return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
-        except FileNotFoundError:
-            return []
-
-    victim = 1
-    try:
-        if kill:
-            deadline = time.monotonic() + 300
-            # Epoch 2 has begun once epoch 1 is logged; kill a little into it.
-            while len(lines(outs[victim])) < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(0.3)
-            procs[victim].send_signal(signal.SIGKILL)
-        for i, p in enumerate(procs):
-            if kill and i == victim:
-                p.wait()
-                continue
-            if p.wait(timeout=600) != 0:
-                raise RuntimeError(f"rank {i} failed in the kill benchmark")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        shutil.rmtree(shm_root, ignore_errors=True)
-    return [lines(o) for o in outs]
+            if kill:
+                deadline = time.monotonic() + 300
+                # Epoch 2 has begun once epoch 1 is logged; kill a little into it.
+                while len(lines(outs[victim])) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.3)
+                procs[victim].send_signal(signal.SIGKILL)
+            for i, p in enumerate(procs):
+                if kill and i == victim:
+                    p.wait()
+                    continue
+                if p.wait(timeout=600) != 0:
+                    raise RuntimeError(f"rank {i} failed in the kill benchmark")
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return [lines(o) for o in outs]
 
 
 def bench_kill(out: Path, log, files: int = 3000, nodes: int = 4, epochs: int = 4) -> dict:

@@ -181,19 +181,17 @@ struct NodeShare {
     engines: AtomicUsize,
     /// The cluster-wide placement's view from this node (multi-node jobs).
     cluster: Option<ClusterShare>,
-    /// The classes the job that made it asked for (names, placement order): a later job that
-    /// asks for others is told it gets these.
-    classes: Vec<String>,
 }
 
 static NODE_SHARES: Mutex<Vec<std::sync::Weak<NodeShare>>> = Mutex::new(Vec::new());
 
 /// `names` joined by ", ", or "none".
-fn names_or_none(names: &[String]) -> String {
-    if names.is_empty() {
+fn names_or_none<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let joined = names.into_iter().collect::<Vec<_>>().join(", ");
+    if joined.is_empty() {
         "none".into()
     } else {
-        names.join(", ")
+        joined
     }
 }
 
@@ -373,16 +371,18 @@ impl Engine {
         clock: &dyn Clock,
     ) -> Result<Joined> {
         if let Some(node) = join_share(source.fingerprint(), source.len(), &spec.local_ranks) {
-            let asked: Vec<String> = useful.iter().map(|&j| model.classes[j].name.clone()).collect();
-            if asked != node.classes {
+            // The share's classes: those its placement summary names (one per class it asked for).
+            let theirs = node.summary.iter().map(|(name, _, _)| name.as_str());
+            let asked = useful.iter().map(|&j| model.classes[j].name.as_str());
+            if !theirs.clone().eq(asked.clone()) {
                 crate::tier::warn_once(
                     &format!("joined-classes:{:016x}", source.fingerprint()),
                     &format!(
                         "this job shares the node cache of another open job of this process over the \
                          same dataset, so it caches in that job's classes ({}), not in its own ({}); \
                          close the other job first to cache differently",
-                        names_or_none(&node.classes),
-                        names_or_none(&asked)
+                        names_or_none(theirs),
+                        names_or_none(asked)
                     ),
                 );
             }
@@ -552,7 +552,6 @@ impl Engine {
             offset: placement.offset,
             stores,
             summary: placement_summary,
-            classes: specs.iter().map(|c| c.name.clone()).collect(),
             fingerprint: source.fingerprint(),
             local_ranks: spec.local_ranks.clone(),
             ranks: Mutex::new(vec![spec.rank]),
