@@ -538,6 +538,21 @@ def test_secret_foreign_owned_file_is_refused(monkeypatch, shared):
         _secret_as_rank1(monkeypatch, shared)
 
 
+def test_a_waiting_rank_notices_what_it_waits_for_within_a_quarter_of_the_wait():
+    """Polls pause 1 ms at first, each pause a quarter longer than the last, at most 50 ms: what
+    appears after t seconds is seen by t * 1.25 + 1 ms (doubling saw it as late as 2t)."""
+    pauses = _cluster._pauses()
+    first = [next(pauses) for _ in range(40)]
+    assert first[0] == 0.001 and max(first) == _cluster._MAX_SLEEP_S
+    assert all(b <= a * 1.25 + 1e-12 for a, b in zip(first, first[1:]))
+    for k in range(1, 4000):
+        appears = k * 0.0025  # up to 10 s
+        pauses, slept = _cluster._pauses(), 0.0
+        while slept < appears:
+            slept += next(pauses)
+        assert slept <= appears * 1.26 + 0.001, (appears, slept)
+
+
 def test_secret_rank0_never_showing_up_times_out(monkeypatch, shared):
     t0 = time.monotonic()
     with pytest.raises(_cluster.RendezvousError, match="rank 0 of 2 did not create the job secret"):

@@ -53,10 +53,23 @@ SECRET_BYTES = 32
 PROGRESS_AFTER_S = 5.0
 # Polling a shared directory backs off from 1 ms to this (no busy loop; NFS has no inotify).
 _MAX_SLEEP_S = 0.05
+# Each pause of a poll is this much longer than the one before.
+_SLEEP_GROWTH = 1.25
 _MPI_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 _MAGIC = b"CVRDV1\0\0"
 _HEADER = struct.Struct("<8sQQQ")  # magic, rank, world size, payload length
 _SECRET_DOMAIN = b"clairvoyant job secret v1\0"
+
+
+def _pauses():
+    """The pauses of a poll for what another process will do: 1 ms, then each a quarter longer
+    than the last, up to _MAX_SLEEP_S. A wait then overshoots the moment it could end by at most
+    a quarter of its length (doubling let it overshoot by its whole length: 30 ms on a 30 ms
+    rendezvous), for about ten more polls in its first 0.2 s."""
+    pause = 0.001
+    while True:
+        yield pause
+        pause = min(pause * _SLEEP_GROWTH, _MAX_SLEEP_S)
 
 _generations: dict = {}
 _stores: dict = {}
@@ -451,7 +464,7 @@ def _allgather_store(payload, rank, world_size, run, generation, timeout):
 
 
 def _mpi_wait(request, deadline, timeout, what):
-    sleep = 0.001
+    pauses = _pauses()
     while not request.Test():
         if time.monotonic() >= deadline:
             raise RendezvousError(
@@ -460,8 +473,7 @@ def _mpi_wait(request, deadline, timeout, what):
                 where="COMM_WORLD",
                 timeout=timeout,
             )
-        time.sleep(sleep)
-        sleep = min(sleep * 2, _MAX_SLEEP_S)
+        time.sleep(next(pauses))
 
 
 def _allgather_mpi(payload, rank, world_size, timeout):
@@ -549,7 +561,7 @@ def _allgather_file(payload, rank, world_size, run, generation, timeout, cancel=
     _write_atomic(mine, _HEADER.pack(_MAGIC, rank, world_size, len(payload)) + payload)
     progress = _Progress(rank, world_size, "file", where)
     names = {r: f"rank-{r}" for r in range(world_size) if r != rank}
-    sleep = 0.001
+    pauses = _pauses()
     while True:
         present = set(os.listdir(gen_dir))
         missing = [r for r, n in names.items() if n not in present]
@@ -558,7 +570,7 @@ def _allgather_file(payload, rank, world_size, run, generation, timeout, cancel=
         if time.monotonic() >= deadline:
             raise _timeout_error(missing, world_size, timeout, "file", where)
         progress.tick(missing)
-        pause = min(sleep, max(0.0, deadline - time.monotonic()))
+        pause = min(next(pauses), max(0.0, deadline - time.monotonic()))
         if cancel is not None and cancel.wait(pause):
             # The caller gave up (a member is gone): nobody alive waits for this file.
             _remove_generation_file(mine, gen_dir, run_dir)
@@ -567,7 +579,6 @@ def _allgather_file(payload, rank, world_size, run, generation, timeout, cancel=
             )
         if cancel is None:
             time.sleep(pause)
-        sleep = min(sleep * 2, _MAX_SLEEP_S)
     out = []
     for r in range(world_size):
         if r == rank:
@@ -685,7 +696,7 @@ def _secret_file(directory: str, rank: int, world_size: int, run: str, timeout: 
                 pass
     deadline = time.monotonic() + timeout
     progress = _Progress(rank, world_size, "file", path)
-    sleep = 0.001
+    pauses = _pauses()
     while not os.path.lexists(path):
         if time.monotonic() >= deadline:
             raise RendezvousError(
@@ -696,8 +707,7 @@ def _secret_file(directory: str, rank: int, world_size: int, run: str, timeout: 
                 timeout=timeout,
             )
         progress.tick([0])
-        time.sleep(sleep)
-        sleep = min(sleep * 2, _MAX_SLEEP_S)
+        time.sleep(next(pauses))
     data = _read_private(path)
     if len(data) < SECRET_BYTES:
         raise ConfigError(f"refusing {path}: {len(data)} bytes, a job secret has {SECRET_BYTES}")
