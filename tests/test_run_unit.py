@@ -5,8 +5,10 @@ sampler hook's notices."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
+
 import pytest
 
 from clairvoyant import _native
@@ -110,6 +112,41 @@ def test_the_sampler_order_notice_says_what_the_order_leaves_out(tmp_path):
     assert "val/ of the root are not in it" in _coverage(str(tmp_path), files, None)
     # The order covers the whole root.
     assert "outside" not in _coverage(str(tmp_path / "train"), files, 6)
+
+
+def test_the_order_files_are_written_once_per_node(tmp_path):
+    # The node's first rank writes them and leaves a mark; the others wait for the mark; a rank
+    # whose first rank never comes writes them itself; a mark left by an earlier run stands.
+    import threading
+
+    from clairvoyant._sampler_hook import _orders_once
+
+    pattern, writes = str(tmp_path / "order-k-node{node}.txt"), []
+
+    def write(who):
+        def run():
+            time.sleep(0.05)  # the others are waiting meanwhile
+            (tmp_path / "order-k-node0.txt").write_text("a\n")
+            writes.append(who)
+            return {who}
+
+        return run
+
+    got = {}
+    others = [threading.Thread(target=lambda r=r: got.__setitem__(r, _orders_once(pattern, False, write(r)))) for r in (1, 2, 3)]
+    for t in others:
+        t.start()
+    got[0] = _orders_once(pattern, True, write(0))
+    for t in others:
+        t.join()
+    assert writes == [0] and got == {0: {0}, 1: None, 2: None, 3: None}
+    assert (tmp_path / "order-k-nodewritten.txt").exists()
+    # An earlier run's mark: nobody writes.
+    assert _orders_once(pattern, True, write(9)) is None and writes == [0]
+    # The first rank never comes: the waiting rank writes after its patience.
+    alone = str(tmp_path / "order-j-node{node}.txt")
+    assert _orders_once(alone, False, write(5), patience=0.2) == {5} and writes == [0, 5]
+    assert not (tmp_path / "order-j-nodewritten.txt").exists()
 
 
 def test_the_sampler_hook_says_an_iterable_dataset_has_no_order(monkeypatch, capsys):

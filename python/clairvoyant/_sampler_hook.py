@@ -20,14 +20,19 @@ from . import _settings
 _done = False
 
 
-def _notice(msg: str, first_of_node: bool | None = None) -> None:
-    """One line on stderr, once per node: from the node's first rank (``first_of_node``, else
-    the launcher's local rank 0, or a process started alone)."""
+def _says(first_of_node: bool | None = None) -> bool:
+    """Whether this process prints the node's notices: the node's first rank (``first_of_node``,
+    else the launcher's local rank 0, or a process started alone), unless CLAIRVOYANT_QUIET."""
     if first_of_node is None:
         from ._run import reports_stats
 
         first_of_node = reports_stats(os.environ)
-    if first_of_node and not _settings.get("CLAIRVOYANT_QUIET", False):
+    return bool(first_of_node) and not _settings.get("CLAIRVOYANT_QUIET", False)
+
+
+def _notice(msg: str, first_of_node: bool | None = None) -> None:
+    """One line on stderr, once per node (see :func:`_says`)."""
+    if _says(first_of_node):
         print(f"clairvoyant run: {msg}", file=sys.stderr, flush=True)
 
 
@@ -159,19 +164,53 @@ def plan(loader) -> bool:
     epochs = _settings.get("CLAIRVOYANT_EPOCHS", 3)
     first = epoch_of(sampler) or 0
     directory = os.path.dirname(socket)
-    # Every rank computes the same orders: the same name, so the agent sees one order.
-    facts = repr((root, len(files), world, nodes, sampler.seed, sampler.shuffle, sampler.drop_last, epochs, first))
+    # Every rank derives the same name, so the agent sees one order. The name covers the
+    # dataset's files: order files an earlier run left on this agent are taken only if the same.
+    listed = hashlib.blake2b("\0".join(files).encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    facts = repr((root, len(files), listed, world, nodes, sampler.seed, sampler.shuffle, sampler.drop_last, epochs, first))
     key = hashlib.blake2b(facts.encode(), digest_size=8).hexdigest()
     pattern = os.path.join(directory, f"order-{key}-node{{node}}.txt")
-    covered = _write_orders(pattern, pred, files, nodes, per_node, first, epochs)
+    covered = _orders_once(pattern, first_of_node, lambda: _write_orders(pattern, pred, files, nodes, per_node, first, epochs))
     took, total = _send(socket, pattern, first_of_node)
     if not took:
         return False
-    _notice(
-        f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_coverage(root, covered, total)}",
-        first_of_node,
-    )
+    if _says(first_of_node):
+        if covered is None:  # written before, by an earlier run on this agent
+            covered = set().union(*(_order_files_of(pattern.replace("{node}", str(n))) for n in range(nodes)))
+        _notice(f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_coverage(root, covered, total)}")
     return True
+
+
+def _orders_once(pattern: str, first_of_node: bool, write, patience: float = 5.0):
+    """Have the order files written once per node, and return what ``write`` returned where this
+    rank ran it (else None). The files are the same for every rank: the node's first rank runs
+    ``write`` and then leaves a mark, the node's other ranks wait for the mark. A rank that waits
+    ``patience`` seconds (the first rank iterates another loader first, or died) writes the files
+    itself. The mark stays with the files: a later run of the same job on this agent (the same
+    name, see :func:`plan`) finds them written."""
+    import time
+
+    mark = pattern.replace("{node}", "written")
+    if os.path.exists(mark):
+        return None
+    if first_of_node:
+        out = write()
+        with open(mark, "w"):
+            pass
+        return out
+    deadline, pause = time.monotonic() + patience, 0.001
+    while not os.path.exists(mark):
+        if time.monotonic() >= deadline:
+            return write()
+        time.sleep(pause)
+        pause = min(pause * 1.25, 0.05)
+    return None
+
+
+def _order_files_of(path: str) -> set:
+    """The files one node's order file names."""
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        return {line for line in f.read().split("\n") if line}
 
 
 def _coverage(root: str, covered: set, total) -> str:
@@ -189,15 +228,18 @@ def _coverage(root: str, covered: set, total) -> str:
     def named(e):
         return e + ("/" if os.path.isdir(os.path.join(root, e)) else "")
 
-    others = [named(e) for e in entries if e not in tops]
-    where = ", ".join(sorted(named(e) for e in tops)[:5])
+    def shown(names):
+        # Only the five named are looked up: a flat root holds the whole dataset's files.
+        return ", ".join(named(e) for e in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+    others = [e for e in entries if e not in tops]
+    where = ", ".join(named(e) for e in sorted(tops)[:5])
     text = f"; the order covers {len(covered)} files, under {where}"
     if isinstance(total, int) and total > len(covered):
         text += f", of the {total} files of the dataset; files outside it: {total - len(covered)}"
         if others:
-            text += " (" + ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "") + ")"
+            text += f" ({shown(others)})"
         text += ", cached when first read"
     elif others:
-        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-        text += f": {shown} of the root are not in it"
+        text += f": {shown(others)} of the root are not in it"
     return text
