@@ -3,8 +3,9 @@
 At the first ``iter()`` of a DataLoader (in the main process) whose dataset's files lie under
 the dataset root and whose sampler is a ``DistributedSampler`` (every rank's order is a function
 of the seed and the epoch: the one-line drop-in's predictor, :mod:`clairvoyant.torch._order`),
-this writes every node's reads for the next epochs as order files into the agent's private
-directory and sends the agent a ``Plan``. The agent places and prefetches by it, as with
+the node's first rank writes every node's reads for the next epochs as order files into the
+agent's private directory (the node's other ranks wait for them), and every rank sends the agent
+a ``Plan`` before its workers read. The agent places and prefetches by it, as with
 ``--order-file``; it refuses (a notice here) when a program already read the dataset. Epochs
 planned: ``CLAIRVOYANT_EPOCHS``, else 3. Ranks are assumed on nodes in contiguous blocks
 (rank r on node r // (world size / nodes)), as torchrun, srun and mpirun place them by default."""
