@@ -119,7 +119,8 @@ pub mod env {
         "CLAIRVOYANT_CACHE_DIR",
         Kind::Path,
         "$XDG_CACHE_HOME/clairvoyant, else $HOME/.cache/clairvoyant, else <temp dir>/clairvoyant",
-        "Directory for clairvoyant's own small files: dataset indices and system.toml. Created 0700; \
+        "Directory for clairvoyant's own small files: dataset indices and system.toml. An index no job \
+         used for 30 days is removed when a scan writes another. Created 0700; \
          it must be yours and writable by nobody else (in a world-writable sticky folder such as /tmp, \
          its private subfolder clairvoyant-<uid> is used).",
     );

@@ -9,7 +9,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::Source;
 use crate::error::{Error, Result};
@@ -582,6 +582,7 @@ pub(crate) fn load_or_build<I: IndexFile>(
     if let Some(ix) = try_load::<I>(path, identity, explicit)? {
         if ix.freshness() == Freshness::Fresh {
             IndexLock::reclaim(path);
+            mark_used(path);
             return Ok((ix, true));
         }
     }
@@ -591,7 +592,10 @@ pub(crate) fn load_or_build<I: IndexFile>(
     // is as fresh as a scan we would start now, so take it rather than scanning once per rank.
     if let Some(ix) = try_load::<I>(path, identity, explicit)? {
         match ix.freshness() {
-            Freshness::Fresh => return Ok((ix, true)),
+            Freshness::Fresh => {
+                mark_used(path);
+                return Ok((ix, true));
+            }
             Freshness::Racy if ix.built_ns() >= call_start => return Ok((ix, true)),
             _ => {}
         }
@@ -599,7 +603,73 @@ pub(crate) fn load_or_build<I: IndexFile>(
     let mut ix = build()?;
     ix.seal(identity)?;
     secure::write_private(path, &ix.to_bytes())?;
+    if !explicit {
+        prune_unused(path);
+    }
     Ok((ix, false))
+}
+
+/// Index files in a cache folder that no job used for this long are removed when another is
+/// written beside them: datasets come and go, and the folder would otherwise keep every index
+/// it ever held.
+pub(crate) const UNUSED_FOR: Duration = Duration::from_secs(30 * 24 * 3600);
+/// A reused index's modification time is moved to now when it is older than this: the time
+/// [`prune_unused`] goes by, at most one write a day per index.
+const MARK_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// The age of `m`'s modification time (zero if in the future or unknown).
+fn age(m: &fs::Metadata) -> Duration {
+    m.modified()
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .unwrap_or(Duration::ZERO)
+}
+
+/// Note that the index at `path` was used: its modification time becomes now, if older than
+/// [`MARK_AFTER`]. Failing (a read-only folder, an index of another user's) changes nothing.
+fn mark_used(path: &Path) {
+    let Ok(m) = fs::symlink_metadata(path) else { return };
+    if age(&m) <= MARK_AFTER {
+        return;
+    }
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: a NUL-terminated path; null times mean now; the call follows no symbolic link.
+    unsafe {
+        libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), libc::AT_SYMLINK_NOFOLLOW);
+    }
+}
+
+/// Whether `name` is one of the index files this crate writes (`index-` or `container-`, 16
+/// hex digits, `.cvidx`).
+fn is_index_file_name(name: &OsStr) -> bool {
+    let Some(name) = name.to_str() else { return false };
+    let Some(stem) = name.strip_suffix(FILE_SUFFIX) else {
+        return false;
+    };
+    let hex = stem.strip_prefix("index-").or_else(|| stem.strip_prefix("container-"));
+    hex.is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Remove the index files beside `written` (this user's regular files, by their names) that
+/// were not used for [`UNUSED_FOR`]. Runs after a scan wrote `written`, so once per new or
+/// changed dataset; whatever cannot be removed stays.
+fn prune_unused(written: &Path) {
+    let Some(dir) = written.parent() else { return };
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p == written || !is_index_file_name(&e.file_name()) {
+            continue;
+        }
+        let Ok(m) = fs::symlink_metadata(&p) else { continue };
+        if m.file_type().is_file() && m.uid() == me && age(&m) > UNUSED_FOR {
+            let _ = fs::remove_file(&p);
+        }
+    }
 }
 
 /// A dataset of plain files described by an [`Index`]: one file per sample, read whole.
@@ -852,6 +922,59 @@ mod tests {
         assert!(!reused, "a changed directory is rescanned");
         let err = load_or_build(&ip, OsStr::new("dir:/elsewhere"), true, build).unwrap_err();
         assert!(matches!(err, Error::BadIndex { .. }), "{err}");
+    }
+
+    /// Index files no job used for 30 days go when a scan writes another beside them; an old
+    /// index that is reused is marked used and stays; other files and recent indexes stay.
+    #[test]
+    fn unused_index_files_are_removed_when_another_is_written() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        fs::create_dir(&data).unwrap();
+        File::open(&data)
+            .unwrap()
+            .set_modified(SystemTime::now() - Duration::from_secs(60))
+            .unwrap();
+        let build = || {
+            let mut ix = sample_index(&data);
+            ix.dirs = vec![DirStamp {
+                path: data.clone(),
+                mtime_ns: dir_mtime_ns(&data).unwrap(),
+            }];
+            ix.scan_start_ns = now_ns();
+            ix.built_ns = now_ns();
+            Ok(ix)
+        };
+        let dir = d.path().join("cache");
+        let id = OsString::from(format!("dir:{}", data.display()));
+        let used = dir.join(Index::file_name("used"));
+        load_or_build(&used, id.as_os_str(), false, build).unwrap();
+        let stale = dir.join(Index::file_name("gone"));
+        let stale_container = dir.join("container-0123456789abcdef.cvidx");
+        let recent = dir.join(Index::file_name("recent"));
+        let other = dir.join("notes-0123456789abcdef.cvidx");
+        for p in [&stale, &stale_container, &recent, &other] {
+            fs::write(p, b"x").unwrap();
+        }
+        let long_ago = SystemTime::now() - UNUSED_FOR - Duration::from_secs(3600);
+        for p in [&stale, &stale_container, &other, &used] {
+            File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(long_ago)
+                .unwrap();
+        }
+        let (_, reused) = load_or_build::<Index>(&used, id.as_os_str(), false, || panic!("must not rescan")).unwrap();
+        assert!(reused);
+        // A scan writes a new index beside them.
+        let new = dir.join(Index::file_name("new"));
+        let (_, reused) = load_or_build(&new, id.as_os_str(), false, build).unwrap();
+        assert!(!reused);
+        assert!(!stale.exists() && !stale_container.exists());
+        for kept in [&used, &recent, &other, &new] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
     }
 
     /// The lock file lives only while a scan holds it; one a killed scanner left is removed by
