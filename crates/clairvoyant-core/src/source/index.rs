@@ -890,26 +890,34 @@ mod tests {
         }
     }
 
+    /// A dataset folder `data` in `parent`, back-dated so that a first scan of it is not racy.
+    fn scanned_dir(parent: &Path) -> PathBuf {
+        let data = parent.join("data");
+        fs::create_dir(&data).unwrap();
+        File::open(&data)
+            .unwrap()
+            .set_modified(SystemTime::now() - Duration::from_secs(60))
+            .unwrap();
+        data
+    }
+
+    /// What a scan of `data` made now would record.
+    fn scan_of(data: &Path) -> Result<Index> {
+        let mut ix = sample_index(data);
+        ix.dirs = vec![DirStamp {
+            path: data.to_path_buf(),
+            mtime_ns: dir_mtime_ns(data).unwrap(),
+        }];
+        ix.scan_start_ns = now_ns();
+        ix.built_ns = now_ns();
+        Ok(ix)
+    }
+
     #[test]
     fn load_or_build_scans_once_then_reuses() {
         let d = tempfile::tempdir().unwrap();
-        let data = d.path().join("data");
-        fs::create_dir(&data).unwrap();
-        // Back-date the directory so the first scan is not racy.
-        File::open(&data)
-            .unwrap()
-            .set_modified(SystemTime::now() - std::time::Duration::from_secs(60))
-            .unwrap();
-        let build = || {
-            let mut ix = sample_index(&data);
-            ix.dirs = vec![DirStamp {
-                path: data.clone(),
-                mtime_ns: dir_mtime_ns(&data).unwrap(),
-            }];
-            ix.scan_start_ns = now_ns();
-            ix.built_ns = now_ns();
-            Ok(ix)
-        };
+        let data = scanned_dir(d.path());
+        let build = || scan_of(&data);
         let ip = d.path().join("ix").join(Index::file_name("id"));
         let id = OsString::from(format!("dir:{}", data.display()));
         let (a, reused) = load_or_build(&ip, id.as_os_str(), false, build).unwrap();
@@ -929,22 +937,8 @@ mod tests {
     #[test]
     fn unused_index_files_are_removed_when_another_is_written() {
         let d = tempfile::tempdir().unwrap();
-        let data = d.path().join("data");
-        fs::create_dir(&data).unwrap();
-        File::open(&data)
-            .unwrap()
-            .set_modified(SystemTime::now() - Duration::from_secs(60))
-            .unwrap();
-        let build = || {
-            let mut ix = sample_index(&data);
-            ix.dirs = vec![DirStamp {
-                path: data.clone(),
-                mtime_ns: dir_mtime_ns(&data).unwrap(),
-            }];
-            ix.scan_start_ns = now_ns();
-            ix.built_ns = now_ns();
-            Ok(ix)
-        };
+        let data = scanned_dir(d.path());
+        let build = || scan_of(&data);
         let dir = d.path().join("cache");
         let id = OsString::from(format!("dir:{}", data.display()));
         let used = dir.join(Index::file_name("used"));
