@@ -178,7 +178,10 @@ def plan(loader) -> bool:
     if _says(first_of_node):
         if covered is None:  # written before, by an earlier run on this agent
             covered = set().union(*(_order_files_of(pattern.replace("{node}", str(n))) for n in range(nodes)))
-        _notice(f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_coverage(root, covered, total)}")
+        _notice(
+            f"the node agent places by the sampler's order ({epochs} epochs from epoch {first}){_coverage(root, covered, total)}",
+            first_of_node,
+        )
     return True
 
 
