@@ -202,12 +202,13 @@ def _orders_once(pattern: str, first_of_node: bool, write, patience: float = 5.0
         with open(mark, "w"):
             pass
         return out
-    deadline, pause = time.monotonic() + patience, 0.001
+    from ._cluster import _pauses  # imported while this rank waits anyway
+
+    deadline, pauses = time.monotonic() + patience, _pauses()
     while not os.path.exists(mark):
         if time.monotonic() >= deadline:
             return write()
-        time.sleep(pause)
-        pause = min(pause * 1.25, 0.05)
+        time.sleep(next(pauses))
     return None
 
 
