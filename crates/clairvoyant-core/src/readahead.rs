@@ -491,6 +491,11 @@ impl Gate {
         self.lock().ctl.config().max
     }
 
+    /// Samples staging must be ahead of the consumer to be not urgent ([`Controller::far`]).
+    pub fn far(&self) -> u64 {
+        self.lock().ctl.far()
+    }
+
     /// The current number of concurrent fetches allowed.
     pub fn target(&self) -> usize {
         self.lock().ctl.target()

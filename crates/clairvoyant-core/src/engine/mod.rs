@@ -232,6 +232,9 @@ struct Inner {
     /// How many times the ring was found truncated (its staged samples marked lost).
     ring_losses: AtomicU64,
     ring_cap: u64,
+    /// Most ring bytes staged ahead of the consumer (see `staging::Inner::slot_for`): twice the
+    /// read-concurrency controller's far mark in typical samples, within the ring.
+    ring_lead: u64,
     max_entries: usize,
     st: Mutex<StagingState>,
     produced: Condvar,
@@ -1115,6 +1118,7 @@ impl Inner {
         let stamps = f > 0 && std::fs::metadata(source.path(0)).is_ok_and(|m| m.is_file());
         let readers = spec.local_ranks.len() as u32;
         let (fs_readers, fs_index) = fs_readers(spec);
+        let readahead = crate::readahead::staging_gate(model, p.typical, fs_readers, fs_index);
         Inner {
             source,
             batch_ends: RwLock::new(p.stream.batch_ends),
@@ -1127,6 +1131,7 @@ impl Inner {
             ring: p.ring,
             ring_losses: AtomicU64::new(0),
             ring_cap: p.ring_cap,
+            ring_lead: (readahead.far() * p.typical.max(1)).min(p.ring_cap),
             // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples
             // served from the memory class take no ring space, so this must cover every batch a
             // consumer keeps in flight (e.g. decode workers x prefetch depth x batch size) or
@@ -1165,7 +1170,7 @@ impl Inner {
             served_bytes: AtomicU64::new(0),
             prefilled: std::sync::OnceLock::new(),
             owner_pid: pid::current(),
-            readahead: crate::readahead::staging_gate(model, p.typical, fs_readers, fs_index),
+            readahead,
         }
     }
 }

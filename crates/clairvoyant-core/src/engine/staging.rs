@@ -115,6 +115,14 @@ pub(super) struct StagingState {
     pub(super) next_alloc: u64,
     pub(super) next_consume: u64,
     pub(super) ring_head: u64,
+    /// The end of the newest ring slot the consumer took (or skipped): the ring's bytes staged
+    /// ahead of the consumer are `ring_head - ring_taken`.
+    pub(super) ring_taken: u64,
+    /// Ring bytes skipped at the ring's end (start, length) that the consumer has not passed.
+    pub(super) ring_gaps: VecDeque<(u64, u64)>,
+    /// A producer waits for the consumer to take ring bytes (the lead is full, see
+    /// [`Inner::slot_for`]).
+    pub(super) lead_full: bool,
     /// Where the ring's live bytes begin as far as `entries` go (see [`StagingState::tail`]).
     pub(super) ring_tail: u64,
     /// The access stream from position `stream_base` on: the passes not yet consumed. Passes
@@ -139,6 +147,9 @@ impl StagingState {
             next_alloc: 0,
             next_consume: 0,
             ring_head: 0,
+            ring_taken: 0,
+            ring_gaps: VecDeque::new(),
+            lead_full: false,
             ring_tail: 0,
             stream,
             stream_base: 0,
@@ -161,6 +172,20 @@ impl StagingState {
     /// The epoch holding `pos` (the last epoch for the stream's end).
     pub(super) fn epoch_of(&self, pos: u64) -> u32 {
         (self.epoch_starts.partition_point(|&s| s <= pos).max(1) - 1) as u32
+    }
+
+    /// Ring bytes staged ahead of the consumer (the skipped ends of the ring not counted).
+    pub(super) fn ring_ahead(&self) -> u64 {
+        let skipped: u64 = self.ring_gaps.iter().map(|g| g.1).sum();
+        self.ring_head.saturating_sub(self.ring_taken).saturating_sub(skipped)
+    }
+
+    /// The consumer took (or skipped) the ring's bytes up to `end`.
+    pub(super) fn ring_took(&mut self, end: u64) {
+        self.ring_taken = self.ring_taken.max(end);
+        while self.ring_gaps.front().is_some_and(|g| g.0 < self.ring_taken) {
+            self.ring_gaps.pop_front();
+        }
     }
 
     /// Where the ring's live bytes begin.
@@ -280,6 +305,12 @@ impl RingBuf {
         }
         self.reserved.store(to, Ordering::Release);
         true
+    }
+
+    /// Bytes from the ring's start whose blocks are reserved (and were written, or are about to
+    /// be).
+    pub(super) fn reserved(&self) -> u64 {
+        self.reserved.load(Ordering::Acquire)
     }
 
     /// Whether the ring's file still has its size. If someone truncated it, its size is given
@@ -453,15 +484,35 @@ impl Inner {
                 }
             }
             _ => {
-                // Contiguous ring space; skip the ring's tail end if it is too short.
+                // Contiguous ring space; skip the ring's tail end if it is too short. Past the
+                // reserved blocks, start again at the ring's beginning when what is live leaves
+                // room there for a whole lead as well: blocks written before cost no page
+                // faults, and the ring uses only as much memory as the consumer holds and staging
+                // keeps ahead of it.
                 let phys = st.ring_head % self.ring_cap;
-                let start = if phys + len > self.ring_cap {
-                    st.ring_head + (self.ring_cap - phys)
+                let wrapped = st.ring_head + (self.ring_cap - phys);
+                let start = if phys + len > self.ring_cap
+                    || (phys > 0
+                        && phys + len > self.ring.reserved()
+                        && wrapped + len + self.ring_lead - st.tail() <= self.ring_cap)
+                {
+                    wrapped
                 } else {
                     st.ring_head
                 };
                 let fits = start + len - st.tail() <= self.ring_cap;
+                // Staging ahead of the consumer holds at most the lead's bytes: from memory or
+                // another node a sample comes in far less time than the lead takes to consume,
+                // and filling the whole ring at once (as soon as the first epoch's file-system
+                // reads end) would only take the cores from the training steps in a burst.
+                if !starved && st.ring_ahead() + len > self.ring_lead.max(len) {
+                    st.lead_full = true;
+                    return None;
+                }
                 if fits && self.ring.reserve(start % self.ring_cap + len) {
+                    if start > st.ring_head {
+                        st.ring_gaps.push_back((st.ring_head, start - st.ring_head));
+                    }
                     st.ring_head = start + len;
                     Slot::Ring { start, len }
                 } else if fits || starved {
@@ -572,6 +623,12 @@ impl Inner {
     fn take(&self, mut st: MutexGuard<'_, StagingState>, pos: u64) -> Taken {
         let idx = (pos - st.base()) as usize;
         st.next_consume += 1;
+        if let Slot::Ring { start, len } = st.entries[idx].slot {
+            st.ring_took(start + len);
+            if std::mem::take(&mut st.lead_full) {
+                self.freed.notify_one();
+            }
+        }
         let epoch = st.epoch_of(pos);
         if self.round.load(Ordering::Relaxed) <= epoch {
             self.round.fetch_max(epoch + 1, Ordering::Relaxed);
@@ -796,6 +853,7 @@ impl Inner {
             let mut e = st.entries.pop_front().expect("entry of an allocated position");
             if let Slot::Ring { start, len } = e.slot {
                 st.ring_tail = start + len;
+                st.ring_took(start + len);
             }
             let keep = if pos < from {
                 // Handed out: the consumer may still read it.
