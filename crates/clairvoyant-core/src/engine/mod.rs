@@ -232,7 +232,7 @@ struct Inner {
     /// How many times the ring was found truncated (its staged samples marked lost).
     ring_losses: AtomicU64,
     ring_cap: u64,
-    /// Most ring bytes staged ahead of the consumer (see `staging::Inner::slot_for`): twice the
+    /// Most ring bytes staged ahead of the consumer (see `staging::Inner::slot_for`): the
     /// read-concurrency controller's far mark in typical samples, within the ring.
     ring_lead: u64,
     max_entries: usize,

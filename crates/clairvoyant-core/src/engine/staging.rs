@@ -116,7 +116,8 @@ pub(super) struct StagingState {
     pub(super) next_consume: u64,
     pub(super) ring_head: u64,
     /// The end of the newest ring slot the consumer took (or skipped): the ring's bytes staged
-    /// ahead of the consumer are `ring_head - ring_taken`.
+    /// ahead of the consumer are those from there to `ring_head`, less the skipped ends of the
+    /// ring in between ([`StagingState::ring_ahead`]).
     pub(super) ring_taken: u64,
     /// Ring bytes skipped at the ring's end (start, length) that the consumer has not passed.
     pub(super) ring_gaps: VecDeque<(u64, u64)>,
