@@ -154,7 +154,11 @@ class RankContext:
         self.barrier.wait()
 
 
-def _rank_main(fn, rank, world_size, barrier, results, env, args):
+def _rank_main(call: str, rank, world_size, barrier, results, env):
+    import pickle
+
+    with open(call, "rb") as f:
+        fn, args = pickle.load(f)
     os.environ.update(env)
     # A spawned process defaults to spawning its own children; a rank started by torchrun,
     # srun or mpirun forks them (the platform default), and so must these: otherwise every
@@ -244,9 +248,16 @@ def run_ranks(
     node has its own node id and its own shared-memory directory (so nodes share no cache),
     the nodes meet through a private shared directory, and servers listen on loopback
     (:func:`node_env`); ``per_node_env(i)`` adds variables for node i. If any rank fails, the barrier is broken so the
-    others stop too, and a RuntimeError carrying the failing rank's traceback is raised.
+    others stop too, and a RuntimeError carrying the failing rank's traceback is raised; a rank
+    that exits without reporting (killed, or failed before it ran) raises one naming it.
+
+    ``fn`` and ``args`` reach the ranks through a file, not the start-up pipe: a child that
+    dies while starting (its main module re-run without a ``__main__`` guard, an import that
+    fails) leaves the parent blocked for ever writing more than a pipe holds into it (the
+    parent keeps the pipe's read end open while it writes).
     """
-    import tempfile
+    import pickle
+    import queue
 
     if nodes < 1 or world_size % nodes:
         raise ValueError(f"{world_size} ranks cannot be split into {nodes} equal nodes")
@@ -256,6 +267,10 @@ def run_ranks(
     results = ctx.Queue()
     procs = []
     scratch = tempfile.mkdtemp(prefix="clairvoyant-nodes-", dir=shm_root()) if nodes > 1 else None
+    calls = tempfile.mkdtemp(prefix="clairvoyant-ranks-")
+    call = os.path.join(calls, "call.pickle")
+    with open(call, "wb") as f:
+        pickle.dump((fn, tuple(args)), f)
     for rank in range(world_size):
         node = rank // per_node
         penv = {
@@ -272,27 +287,31 @@ def run_ranks(
             penv.update(node_env(node, shm, os.path.join(scratch, "shared"), f"emulated-{os.getpid()}-{os.path.basename(scratch)}"))
             penv.update(per_node_env(node) if per_node_env else {})
         penv.update(env or {})
-        p = ctx.Process(target=_rank_main, args=(fn, rank, world_size, barrier, results, penv, tuple(args)), daemon=False)
+        p = ctx.Process(target=_rank_main, args=(call, rank, world_size, barrier, results, penv), daemon=False)
         p.start()
         procs.append(p)
     outs: dict[int, Any] = {}
     errors: list[str] = []
+    reported: set[int] = set()
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        while len(outs) + len(errors) < world_size:
+        while len(reported) < world_size:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # A rank's report is in the queue before the rank has exited: one that had exited
+            # before a wait that then found the queue empty sent none.
+            gone = [(r, p) for r, p in enumerate(procs) if r not in reported and p.exitcode is not None]
             try:
-                rank, ok, value = results.get(timeout=min(wait, 5.0) if wait is not None else 5.0)
-            except Exception:  # queue.Empty
+                rank, ok, value = results.get(timeout=min(wait, 1.0) if wait is not None else 1.0)
+            except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     barrier.abort()  # ranks waiting at it stop rather than hold the joins below
                     raise TimeoutError(f"ranks did not finish within {timeout} s")
-                dead = [(r, p) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead:
+                if gone:
                     barrier.abort()
-                    r, p = dead[0]
+                    r, p = gone[0]
                     raise RuntimeError(f"rank {r} exited with code {p.exitcode} without reporting (killed, or failed before it ran)")
                 continue
+            reported.add(rank)
             if ok:
                 outs[rank] = value
             else:
@@ -305,6 +324,7 @@ def run_ranks(
                 p.join()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(calls, ignore_errors=True)
     if errors:
         raise RuntimeError("\n".join(errors))
     return [outs[r] for r in range(world_size)]

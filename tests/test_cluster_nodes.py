@@ -358,3 +358,41 @@ def test_a_rank_that_dies_without_reporting_stops_the_others_at_once():
     # Rank 0 waited at the barrier: it is let go, not left to the 30 s join and a terminate.
     took = time.monotonic() - t0
     assert took < 20, f"run_ranks took {took:.1f} s to give up"
+
+
+def _exits_quietly(ctx):
+    if ctx.rank == 1:
+        os._exit(0)  # a library that ends the process: exit code 0, nothing reported
+    ctx.sync()
+    return ctx.rank
+
+
+def test_a_rank_that_exits_cleanly_without_reporting_is_not_waited_for():
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 exited with code 0 without reporting"):
+        run_ranks(_exits_quietly, 2)
+    took = time.monotonic() - t0
+    assert took < 20, f"run_ranks took {took:.1f} s to give up"
+
+
+def test_ranks_that_die_while_starting_are_reported_not_hung_on(tmp_path):
+    # A script without a __main__ guard: each spawned rank re-runs it while starting, fails
+    # there (a process may not start others while it starts) and exits before it has read what
+    # it was to run. With arguments larger than a pipe holds, the parent must not block.
+    import subprocess
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "from benches.emulation import run_ranks\n"
+        "from tests.test_cluster_nodes import _exits_quietly\n"
+        "run_ranks(_exits_quietly, 2, args=('x' * 1_000_000,), timeout=60)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode != 0
+    assert "without reporting" in r.stderr, r.stderr[-2000:]
+    assert took < 60, f"took {took:.1f} s"
