@@ -106,8 +106,7 @@ pub struct Config {
     pub busy_share: f64,
     /// Staging that is this many samples ahead of the consumer (at least `far_min`, else
     /// `far_per_fetch` per fetch of the starting level) is not urgent: it runs at most `relaxed`
-    /// fetches, from a [`Config::grade`]th of that mark on, and fewer than the target the closer
-    /// it is to that, leaving the file system
+    /// fetches, and fewer than the target the closer it is to that mark, leaving the file system
     /// to ranks that are behind (the slowest rank sets the pace of synchronous training, and
     /// reads for a later epoch must not slow the current one).
     pub far_min: u64,
@@ -115,9 +114,6 @@ pub struct Config {
     pub far_per_fetch: u64,
     /// Most concurrent fetches while staging is not urgent (at least 1).
     pub relaxed: usize,
-    /// The fetches allowed fall from the target to `relaxed` over the first `1 / grade` of the
-    /// far mark (see [`Controller::allowed`]).
-    pub grade: u64,
 }
 
 /// Most concurrent staging fetches of one rank.
@@ -143,7 +139,6 @@ impl Default for Config {
             far_min: 128,
             far_per_fetch: 16,
             relaxed: 1,
-            grade: 4,
         }
     }
 }
@@ -263,23 +258,17 @@ impl Controller {
     }
 
     /// Fetches allowed at once when staging is `ahead` samples ahead of the consumer: the
-    /// target when nothing is staged, fewer the further ahead staging is, `relaxed` from a
-    /// [`Config::grade`]th of [`Controller::far`] on. Where ranks share a saturated file system
-    /// each one's part of it follows its fetches in flight; a rank further ahead than the others
-    /// then gives way to them, so that their next batches are not read after its later ones.
-    ///
-    /// Ranks settle where their allowed fetches are equal. Two ranks whose targets differ by a
-    /// ratio `r` (they probe apart) then stay `(1 - r)` of the graded span apart: graded over the
-    /// whole far mark (192 samples at 12 fetches) that was two batches of 32 at `r` = 2/3, and
-    /// the last two steps of an epoch waited for the rank behind; over a quarter of it, half a
-    /// batch.
+    /// target when nothing is staged, fewer the further ahead staging is, `relaxed` from
+    /// [`Controller::far`] on. Where ranks share a saturated file system each one's part of it
+    /// follows its fetches in flight; a rank further ahead than the others then gives way to
+    /// them, so that their next batches are not read after its later ones.
     pub fn allowed(&self, ahead: u64) -> usize {
         let relaxed = self.cfg.relaxed.clamp(1, self.target.max(1));
-        let span = (self.far() / self.cfg.grade.max(1)).max(1);
-        if ahead >= span {
+        let far = self.far();
+        if ahead >= far {
             return relaxed;
         }
-        let left = (self.target as u64 * (span - ahead)).div_ceil(span) as usize;
+        let left = (self.target as u64 * (far - ahead)).div_ceil(far) as usize;
         left.max(relaxed)
     }
 
@@ -840,11 +829,9 @@ mod tests {
         let ctl = Controller::new(Config::default(), 8, true, 0.0);
         assert_eq!(ctl.far(), 128);
         assert_eq!(ctl.allowed(0), 8);
-        // Fewer the further ahead: half way through the graded quarter of the far mark, half
-        // the target.
-        assert_eq!(ctl.allowed(16), 4);
-        assert_eq!(ctl.allowed(31), 1);
-        assert_eq!(ctl.allowed(32), 1);
+        // Fewer the further ahead: half way, half the target.
+        assert_eq!(ctl.allowed(64), 4);
+        assert_eq!(ctl.allowed(127), 1);
         assert_eq!(ctl.allowed(128), 1);
         assert!(
             (0..200).all(|a| ctl.allowed(a + 1) <= ctl.allowed(a)),
@@ -857,7 +844,7 @@ mod tests {
         let ctl = Controller::new(wide, 64, true, 0.0);
         assert_eq!(ctl.far(), 1024);
         assert_eq!(ctl.allowed(0), 64);
-        assert_eq!(ctl.allowed(192), 16);
+        assert_eq!(ctl.allowed(768), 16);
         assert_eq!(ctl.allowed(1024), 1);
         let one = Controller::new(Config::default(), 1, true, 0.0);
         assert_eq!(one.allowed(10_000), 1);
@@ -898,23 +885,6 @@ mod tests {
             climbed.allowed(near),
             stayed.allowed(0)
         );
-    }
-
-    #[test]
-    fn ranks_that_probed_apart_stay_within_half_a_batch_of_each_other() {
-        // Eight ranks share a saturated file system, each one's part following its fetches in
-        // flight; they start at 12 and one probed down to 8. Synchronous training consumes at
-        // the same pace everywhere, so the ranks settle where their allowed fetches are equal:
-        // the rank at 8 with nothing staged, the others as far ahead as gives them 8 as well.
-        // That lead is what the rank behind still has to read when the others are done.
-        let stayed = Controller::new(Config::default(), 12, true, 0.0).sharing(8, 1);
-        let mut probed = Controller::new(Config::default(), 12, true, 0.0).sharing(8, 0);
-        assert!(probed.set(1.0, 8, 1e7));
-        assert_eq!(stayed.far(), 192);
-        let lead = (0..stayed.far())
-            .find(|&a| stayed.allowed(a) <= probed.allowed(0))
-            .unwrap();
-        assert!(lead <= 16, "the ranks settle {lead} samples apart (a batch is 32)");
     }
 
     #[test]
