@@ -15,6 +15,8 @@ import io
 import json
 import multiprocessing as mp
 import os
+import pickle
+import queue
 import shutil
 import tempfile
 import time
@@ -155,8 +157,6 @@ class RankContext:
 
 
 def _rank_main(call: str, rank, world_size, barrier, results, env):
-    import pickle
-
     with open(call, "rb") as f:
         fn, args = pickle.load(f)
     os.environ.update(env)
@@ -256,9 +256,6 @@ def run_ranks(
     fails) leaves the parent blocked for ever writing more than a pipe holds into it (the
     parent keeps the pipe's read end open while it writes).
     """
-    import pickle
-    import queue
-
     if nodes < 1 or world_size % nodes:
         raise ValueError(f"{world_size} ranks cannot be split into {nodes} equal nodes")
     per_node = world_size // nodes

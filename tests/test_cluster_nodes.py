@@ -7,6 +7,7 @@ everywhere; in network namespaces (private /dev/shm, a rate-limited link per nod
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 import zlib
@@ -379,11 +380,8 @@ def test_ranks_that_die_while_starting_are_reported_not_hung_on(tmp_path):
     # A script without a __main__ guard: each spawned rank re-runs it while starting, fails
     # there (a process may not start others while it starts) and exits before it has read what
     # it was to run. With arguments larger than a pipe holds, the parent must not block.
-    import subprocess
-
     script = tmp_path / "unguarded.py"
     script.write_text(
-        "import os\n"
         "from benches.emulation import run_ranks\n"
         "from tests.test_cluster_nodes import _exits_quietly\n"
         "run_ranks(_exits_quietly, 2, args=('x' * 1_000_000,), timeout=60)\n"
