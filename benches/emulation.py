@@ -63,9 +63,14 @@ def make_imagefolder(
     if marker.exists():
         try:
             recorded = json.loads(marker.read_text())
-            if recorded.get("params") == params:
-                return int(recorded["total_bytes"])
-        except (ValueError, KeyError):
+            total = int(recorded["total_bytes"])
+            # Reused only while every file is there: a folder whose files were removed (a
+            # clean-up that kept the marker) is made again.
+            files = list(root.glob("class_*/img_*.jpg"))
+            if recorded.get("params") == params and len(files) == num_classes * per_class:
+                if sum(p.stat().st_size for p in files) == total:
+                    return total
+        except (ValueError, KeyError, OSError):
             pass
     if root.exists():
         shutil.rmtree(root)

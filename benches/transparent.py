@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -134,12 +135,22 @@ def _lru_hit_rate(paths: list, sizes: dict, capacity: int, epochs: int) -> float
 
 
 def bench_half(out: Path, log, shm: Path) -> dict:
+    """The cache at half the dataset; the generated files (about 200 MB) are removed after the
+    run, its figures and stats stay in ``out``."""
+    work = Path(tempfile.mkdtemp(prefix="cv-transparent-half-", dir=out)).resolve()
+    try:
+        return _bench_half(work, log, shm)
+    finally:
+        for generated in ("data", "unknown", "known"):
+            shutil.rmtree(work / generated, ignore_errors=True)
+
+
+def _bench_half(work: Path, log, shm: Path) -> dict:
     sys.path.insert(0, str(_repo_file("tests")))
     from transparent_reader import files  # the program's own listing
 
     import numpy as np
 
-    work = Path(tempfile.mkdtemp(prefix="cv-transparent-half-", dir=out)).resolve()
     root = work / "data"
     rng = np.random.default_rng(9)
     sizes = {}

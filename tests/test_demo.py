@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -96,3 +97,22 @@ def test_demo_on_emulated_nodes(tmp_path):
     per_rank = result["clairvoyant"][-1]["peer_stats"]
     assert len(per_rank) == 2 and all(p is not None for p in per_rank), per_rank
     assert sum(p["client"]["fetched"] for p in per_rank) > 0, per_rank
+
+
+def test_a_generated_dataset_whose_files_were_removed_is_made_again(tmp_path):
+    from benches.emulation import list_imagefolder, make_imagefolder
+
+    root = tmp_path / "data"
+    total = make_imagefolder(root, num_classes=2, per_class=3, size_range=(16, 24), seed=5)
+    paths, _, _ = list_imagefolder(root)
+    removed = paths[0]
+    original = open(removed, "rb").read()
+    os.unlink(removed)
+    # The marker is still there; the folder is not reused as it is (the demo failed on such a
+    # folder with an empty listing), it is made again with the same bytes.
+    assert make_imagefolder(root, num_classes=2, per_class=3, size_range=(16, 24), seed=5) == total
+    assert open(removed, "rb").read() == original
+    for p in paths[1:]:
+        os.unlink(p)
+    assert make_imagefolder(root, num_classes=2, per_class=3, size_range=(16, 24), seed=5) == total
+    assert len(list_imagefolder(root)[0]) == 6
