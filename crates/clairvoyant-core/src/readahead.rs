@@ -371,6 +371,7 @@ impl Controller {
         match self.phase {
             Phase::Measure => self.probe_up(now, cur),
             Phase::Up { from, base } => {
+                let down = from.saturating_sub((from / 3).max(1));
                 if x >= base.throughput * (1.0 + gain) && self.node_gain(from, base, cur) >= 1.0 + gain {
                     // Worth it: keep, and try further up.
                     self.hold = self.cfg.hold_windows;
@@ -379,9 +380,8 @@ impl Controller {
                 } else if self.explore_down
                     && from > self.cfg.min
                     && self.down_failed_at != Some(from)
-                    && self.may_step_to(from - (from / 3).max(1))
+                    && self.may_step_to(down)
                 {
-                    let down = from - (from / 3).max(1);
                     self.phase = Phase::Down { from, base };
                     self.set(now, down, x)
                 } else {
