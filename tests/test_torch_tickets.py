@@ -3,6 +3,7 @@ and the worker waits for where they are (``clairvoyant.torch._tickets``)."""
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -307,3 +308,156 @@ def test_spill_folders_of_killed_loading_processes_are_removed(tmp_path):
 
         shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(live, ignore_errors=True)
+
+
+class _PartsSrc:
+    """A job's batch iterator that stages each batch in parts when the test says so: a batch is
+    a list of parts (where, private, failed), or an exception raised in its place."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+        self.staged = threading.Semaphore(0)
+        self.taken = 0
+
+    def next_parts(self):
+        if self.taken >= len(self.batches):
+            raise StopIteration
+        parts = self.batches[self.taken]
+        self.taken += 1
+        return self._parts(parts)
+
+    def _parts(self, parts):
+        for part in parts:
+            while not self.staged.acquire(timeout=0.01):
+                pass
+            if isinstance(part, BaseException):
+                raise part
+            where, private, failed = part
+            yield object(), where, np.zeros(len(where), dtype=np.int64), private, failed
+
+
+def test_a_batch_is_posted_in_parts_as_they_are_staged():
+    board = _tickets.Board(8, 4)
+    src = _PartsSrc([[([(0, 0, 5), (0, 5, 7)], {}, False), ([(1, 64, 3)], {}, False)]])
+    feeder, leases = _feeder(board, src, 1)
+    assert feeder.hand() == 10
+    src.staged.release()
+    # The first part reaches a worker before the batch is whole.
+    assert board.redeem_from(10, 0) == ([(0, 0, 5), (0, 5, 7)], {}, False)
+    assert board.redeem_from(10, 1) == ([(0, 5, 7)], {}, False)
+    t, whole = _redeem_later(board, 10)
+    t.join(0.2)
+    assert t.is_alive(), "the whole batch is not posted yet"
+    src.staged.release()
+    t.join(5)
+    assert whole["value"] == ([(0, 0, 5), (0, 5, 7), (1, 64, 3)], {})
+    assert board.redeem_from(10, 2) == ([(1, 64, 3)], {}, True)
+    assert len(leases[10]) == 2, "every part's samples stay leased until the worker is done"
+    feeder.stop()
+
+
+def test_a_sample_that_could_not_be_read_is_left_to_the_dataset_and_private_bytes_end_in_a_spill():
+    board = _tickets.Board(8, 4)
+    src = _PartsSrc([[([(0, 0, 5)], {}, True), ([(1, 8, 2)], {0: b"xy"}, False)]])
+    feeder, _ = _feeder(board, src, 1)
+    feeder.hand()
+    src.staged.release()
+    assert board.redeem_from(10, 0) == ([(0, 0, 5), (_tickets.DATASET_READS, 0, 0)], {}, False)
+    src.staged.release()
+    # Private bytes cannot be posted in a slot: the batch comes whole from a spill file.
+    assert board.redeem_from(10, 2) == ([(1, 8, 2)], {2: b"xy"}, True)
+    feeder.stop()
+
+
+def test_an_epoch_that_ends_in_the_middle_of_a_batch_fails_its_ticket_and_keeps_the_parts_leased():
+    board = _tickets.Board(8, 4)
+    src = _PartsSrc([[([(0, 0, 5)], {}, False), CancelledError("the job is closed")]])
+    feeder, leases = _feeder(board, src, 1)
+    feeder.hand()
+    src.staged.release()
+    assert board.redeem_from(10, 0)[0] == [(0, 0, 5)]
+    src.staged.release()
+    with pytest.raises(CancelledError, match="closed"):
+        board.redeem_from(10, 1)
+    # A worker may still be computing the first part's samples: their bytes stay leased.
+    assert len(leases[10]) == 1
+    with pytest.raises(CancelledError, match="closed"):
+        feeder.hand()
+    feeder.stop()
+
+
+class _Recording(torch.utils.data.Dataset):
+    """A dataset of the protocol that records which samples it computed and how."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        self.calls.append(("read", i))
+        return ("read", i)
+
+    def __clairvoyant_getitem__(self, i, data):
+        self.calls.append(("staged", i))
+        return ("staged", i, bytes(data))
+
+
+def _worker(tmp_path, board):
+    from clairvoyant.torch import _datasets
+
+    region = tmp_path / "ring"
+    region.write_bytes(b"abcdefghij")
+    dataset = _Recording()
+    cached = _datasets.CachedDataset(
+        dataset, "protocol", torch.zeros(8, dtype=torch.int64), torch.zeros((0, 0), dtype=torch.uint8), board
+    )
+    return dataset, cached, _datasets.Batch([4, 7, 9], 10, [str(region)], _tickets.TICKET, {})
+
+
+def _items_later(cached, req):
+    got = {}
+
+    def run():
+        try:
+            got["items"] = cached.__getitems__(req)
+        except BaseException as e:  # noqa: BLE001 - what the worker would raise
+            got["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, got
+
+
+def _until(cond, what):
+    deadline = time.monotonic() + 5
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_a_worker_computes_the_first_samples_of_a_batch_before_the_last_are_staged(tmp_path):
+    board = _tickets.Board(8, 4)
+    dataset, cached, req = _worker(tmp_path, board)
+    board.post_part(10, 0, [(0, 0, 3)])
+    t, got = _items_later(cached, req)
+    _until(lambda: dataset.calls == [("staged", 4)], "the first sample is computed while the batch is incomplete")
+    assert t.is_alive()
+    board.post_part(10, 1, [(_tickets.DATASET_READS, 0, 0), (0, 5, 2)])
+    board.end_parts(10, 3)
+    t.join(5)
+    assert got["items"] == [("staged", 4, b"abc"), ("read", 7), ("staged", 9, b"fg")]
+    assert int(cached.done[10 % 8]) == 11, "the batch's bytes are given back"
+
+
+def test_a_worker_whose_batch_fails_after_its_first_part_raises(tmp_path):
+    board = _tickets.Board(8, 4)
+    dataset, cached, req = _worker(tmp_path, board)
+    board.post_part(10, 0, [(0, 0, 3)])
+    t, got = _items_later(cached, req)
+    _until(lambda: dataset.calls == [("staged", 4)], "the first sample is computed")
+    board.post_error(10, CancelledError("the job was closed during epoch 0"))
+    t.join(5)
+    assert isinstance(got.get("error"), CancelledError) and "closed" in str(got["error"])
+    assert int(cached.done[10 % 8]) == 11

@@ -478,11 +478,12 @@ class _SampleIter:
 
 
 class _BatchIter:
-    __slots__ = ("_engine", "_sizes", "_i", "_take", "epoch", "_error", "__weakref__")
+    __slots__ = ("_engine", "_sizes", "_i", "_take", "_part", "epoch", "_error", "__weakref__")
 
     def __init__(self, engine, epoch: int, sizes, method: str):
         self._engine, self.epoch, self._sizes, self._i, self._error = engine, epoch, sizes, 0, None
         self._take = getattr(engine, method)
+        self._part = engine.next_part_shared if method == "next_batch_shared" else None
 
     def __iter__(self):
         return self
@@ -491,7 +492,7 @@ class _BatchIter:
         return len(self._sizes) - self._i
 
     def _end(self, error: BaseException) -> None:
-        self._engine, self._take, self._error = None, None, error
+        self._engine, self._take, self._part, self._error = None, None, None, error
 
     def __next__(self):
         if self._i >= len(self._sizes):
@@ -502,6 +503,28 @@ class _BatchIter:
         n = self._sizes[self._i]
         self._i += 1
         return take(n)
+
+    def next_parts(self) -> Iterator[tuple]:
+        """The next batch (of :meth:`Job.shared_batches`) in parts, each as soon as its first
+        sample is staged: (lease, [(region, offset, length)], int64 labels, {index: bytes},
+        failed), where ``failed`` says one more sample, after the part's, could not be read.
+        Every part must be taken before the next batch."""
+        if self._i >= len(self._sizes):
+            raise StopIteration
+        if self._part is None:
+            raise self._error if self._error is not None else TypeError("batches in parts are for worker processes")
+        n = self._sizes[self._i]
+        self._i += 1
+        return self._parts(n)
+
+    def _parts(self, left: int) -> Iterator[tuple]:
+        while left > 0:
+            take = self._part
+            if take is None:
+                raise self._error
+            part = take(left)
+            left -= len(part[1]) + part[4]
+            yield part
 
 
 __all__ = ["Job", "ImageFolder", "FileList", "Path"]

@@ -665,3 +665,117 @@ fn a_truncated_staging_ring_does_not_crash() {
     take_in_order(&engine, &sched, 0..2);
     assert!(engine.stats()[0].corrupt > 0, "lost samples refetched and counted");
 }
+
+/// A source whose read of one sample waits until the test lets it through.
+struct Gated {
+    inner: Arc<MemSource>,
+    held: Mutex<Option<u32>>,
+    open: std::sync::Condvar,
+}
+
+impl Gated {
+    fn let_through(&self) {
+        *self.held.lock().unwrap() = None;
+        self.open.notify_all();
+    }
+}
+
+impl Source for Gated {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn size(&self, k: u32) -> u64 {
+        self.inner.size(k)
+    }
+    fn label(&self, k: u32) -> i64 {
+        self.inner.label(k)
+    }
+    fn path(&self, k: u32) -> PathBuf {
+        self.inner.path(k)
+    }
+    fn read_into(&self, k: u32, buf: &mut [u8]) -> Result<()> {
+        let mut held = self.held.lock().unwrap();
+        while *held == Some(k) {
+            held = self.open.wait(held).unwrap();
+        }
+        drop(held);
+        self.inner.read_into(k, buf)
+    }
+    fn fingerprint(&self) -> u64 {
+        self.inner.fingerprint()
+    }
+}
+
+#[test]
+fn a_part_of_a_batch_is_handed_out_while_its_later_samples_are_still_read() {
+    let sp = spec(64, 1, 0, vec![0], 1, "");
+    let order = sp.schedule.rank_epoch(0, 0).unwrap().samples;
+    let src = Arc::new(Gated {
+        inner: MemSource::new(64, Duration::ZERO),
+        held: Mutex::new(Some(order[3])),
+        open: std::sync::Condvar::new(),
+    });
+    let engine = Engine::start(src.clone(), &model(1 << 20, 0, None), sp).unwrap();
+    engine.begin_epoch(0).unwrap();
+    let mut out = Vec::new();
+    let t0 = std::time::Instant::now();
+    engine.next_ready(8, Duration::from_secs(10), &mut out).unwrap();
+    assert_eq!(
+        out.iter().map(|l| l.sample).collect::<Vec<_>>(),
+        order[..3],
+        "the samples before the one being read, at once"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "waited for the held sample: {:?}",
+        t0.elapsed()
+    );
+    // Only the first sample of a call is waited for: none is ready, so nothing comes.
+    let mut none = Vec::new();
+    engine.next_ready(5, Duration::from_millis(30), &mut none).unwrap();
+    assert!(none.is_empty());
+    src.let_through();
+    engine.next_ready(5, Duration::from_secs(10), &mut out).unwrap();
+    assert_eq!(out[3].sample, order[3]);
+    while out.len() < 8 {
+        engine
+            .next_ready(8 - out.len(), Duration::from_secs(10), &mut out)
+            .unwrap();
+    }
+    assert_eq!(out.iter().map(|l| l.sample).collect::<Vec<_>>(), order[..8]);
+    for l in &out {
+        // SAFETY: a lease's bytes stay valid until it is released, below.
+        let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
+        assert!(bytes
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == MemSource::byte(l.sample, i)));
+        engine.release(l.pos);
+    }
+}
+
+#[test]
+fn a_part_ends_at_a_sample_that_cannot_be_read_which_is_consumed() {
+    let src = MemSource::new(64, Duration::ZERO);
+    let sp = spec(64, 1, 0, vec![0], 1, "");
+    let order = sp.schedule.rank_epoch(0, 0).unwrap().samples;
+    src.missing.lock().unwrap().push(order[2]);
+    let engine = Engine::start(src.clone(), &model(1 << 20, 0, None), sp).unwrap();
+    engine.begin_epoch(0).unwrap();
+    let mut out = Vec::new();
+    let err = loop {
+        if let Err(e) = engine.next_ready(4 - out.len(), Duration::from_secs(10), &mut out) {
+            break e;
+        }
+    };
+    assert!(
+        matches!(err, Error::NotFound { sample, .. } if sample == order[2] as u64),
+        "{err:?}"
+    );
+    assert_eq!(out.iter().map(|l| l.sample).collect::<Vec<_>>(), order[..2]);
+    engine.next_ready(1, Duration::from_secs(10), &mut out).unwrap();
+    assert_eq!(out[2].sample, order[3], "the missing sample was consumed");
+    for l in &out {
+        engine.release(l.pos);
+    }
+}

@@ -233,6 +233,63 @@ impl PyEngine {
         Ok((holder, descriptors, labels, private))
     }
 
+    /// The first part of the next `n` samples for a worker process, as soon as one sample is
+    /// ready: (lease, [(region, offset, length)], int64 labels, {index: bytes} for samples in
+    /// private memory, failed). The part holds the samples ready by then (at least one, at most
+    /// `n`). `failed`: one more sample, after those, was consumed but could not be read (the
+    /// dataset reads it). A batch is taken by calling again for the samples left.
+    #[allow(clippy::type_complexity)]
+    fn next_part_shared<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+    ) -> PyResult<(
+        Bound<'py, PyAny>,
+        Vec<(u8, u64, usize)>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyDict>,
+        bool,
+    )> {
+        let mut leases = Vec::with_capacity(n);
+        let mut failed = false;
+        self.interrupted.store(false, Ordering::Relaxed);
+        while n > 0 && leases.is_empty() && !failed {
+            let cancel = if self.interrupted.swap(false, Ordering::Relaxed) {
+                Some(to_py(clairvoyant_core::Error::Cancelled))
+            } else {
+                match py.detach(|| self.engine.next_ready(n, Duration::from_millis(20), &mut leases)) {
+                    Ok(()) if leases.is_empty() => py.check_signals().err(),
+                    Ok(()) => None,
+                    Err(e @ (clairvoyant_core::Error::Cancelled | clairvoyant_core::Error::Exhausted { .. })) => {
+                        Some(to_py(e))
+                    }
+                    Err(_) => {
+                        // The sample is consumed; those before it are this part.
+                        failed = true;
+                        None
+                    }
+                }
+            };
+            if let Some(e) = cancel {
+                self.engine
+                    .release_many(&leases.iter().map(|l| l.pos).collect::<Vec<_>>());
+                return Err(e);
+            }
+        }
+        let private = PyDict::new(py);
+        for (i, l) in leases.iter().enumerate() {
+            if l.region == Region::Private {
+                // SAFETY: valid until the lease is released, which happens after this copy.
+                let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
+                private.set_item(i, PyBytes::new(py, bytes))?;
+            }
+        }
+        let descriptors = leases.iter().map(|l| (l.region as u8, l.offset, l.len)).collect();
+        let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
+        let holder = self.hold(py, &leases)?;
+        Ok((holder, descriptors, labels, private, failed))
+    }
+
     /// (staging ring file, memory arena file or None): what worker processes map.
     #[getter]
     fn segments(&self) -> (String, Option<String>) {

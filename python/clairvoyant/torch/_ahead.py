@@ -184,7 +184,7 @@ class _Worker:
                 for k, i in enumerate(indices):
                     if self.stop.is_set() and self.wanted != token:
                         return
-                    items.append(dataset._item(i, dataset._bytes(k, segments, where, private)))
+                    items.append(dataset._sample(i, dataset._bytes(k, segments, where, private)))
                 post = rng_state()
                 collated = None
                 try:

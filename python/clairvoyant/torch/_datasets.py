@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from . import _ahead
+from . import _ahead, _tickets
 
 __all__ = ["Adapter", "adapter_for", "CachedDataset", "Batch", "Index"]
 
@@ -288,12 +288,39 @@ class CachedDataset(torch.utils.data.Dataset):
         return m
 
     def _bytes(self, k: int, segments, where, private):
+        """Sample ``k``'s bytes; None: clairvoyant could not read it (the dataset reads it)."""
+        return self._bytes_at(k, where[k], segments, private)
+
+    def _bytes_at(self, k: int, row, segments, private):
         if k in private:
             return memoryview(private[k])
-        r, off, n = where[k]
+        r, off, n = row
+        if r == _tickets.DATASET_READS:
+            return None
         if n == 0:
             return memoryview(b"")
         return self._region(segments[r])[off : off + n]
+
+    def _sample(self, index: int, data):
+        """``dataset[index]`` from its staged bytes, or read by the dataset (``data`` None)."""
+        return self.dataset[index] if data is None else self._item(index, data)
+
+    def _posted_items(self, req) -> list:
+        """The batch of ticket ``req``, each sample computed as soon as its bytes are posted
+        (the batch is posted in parts as it is staged: the first samples are decoded while the
+        last are read)."""
+        items, k, n = [], 0, len(req)
+        while k < n:
+            where, private, final = self.board.redeem_from(req.token, k)
+            if where is None:  # clairvoyant could not read the batch: as torch would, from k on
+                items += [self.dataset[i] for i in req[k:]]
+                break
+            for row in where:
+                items.append(self._sample(req[k], self._bytes_at(k, row, req.segments, private)))
+                k += 1
+            if final and k < n:
+                raise RuntimeError(f"batch {req.token}: {n} samples, {k} posted")
+        return items
 
     def _where(self, req) -> tuple:
         """(where, private) of a request: a ticket waits until its bytes are staged."""
@@ -353,6 +380,8 @@ class CachedDataset(torch.utils.data.Dataset):
             self._begin(req)
             if early is not None and not early.adopted(req, self.board):
                 early = None
+            if early is None and isinstance(req.where, str):
+                return self._posted_items(req)
             # An adopted batch's post holds the bytes it was decoded from.
             where, private = (early.where, early.private) if early is not None else self._where(req)
             if where is None:  # not cached, or clairvoyant could not read it: as torch would
@@ -360,7 +389,7 @@ class CachedDataset(torch.utils.data.Dataset):
             items = early.use() if early is not None else None
             if items is not None:
                 return items
-            return [self._item(i, self._bytes(k, req.segments, where, private)) for k, i in enumerate(req)]
+            return [self._sample(i, self._bytes(k, req.segments, where, private)) for k, i in enumerate(req)]
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1
             if req.last is not None:
@@ -374,7 +403,7 @@ class CachedDataset(torch.utils.data.Dataset):
             where, private = self._where(req)
             if where is None:
                 return self.dataset[int(req)]
-            return self._item(int(req), self._bytes(0, req.segments, where, private))
+            return self._sample(int(req), self._bytes(0, req.segments, where, private))
         finally:
             self.done[req.token % self.done.numel()] = req.token + 1
 

@@ -203,8 +203,9 @@ class _Decoder:
         return os.fsdecode(self.folder.samples[self.root(index)][0])
 
     def data(self, req, k: int) -> Any:
-        if req.where is not None:
-            return self.cached._bytes(k, req.segments, req.where, req.private)
+        data = None if req.where is None else self.cached._bytes(k, req.segments, req.where, req.private)
+        if data is not None:
+            return data
         with open(self.path(req[k]), "rb") as f:  # not cached: read as torch's loader would
             return f.read()
 

@@ -47,6 +47,10 @@ _READY = 1  # descriptors in the slot
 _SPILLED = 2  # (descriptors, private bytes) in the spill file
 _UNCACHED = 3  # clairvoyant could not read a sample: the dataset reads the batch
 _FAILED = 4  # the epoch ended: the error's kind in the count, its message in the spill file
+_PARTIAL = 5  # the batch's first ``count`` descriptors are in the slot, more are coming
+
+# A descriptor's region for a sample clairvoyant could not read: the dataset reads it.
+DATASET_READS = -1
 
 # The widest batch a slot holds; wider ones spill.
 _MAX_WIDTH = 4096
@@ -106,10 +110,34 @@ class Board:
             table[slot, :n] = np.asarray(where, dtype=np.int64).reshape(n, 3)
         self._publish(slot, token, _READY, n)
 
+    def post_part(self, token: int, start: int, where) -> bool:
+        """Post where samples ``start`` on of ticket ``token`` are, before the rest of its batch is
+        staged (its parts in order, then :meth:`post` or another final post). False when they do
+        not fit the slot: the batch is then posted whole at its end."""
+        head, table = self._arrays()
+        slot = token % head.shape[0]
+        n = len(where)
+        end = start + n
+        if end > self.width:
+            return False
+        if n:
+            table[slot, start:end] = np.asarray(where, dtype=np.int64).reshape(n, 3)
+        if start == 0:
+            self._publish(slot, token, _PARTIAL, end)
+        else:
+            head[slot, 2] = end  # the descriptors first: a worker reads up to the count
+        return True
+
+    def end_parts(self, token: int, count: int) -> None:
+        """Ticket ``token``'s batch is whole: its ``count`` descriptors are posted in parts."""
+        self._publish(token % self.head.shape[0], token, _READY, count)
+
     def _publish(self, slot: int, token: int, status: int, count: int) -> None:
         head, _ = self._arrays()
-        head[slot, 1] = status
+        # The count before the status: a worker that saw a part reads the final count once it
+        # sees a final status.
         head[slot, 2] = count
+        head[slot, 1] = status
         head[slot, 0] = token + 1  # last: the post is complete
 
     def post_uncached(self, token: int) -> None:
@@ -183,10 +211,30 @@ class Board:
     def redeem(self, token: int) -> tuple:
         """(where, private) of ticket ``token`` once posted: where None means the dataset reads
         the batch itself. Raises the error that ended the batch's epoch."""
+        self._wait(token, lambda head, slot: head[slot, 1] != _PARTIAL)
+        return self._final(token)
+
+    def redeem_from(self, token: int, k: int) -> tuple:
+        """(where, private, final) of ticket ``token`` from its sample ``k`` on, as soon as sample
+        ``k`` is posted: ``where`` holds the descriptors of samples ``k``, ``k + 1``, ... posted so
+        far (all of them when ``final``); None: the dataset reads the batch from ``k`` on.
+        ``private`` is keyed by the sample's place in the batch. Raises the error that ended the
+        batch's epoch."""
+        self._wait(token, lambda head, slot: head[slot, 1] != _PARTIAL or head[slot, 2] > k)
         head, table = self._arrays()
         slot = token % head.shape[0]
+        if head[slot, 1] == _PARTIAL:
+            n = int(head[slot, 2])
+            return [tuple(row) for row in table[slot, k:n].tolist()], {}, False
+        where, private = self._final(token)
+        return (None if where is None else where[k:]), private, True
+
+    def _wait(self, token: int, ready) -> None:
+        """Until ticket ``token`` is posted and ``ready(head, slot)``."""
+        head, _ = self._arrays()
+        slot = token % head.shape[0]
         delay, checked, parent = 2e-5, time.monotonic(), os.getppid()
-        while head[slot, 0] != token + 1:
+        while head[slot, 0] != token + 1 or not ready(head, slot):
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
             now = time.monotonic()
@@ -203,6 +251,11 @@ class Board:
                     pass
                 if gone:
                     raise CancelledError(f"the loading process {self.pid} exited before batch {token}'s bytes were staged")
+
+    def _final(self, token: int) -> tuple:
+        """(where, private) of ticket ``token``, whose final post is in."""
+        head, table = self._arrays()
+        slot = token % head.shape[0]
         status = int(head[slot, 1])
         if status == _READY:
             n = int(head[slot, 2])
@@ -270,6 +323,8 @@ class Feeder:
         # Called in the feeder's thread once every batch is posted: the next epoch's Ahead, or None.
         self.plan_ahead = ahead
         self.ahead: Optional[Ahead] = None  # what was taken ahead
+        # Batches are posted in parts as they are staged (see _post_parts).
+        self.parts = hasattr(src, "next_parts")
         self._taking_ahead = False
         self.leases = leases  # guarded by ``lock``
         self.what = what  # "epoch N", for messages
@@ -306,6 +361,20 @@ class Feeder:
                         return
                 token = self.first + k
                 lease = None
+                if self.parts and k >= len(self.pre):
+                    # Any other error ends the epoch: the batch's samples are not all taken.
+                    try:
+                        self._post_parts(token)
+                    except (CancelledError, ExhaustedError) as e:
+                        if not self.stopping:
+                            end = e
+                            with self._wake:
+                                self.error = e
+                        return
+                    except StopIteration:
+                        return
+                    self.filled = k + 1
+                    continue
                 try:
                     if k < len(self.pre):  # taken ahead: (None, ...) when a sample could not be read
                         lease, where, private = self.pre[k]
@@ -352,6 +421,33 @@ class Feeder:
                     self.board.post_error(token, why)
                 except OSError:
                     pass
+
+    def _post_parts(self, token: int) -> None:
+        """Take ticket ``token``'s batch in parts as they are staged, posting each at once, so
+        that its worker decodes the first samples while the last are read (in epoch 0 the file
+        system sets the pace: the batch is then ready one decode after its last sample, not one
+        batch's decode). A sample clairvoyant could not read is read by the dataset."""
+        parts = self.src.next_parts()  # StopIteration: the pass has no more batches
+        where, private, progressive = [], {}, True
+        for lease, got, _labels, priv, failed in parts:
+            with self._wake:
+                held = self.leases.setdefault(token, [])
+                held.append(lease)
+            start = len(where)
+            got = list(got)
+            if failed:
+                got.append((DATASET_READS, 0, 0))
+            where += got
+            if priv:
+                private.update((start + j, b) for j, b in priv.items())
+                progressive = False  # private bytes travel in a spill file, with the whole batch
+            if progressive:
+                progressive = self.board.post_part(token, start, got)
+            del lease
+        if progressive:
+            self.board.end_parts(token, len(where))
+        else:
+            self.board.post(token, where, private)
 
     def stop(self, patience: Optional[float] = None) -> None:
         """End the feed (the epoch is left): its waiting take is interrupted, the tickets not

@@ -770,6 +770,22 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Engine::next_many`] that waits (up to `timeout`) only for the first sample: the
+    /// samples after it are taken while they are ready at once, so a consumer can start on the
+    /// first part of a batch whose last samples are still being read.
+    pub fn next_ready(&self, n: usize, timeout: Duration, out: &mut Vec<Lease>) -> Result<()> {
+        self.inner.check_pid()?;
+        let mut group = Group::default();
+        for i in 0..n {
+            let wait = if i == 0 { timeout } else { Duration::ZERO };
+            match self.inner.next(wait, &mut group)? {
+                Some(l) => out.push(l),
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
     /// Give a consumed sample's staging space back.
     pub fn release(&self, pos: u64) {
         self.inner.release(&[pos]);
