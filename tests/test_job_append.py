@@ -159,3 +159,39 @@ def test_bad_passes_name_the_argument():
         assert job._engine.epochs == 1
     with pytest.raises(clairvoyant.CancelledError):
         job.append_epoch([1], [1])
+
+
+def test_shared_batches_in_parts_cover_each_batch_in_order_and_leave_a_sample_that_cannot_be_read(tmp_path):
+    n, bad = 12, 5
+    files = []
+    for k in range(n):
+        p = tmp_path / f"{k}.bin"
+        p.write_bytes(expected_bytes(k, 100 + k).tobytes())
+        files.append(str(p))
+    src = clairvoyant.FileList(files, [k % 3 for k in range(n)], index_dir=tmp_path / "index")
+    os.remove(files[bad])  # indexed, then gone: its read fails
+    with clairvoyant.Job(src, batch_size=4, epochs=1, seed=3) as job:
+        order = job.samples_of(0).tolist()
+        segments = job.segments
+        it = job.shared_batches(0)
+        got, leases = [], []
+        for _ in range(3):
+            taken = 0
+            for lease, where, labels, private, failed in it.next_parts():
+                leases.append(lease)
+                assert len(where) == len(labels) and 1 <= len(where) + failed <= 4 - taken
+                for j, (region, off, size) in enumerate(where):
+                    if j in private:
+                        got.append((bytes(private[j]), int(labels[j])))
+                        continue
+                    with open(segments[region], "rb") as f:
+                        f.seek(off)
+                        got.append((f.read(size), int(labels[j])))
+                if failed:
+                    got.append(None)
+                taken += len(where) + failed
+            assert taken == 4, "a batch's parts end with the batch"
+        with pytest.raises(StopIteration):
+            it.next_parts()
+    want = [None if k == bad else (expected_bytes(k, 100 + k).tobytes(), k % 3) for k in order]
+    assert got == want

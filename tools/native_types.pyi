@@ -217,9 +217,9 @@ class Engine:
     def next_batch_shared(self, n: int) -> tuple[LeaseHolder, list[tuple[int, int, int]], npt.NDArray[np.int64], dict[int, bytes]]:
         """(lease, [(region, offset, length)], labels, {index: bytes} of samples in private
         memory); regions 0 and 1 are the files of `segments`."""
-    def next_part_shared(self, n: int) -> tuple[LeaseHolder, list[tuple[int, int, int]], npt.NDArray[np.int64], dict[int, bytes], bool]:
-        """The samples of the next `n` ready once the first is (at least one): as
-        `next_batch_shared`, plus whether one more sample was consumed but could not be read."""
+    def next_part_shared(self, n: int, at_least: int = 1) -> tuple[LeaseHolder, list[tuple[int, int, int]], npt.NDArray[np.int64], dict[int, bytes], bool]:
+        """The samples of the next `n` ready once `at_least` are: as `next_batch_shared`, plus
+        whether one more sample was consumed but could not be read (the part ends there)."""
     @property
     def segments(self) -> tuple[str, Optional[str]]: ...
     def epoch_samples(self, epoch: int) -> npt.NDArray[np.int64]: ...

@@ -477,6 +477,10 @@ class _SampleIter:
         return engine.next_sample()
 
 
+# A batch reaches its worker in at most this many parts (see _BatchIter.next_parts).
+_PARTS = 8
+
+
 class _BatchIter:
     __slots__ = ("_engine", "_sizes", "_i", "_take", "_part", "epoch", "_error", "__weakref__")
 
@@ -518,11 +522,13 @@ class _BatchIter:
         return self._parts(n)
 
     def _parts(self, left: int) -> Iterator[tuple]:
+        # Parts of a few samples at least: each costs its worker a wait.
+        step = -(-left // _PARTS)
         while left > 0:
             take = self._part
             if take is None:
                 raise self._error
-            part = take(left)
+            part = take(left, min(step, left))
             left -= len(part[1]) + part[4]
             yield part
 

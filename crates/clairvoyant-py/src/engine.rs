@@ -233,16 +233,19 @@ impl PyEngine {
         Ok((holder, descriptors, labels, private))
     }
 
-    /// The first part of the next `n` samples for a worker process, as soon as one sample is
-    /// ready: (lease, [(region, offset, length)], int64 labels, {index: bytes} for samples in
-    /// private memory, failed). The part holds the samples ready by then (at least one, at most
-    /// `n`). `failed`: one more sample, after those, was consumed but could not be read (the
-    /// dataset reads it). A batch is taken by calling again for the samples left.
+    /// The first part of the next `n` samples for a worker process, as soon as `at_least` of
+    /// them are ready: (lease, [(region, offset, length)], int64 labels, {index: bytes} for
+    /// samples in private memory, failed). The part holds the samples ready by then (at least
+    /// `at_least` or one, at most `n`). `failed`: one more sample, after those, was consumed but
+    /// could not be read (the dataset reads it); the part ends there. A batch is taken by
+    /// calling again for the samples left.
+    #[pyo3(signature = (n, at_least=1))]
     #[allow(clippy::type_complexity)]
     fn next_part_shared<'py>(
         &self,
         py: Python<'py>,
         n: usize,
+        at_least: usize,
     ) -> PyResult<(
         Bound<'py, PyAny>,
         Vec<(u8, u64, usize)>,
@@ -253,12 +256,14 @@ impl PyEngine {
         let mut leases = Vec::with_capacity(n);
         let mut failed = false;
         self.interrupted.store(false, Ordering::Relaxed);
-        while n > 0 && leases.is_empty() && !failed {
+        let at_least = at_least.clamp(1, n.max(1));
+        while leases.len() < at_least.min(n) && !failed {
             let cancel = if self.interrupted.swap(false, Ordering::Relaxed) {
                 Some(to_py(clairvoyant_core::Error::Cancelled))
             } else {
-                match py.detach(|| self.engine.next_ready(n, Duration::from_millis(20), &mut leases)) {
-                    Ok(()) if leases.is_empty() => py.check_signals().err(),
+                let left = n - leases.len();
+                match py.detach(|| self.engine.next_ready(left, Duration::from_millis(20), &mut leases)) {
+                    Ok(()) if leases.len() < at_least => py.check_signals().err(),
                     Ok(()) => None,
                     Err(e @ (clairvoyant_core::Error::Cancelled | clairvoyant_core::Error::Exhausted { .. })) => {
                         Some(to_py(e))

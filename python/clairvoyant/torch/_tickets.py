@@ -220,7 +220,9 @@ class Board:
         far (all of them when ``final``); None: the dataset reads the batch from ``k`` on.
         ``private`` is keyed by the sample's place in the batch. Raises the error that ended the
         batch's epoch."""
-        self._wait(token, lambda head, slot: head[slot, 1] != _PARTIAL or head[slot, 2] > k)
+        # After a batch's first part the worker has just computed samples: the next part is at
+        # least a sample's read away, so the wait polls less often from its start.
+        self._wait(token, lambda head, slot: head[slot, 1] != _PARTIAL or head[slot, 2] > k, 2e-5 if k == 0 else 2e-4)
         head, table = self._arrays()
         slot = token % head.shape[0]
         if head[slot, 1] == _PARTIAL:
@@ -229,11 +231,12 @@ class Board:
         where, private = self._final(token)
         return (None if where is None else where[k:]), private, True
 
-    def _wait(self, token: int, ready) -> None:
-        """Until ticket ``token`` is posted and ``ready(head, slot)``."""
+    def _wait(self, token: int, ready, delay: float = 2e-5) -> None:
+        """Until ticket ``token`` is posted and ``ready(head, slot)``, polling every ``delay``
+        seconds at first, then less often (up to every millisecond)."""
         head, _ = self._arrays()
         slot = token % head.shape[0]
-        delay, checked, parent = 2e-5, time.monotonic(), os.getppid()
+        checked, parent = time.monotonic(), os.getppid()
         while head[slot, 0] != token + 1 or not ready(head, slot):
             time.sleep(delay)
             delay = min(delay * 2, 1e-3)
