@@ -152,6 +152,17 @@ mod tests {
     }
 
     #[test]
+    fn a_sample_nobody_fills_has_no_claimant() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = segment(&dir);
+        assert_eq!(state.claimant(0), None, "empty");
+        assert!(state.claim(1));
+        assert_eq!(state.claimant(1).map(|(slot, _)| slot), Some(state.own_slot()));
+        state.publish(1, 7, 1);
+        assert_eq!(state.claimant(1), None, "ready");
+    }
+
+    #[test]
     fn a_claim_wait_ends_when_the_claim_settles_whatever_the_clock() {
         let dir = tempfile::tempdir().unwrap();
         let (state, clock) = (segment(&dir), Arc::new(ManualClock::new()));

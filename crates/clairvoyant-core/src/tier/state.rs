@@ -547,7 +547,7 @@ impl StateSegment {
     /// it); None in any other state.
     pub fn claimant(&self, sample: u32) -> Option<(u32, u32)> {
         let s = self.word(sample).load(Ordering::Acquire);
-        (s & 0xff == FILLING && s >> 8 != 0).then_some(((s >> 8) - 1, s))
+        (s & 0xff == FILLING && s >> 8 != 0).then(|| ((s >> 8) - 1, s))
     }
 
     /// This process's slot in the process table (what [`StateSegment::claimant`] names for
