@@ -509,10 +509,11 @@ class _BatchIter:
         return take(n)
 
     def next_parts(self) -> Iterator[tuple]:
-        """The next batch (of :meth:`Job.shared_batches`) in parts, each as soon as its first
-        sample is staged: (lease, [(region, offset, length)], int64 labels, {index: bytes},
-        failed), where ``failed`` says one more sample, after the part's, could not be read.
-        Every part must be taken before the next batch."""
+        """The next batch (of :meth:`Job.shared_batches`) in parts, each as soon as its samples
+        are staged (an eighth of the batch at least, or what is left of it): (lease, [(region,
+        offset, length)], int64 labels, {index: bytes}, failed), where ``failed`` says one more
+        sample, after the part's, could not be read. Every part must be taken before the next
+        batch."""
         if self._i >= len(self._sizes):
             raise StopIteration
         if self._part is None:
