@@ -123,8 +123,8 @@ pub struct Config {
     /// Most concurrent fetches while staging is not urgent (at least 1).
     pub relaxed: usize,
     /// Where ranks share the file system, the mark of [`Config::far_min`] and
-    /// [`Config::far_per_fetch`] for how many fetches staging runs and how far ahead it stages
-    /// in the ring: a rank's reads for its later batches are reads the others' next batches
+    /// [`Config::far_per_fetch`] for how many fetches staging runs (not for how far it may
+    /// read ahead): a rank's reads for its later batches are reads the others' next batches
     /// wait behind, so it gives way within a batch or two of lead.
     pub shared_far_min: u64,
     /// See [`Config::shared_far_min`].
@@ -540,11 +540,6 @@ impl Gate {
         self.lock().ctl.far()
     }
 
-    /// Samples ahead from which staging gives way ([`Controller::give_way`]).
-    pub fn give_way(&self) -> u64 {
-        self.lock().ctl.give_way()
-    }
-
     /// The current number of concurrent fetches allowed.
     pub fn target(&self) -> usize {
         self.lock().ctl.target()
@@ -939,7 +934,7 @@ mod tests {
         let shared = Controller::new(Config::default(), 12, true, 0.0).sharing(8, 3);
         assert_eq!((alone.give_way(), alone.far()), (192, 192));
         assert_eq!(shared.give_way(), 48);
-        assert_eq!(shared.far(), alone.far(), "the mark a climb does not move is the same");
+        assert_eq!(shared.far(), alone.far(), "how far staging may read ahead is the same");
         assert_eq!((shared.allowed(0), alone.allowed(0)), (12, 12));
         assert_eq!(shared.allowed(24), 6);
         assert_eq!(shared.allowed(48), 1);

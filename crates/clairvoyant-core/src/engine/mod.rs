@@ -233,7 +233,7 @@ struct Inner {
     ring_losses: AtomicU64,
     ring_cap: u64,
     /// Most ring bytes staged ahead of the consumer (see `staging::Inner::slot_for`): the
-    /// read-concurrency controller's mark of giving way in typical samples, within the ring.
+    /// read-concurrency controller's far mark in typical samples, within the ring.
     ring_lead: u64,
     max_entries: usize,
     st: Mutex<StagingState>,
@@ -1147,7 +1147,7 @@ impl Inner {
             ring: p.ring,
             ring_losses: AtomicU64::new(0),
             ring_cap: p.ring_cap,
-            ring_lead: (readahead.give_way() * p.typical.max(1)).min(p.ring_cap),
+            ring_lead: (readahead.far() * p.typical.max(1)).min(p.ring_cap),
             // Entries bound the look-ahead in samples (bytes are bounded by the ring). Samples
             // served from the memory class take no ring space, so this must cover every batch a
             // consumer keeps in flight (e.g. decode workers x prefetch depth x batch size) or
