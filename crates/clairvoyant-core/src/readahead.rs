@@ -21,9 +21,6 @@
 //! every step (the ranks cannot step down together; as with known figures, the model's level is
 //! the floor).
 //!
-//! Where ranks share the file system, a rank whose next batches are staged gives way sooner
-//! ([`Config::shared_far_min`]): the others' next batches are read first.
-//!
 //! Ranks adapt independently. Where the file system is saturated, one rank that adds reads
 //! takes a larger share from the others, which looks like a gain to that rank; the saturation
 //! estimate weighs a probe by the rank's part of the file system's reads, which counts every
@@ -122,13 +119,6 @@ pub struct Config {
     pub far_per_fetch: u64,
     /// Most concurrent fetches while staging is not urgent (at least 1).
     pub relaxed: usize,
-    /// Where ranks share the file system, the mark of [`Config::far_min`] and
-    /// [`Config::far_per_fetch`] for how many fetches staging runs (not for how far it may
-    /// read ahead): a rank's reads for its later batches are reads the others' next batches
-    /// wait behind, so it gives way within a batch or two of lead.
-    pub shared_far_min: u64,
-    /// See [`Config::shared_far_min`].
-    pub shared_far_per_fetch: u64,
 }
 
 /// Most concurrent staging fetches of one rank.
@@ -154,8 +144,6 @@ impl Default for Config {
             far_min: 128,
             far_per_fetch: 16,
             relaxed: 1,
-            shared_far_min: 48,
-            shared_far_per_fetch: 4,
         }
     }
 }
@@ -274,27 +262,14 @@ impl Controller {
         self.cfg.far_min.max(self.cfg.far_per_fetch * self.far_basis as u64)
     }
 
-    /// Where fewer fetches run: [`Controller::far`], or nearer where ranks share the file
-    /// system ([`Config::shared_far_min`]).
-    pub fn give_way(&self) -> u64 {
-        if self.share >= 1.0 {
-            return self.far();
-        }
-        let shared = self
-            .cfg
-            .shared_far_min
-            .max(self.cfg.shared_far_per_fetch * self.far_basis as u64);
-        shared.clamp(1, self.far())
-    }
-
     /// Fetches allowed at once when staging is `ahead` samples ahead of the consumer: the
     /// target when nothing is staged, fewer the further ahead staging is, `relaxed` from
-    /// [`Controller::give_way`] on. Where ranks share a saturated file system each one's part
-    /// of it follows its fetches in flight; a rank further ahead than the others then gives way
-    /// to them, so that their next batches are not read after its later ones.
+    /// [`Controller::far`] on. Where ranks share a saturated file system each one's part of it
+    /// follows its fetches in flight; a rank further ahead than the others then gives way to
+    /// them, so that their next batches are not read after its later ones.
     pub fn allowed(&self, ahead: u64) -> usize {
         let relaxed = self.cfg.relaxed.clamp(1, self.target.max(1));
-        let far = self.give_way();
+        let far = self.far();
         if ahead >= far {
             return relaxed;
         }
@@ -926,22 +901,6 @@ mod tests {
             drop(held);
             assert!(h.join().unwrap());
         });
-    }
-
-    #[test]
-    fn a_rank_that_shares_the_file_system_gives_way_within_a_batch_or_two_of_lead() {
-        let alone = Controller::new(Config::default(), 12, true, 0.0);
-        let shared = Controller::new(Config::default(), 12, true, 0.0).sharing(8, 3);
-        assert_eq!((alone.give_way(), alone.far()), (192, 192));
-        assert_eq!(shared.give_way(), 48);
-        assert_eq!(shared.far(), alone.far(), "how far staging may read ahead is the same");
-        assert_eq!((shared.allowed(0), alone.allowed(0)), (12, 12));
-        assert_eq!(shared.allowed(24), 6);
-        assert_eq!(shared.allowed(48), 1);
-        assert_eq!(alone.allowed(48), 9);
-        // A level that starts high keeps a mark of a few samples per fetch.
-        let wide = Controller::new(Config::default(), 32, true, 0.0).sharing(2, 0);
-        assert_eq!(wide.give_way(), 128);
     }
 
     #[test]
