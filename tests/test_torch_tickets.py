@@ -48,18 +48,23 @@ def _batch(where, private=None):
     return (object(), where, np.zeros(len(where), dtype=np.int64), private or {})
 
 
-def _redeem_later(board, token):
+def _later(fn, key):
+    """Run ``fn`` in a thread, as a worker would: its value (under ``key``) or its error."""
     got = {}
 
     def run():
         try:
-            got["value"] = board.redeem(token)
+            got[key] = fn()
         except BaseException as e:  # noqa: BLE001 - what the worker would raise
             got["error"] = e
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t, got
+
+
+def _redeem_later(board, token):
+    return _later(lambda: board.redeem(token), "value")
 
 
 def _feeder(board, src, total, first=10):
@@ -417,17 +422,7 @@ def _worker(tmp_path, board):
 
 
 def _items_later(cached, req):
-    got = {}
-
-    def run():
-        try:
-            got["items"] = cached.__getitems__(req)
-        except BaseException as e:  # noqa: BLE001 - what the worker would raise
-            got["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t, got
+    return _later(lambda: cached.__getitems__(req), "items")
 
 
 def _until(cond, what):

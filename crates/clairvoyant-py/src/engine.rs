@@ -20,6 +20,14 @@ use crate::source::PySource;
 /// A batch as handed to Python: views and labels.
 type Batch<'py> = (Vec<Bound<'py, PyArray1<u8>>>, Bound<'py, PyArray1<i64>>);
 
+/// A batch for a worker process: lease, descriptors, labels, bytes of samples in private memory.
+type SharedBatch<'py> = (
+    Bound<'py, PyAny>,
+    Vec<(u8, u64, usize)>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyDict>,
+);
+
 /// Keeps staged samples alive; releases them when garbage collected.
 #[pyclass(frozen, module = "clairvoyant._native")]
 struct LeaseHolder {
@@ -102,6 +110,23 @@ impl PyEngine {
             }
             None => Ok(leases),
         }
+    }
+
+    /// `leases` for a worker process: (lease, [(region, offset, length)], int64 labels,
+    /// {index: bytes} for samples in private memory).
+    fn shared<'py>(&self, py: Python<'py>, leases: &[Lease]) -> PyResult<SharedBatch<'py>> {
+        let private = PyDict::new(py);
+        for (i, l) in leases.iter().enumerate() {
+            if l.region == Region::Private {
+                // SAFETY: valid until the lease is released, which happens after this copy.
+                let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
+                private.set_item(i, PyBytes::new(py, bytes))?;
+            }
+        }
+        let descriptors = leases.iter().map(|l| (l.region as u8, l.offset, l.len)).collect();
+        let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
+        let holder = self.hold(py, leases)?;
+        Ok((holder, descriptors, labels, private))
     }
 
     /// One object keeping `leases` alive; dropping it releases them.
@@ -208,29 +233,9 @@ impl PyEngine {
     /// labels, {index: bytes} for samples in private memory). Regions 0 and 1 are the staging ring
     /// and memory arena files of `segments`; the bytes stay valid while `lease` is alive.
     #[allow(clippy::type_complexity)]
-    fn next_batch_shared<'py>(
-        &self,
-        py: Python<'py>,
-        n: usize,
-    ) -> PyResult<(
-        Bound<'py, PyAny>,
-        Vec<(u8, u64, usize)>,
-        Bound<'py, PyArray1<i64>>,
-        Bound<'py, PyDict>,
-    )> {
+    fn next_batch_shared<'py>(&self, py: Python<'py>, n: usize) -> PyResult<SharedBatch<'py>> {
         let leases = self.take(py, n)?;
-        let private = PyDict::new(py);
-        for (i, l) in leases.iter().enumerate() {
-            if l.region == Region::Private {
-                // SAFETY: valid until the lease is released, which happens after this copy.
-                let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
-                private.set_item(i, PyBytes::new(py, bytes))?;
-            }
-        }
-        let descriptors = leases.iter().map(|l| (l.region as u8, l.offset, l.len)).collect();
-        let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
-        let holder = self.hold(py, &leases)?;
-        Ok((holder, descriptors, labels, private))
+        self.shared(py, &leases)
     }
 
     /// The first part of the next `n` samples for a worker process, as soon as `at_least` of
@@ -281,17 +286,7 @@ impl PyEngine {
                 return Err(e);
             }
         }
-        let private = PyDict::new(py);
-        for (i, l) in leases.iter().enumerate() {
-            if l.region == Region::Private {
-                // SAFETY: valid until the lease is released, which happens after this copy.
-                let bytes = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
-                private.set_item(i, PyBytes::new(py, bytes))?;
-            }
-        }
-        let descriptors = leases.iter().map(|l| (l.region as u8, l.offset, l.len)).collect();
-        let labels = leases.iter().map(|l| l.label).collect::<Vec<_>>().into_pyarray(py);
-        let holder = self.hold(py, &leases)?;
+        let (holder, descriptors, labels, private) = self.shared(py, &leases)?;
         Ok((holder, descriptors, labels, private, failed))
     }
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from ..errors import CorruptError
 from . import _ahead, _tickets
 
 __all__ = ["Adapter", "adapter_for", "CachedDataset", "Batch", "Index"]
@@ -319,7 +320,7 @@ class CachedDataset(torch.utils.data.Dataset):
                 items.append(self._sample(req[k], self._bytes_at(k, row, req.segments, private)))
                 k += 1
             if final and k < n:
-                raise RuntimeError(f"batch {req.token}: {n} samples, {k} posted")
+                raise CorruptError(f"batch {req.token}'s post describes {k} of its {n} samples")
         return items
 
     def _where(self, req) -> tuple:

@@ -369,10 +369,7 @@ class Feeder:
                     try:
                         self._post_parts(token)
                     except (CancelledError, ExhaustedError) as e:
-                        if not self.stopping:
-                            end = e
-                            with self._wake:
-                                self.error = e
+                        end = self._ended(e)
                         return
                     except StopIteration:
                         return
@@ -385,10 +382,7 @@ class Feeder:
                     else:
                         lease, where, _labels, private = next(self.src)
                 except (CancelledError, ExhaustedError) as e:
-                    if not self.stopping:
-                        end = e
-                        with self._wake:
-                            self.error = e
+                    end = self._ended(e)
                     return
                 except StopIteration:
                     return
@@ -424,6 +418,15 @@ class Feeder:
                     self.board.post_error(token, why)
                 except OSError:
                     pass
+
+    def _ended(self, e: BaseException) -> Optional[BaseException]:
+        """The job ended the epoch with ``e`` (None when the feed was being stopped): raised at
+        the next hand-out and posted to the tickets left."""
+        if self.stopping:
+            return None
+        with self._wake:
+            self.error = e
+        return e
 
     def _post_parts(self, token: int) -> None:
         """Take ticket ``token``'s batch in parts as they are staged, posting each at once, so
