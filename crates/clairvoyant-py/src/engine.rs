@@ -232,7 +232,6 @@ impl PyEngine {
     /// The next `n` samples for a worker process: (lease, [(region, offset, length)], int64
     /// labels, {index: bytes} for samples in private memory). Regions 0 and 1 are the staging ring
     /// and memory arena files of `segments`; the bytes stay valid while `lease` is alive.
-    #[allow(clippy::type_complexity)]
     fn next_batch_shared<'py>(&self, py: Python<'py>, n: usize) -> PyResult<SharedBatch<'py>> {
         let leases = self.take(py, n)?;
         self.shared(py, &leases)

@@ -759,26 +759,23 @@ impl Engine {
     /// fetching a sample is returned at once (that sample is consumed, those before it are in
     /// `out`).
     pub fn next_many(&self, n: usize, timeout: Duration, out: &mut Vec<Lease>) -> Result<()> {
-        self.inner.check_pid()?;
-        let mut group = Group::default();
-        for _ in 0..n {
-            match self.inner.next(timeout, &mut group)? {
-                Some(l) => out.push(l),
-                None => break,
-            }
-        }
-        Ok(())
+        self.take_many(n, timeout, timeout, out)
     }
 
     /// [`Engine::next_many`] that waits (up to `timeout`) only for the first sample: the
     /// samples after it are taken while they are ready at once, so a consumer can start on the
     /// first part of a batch whose last samples are still being read.
     pub fn next_ready(&self, n: usize, timeout: Duration, out: &mut Vec<Lease>) -> Result<()> {
+        self.take_many(n, timeout, Duration::ZERO, out)
+    }
+
+    /// One hand-out call of up to `n` samples: waits up to `first` for the first, `rest` for
+    /// each one after it (see [`Engine::next_many`]).
+    fn take_many(&self, n: usize, first: Duration, rest: Duration, out: &mut Vec<Lease>) -> Result<()> {
         self.inner.check_pid()?;
         let mut group = Group::default();
         for i in 0..n {
-            let wait = if i == 0 { timeout } else { Duration::ZERO };
-            match self.inner.next(wait, &mut group)? {
+            match self.inner.next(if i == 0 { first } else { rest }, &mut group)? {
                 Some(l) => out.push(l),
                 None => break,
             }
