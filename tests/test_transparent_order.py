@@ -93,6 +93,8 @@ for epoch in range(epochs):
     got.append({"train": batches, "val": val})
 with open(out, "w") as f:
     json.dump(got, f)
+with open(out + ".modules", "w") as f:
+    json.dump(sorted(m for m in sys.modules if m.startswith("clairvoyant")), f)
 """
 
 
@@ -139,6 +141,10 @@ def test_files_outside_the_sampler_order_are_cached_on_first_read(tmp_path):
     assert r.stderr.count(note) == 1, r.stderr
     log = _agent_log(env["CLAIRVOYANT_AGENT_LOG"], root)
     assert "placing by the order in" in log and f"files outside it: {n_val}, placed by hashed owners" in log, log
+    # The hook read the order without importing the drop-in (its import was most of the
+    # first iter()'s cost under the hook).
+    modules = json.loads((tmp_path / "out.json.modules").read_text())
+    assert "clairvoyant._samplers" in modules and "clairvoyant.torch" not in modules, modules
 
 
 # Reads every file under the root (names as bytes) for some epochs; checksums per epoch.

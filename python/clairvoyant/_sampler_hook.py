@@ -2,7 +2,7 @@
 
 At the first ``iter()`` of a DataLoader (in the main process) whose dataset's files lie under
 the dataset root and whose sampler is a ``DistributedSampler`` (every rank's order is a function
-of the seed and the epoch: the one-line drop-in's predictor, :mod:`clairvoyant.torch._order`),
+of the seed and the epoch: the one-line drop-in's predictor, :mod:`clairvoyant._samplers`),
 the node's first rank writes every node's reads for the next epochs as order files into the
 agent's private directory (the node's other ranks wait for them), and every rank sends the agent
 a ``Plan`` before its workers read. The agent places and prefetches by it, as with
@@ -38,12 +38,12 @@ def _notice(msg: str, first_of_node: bool | None = None) -> None:
 
 
 def _files_of(dataset):
-    from .torch._datasets import _folder_root
+    from ._samplers import folder_root
 
     fn = getattr(dataset, "__clairvoyant_files__", None)
     if callable(fn):
         return [os.fsdecode(p) for p in fn()]
-    folder, indices = _folder_root(dataset)
+    folder, indices = folder_root(dataset)
     if folder is None:
         return None
     order = range(len(folder.samples)) if indices is None else indices
@@ -73,7 +73,7 @@ def _orderable(loader, root: str):
     rank's order known, files under ``root``), else None (with a notice why, where useful)."""
     from torch.utils.data import DistributedSampler, IterableDataset
 
-    from .torch._order import Predictor
+    from ._samplers import Predictor
 
     if isinstance(loader.dataset, IterableDataset):
         _notice(
@@ -144,7 +144,7 @@ def _send(socket: str, pattern: str, first_of_node: bool) -> tuple[bool, object]
 
 def plan(loader) -> bool:
     """Send ``loader``'s future order to the node agent; whether the agent took it."""
-    from .torch._order import epoch_of
+    from ._samplers import epoch_of
 
     root = _settings.get("CLAIRVOYANT_ROOT")
     socket = _settings.get("CLAIRVOYANT_AGENT")

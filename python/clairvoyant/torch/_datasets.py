@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..errors import CorruptError
+from .._samplers import folder_root
 from . import _ahead, _tickets
 
 __all__ = ["Adapter", "adapter_for", "CachedDataset", "Batch", "Index"]
@@ -97,25 +98,6 @@ class Adapter:
         self.source = source  # a clairvoyant source the dataset gave (else files are read)
 
 
-def _folder_root(dataset):
-    """(DatasetFolder, index map or None) when ``dataset`` is a DatasetFolder or a (nested)
-    Subset of one."""
-    # An instance of DatasetFolder means its module is imported; without it there is none to find.
-    tvf = sys.modules.get("torchvision.datasets.folder")
-    if tvf is None:
-        return None, None
-    DatasetFolder = tvf.DatasetFolder
-    indices = None
-    d = dataset
-    while isinstance(d, torch.utils.data.Subset):
-        idx = list(d.indices)
-        indices = idx if indices is None else [idx[i] for i in indices]
-        d = d.dataset
-    if isinstance(d, DatasetFolder):
-        return d, indices
-    return None, None
-
-
 def adapter_for(dataset) -> tuple[Optional[Adapter], str]:
     """(adapter, "") for a dataset clairvoyant can cache, else (None, why not)."""
     name = type(dataset).__name__
@@ -138,7 +120,7 @@ def adapter_for(dataset) -> tuple[Optional[Adapter], str]:
         if labels is None or len(labels) != len(files):
             labels = [0] * len(files)
         return Adapter("protocol", files, [int(x) for x in labels]), ""
-    folder, indices = _folder_root(dataset)
+    folder, indices = folder_root(dataset)
     if folder is not None:
         if _byte_decoder(folder.loader) is None:
             return None, (
@@ -334,7 +316,7 @@ class CachedDataset(torch.utils.data.Dataset):
             return self.dataset.__clairvoyant_getitem__(index, data)
         folder = self._folder
         if folder is None:
-            folder = self._folder = _folder_root(self.dataset)[0]
+            folder = self._folder = folder_root(self.dataset)[0]
             self._decode = _byte_decoder(folder.loader)
         # The dataset's own __getitem__ runs; only its loader is given the bytes, for this call
         # (the dataset object is the user's in a single-process loader: it is left as it was).

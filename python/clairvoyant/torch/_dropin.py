@@ -39,7 +39,8 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleP
 
 from .. import _env, _settings
 from ..errors import ArgumentTypeError, CancelledError, ConfigError, EpochConsumedError, ExhaustedError
-from . import _ahead, _datasets, _job_loader, _native_loader, _order, _rank, _tickets
+from .. import _samplers
+from . import _ahead, _datasets, _job_loader, _native_loader, _rank, _tickets
 
 __all__ = ["DataLoader"]
 
@@ -317,7 +318,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
                 raise ConfigError(f"load_state_dict(): 'workers' does not hold workers' random states ({e})") from None
         self._resume = state
         feed = self._feed()
-        if feed is not None and isinstance(state["epoch"], int) and _order.epoch_of(self.sampler) is None:
+        if feed is not None and isinstance(state["epoch"], int) and _samplers.epoch_of(self.sampler) is None:
             feed.count = state["epoch"]
 
     def stats(self) -> list:
@@ -519,7 +520,7 @@ class _Feed:
         self.pid = os.getpid()
         self.adapter, why = _datasets.adapter_for(loader.dataset)
         self.reason = why
-        self.predictor = _order.Predictor(loader)
+        self.predictor = _samplers.Predictor(loader)
         self.job = None
         self.started = False
         self.next_pass = 0
@@ -614,13 +615,13 @@ class _Feed:
             return
         key = self._epoch_key(loader)
         batches = self.predictor.batches(key)
-        if batches and _order.integer_indices(batches, loader._auto_collation):
+        if batches and _samplers.integer_indices(batches, loader._auto_collation):
             self._start(loader, key, batches)
 
     def _epoch_key(self, loader: DataLoader):
         """The epoch the next iteration draws: the sampler's epoch number, else the count of
         epochs drawn so far."""
-        key = _order.epoch_of(loader.sampler)
+        key = _samplers.epoch_of(loader.sampler)
         return self.count if key is None else key
 
     def _notice_unknown_order(self, sampler) -> None:
@@ -768,9 +769,9 @@ class _Feed:
         Returns (batches, skip, generator state, workers' states or None)."""
         if resume is not None and resume["yielded"] < resume["total"] and resume["epoch"] == key:
             batches = (
-                _order.redraw(loader, resume["generator"])
+                _samplers.redraw(loader, resume["generator"])
                 if resume["generator"] is not None
-                else _order.drain(loader._index_sampler_of_user(), loader._auto_collation)
+                else _samplers.drain(loader._index_sampler_of_user(), loader._auto_collation)
             )
             if len(batches) != resume["total"]:
                 raise ConfigError(
@@ -787,7 +788,7 @@ class _Feed:
                 f"but the sampler is on epoch {key}: starting epoch {key} from its beginning",
                 stacklevel=4,  # where the epoch's iteration was started
             )
-        return _order.drain(loader._index_sampler_of_user(), loader._auto_collation), 0, gstate, None
+        return _samplers.drain(loader._index_sampler_of_user(), loader._auto_collation), 0, gstate, None
 
     def _serve_pass(self, key, tail: list, cacheable: bool, ahead: Optional[_tickets.Ahead]):
         """The engine pass that serves ``tail``, its batches and those already taken of them
@@ -861,14 +862,14 @@ class _Feed:
         ahead = self._retire()
         key = self._epoch_key(loader)
         self.count += 1
-        gstate = _order.generator_state(loader)
+        gstate = _samplers.generator_state(loader)
         resume, loader._resume = loader._resume, None
         batches, skip, gstate, restore = self._epoch_batches(loader, key, resume, gstate)
         self.current = _Current(key, len(batches), skip, self.token, gstate)
         batched = loader._auto_collation
         # Indices that are not integers (a sampler yielding lists of indices without automatic
         # batching, or keys) are passed to the dataset as torch passes them, uncached.
-        cacheable = _order.integer_indices(batches, batched)
+        cacheable = _samplers.integer_indices(batches, batched)
         self.current.plain = not cacheable and not batched
         if not self.started and cacheable:
             self._start(loader, key, batches)

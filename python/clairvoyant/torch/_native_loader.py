@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from .. import _native, _settings
+from .. import _native, _samplers, _settings
 from ..errors import CorruptError
 
 __all__ = ["NativeIter", "native_choice", "NativeSetup"]
@@ -100,7 +100,7 @@ def native_choice(loader, requested: Optional[bool]) -> tuple:
     from . import _datasets
     from ._native_pipeline import native_plan
 
-    folder, _ = _datasets._folder_root(loader.dataset)
+    folder, _ = _samplers.folder_root(loader.dataset)
     if folder is None:
         return None, None
     if requested is False:

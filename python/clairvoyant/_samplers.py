@@ -1,4 +1,6 @@
-"""Reading a sampler's order, now and ahead, without disturbing it.
+"""Reading a sampler's order, now and ahead, without disturbing it (the drop-in's, and that of
+``clairvoyant run --sampler-order``, which imports this module without importing the drop-in:
+that import is a training program's first ``iter()`` otherwise).
 
 Now: at the start of each epoch the loader draws the user's batch sampler to its end, exactly
 as torch's iterator would draw it (the same calls, in the same order, with the same random
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import numbers
+import sys
 from typing import Any, Optional
 
 import torch
@@ -165,3 +168,22 @@ def redraw(loader, state) -> list:
             torch.set_rng_state(saved)
     loader.sampler.generator.set_state(value)
     return drain(loader._index_sampler_of_user(), loader._auto_collation)
+
+
+def folder_root(dataset):
+    """(DatasetFolder, index map or None) when ``dataset`` is a DatasetFolder or a (nested)
+    Subset of one."""
+    # An instance of DatasetFolder means its module is imported; without it there is none to find.
+    tvf = sys.modules.get("torchvision.datasets.folder")
+    if tvf is None:
+        return None, None
+    DatasetFolder = tvf.DatasetFolder
+    indices = None
+    d = dataset
+    while isinstance(d, torch.utils.data.Subset):
+        idx = list(d.indices)
+        indices = idx if indices is None else [idx[i] for i in indices]
+        d = d.dataset
+    if isinstance(d, DatasetFolder):
+        return d, indices
+    return None, None
