@@ -366,7 +366,15 @@ def _train(loader: str, cfg: dict, fs, ranks: int, nodes: int, node_env: dict, l
     env = {"CLAIRVOYANT_RUN_ID": f"demo-{loader}-{uuid.uuid4().hex[:12]}", "OMP_NUM_THREADS": "1", **node_env}
     if loader == "one-node":
         env["CLAIRVOYANT_PEERS"] = "off"
-    per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env, nodes=nodes)
+    # A healthy run reads the dataset at most once an epoch from the emulated file system; one
+    # that takes 20 times that, after 5 minutes to start, is hung: stopped and named.
+    patience = 300 + 20 * cfg["epochs"] * cfg["dataset_bytes"] / (cfg["bandwidth_mbps"] * 1e6)
+    try:
+        per_rank = run_ranks(_train_rank, ranks, args=(cfg,), env=env, nodes=nodes, timeout=patience)
+    except TimeoutError as e:
+        raise RuntimeError(
+            f"the {loader} run's {ranks} ranks did not finish within {patience:.0f} s ({e}); they were stopped"
+        ) from e
     rows = _merge(per_rank, loader, len(cfg["paths"]), before)
     if loader == "clairvoyant" and nodes > 1:
         # Every rank's peer client counters (and its node's server's, on the first local rank).

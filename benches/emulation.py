@@ -296,6 +296,8 @@ def run_ranks(
     errors: list[str] = []
     reported: set[int] = set()
     deadline = None if timeout is None else time.monotonic() + timeout
+    # Ranks that outlived the timeout are hung: a few seconds to exit, then terminated.
+    grace = 30.0
     try:
         while len(reported) < world_size:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -307,6 +309,7 @@ def run_ranks(
             except queue.Empty:
                 if deadline is not None and time.monotonic() >= deadline:
                     barrier.abort()  # ranks waiting at it stop rather than hold the joins below
+                    grace = 5.0
                     raise TimeoutError(f"ranks did not finish within {timeout} s")
                 if gone:
                     barrier.abort()
@@ -319,8 +322,10 @@ def run_ranks(
             else:
                 errors.append(f"rank {rank} failed:\n{value}")
     finally:
+        # One grace period for all ranks, not one each.
+        until = time.monotonic() + grace
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=max(0.0, until - time.monotonic()))
             if p.is_alive():
                 p.terminate()
                 p.join()

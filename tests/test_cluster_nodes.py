@@ -376,6 +376,22 @@ def test_a_rank_that_exits_cleanly_without_reporting_is_not_waited_for():
     assert took < 20, f"run_ranks took {took:.1f} s to give up"
 
 
+def _hangs(ctx):
+    if ctx.rank == 1:
+        time.sleep(3600)  # as a rank deadlocked in its training loop
+    ctx.sync()
+    return ctx.rank
+
+
+def test_ranks_that_hang_are_stopped_at_the_timeout_not_waited_for():
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 3"):
+        run_ranks(_hangs, 2, timeout=3)
+    # The hung rank is terminated after a short grace, not joined for 30 s per rank.
+    took = time.monotonic() - t0
+    assert took < 20, f"run_ranks took {took:.1f} s to give up"
+
+
 def test_ranks_that_die_while_starting_are_reported_not_hung_on(tmp_path):
     # A script without a __main__ guard: each spawned rank re-runs it while starting, fails
     # there (a process may not start others while it starts) and exits before it has read what
