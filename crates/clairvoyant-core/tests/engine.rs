@@ -185,7 +185,17 @@ fn one_rank_in_order_and_cached_after_first_epoch() {
         300,
         "the source is read once per sample over the run"
     );
-    assert!(srcs[1].iter().chain(&srcs[2]).all(|&s| s == Src::Memory));
+    let later: Vec<(usize, Src)> = srcs[1..]
+        .iter()
+        .flatten()
+        .copied()
+        .enumerate()
+        .filter(|&(_, s)| s != Src::Memory)
+        .collect();
+    assert!(
+        later.is_empty(),
+        "not from memory in epochs 1-2 (position, source): {later:?}"
+    );
     let stats = engine.stats();
     assert_eq!(stats.iter().map(|s| s.samples).sum::<u64>(), 900);
     assert_eq!(stats.iter().map(|s| s.pfs_files_read).sum::<u64>(), 300);
@@ -589,11 +599,17 @@ fn the_staging_ring_reuses_its_first_blocks_instead_of_touching_new_ones() {
 fn close_releases_the_ring_at_once() {
     let src = MemSource::new(50, Duration::ZERO);
     let engine = Engine::start(src, &model(1 << 16, 0, None), spec(50, 1, 0, vec![0], 1, "")).unwrap();
+    use std::os::unix::fs::MetadataExt;
     let ring = engine.segments().0;
-    assert!(ring.exists());
+    let file = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let before = file(&ring);
+    assert!(before.is_some());
     let l = engine.next(Duration::from_secs(10)).unwrap().unwrap();
     engine.shutdown();
-    assert!(!ring.exists(), "unlinked at close");
+    // The ring is reached through this process's descriptor (/proc/<pid>/fd/<n>): closed at
+    // close. A test running beside this one may get the same descriptor number for a file of
+    // its own, so the path may exist again, but not as the ring.
+    assert_ne!(file(&ring), before, "the ring's descriptor is closed at close");
     // The lease's bytes are still readable (mapping kept while a lease is alive).
     // SAFETY: not released yet.
     let b = unsafe { std::slice::from_raw_parts(l.ptr, l.len) };
@@ -675,8 +691,18 @@ struct Gated {
 
 impl Gated {
     fn let_through(&self) {
-        *self.held.lock().unwrap() = None;
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.open.notify_all();
+    }
+}
+
+/// Lets a [`Gated`] source's held read through when dropped: declared after the engine, it
+/// runs first when a test fails, so the engine's shutdown does not wait for ever on the read.
+struct OpenAtEnd(Arc<Gated>);
+
+impl Drop for OpenAtEnd {
+    fn drop(&mut self) {
+        self.0.let_through();
     }
 }
 
@@ -716,14 +742,21 @@ fn a_part_of_a_batch_is_handed_out_while_its_later_samples_are_still_read() {
         open: std::sync::Condvar::new(),
     });
     let engine = Engine::start(src.clone(), &model(1 << 20, 0, None), sp).unwrap();
+    let _open = OpenAtEnd(src.clone());
     engine.begin_epoch(0).unwrap();
     let mut out = Vec::new();
     let t0 = std::time::Instant::now();
-    engine.next_ready(8, Duration::from_secs(10), &mut out).unwrap();
+    // The samples before the held one come without waiting for it: in one call, or in a few
+    // where a loaded machine has not staged them all when the first call returns.
+    while out.len() < 3 {
+        engine
+            .next_ready(8 - out.len(), Duration::from_secs(10), &mut out)
+            .unwrap();
+    }
     assert_eq!(
         out.iter().map(|l| l.sample).collect::<Vec<_>>(),
         order[..3],
-        "the samples before the one being read, at once"
+        "the samples before the one being read"
     );
     assert!(
         t0.elapsed() < Duration::from_secs(5),
