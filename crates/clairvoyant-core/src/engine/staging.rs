@@ -359,8 +359,8 @@ impl Drop for RingBuf {
 }
 
 impl Inner {
-    /// Fill the staging ring strictly in access order. Memory-class samples already filled (and
-    /// whose dataset stamp this job checked) need no fetch: they are marked ready while the lock
+    /// Fill the staging ring strictly in access order. Memory-class samples already filled need
+    /// no fetch (they are checked when handed out): they are marked ready while the lock
     /// is held, a run of them at a time, so serving them costs the producer no extra lock
     /// round trip per sample.
     pub(super) fn staging_prefetch(&self) {
@@ -414,9 +414,9 @@ impl Inner {
                 break Alloc::RunDone;
             }
             let sample = st.stream[(st.next_alloc - st.stream_base) as usize];
-            // The round (epoch + 1) of the position, looked up once for the slot and the fetch.
+            // The round (epoch + 1) of the position, for its fetch.
             let round = st.epoch_of(st.next_alloc) + 1;
-            let Some((slot, status)) = self.slot_for(&mut st, sample, round, consumer_starved) else {
+            let Some((slot, status)) = self.slot_for(&mut st, sample, consumer_starved) else {
                 st = self.wait_on(&self.freed, st, &mut wake);
                 continue;
             };
@@ -461,22 +461,19 @@ impl Inner {
         cv.wait(st).unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Where the next position's bytes go, and whether it is ready already (a memory-class
-    /// sample filled and checked in `round`, or of a round after the consumer's); None: no ring
-    /// space yet, wait for some.
-    fn slot_for(&self, st: &mut StagingState, sample: u32, round: u32, starved: bool) -> Option<(Slot, Status)> {
+    /// Where the next position's bytes go, and whether it is ready already (a filled
+    /// memory-class sample); None: no ring space yet, wait for some.
+    fn slot_for(&self, st: &mut StagingState, sample: u32, starved: bool) -> Option<(Slot, Status)> {
         let len = self.source.size(sample);
         let mut status = Status::Pending;
         let slot = match self.store_of(sample) {
             _ if len == 0 => Slot::Empty,
             Some((_, ClassStore::Mapped)) => {
-                // A position of an epoch the consumer has not entered yet is checked when handed
-                // out (a check now would not count for its epoch): it needs none now.
-                let later = round > self.round.load(Ordering::Relaxed);
-                if self.node.cache.state().state(sample) == crate::tier::READY
-                    && (later || self.stamp_checked_in(sample, round))
-                {
-                    // Checked against its checksum when handed out.
+                // A filled copy needs no fetch: it is checked against its dataset file (in the
+                // consumer's epoch, normally by the checker ahead of the consumer) and its
+                // checksum when handed out. A staging thread's own stat would only repeat
+                // the checker's work, one sample and one wake-up at a time.
+                if self.node.cache.state().state(sample) == crate::tier::READY {
                     status = Status::Ready(Src::Memory);
                 }
                 Slot::Arena {
