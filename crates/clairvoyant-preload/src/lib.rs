@@ -97,6 +97,7 @@ extern "C" fn fork_child() {
     table::OWNER_PID.store(unsafe { libc::getpid() }, Ordering::Relaxed);
     TABLE.after_fork();
     standin::REAL_LOCK.store(false, Ordering::Relaxed);
+    standin::pool_after_fork();
     client::fork_child();
 }
 
@@ -236,7 +237,8 @@ impl FdInfo {
             return None;
         }
         if let (Some(_), Src::Arena(e)) = (&self.standin, &self.src) {
-            // A stand-in is a sealed copy of the bytes of the open: it cannot change size.
+            // A stand-in's copy holds the bytes of the open (sealed, or a pooled file no one refills
+            // while it is held): it cannot change size.
             if st.st_size as u64 != e.size {
                 self.state.store(DROPPED, Ordering::Relaxed);
                 self.count(counter::CORRUPT, 1);

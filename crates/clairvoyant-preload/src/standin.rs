@@ -1,10 +1,11 @@
 //! Stand-in opens: a read-only open of a dataset file whose cached copy is current does not
-//! open the file. The fd is a sealed in-memory copy of the file (`memfd`, its own open file
-//! description, the copy's checksum verified when made), recorded in the fd table as a stand-in
-//! with the dataset file's `stat`. Its size, contents and offsets are the file's, so what the
-//! library does not see (io_uring, raw system calls, `sendfile`, a mapping made by another
-//! library) still reads the file's bytes, the kernel serves reads, offsets and mappings of it,
-//! and dup and fork keep working unchanged.
+//! open the file. The fd is a read-only open of an in-memory copy of the file (`memfd`, its own
+//! open file description, the copy's checksum verified when made), recorded in the fd table as
+//! a stand-in with the dataset file's `stat`. Its size, contents and offsets are the file's, so
+//! what the library does not see (io_uring, raw system calls, `sendfile`, a mapping made by
+//! another library) still reads the file's bytes, the kernel serves reads, offsets and mappings
+//! of it, and dup and fork keep working unchanged. The in-memory files are reused once nothing
+//! holds them any more ([`pooled_copy`]).
 //!
 //! Calls that would reveal the copy's own metadata are answered for the dataset file (`fstat`
 //! family, `statx`/`fstatat` on the fd; `lseek` needs nothing: the copy's size is the file's).
@@ -222,13 +223,22 @@ fn standin_of(found: Found, dirfd: c_int, p: &[u8], rel: &[u8], flags: c_int, st
 /// The largest file served by a stand-in (each open stand-in holds a copy of its file).
 const MAX_COPY: usize = 64 << 20;
 
-/// A sealed in-memory file (`memfd`, close-on-exec) holding exactly `bytes`, offset 0: whatever
-/// reaches it unseen (io_uring, raw system calls, `sendfile`, a mapping) reads the dataset
-/// file's bytes.
+/// The in-memory file a stand-in reads: a reused one from this process's pool when one is free
+/// (see [`pooled_copy`]), else a new sealed one.
 fn copy_fd(path: &CString, bytes: &[u8]) -> Option<c_int> {
     if bytes.len() > MAX_COPY {
         return None;
     }
+    let saved = errno();
+    let fd = pooled_copy(bytes).or_else(|| sealed_copy(path, bytes));
+    set_errno(saved);
+    fd
+}
+
+/// A new sealed in-memory file (`memfd`, close-on-exec) holding exactly `bytes`, offset 0:
+/// whatever reaches it unseen (io_uring, raw system calls, `sendfile`, a mapping) reads the
+/// dataset file's bytes.
+fn sealed_copy(path: &CString, bytes: &[u8]) -> Option<c_int> {
     let base = path.as_bytes().rsplit(|&b| b == b'/').next().unwrap_or(b"");
     let mut name = b"clairvoyant:".to_vec();
     name.extend_from_slice(&base[..base.len().min(200)]);
@@ -238,21 +248,173 @@ fn copy_fd(path: &CString, bytes: &[u8]) -> Option<c_int> {
     if fd < 0 {
         return None;
     }
-    let mut at = 0usize;
-    while at < bytes.len() {
-        // SAFETY: writing from an in-bounds slice to our own fd.
-        let n = unsafe { libc::pwrite(fd, bytes[at..].as_ptr() as *const c_void, bytes.len() - at, at as off_t) };
-        if n <= 0 {
-            // SAFETY: our own fd.
-            unsafe { real::close(fd) };
-            return None;
-        }
-        at += n as usize;
+    if !fill(fd, bytes) {
+        // SAFETY: our own fd.
+        unsafe { real::close(fd) };
+        return None;
     }
     let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
     // SAFETY: fcntl on our own fd.
     unsafe { real::fcntl(fd, libc::F_ADD_SEALS, seals as c_ulong) };
     Some(fd)
+}
+
+/// Make the in-memory file `fd` hold exactly `bytes`.
+fn fill(fd: c_int, bytes: &[u8]) -> bool {
+    // SAFETY: ftruncate on our own fd.
+    if unsafe { libc::ftruncate(fd, bytes.len() as off_t) } != 0 {
+        return false;
+    }
+    let mut at = 0usize;
+    while at < bytes.len() {
+        // SAFETY: writing from an in-bounds slice to our own fd.
+        let n = unsafe { libc::pwrite(fd, bytes[at..].as_ptr() as *const c_void, bytes.len() - at, at as off_t) };
+        if n <= 0 {
+            return false;
+        }
+        at += n as usize;
+    }
+    true
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reused copies
+
+/// In-memory files kept for reuse per process.
+const POOL_FILES: usize = 8;
+/// The largest copy made in a reused file (larger ones would hold their memory between opens).
+const POOL_MAX_BYTES: usize = 4 << 20;
+
+/// One reusable in-memory file: this process's read-write open of it, and its identity (the fd
+/// number may have been closed by the program and reused for something else).
+#[derive(Clone, Copy)]
+struct Pooled {
+    fd: c_int,
+    dev: u64,
+    ino: u64,
+}
+
+static POOL: std::sync::Mutex<Vec<Pooled>> = std::sync::Mutex::new(Vec::new());
+/// No reuse in this process: leases are unavailable, `/proc` is not mounted, or the pool was
+/// held by another thread when the process forked.
+static POOL_OFF: AtomicBool = AtomicBool::new(false);
+
+/// A stand-in's copy made in a reused in-memory file, when one is free: a new file per open
+/// costs fresh pages (allocated, zeroed, freed at close) for every file read, several times the
+/// copy itself. The stand-in fd is a read-only open of the file of its own (through
+/// `/proc/self/fd`), and the pool keeps the read-write one. A file is filled again only when
+/// nothing else holds it: a write lease is granted only when no other open of the file exists,
+/// so a stand-in still open, a copy of its fd (here or in a child), a mapping of it, or an fd in
+/// flight to another process keeps its bytes as they were. None: fall back to a new sealed copy.
+fn pooled_copy(bytes: &[u8]) -> Option<c_int> {
+    if bytes.len() > POOL_MAX_BYTES || POOL_OFF.load(Ordering::Relaxed) {
+        return None;
+    }
+    let p = take_unheld()?;
+    if !fill(p.fd, bytes) {
+        // SAFETY: the pool's own fd, taken out of it above.
+        unsafe { real::close(p.fd) };
+        return None;
+    }
+    let fd = reopen(p.fd, libc::O_RDONLY | libc::O_CLOEXEC);
+    match POOL.try_lock() {
+        Ok(mut pool) if pool.len() < POOL_FILES => pool.push(p),
+        // SAFETY: the pool's own fd, not in it any more (the stand-in holds the file).
+        _ => unsafe {
+            real::close(p.fd);
+        },
+    }
+    (fd >= 0).then_some(fd)
+}
+
+/// A pooled file that nothing else holds, taken out of the pool, or a new one while the pool
+/// has room; None when every pooled file is held (or the pool is busy or off).
+fn take_unheld() -> Option<Pooled> {
+    let mut pool = POOL.try_lock().ok()?;
+    let mut i = 0;
+    while i < pool.len() {
+        let p = pool[i];
+        if !real_fstat(p.fd).is_some_and(|st| st.st_dev == p.dev && st.st_ino == p.ino) {
+            // The program closed the fd (its number may name another file now): forget it.
+            pool.swap_remove(i);
+            continue;
+        }
+        match unheld(p.fd) {
+            Some(true) => return Some(pool.swap_remove(i)),
+            Some(false) => i += 1,
+            None => {
+                POOL_OFF.store(true, Ordering::Relaxed);
+                return None;
+            }
+        }
+    }
+    if pool.len() >= POOL_FILES {
+        return None;
+    }
+    drop(pool);
+    new_pooled()
+}
+
+/// Whether no open of the file `fd` is open but `fd`'s own: a write lease is granted only then
+/// (and given back at once). None: leases cannot be taken here.
+fn unheld(fd: c_int) -> Option<bool> {
+    // SAFETY: fcntl on the pool's own fd.
+    if unsafe { real::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK as c_ulong) } == 0 {
+        // SAFETY: as above.
+        unsafe { real::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK as c_ulong) };
+        return Some(true);
+    }
+    match errno() {
+        libc::EAGAIN | libc::EBUSY => Some(false),
+        _ => None,
+    }
+}
+
+/// A new in-memory file for the pool. The pool keeps an open of it made through `/proc`, not
+/// `memfd_create`'s own: only an open made that way counts as a writer in the lease's check.
+fn new_pooled() -> Option<Pooled> {
+    // SAFETY: a constant C string and flags.
+    let m = unsafe { libc::memfd_create(c"clairvoyant:copy".as_ptr(), libc::MFD_CLOEXEC) };
+    if m < 0 {
+        return None;
+    }
+    let fd = reopen(m, libc::O_RDWR | libc::O_CLOEXEC);
+    // SAFETY: our own fd, replaced by `fd`.
+    unsafe { real::close(m) };
+    if fd < 0 {
+        POOL_OFF.store(true, Ordering::Relaxed);
+        return None;
+    }
+    let st = real_fstat(fd)?;
+    Some(Pooled {
+        fd,
+        dev: st.st_dev,
+        ino: st.st_ino,
+    })
+}
+
+/// A new open (its own open file description) of what `fd` names, through `/proc/self/fd`.
+fn reopen(fd: c_int, flags: c_int) -> c_int {
+    let Ok(path) = CString::new(format!("/proc/self/fd/{fd}")) else {
+        return -1;
+    };
+    // SAFETY: a NUL-terminated path; no mode needed without O_CREAT.
+    unsafe { real::open(path.as_ptr(), flags, 0) }
+}
+
+/// In a forked child: the pool's fds are the parent's open file descriptions, which the parent
+/// fills again; the child closes its copies and starts an empty pool (or none, if another thread
+/// held the pool when the process forked).
+pub(crate) fn pool_after_fork() {
+    match POOL.try_lock() {
+        Ok(mut pool) => {
+            for p in pool.drain(..) {
+                // SAFETY: the child's copy of a pool fd.
+                unsafe { real::close(p.fd) };
+            }
+        }
+        Err(_) => POOL_OFF.store(true, Ordering::Relaxed),
+    }
 }
 
 /// Held while a stand-in becomes real (released in a forked child).
@@ -369,7 +531,8 @@ pub(crate) fn make_real(fd: c_int, info: &Arc<FdInfo>) -> bool {
 }
 
 /// A mapping the cache does not serve: a stand-in's copy is mapped itself, except a writable
-/// shared mapping (the sealed copy refuses it with another errno than the file would): the
+/// shared mapping (the read-only or sealed copy refuses it with another errno than the file
+/// would): the
 /// stand-in becomes real first.
 pub(crate) fn map_real(fd: c_int, prot: c_int, flags: c_int, call: &dyn Fn() -> *mut c_void) -> *mut c_void {
     let shared = matches!(flags & 0x03, libc::MAP_SHARED | libc::MAP_SHARED_VALIDATE);
