@@ -142,7 +142,7 @@ pub mod counter {
 /// The directory key of a normalized relative path: XXH3-64 of its bytes, 0 remapped to 1
 /// (0 marks an empty slot).
 pub fn path_key(rel: &[u8]) -> u64 {
-    match xxhash_rust::xxh3::xxh3_64(rel) {
+    match twox_hash::XxHash3_64::oneshot(rel) {
         0 => 1,
         k => k,
     }
@@ -687,6 +687,14 @@ impl DirReader {
 
 #[cfg(test)]
 mod tests {
+    /// The programs' checksum is the engine's (xxh3-64, seed 0): golden values.
+    #[test]
+    fn checksum_is_xxh3_64_golden() {
+        let pattern = |n: usize| (0..n).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>();
+        assert_eq!(crate::checksum(b""), 0x2d06800538d394c2);
+        assert_eq!(crate::checksum(&pattern(110_000)), 0xcd837f5c597dd0b3);
+    }
+
     use super::*;
     use std::sync::Arc;
 
@@ -702,7 +710,7 @@ mod tests {
 
     #[test]
     fn path_key_is_xxh3_with_zero_remapped() {
-        assert_eq!(path_key(b"a/b.jpg"), xxhash_rust::xxh3::xxh3_64(b"a/b.jpg"));
+        assert_eq!(path_key(b"a/b.jpg"), twox_hash::XxHash3_64::oneshot(b"a/b.jpg"));
         assert_ne!(path_key(b""), 0);
     }
 

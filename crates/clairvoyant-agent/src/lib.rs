@@ -5,7 +5,7 @@
 //! The agent's server itself ([`server`], feature `server`, on by default) answers those
 //! processes from the engine's node cache; [`client`] is a launcher's and a test's side of it.
 //!
-//! Without the `server` feature this crate is deliberately small (std, libc, xxhash-rust)
+//! Without the `server` feature this crate is deliberately small (std, libc, twox-hash)
 //! because it is linked into `libclairvoyant_preload.so`, which is loaded into every process of
 //! a transparent-mode job; the preload library depends on it with default features off.
 
@@ -21,5 +21,5 @@ pub mod server;
 /// The checksum of a cached file's bytes: XXH3-64, the same function as the engine's
 /// `tier::checksum`, so a value computed by the engine can be verified here.
 pub fn checksum(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
+    twox_hash::XxHash3_64::oneshot(bytes)
 }

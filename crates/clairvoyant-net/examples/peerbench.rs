@@ -177,7 +177,7 @@ fn main() {
         *b = x as u8;
     }
     let sums = (0..DISTINCT)
-        .map(|i| xxhash_rust::xxh3::xxh3_64(&bytes[i * size..(i + 1) * size]))
+        .map(|i| twox_hash::XxHash3_64::oneshot(&bytes[i * size..(i + 1) * size]))
         .collect();
     let arena = Arc::new(Arena { bytes, size, sums });
     let servers: Vec<Server> = (0..nservers)

@@ -498,7 +498,7 @@ impl Client {
                     return Ok((Fetch::Corrupt, false));
                 }
                 read_full(&mut c.stream, dst).map_err(|_| Fault::Broken)?;
-                let ok = xxhash_rust::xxh3::xxh3_64(dst) == h.arg;
+                let ok = twox_hash::XxHash3_64::oneshot(dst) == h.arg;
                 Ok((if ok { Fetch::Got } else { Fetch::Corrupt }, true))
             }
             Kind::NotYet => Ok((Fetch::NotYet, true)),

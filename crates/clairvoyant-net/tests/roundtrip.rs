@@ -232,7 +232,7 @@ impl clairvoyant_net::Provider for SlowReads {
         g.0 -= 1;
         clairvoyant_net::Served::Ready {
             bytes: Box::new(sample.to_le_bytes().to_vec()),
-            checksum: xxhash_rust::xxh3::xxh3_64(&sample.to_le_bytes()),
+            checksum: twox_hash::XxHash3_64::oneshot(&sample.to_le_bytes()),
         }
     }
 }

@@ -47,12 +47,12 @@ pub fn plan_file_bytes(plan: &NodePlan) -> u64 {
 /// A writer that hashes what it writes.
 struct Hashed<W: Write> {
     out: W,
-    hash: xxhash_rust::xxh3::Xxh3,
+    hash: twox_hash::XxHash3_64,
 }
 
 impl<W: Write> Hashed<W> {
     fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.hash.update(bytes);
+        std::hash::Hasher::write(&mut self.hash, bytes);
         self.out.write_all(bytes)
     }
 
@@ -84,7 +84,7 @@ impl NodePlan {
         let file = secure::create_new(path).map_err(|e| Error::io(path, e))?;
         let mut w = Hashed {
             out: std::io::BufWriter::with_capacity(1 << 20, file),
-            hash: xxhash_rust::xxh3::Xxh3::new(),
+            hash: twox_hash::XxHash3_64::with_seed(0),
         };
         let p = &self.placement;
         let epochs = self.streams.first().map_or(0, |s| s.len());
@@ -119,7 +119,7 @@ impl NodePlan {
                     w.u32s(&e.batch_ends)?;
                 }
             }
-            let sum = w.hash.digest();
+            let sum = std::hash::Hasher::finish(&w.hash);
             w.out.write_all(&sum.to_le_bytes())?;
             w.out.flush()
         })();
@@ -146,7 +146,7 @@ impl NodePlan {
             return Err(bad("not a node plan of this version".into()));
         }
         let (body, trailer) = map.split_at(map.len() - 8);
-        if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(trailer.try_into().expect("8 bytes")) {
+        if twox_hash::XxHash3_64::oneshot(body) != u64::from_le_bytes(trailer.try_into().expect("8 bytes")) {
             return Err(bad("checksum mismatch".into()));
         }
         let mut r = Reader { at: 8, body };

@@ -105,9 +105,9 @@ pub(crate) fn prefetch_lines(ptr: *const u8, len: usize) {
     let _ = (ptr, len);
 }
 
-/// The checksum of a sample's bytes (xxh3-64: ~30 GB/s, no C dependency).
+/// The checksum of a sample's bytes (xxh3-64: ~55 GB/s with AVX2, no C dependency).
 pub fn checksum(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
+    twox_hash::XxHash3_64::oneshot(bytes)
 }
 
 /// Print `msg` on stderr once per `key` in this process.

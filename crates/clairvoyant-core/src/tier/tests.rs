@@ -313,3 +313,14 @@ fn a_living_rank_computing_the_plan_is_waited_for() {
         assert_eq!((code, decided), (2, false), "the second waited for the first's outcome");
     });
 }
+
+/// Checksums recorded in node caches on disk stay valid across versions: xxh3-64 with seed 0,
+/// whatever implementation computes it (the same values as the reference implementation's).
+#[test]
+fn checksum_is_xxh3_64_golden() {
+    let pattern = |n: usize| (0..n).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>();
+    assert_eq!(checksum(b""), 0x2d06800538d394c2);
+    assert_eq!(checksum(&pattern(3)), 0xa9088dda485b481c);
+    assert_eq!(checksum(&pattern(1024)), 0x9b81661c641c72b1);
+    assert_eq!(checksum(&pattern(110_000)), 0xcd837f5c597dd0b3);
+}

@@ -20,7 +20,7 @@ pub fn sample_bytes(id: u32, len: usize) -> Vec<u8> {
 }
 
 pub fn xxh(b: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(b)
+    twox_hash::XxHash3_64::oneshot(b)
 }
 
 struct Slice(Arc<Vec<u8>>);
