@@ -24,7 +24,7 @@ use crate::{
     base_dir, last_change_ns, notice_once, real_fstat, FdInfo, Src, StandIn, DROPPED, TABLE, UNVERIFIED, VERIFIED,
 };
 use clairvoyant_agent::dir::{counter, path_key};
-use libc::{c_char, c_int, c_uint, c_ulong, c_void, off_t, size_t, ssize_t};
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, size_t, ssize_t};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -261,20 +261,11 @@ fn sealed_copy(path: &CString, bytes: &[u8]) -> Option<c_int> {
 
 /// Make the in-memory file `fd` hold exactly `bytes`.
 fn fill(fd: c_int, bytes: &[u8]) -> bool {
-    // SAFETY: ftruncate on our own fd.
-    if unsafe { libc::ftruncate(fd, bytes.len() as off_t) } != 0 {
-        return false;
-    }
-    let mut at = 0usize;
-    while at < bytes.len() {
-        // SAFETY: writing from an in-bounds slice to our own fd.
-        let n = unsafe { libc::pwrite(fd, bytes[at..].as_ptr() as *const c_void, bytes.len() - at, at as off_t) };
-        if n <= 0 {
-            return false;
-        }
-        at += n as usize;
-    }
-    true
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileExt;
+    // SAFETY: `fd` is our own open file; ManuallyDrop leaves it open (the caller owns it).
+    let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    file.set_len(bytes.len() as u64).is_ok() && file.write_all_at(bytes, 0).is_ok()
 }
 
 // ---------------------------------------------------------------------------------------------
