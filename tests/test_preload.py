@@ -1412,3 +1412,57 @@ def test_a_stand_in_copy_is_reused_only_when_nothing_holds_it(built, dataset, st
     assert res["held"] == [want[str(a)]] * 3, "a held stand-in copy was filled with another file"
     assert res["child"] == 0, "the forked child read other bytes through its inherited fd"
     assert res["counters"]["standins"] == 2 + 4 + 40, res["counters"]
+
+
+CLOSED_UNDER = (
+    COUNTER_FN
+    + r"""
+import hashlib, json, os, sys, tempfile
+a, b = sys.argv[1:3]
+h = lambda x: hashlib.sha256(bytes(x)).hexdigest()
+ro = os.O_RDONLY | os.O_CLOEXEC
+def whole(fd):
+    return h(os.pread(fd, 1 << 23, 0))
+res = {}
+# More stand-ins open at once than the pool holds: the rest are new copies.
+held = [os.open(a if k % 2 else b, ro) for k in range(12)]
+res["many"] = [whole(fd) for fd in held]
+for fd in held:
+    os.close(fd)
+# The program closes every fd above stderr behind the library's back (close_range), then its own
+# files take the freed numbers, the pool's among them: opens through the pool must not write there.
+os.closerange(3, 1 << 12)
+mine = []
+for k in range(16):
+    fd, path = tempfile.mkstemp()
+    os.write(fd, b"mine %d" % k)
+    mine.append((fd, path))
+again = []
+for _ in range(10):
+    fd = os.open(a, ro)
+    again.append(whole(fd))
+    os.close(fd)
+res["again"] = again
+res["mine"] = [os.pread(fd, 100, 0).decode(errors="replace") for fd, _ in mine]
+for fd, path in mine:
+    os.close(fd)
+    os.unlink(path)
+print(json.dumps(res))
+"""
+)
+
+
+def test_stand_in_copies_survive_many_opens_and_fds_closed_behind_the_librarys_back(built, dataset, start_agent):
+    """Twelve stand-ins open at once (more than the pool holds) each read their file; after the
+    program closes every fd (the pool's too) and reuses the numbers for files of its own, opens
+    through the pool still read the dataset file and never write into the program's files."""
+    agent = start_agent("dir")
+    env = env_for(built, dataset, agent.socket)
+    a, b = dataset / "a" / "x.bin", dataset / "arr.f32"
+    r = run([sys.executable, "-c", CLOSED_UNDER, str(a), str(b)], env)
+    assert r.returncode == 0, r.stderr.decode()
+    res = json.loads(r.stdout)
+    sa, sb = sha(a.read_bytes()), sha(b.read_bytes())
+    assert res["many"] == [sa if k % 2 else sb for k in range(12)], "a stand-in read another file's bytes"
+    assert res["again"] == [sa] * 10, "after the fds were closed, a stand-in read wrong bytes"
+    assert res["mine"] == [f"mine {k}" for k in range(16)], "the library wrote into the program's own file"
