@@ -356,21 +356,27 @@ def _in_flight(a: dict, b: dict) -> float:
 def _fuse_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epochs: int, batch: int) -> dict:
     """One rank of the Job API on the FUSE mount: every epoch in steps of ``batch`` samples, a
     training step (slept) and a barrier per step. Each epoch's time ends at its last step; epoch
-    0's starts before the job is created (its prefetchers start with it). Rank 0 reads the file
-    system's byte counter at every epoch's end."""
+    0's starts before the job is created (its prefetchers start with it), a later one at a
+    barrier after rank 0 has read the file system's byte counter for the one before."""
     import clairvoyant
 
     from .emulation import EmulatedAccelerator
 
     source = clairvoyant.FileList([os.path.join(mnt, r) for r in rel], labels)
     accel = EmulatedAccelerator(compute_bps)
+    # Rank 0 reads the file system's counters outside the epochs' times (before the clock starts
+    # and between epochs, all ranks waiting for it at a barrier), as the plain pool's run does.
+    fs = [_fs_counters(mnt) if ctx.rank == 0 else None]
     ctx.sync()
-    marks, computes, fs = [time.perf_counter()], [], [_fs_counters(mnt) if ctx.rank == 0 else None]
+    starts, ends, computes = [time.perf_counter()], [], []
     waits: list = []  # per epoch: seconds waiting for a batch, seconds in the barrier
     cpu = [time.process_time()]  # this process's CPU time, all its threads (the peer server's too)
     job = clairvoyant.Job(source, batch_size=batch, epochs=epochs)
-    setup = time.perf_counter() - marks[0]
+    setup = time.perf_counter() - starts[0]
     for e in range(epochs):
+        if e:
+            ctx.sync()
+            starts.append(time.perf_counter())
         before, data, sync = accel.compute_seconds, 0.0, 0.0
         t = time.perf_counter()
         for samples, _labels in job.batches(e):
@@ -380,7 +386,7 @@ def _fuse_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epoch
             ctx.sync()
             sync += time.perf_counter() - t
             t = time.perf_counter()
-        marks.append(time.perf_counter())
+        ends.append(time.perf_counter())
         computes.append(accel.compute_seconds - before)
         waits.append((data, sync))
         cpu.append(time.process_time())
@@ -388,7 +394,7 @@ def _fuse_rank(ctx, mnt: str, rel: list, labels: list, compute_bps: float, epoch
     stats, peers = job.stats(), job.peer_stats()
     job.close()
     return {
-        "epoch_seconds": [b - a for a, b in zip(marks, marks[1:])],
+        "epoch_seconds": [b - a for a, b in zip(starts, ends)],
         "compute_seconds": computes,
         "data_seconds": [d for d, _ in waits],
         "barrier_seconds": [b for _, b in waits],
