@@ -4,11 +4,16 @@
 //! Every transfer in progress receives t(γ)/γ bytes per second. All transfers are served at the
 //! same rate, so one virtual clock `served` (bytes delivered to each transfer since the start)
 //! describes them all: a transfer of `n` bytes that starts when `served = v` ends when
-//! `served = v + n`. Between arrivals and departures `served` grows at t(γ)/γ. A waiting reader
-//! sleeps until its predicted end; an arrival or departure changes the rate, so every waiter is
-//! woken to predict again. This is exact processor sharing, not a time-slice approximation.
+//! `served = v + n`. Between arrivals and departures `served` grows at t(γ)/γ. A transfer leaves
+//! at the moment `served` reaches its end, whenever its reader's thread wakes to see it: a
+//! reader woken late (a busy machine) delays its own read, never the others' share. A waiting
+//! reader sleeps until its end as the transfers in progress decide it (they leave at known
+//! ends); one that starts later slows it, so a reader may wake early and sleep again, never
+//! late. This is exact processor sharing, not a time-slice approximation.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// t(γ): the model's throughput table (MB/s at γ concurrent transfers), the same type and
@@ -25,8 +30,9 @@ fn per_transfer_bps(curve: &Curve, n: usize) -> f64 {
 #[derive(Debug)]
 pub struct Sharing {
     curve: Curve,
-    /// Transfers in progress.
-    active: usize,
+    /// The ends (values of `served`, as the bits of a non-negative f64, which order as the
+    /// values do) of the transfers in progress, the soonest first.
+    ends: BinaryHeap<Reverse<u64>>,
     /// Bytes served to each transfer in progress since the start.
     served: f64,
     /// When `served` was last brought up to date, seconds since the origin.
@@ -38,7 +44,7 @@ impl Sharing {
     pub fn new(curve: Curve) -> Sharing {
         Sharing {
             curve,
-            active: 0,
+            ends: BinaryHeap::new(),
             served: 0.0,
             at: 0.0,
         }
@@ -46,42 +52,62 @@ impl Sharing {
 
     /// Transfers in progress.
     pub fn active(&self) -> usize {
-        self.active
+        self.ends.len()
     }
 
-    /// Brings `served` up to time `now` (seconds since the origin; never goes back).
+    /// Brings `served` up to time `now` (seconds since the origin; never goes back). Transfers
+    /// whose end `served` reaches on the way leave at that moment, and the rest share t(γ) of
+    /// the fewer from then on.
     pub fn advance(&mut self, now: f64) {
-        if now > self.at {
-            if self.active > 0 {
-                self.served += (now - self.at) * per_transfer_bps(&self.curve, self.active);
+        while now > self.at {
+            let Some(&Reverse(bits)) = self.ends.peek() else {
+                self.at = now;
+                return;
+            };
+            let next = f64::from_bits(bits);
+            let rate = per_transfer_bps(&self.curve, self.ends.len());
+            let reached = self.at + (next - self.served).max(0.0) / rate;
+            if reached > now {
+                self.served += (now - self.at) * rate;
+                self.at = now;
+                return;
             }
-            self.at = now;
+            self.served = self.served.max(next);
+            self.at = reached;
+            self.ends.pop();
         }
     }
 
     /// A transfer of `bytes` starts at `now`; returns the value of `served` at which it ends.
     pub fn start(&mut self, now: f64, bytes: u64) -> f64 {
         self.advance(now);
-        self.active += 1;
-        self.served + bytes as f64
+        let end = self.served + bytes as f64;
+        self.ends.push(Reverse(end.to_bits()));
+        end
     }
 
-    /// Seconds from `now` until a transfer ending at `end` completes if nothing else changes; 0
-    /// when it is complete.
+    /// Seconds from `now` until a transfer ending at `end` completes if no other transfer starts
+    /// (those in progress leave on the way, each at its own end, and the rest speed up); 0 when
+    /// it is complete. A start only pushes ends later, so a reader that sleeps this long never
+    /// wakes after its end, and none needs waking when another leaves.
     pub fn remaining(&mut self, now: f64, end: f64) -> f64 {
         self.advance(now);
-        let left = end - self.served;
-        if left <= 0.0 || self.active == 0 {
-            0.0
-        } else {
-            left / per_transfer_bps(&self.curve, self.active)
+        if end <= self.served || self.ends.is_empty() {
+            return 0.0;
         }
-    }
-
-    /// A transfer leaves at `now`.
-    pub fn finish(&mut self, now: f64) {
-        self.advance(now);
-        self.active = self.active.saturating_sub(1);
+        let mut ends: Vec<f64> = self.ends.iter().map(|r| f64::from_bits(r.0)).collect();
+        ends.sort_by(f64::total_cmp);
+        let (mut served, mut left, mut seconds) = (self.served, ends.len(), 0.0);
+        for e in ends {
+            let rate = per_transfer_bps(&self.curve, left);
+            if e >= end {
+                return seconds + (end - served) / rate;
+            }
+            seconds += (e - served).max(0.0) / rate;
+            served = served.max(e);
+            left -= 1;
+        }
+        seconds + (end - served).max(0.0) / per_transfer_bps(&self.curve, 1)
     }
 }
 
@@ -90,7 +116,6 @@ impl Sharing {
 #[derive(Debug)]
 pub struct Bandwidth {
     state: Mutex<Sharing>,
-    changed: Condvar,
     origin: Instant,
 }
 
@@ -103,7 +128,6 @@ impl Bandwidth {
     pub fn new(curve: Curve) -> Bandwidth {
         Bandwidth {
             state: Mutex::new(Sharing::new(curve)),
-            changed: Condvar::new(),
             origin: Instant::now(),
         }
     }
@@ -126,22 +150,14 @@ impl Bandwidth {
         if bytes == 0 {
             return;
         }
-        let mut st = self.lock();
-        let end = st.start(self.now(), bytes);
-        self.changed.notify_all();
+        let end = self.lock().start(self.now(), bytes);
         loop {
-            let left = st.remaining(self.now(), end);
+            let left = self.lock().remaining(self.now(), end);
             if left <= MIN_WAIT_S {
                 break;
             }
-            st = self
-                .changed
-                .wait_timeout(st, Duration::from_secs_f64(left))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            std::thread::sleep(Duration::from_secs_f64(left));
         }
-        st.finish(self.now());
-        self.changed.notify_all();
     }
 }
 
@@ -182,7 +198,6 @@ mod tests {
         assert!((s.remaining(0.0, end) - 1.0).abs() < 1e-9);
         assert!((s.remaining(0.5, end) - 0.5).abs() < 1e-9);
         assert_eq!(s.remaining(1.0, end), 0.0);
-        s.finish(1.0);
         assert_eq!(s.active(), 0);
     }
 
@@ -199,9 +214,41 @@ mod tests {
         let short = s.start(0.0, 25_000_000);
         let long = s.start(0.0, 50_000_000);
         assert!((s.remaining(0.0, short) - 0.5).abs() < 1e-9);
-        s.finish(0.5);
         // 25 MB left at t(1) = 60 MB/s.
         assert!((s.remaining(0.5, long) - 25.0 / 60.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_transfer_leaves_when_its_bytes_are_served_not_when_its_reader_wakes() {
+        // 25 and 50 MB at once, 50 MB/s each: the short one ends at 0.5 s. Its reader wakes
+        // late, at 0.75 s: the long one was served alone from 0.5 s at t(1) = 60 MB/s.
+        let mut s = Sharing::new(table());
+        let short = s.start(0.0, 25_000_000);
+        let long = s.start(0.0, 50_000_000);
+        assert!((s.remaining(0.75, long) - (25.0 - 0.25 * 60.0) / 60.0).abs() < 1e-9);
+        assert_eq!(s.active(), 1);
+        assert_eq!(s.remaining(0.75, short), 0.0);
+        // A transfer starting later shares with the long one only: both at t(2)/2 = 50 MB/s.
+        let late = s.start(0.75, 5_000_000);
+        assert!((s.remaining(0.75, late) - 0.1).abs() < 1e-9);
+        assert!((s.remaining(0.85, long) - (10.0 - 5.0) / 60.0).abs() < 1e-9);
+        assert_eq!(s.active(), 1);
+        // Several leave between two looks: each at its own end.
+        let mut s = Sharing::new(table());
+        let ends: Vec<f64> = [10_000_000, 20_000_000, 40_000_000]
+            .iter()
+            .map(|&b| s.start(0.0, b))
+            .collect();
+        // t(3) = 130: 43.3 MB/s each until 10 MB (0.2308 s); t(2)/2 = 50 until 20 MB (+0.2 s);
+        // then 60 MB/s alone for the last 20 MB (+0.3333 s).
+        let all = 10.0 / (130.0 / 3.0) + 0.2 + 20.0 / 60.0;
+        // Known from the start: the others leave on the way at their ends.
+        assert!((s.remaining(0.0, ends[2]) - all).abs() < 1e-9);
+        assert!((s.remaining(0.0, ends[0]) - 10.0 / (130.0 / 3.0)).abs() < 1e-9);
+        assert!((s.remaining(0.5, ends[2]) - (all - 0.5)).abs() < 1e-9);
+        assert_eq!(s.active(), 1);
+        assert_eq!(s.remaining(all, ends[2]), 0.0);
+        assert_eq!(s.active(), 0);
     }
 
     #[test]
