@@ -5,6 +5,8 @@
         ...
 """
 
+from typing import TYPE_CHECKING
+
 from . import errors
 from .errors import (
     AccessDeniedError,
@@ -32,19 +34,41 @@ from .errors import (
 
 # After .errors: the native module imports it and re-exports those classes.
 from ._native import access_stream, access_stream_from_order
-from .job import Job
-from ._preload import preload_library
-from .simulator import SimulationResult, SweepResult, simulate
-from .sources import EmulatedFs, FileList, ImageFolder, Synthetic
-from .sources import Hdf5, Lmdb, TarShards
 
-try:
-    from importlib.metadata import PackageNotFoundError as _NoMetadata
-    from importlib.metadata import version as _version
+if TYPE_CHECKING:
+    from ._preload import preload_library
+    from .job import Job
+    from .simulator import SimulationResult, SweepResult, simulate
+    from .sources import EmulatedFs, FileList, Hdf5, ImageFolder, Lmdb, Synthetic, TarShards
 
-    __version__ = _version("clairvoyant")
-except _NoMetadata:  # a source tree on sys.path without an installed distribution
-    __version__ = "0.1.0"
+    __version__: str
+
+# Imported at first use: `clairvoyant run`, the agent and the sampler hook import the package
+# for a few of its modules, and the rest (the job, numpy, the simulator) would cost every one of
+# them 0.1 s before the program starts.
+_LAZY = {
+    "Job": ".job",
+    "preload_library": "._preload",
+    "SimulationResult": ".simulator",
+    "SweepResult": ".simulator",
+    "simulate": ".simulator",
+    "EmulatedFs": ".sources",
+    "FileList": ".sources",
+    "ImageFolder": ".sources",
+    "Synthetic": ".sources",
+    "Hdf5": ".sources",
+    "Lmdb": ".sources",
+    "TarShards": ".sources",
+}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("clairvoyant")
+    except PackageNotFoundError:  # a source tree on sys.path without an installed distribution
+        return "0.1.0"
 
 __all__ = [
     "Job",
@@ -87,9 +111,27 @@ __all__ = [
 
 
 def __getattr__(name):
-    # `clairvoyant.torch` without importing torch for users who do not need it.
-    if name == "torch":
-        import importlib
+    import importlib
 
-        return importlib.import_module(".torch", __name__)
-    raise AttributeError(f"module 'clairvoyant' has no attribute {name!r}")
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    elif name == "__version__":
+        value = _version()
+    elif not name.startswith("__"):
+        # A submodule (`clairvoyant.torch` without importing torch for users who do not need it,
+        # `clairvoyant.sources`, ...), as if the package had imported it.
+        try:
+            value = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'clairvoyant' has no attribute {name!r}") from None
+        return value
+    else:
+        raise AttributeError(f"module 'clairvoyant' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from . import __version__, _native
+from . import _native
 from ._report import Progress
 from ._units import parse_size
 from .errors import ClairvoyantError
@@ -480,9 +480,20 @@ def _dispatch(args) -> int:
         return 130
 
 
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked for (the
+    lookup reads every installed distribution's metadata: 20 ms before each `clairvoyant run`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import __version__
+
+        print(f"clairvoyant {__version__}")
+        parser.exit()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="clairvoyant", description="Clairvoyant prefetching and caching for ML training I/O.")
-    p.add_argument("--version", action="version", version=f"clairvoyant {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = p.add_subparsers(dest="cmd", required=True)
     pl = _plan_parser(sub)
     _probe_parser(sub)
