@@ -64,7 +64,7 @@ LABELS = {
 }
 
 
-def _measure(argv: list) -> dict:
+def _measure(argv: list, env: Optional[dict] = None) -> dict:
     """Run argv to its end: stdout, the end of stderr, exit code, wall seconds and its peak
     resident bytes. A forked child's peak starts at its parent's size (the kernel keeps the
     larger of the two across exec), so the peak comes from GNU time's small process where it
@@ -73,7 +73,7 @@ def _measure(argv: list) -> dict:
     with tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile("r") as peak_file:
         wrapped = [timer, "-f", "%M", "-o", peak_file.name, *argv] if timer else argv
         t = time.perf_counter()
-        p = subprocess.Popen(wrapped, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
+        p = subprocess.Popen(wrapped, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
         out = p.stdout.read()
         p.stdout.close()
         code, peak = _reap(p)
@@ -109,13 +109,17 @@ def plan(samples: int, nodes: int) -> dict:
 
 
 def startup(binary: str, samples: int, nodes: int, per_node: int, others: int = 2) -> dict:
-    """The node's first rank, then (while it holds the node cache) `others` of its other ranks."""
+    """The node's first rank, then (while it holds the node cache) `others` of its other ranks.
+    Node-shared memory goes to a folder of its own, removed after: only some of the node's
+    ranks attach, so the last expected one never leaves to remove the node's files."""
     ssd = tempfile.mkdtemp(prefix="clairvoyant-scale-")
+    shm = tempfile.mkdtemp(prefix="clairvoyant-scale-shm-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    env = {**os.environ, "CLAIRVOYANT_SHM_DIR": shm}
     run = f"scale-{os.getpid()}-{nodes}-{per_node}-{samples}"
     try:
         err = tempfile.TemporaryFile()
         first = subprocess.Popen([binary, str(samples), str(nodes), str(per_node), str(EPOCHS), "0", run, ssd],
-                                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.PIPE)
+                                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.PIPE, env=env)
         line = first.stdout.readline()
         if not line:
             _reap(first)
@@ -124,7 +128,7 @@ def startup(binary: str, samples: int, nodes: int, per_node: int, others: int = 
         got = json.loads(line)
         rest = []
         for i in range(1, min(per_node, others + 1)):
-            r = _measure([binary, str(samples), str(nodes), str(per_node), str(EPOCHS), str(i), run, ssd])
+            r = _measure([binary, str(samples), str(nodes), str(per_node), str(EPOCHS), str(i), run, ssd], env=env)
             if r["code"] == 0 and r["stdout"].strip():
                 rest.append(json.loads(r["stdout"].splitlines()[0]))
             else:
@@ -136,6 +140,7 @@ def startup(binary: str, samples: int, nodes: int, per_node: int, others: int = 
         return {"first": got, "others": rest}
     finally:
         shutil.rmtree(ssd, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 def simulator(args: list) -> dict:
