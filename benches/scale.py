@@ -112,35 +112,36 @@ def startup(binary: str, samples: int, nodes: int, per_node: int, others: int = 
     """The node's first rank, then (while it holds the node cache) `others` of its other ranks.
     Node-shared memory goes to a folder of its own, removed after: only some of the node's
     ranks attach, so the last expected one never leaves to remove the node's files."""
+    from .emulation import shm_folder
+
     ssd = tempfile.mkdtemp(prefix="clairvoyant-scale-")
-    shm = tempfile.mkdtemp(prefix="clairvoyant-scale-shm-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
-    env = {**os.environ, "CLAIRVOYANT_SHM_DIR": shm}
     run = f"scale-{os.getpid()}-{nodes}-{per_node}-{samples}"
     try:
-        err = tempfile.TemporaryFile()
-        first = subprocess.Popen([binary, str(samples), str(nodes), str(per_node), str(EPOCHS), "0", run, ssd],
-                                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.PIPE, env=env)
-        line = first.stdout.readline()
-        if not line:
+        with shm_folder("clairvoyant-scale-shm-") as shm:
+            env = {**os.environ, "CLAIRVOYANT_SHM_DIR": str(shm)}
+            err = tempfile.TemporaryFile()
+            first = subprocess.Popen([binary, str(samples), str(nodes), str(per_node), str(EPOCHS), "0", run, ssd],
+                                     stdout=subprocess.PIPE, stderr=err, stdin=subprocess.PIPE, env=env)
+            line = first.stdout.readline()
+            if not line:
+                _reap(first)
+                err.seek(0)
+                return {"error": err.read().decode()[-800:]}
+            got = json.loads(line)
+            rest = []
+            for i in range(1, min(per_node, others + 1)):
+                r = _measure([binary, str(samples), str(nodes), str(per_node), str(EPOCHS), str(i), run, ssd], env=env)
+                if r["code"] == 0 and r["stdout"].strip():
+                    rest.append(json.loads(r["stdout"].splitlines()[0]))
+                else:
+                    rest.append({"error": r["stderr"], "seconds": float("nan"), "origin": "error"})
+            first.stdin.close()
+            first.stdout.close()
+            err.close()
             _reap(first)
-            err.seek(0)
-            return {"error": err.read().decode()[-800:]}
-        got = json.loads(line)
-        rest = []
-        for i in range(1, min(per_node, others + 1)):
-            r = _measure([binary, str(samples), str(nodes), str(per_node), str(EPOCHS), str(i), run, ssd], env=env)
-            if r["code"] == 0 and r["stdout"].strip():
-                rest.append(json.loads(r["stdout"].splitlines()[0]))
-            else:
-                rest.append({"error": r["stderr"], "seconds": float("nan"), "origin": "error"})
-        first.stdin.close()
-        first.stdout.close()
-        err.close()
-        _reap(first)
-        return {"first": got, "others": rest}
+            return {"first": got, "others": rest}
     finally:
         shutil.rmtree(ssd, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
 
 
 def simulator(args: list) -> dict:
