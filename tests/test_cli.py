@@ -211,3 +211,27 @@ def test_a_plan_larger_than_the_machine_is_refused_before_it_starts():
         r = run("plan", "--samples", "4000000000", "--world-size", "8", "--epochs", "2", "--batch-size", "32", *extra)
         assert r.returncode != 0
         assert "the plan of 4000000000 samples" in r.stderr and "needs about" in r.stderr and "is available" in r.stderr, r.stderr
+
+
+def test_the_package_imports_its_heavy_parts_at_first_use():
+    """`import clairvoyant` (what the launcher, the agent and the sampler hook pay) leaves the job,
+    the sources and numpy unimported; their names and the submodules resolve at first use, and an
+    unknown name is an AttributeError that names it."""
+    probe = (
+        "import sys, json, clairvoyant\n"
+        "before = [m for m in ('numpy', 'clairvoyant.job', 'clairvoyant.sources') if m in sys.modules]\n"
+        "job = clairvoyant.Job.__module__\n"
+        "src = clairvoyant.sources.as_source.__module__\n"
+        "try:\n"
+        "    clairvoyant.no_such_name\n"
+        "    missing = None\n"
+        "except AttributeError as e:\n"
+        "    missing = str(e)\n"
+        "print(json.dumps([before, job, src, missing, 'Job' in dir(clairvoyant)]))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    before, job, src, missing, listed = json.loads(r.stdout)
+    assert before == [], f"imported with the package: {before}"
+    assert (job, src, listed) == ("clairvoyant.job", "clairvoyant.sources", True)
+    assert missing is not None and "no_such_name" in missing
