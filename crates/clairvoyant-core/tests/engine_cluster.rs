@@ -2,6 +2,7 @@
 //! cluster-wide placement reads each cached sample from the dataset once, a rank's samples come
 //! from other nodes' caches, and a peer that is down or answers wrong bytes is read around.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -34,6 +35,10 @@ struct InProcess {
     registered: Condvar,
     down: Mutex<Vec<usize>>,
     damage_from: Mutex<Option<usize>>,
+    /// Each node's memory arena file, once its engine is registered.
+    arenas: Mutex<Vec<Option<PathBuf>>>,
+    /// Replies whose bytes failed their checksum at the asker.
+    corrupt: AtomicU64,
     asked: AtomicU64,
     /// Every sample's first this many asks are answered "not yet" (a fill in progress there).
     not_yet_first: u32,
@@ -93,6 +98,7 @@ impl PeerFetch for InProcess {
                     dst[0] ^= 0x40;
                 }
                 if checksum(dst) != sum {
+                    self.corrupt.fetch_add(1, Ordering::Relaxed);
                     return PeerReply::Corrupt;
                 }
                 PeerReply::Got
@@ -159,6 +165,9 @@ impl Run {
                 let e = Engine::start(self.data.clone(), &m, spec).unwrap();
                 if r == ranks[0] {
                     self.peers.register(i, e.peer_service());
+                    let mut arenas = self.peers.arenas.lock().unwrap();
+                    arenas.resize(self.nodes.len(), None);
+                    arenas[i] = e.segments().1;
                 }
                 engines.push((r, e));
             }
@@ -296,6 +305,37 @@ fn damaged_peer_replies_are_read_from_the_dataset() {
     let from_peers: u64 = by[2..].iter().map(|b| b[Src::Peer as usize]).sum();
     assert_eq!(from_peers, 0);
     assert!(run.peers.asked.load(Ordering::Relaxed) > 0);
+}
+
+/// A node serves its memory copies without checking them (the asker checks every reply): bytes
+/// damaged in its arena reach no rank, they are read again elsewhere.
+#[test]
+fn bytes_damaged_in_a_peers_arena_reach_no_rank() {
+    let run = Run::new(600, 2, 2, 3, 0.6, 6);
+    let damaged = AtomicBool::new(false);
+    run.run(|epoch, peers| {
+        if epoch == 1 && !damaged.swap(true, Ordering::Relaxed) {
+            let arena = peers.arenas.lock().unwrap()[0].clone().expect("node 0's arena");
+            let len = std::fs::metadata(&arena).unwrap().len();
+            for at in (0..len).step_by(61) {
+                flip(&arena, at);
+            }
+        }
+    });
+    assert!(damaged.load(Ordering::Relaxed));
+    assert!(
+        run.peers.corrupt.load(Ordering::Relaxed) > 0,
+        "no damaged reply was sent: the test did not reach the asker's check"
+    );
+}
+
+fn flip(path: &std::path::Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0xff;
+    f.write_all_at(&b, at).unwrap();
 }
 
 /// Node agents (transparent mode): one engine per node, no consumer of its own, serving random

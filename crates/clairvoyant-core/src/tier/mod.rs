@@ -516,6 +516,15 @@ impl NodeCache {
         }
     }
 
+    /// The mapped bytes of READY `sample` at `place`, not checked against its checksum (for a
+    /// reader that checks them itself, as a peer receiving them does); None when the tier is not
+    /// mapped, Err when the backing file is too short.
+    pub fn view(&self, class: usize, place: u64, len: u64) -> Result<Option<*const u8>, Fault> {
+        self.tiers[class]
+            .mapped_in_group(place, len, &mut None)
+            .map(|p| p.map(|p| p as *const u8))
+    }
+
     /// Hint that READY `sample` of `class` at `place` is about to be checked.
     pub fn prefetch(&self, class: usize, sample: u32, place: u64, len: u64) {
         self.state.prefetch_record(sample);
