@@ -623,3 +623,24 @@ def test_verify_per_process_is_named_unchecked(tmp_path, dataset):
     assert "CLAIRVOYANT_VERIFY=process" in r.stderr and "unchecked" in r.stderr, r.stderr
     plain = _run(["--dataset", root, "--", "true"], _env(tmp_path / "b"))
     assert "unchecked" not in plain.stderr
+
+
+def test_launchers_that_start_together_as_others_end_all_attach(tmp_path, dataset):
+    """Launchers of a node that start together (one per local rank) while the programs of the
+    first ones already end: the agent leaves only when no launcher is attached or attaching, so
+    none of them fails to attach, and a launcher that comes after it left starts a new one."""
+    _preload_or_skip()
+    root, _, _ = dataset
+    env = _env(tmp_path, {"CLAIRVOYANT_RUN_ID": "together"})
+    cmd = [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--", sys.executable, "-c", "pass"]
+    for attempt in range(6):
+        procs = [
+            subprocess.Popen(cmd, env=dict(env, LOCAL_RANK=str(i)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(4)
+        ]
+        results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+        for p in procs:
+            p.stdout.close()
+            p.stderr.close()
+        for i, (code, err) in enumerate(results):
+            assert code == 0 and "error" not in err, f"attempt {attempt}, launcher {i}: exit {code}: {err}"

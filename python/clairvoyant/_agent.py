@@ -266,7 +266,7 @@ def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
                 engine, peers = _start_engine(ds, args, pattern if kind == "plan" else None)
                 server.set_engine(engine)
         if engine is not None:
-            server.wait_idle(args.idle_wait)
+            _wait_until_left(server, args)
             if peers is not None:
                 _leave_together(args.node, max(1, args.nodes), args.run_id, peers.cluster["peers"])
         return True
@@ -278,6 +278,32 @@ def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
             engine.close()
         if peers is not None and peers.server is not None:
             peers.server.close()
+
+
+def _wait_until_left(server, args) -> None:
+    """Wait until no launcher is attached (after one was, or none came within ``idle_wait``),
+    then stop taking launchers. A launcher attaches while it holds the agent folder's lock, so
+    the agent looks again under that lock: one that took it meanwhile is attached by then (the
+    agent waits for it to leave in turn), and one that takes it after finds no agent and starts
+    a new one, rather than attaching to an agent on its way out."""
+    import fcntl
+
+    from ._run import _open_lock
+
+    path = os.path.join(os.path.dirname(args.socket), "agent.lock")
+    while True:
+        server.wait_idle(args.idle_wait)
+        try:
+            lock = _open_lock(path)
+        except OSError:
+            return  # the folder is gone: no launcher can find this agent
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if server.attached == 0:
+                server.close()
+                return
+        finally:
+            os.close(lock)
 
 
 def main(argv=None) -> int:
