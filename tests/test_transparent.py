@@ -625,14 +625,15 @@ def test_verify_per_process_is_named_unchecked(tmp_path, dataset):
     assert "unchecked" not in plain.stderr
 
 
-def test_launchers_that_start_together_as_others_end_all_attach(tmp_path, dataset):
+@pytest.mark.parametrize("lazy", [False, True], ids=["order-unknown", "sampler-order"])
+def test_launchers_that_start_together_as_others_end_all_attach(tmp_path, dataset, lazy):
     """Launchers of a node that start together (one per local rank) while the programs of the
     first ones already end: the agent leaves only when no launcher is attached or attaching, so
     none of them fails to attach, and a launcher that comes after it left starts a new one."""
     _preload_or_skip()
     root, _, _ = dataset
     env = _env(tmp_path, {"CLAIRVOYANT_RUN_ID": "together"})
-    cmd = [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--", sys.executable, "-c", "pass"]
+    cmd = [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, *(["--sampler-order"] if lazy else []), "--", sys.executable, "-c", "pass"]
     for attempt in range(6):
         procs = [
             subprocess.Popen(cmd, env=dict(env, LOCAL_RANK=str(i)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -257,18 +257,21 @@ def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
     """Serve until the programs are done (and, with several nodes, the other nodes' agents);
     True on a clean end. Closes the server, the engine and the peer server."""
     try:
-        if engine is None:
-            # Placed when the program says its order, or at its first read without one.
-            event = _wait_for_order(server, args.idle_wait)
-            if event is not None:
-                kind, pattern = event
-                print(f"clairvoyant agent: placing by {'the order in ' + pattern if kind == 'plan' else 'hashed owners (no order came before the first read)'}", file=sys.stderr, flush=True)
-                engine, peers = _start_engine(ds, args, pattern if kind == "plan" else None)
-                server.set_engine(engine)
-        if engine is not None:
-            _wait_until_left(server, args)
-            if peers is not None:
-                _leave_together(args.node, max(1, args.nodes), args.run_id, peers.cluster["peers"])
+        while True:
+            if engine is None:
+                # Placed when the program says its order, or at its first read without one.
+                event = _wait_for_order(server, args.idle_wait)
+                if event is not None:
+                    kind, pattern = event
+                    print(f"clairvoyant agent: placing by {'the order in ' + pattern if kind == 'plan' else 'hashed owners (no order came before the first read)'}", file=sys.stderr, flush=True)
+                    engine, peers = _start_engine(ds, args, pattern if kind == "plan" else None)
+                    server.set_engine(engine)
+            if engine is not None:
+                server.wait_idle(args.idle_wait)
+            if _left_alone(server, args):
+                break
+        if peers is not None:
+            _leave_together(args.node, max(1, args.nodes), args.run_id, peers.cluster["peers"])
         return True
     finally:
         if peers is not None:
@@ -280,30 +283,27 @@ def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
             peers.server.close()
 
 
-def _wait_until_left(server, args) -> None:
-    """Wait until no launcher is attached (after one was, or none came within ``idle_wait``),
-    then stop taking launchers. A launcher attaches while it holds the agent folder's lock, so
-    the agent looks again under that lock: one that took it meanwhile is attached by then (the
-    agent waits for it to leave in turn), and one that takes it after finds no agent and starts
-    a new one, rather than attaching to an agent on its way out."""
+def _left_alone(server, args) -> bool:
+    """Whether no launcher is attached or attaching, and if so stop taking launchers. A launcher
+    attaches while it holds the agent folder's lock, so the agent looks under that lock: one
+    that took it meanwhile is attached by then (the agent stays for it), and one that takes it
+    after finds no agent and starts a new one, rather than attaching to an agent on its way out."""
     import fcntl
 
     from ._run import _open_lock
 
-    path = os.path.join(os.path.dirname(args.socket), "agent.lock")
-    while True:
-        server.wait_idle(args.idle_wait)
-        try:
-            lock = _open_lock(path)
-        except OSError:
-            return  # the folder is gone: no launcher can find this agent
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if server.attached == 0:
-                server.close()
-                return
-        finally:
-            os.close(lock)
+    try:
+        lock = _open_lock(os.path.join(os.path.dirname(args.socket), "agent.lock"))
+    except OSError:
+        return True  # the folder is gone: no launcher can find this agent
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if server.attached:
+            return False
+        server.close()
+        return True
+    finally:
+        os.close(lock)
 
 
 def main(argv=None) -> int:
