@@ -235,3 +235,18 @@ def test_the_package_imports_its_heavy_parts_at_first_use():
     assert before == [], f"imported with the package: {before}"
     assert (job, src, listed) == ("clairvoyant.job", "clairvoyant.sources", True)
     assert missing is not None and "no_such_name" in missing
+
+
+def test_the_launcher_starts_a_program_without_the_clusters_modules():
+    """What `clairvoyant run` imports before it starts the program (the CLI, the launcher, the
+    interposed library's module) leaves out typing, dataclasses (and inspect), pathlib and the
+    cluster's modules: 4 launchers starting at once on 2 cores paid them in every rank's start."""
+    probe = (
+        "import sys, json\n"
+        "import clairvoyant.cli, clairvoyant._run, clairvoyant._preload\n"
+        "heavy = ('typing', 'dataclasses', 'inspect', 'pathlib', 'clairvoyant._cluster', 'datetime', 'socket')\n"
+        "print(json.dumps([m for m in heavy if m in sys.modules]))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [], f"imported before the program starts: {r.stdout}"

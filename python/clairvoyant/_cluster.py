@@ -45,6 +45,8 @@ import time
 import zlib
 
 from . import _native, _settings
+from ._dirs import private_dir as _private_dir
+from ._dirs import user_runtime_dir as _user_runtime_dir
 from .errors import ClairvoyantError, ConfigError, CorruptError
 
 BACKENDS = ("store", "mpi", "file")
@@ -500,15 +502,6 @@ def _allgather_mpi(payload, rank, world_size, timeout):
 # file -----------------------------------------------------------------------------------------
 
 
-def _private_dir(path: str, create: bool = True, tighten: bool = False) -> str:
-    """``path`` (made absolute) as a directory owned by this user with no group or other
-    permissions: created so, parents included, when missing and ``create``; anything else (a
-    symlink, a file, a directory of another user, one of ours others may enter unless
-    ``tighten``, which closes it) is refused with ``AccessDeniedError`` naming it (the core's
-    rule, ``tier::secure::private_dir_at``)."""
-    return os.fsdecode(_native.private_dir(os.path.abspath(path), create, tighten))
-
-
 def _write_atomic(path: str, data: bytes) -> None:
     """``data`` into ``path`` in one step: a temporary file in the same directory, 0600, renamed."""
     directory = os.path.dirname(path)
@@ -660,16 +653,6 @@ def _secret_from_text(text: str) -> bytes:
     """32 bytes from ``CLAIRVOYANT_SECRET``: SHA-256 of a fixed prefix and the UTF-8 text, so any
     string (hex or not) of 16 characters or more gives a key of full length."""
     return hashlib.sha256(_SECRET_DOMAIN + text.encode("utf-8")).digest()
-
-
-def _user_runtime_dir() -> str:
-    """A per-user private directory on this machine: ``clairvoyant-<uid>`` under
-    ``CLAIRVOYANT_SHM_DIR``, else /dev/shm, else the temporary directory. If another user took
-    that name (or planted a symlink or a file there), the next of ``clairvoyant-<uid>.1``,
-    ``.2``, ... that is ours is used with a warning naming the refused path, as the Job API does
-    (every process of this user walks the same sequence, so they still meet); after 8 refusals
-    the error names the first. One implementation, the core's (``tier::secure::private_dir``)."""
-    return os.fsdecode(_native.user_runtime_dir())
 
 
 def _secret_file(directory: str, rank: int, world_size: int, run: str, timeout: float) -> bytes:

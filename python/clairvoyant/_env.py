@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 
 from . import _settings
 from .errors import ConfigError
@@ -92,12 +92,10 @@ def _first_int(names: tuple[str, ...], env) -> int | None:
     return _first(names, env)[1]
 
 
-@dataclass(frozen=True)
-class Placement:
-    rank: int
-    world_size: int
-    local_ranks: list
-    run_id: str
+class Placement(namedtuple("Placement", "rank world_size local_ranks run_id")):
+    """Where this process runs: rank, world size, the ranks on its node, the run's id."""
+
+    __slots__ = ()
 
 
 def _config_error(message: str) -> Exception:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 
 from . import _native
 from .errors import os_error
@@ -29,15 +28,15 @@ def preload_library() -> str:
 
     Raises ``NotFoundError`` (a ``FileNotFoundError``) naming the expected path when it was not built (``./dev build`` builds
     and installs it there)."""
-    path = Path(__file__).resolve().with_name(LIBRARY_NAME)
-    if not path.is_file():
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), LIBRARY_NAME)
+    if not os.path.isfile(path):
         raise os_error(
             errno.ENOENT,
             f"{path}: the interposed I/O library is not installed; build it with ./dev build "
             f"(or: cargo build --release -p clairvoyant-preload && cp target/release/{LIBRARY_NAME} {path})",
-            str(path),
+            path,
         )
-    return str(path)
+    return path
 
 
 def preload_env(root: str | os.PathLike, agent: str | os.PathLike, env: dict | None = None, library: str | None = None) -> dict:

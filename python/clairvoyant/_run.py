@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import threading
 import time
 
 from . import _native, _settings
+from ._dirs import private_dir, user_runtime_dir
 from ._env import _first_int
 
 #: How long a launcher waits for the node agent to index the dataset and start.
@@ -69,9 +69,7 @@ def run_id_of(env) -> str:
 def _short_dir(key: str) -> str:
     """A private directory with a short path for the socket (Unix socket paths are limited to
     107 bytes). Folders of agents that are gone, in both places, are removed first."""
-    from . import _cluster
-
-    base = _cluster._user_runtime_dir()
+    base = user_runtime_dir()
     _reclaim_agent_dirs(base, "agent-")
     d = os.path.join(base, f"agent-{key}")
     top = os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}")
@@ -82,13 +80,13 @@ def _short_dir(key: str) -> str:
             os.mkdir(top, 0o700)
         except FileExistsError:
             pass
-        _cluster._private_dir(top, create=False)
+        private_dir(top, create=False)
         d = os.path.join(top, f"a-{key}")
     try:
         os.mkdir(d, 0o700)
     except FileExistsError:
         pass
-    return _cluster._private_dir(d, create=False)
+    return private_dir(d, create=False)
 
 
 def _open_lock(path: str) -> int:
@@ -120,10 +118,8 @@ def reclaim_agent_dir(d: str) -> bool:
     """Remove the agent folder ``d`` when no launcher is in it (its ``agent.lock`` is free) and
     no agent answers on its socket; whether it was removed. A launcher waiting for the lock
     meanwhile finds the lock file unlinked and starts over (:class:`Agent`)."""
-    from . import _cluster
-
     try:
-        _cluster._private_dir(d, create=False)
+        private_dir(d, create=False)
         lock = _open_lock(os.path.join(d, "agent.lock"))
     except (OSError, _native.ConfigError):
         return False
@@ -134,6 +130,8 @@ def reclaim_agent_dir(d: str) -> bool:
             return False  # a launcher is starting or attaching to this folder's agent
         if not _still_linked(lock, os.path.join(d, "agent.lock")) or _answers(os.path.join(d, "agent.sock")):
             return False
+        import shutil
+
         shutil.rmtree(d, ignore_errors=True)
         return not os.path.lexists(d)
     finally:
@@ -243,9 +241,7 @@ class Agent:
         child_env = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "CLAIRVOYANT_AGENT", "CLAIRVOYANT_ROOT")}
         if _settings.get("CLAIRVOYANT_AGENT_LOG", None, env):
             # Kept: the agent's folder (with the default log) goes when the agent exits.
-            from . import _cluster
-
-            logs = _cluster._private_dir(_settings.get("CLAIRVOYANT_AGENT_LOG", None, env))
+            logs = private_dir(_settings.get("CLAIRVOYANT_AGENT_LOG", None, env))
             self.log = os.path.join(logs, f"{os.path.basename(self.dir)}.{os.getpid()}.log")
         with open(self.log, "wb") as log:
             proc = subprocess.Popen(
