@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -69,6 +70,8 @@ struct Shared {
 pub struct Server {
     shared: Arc<Shared>,
     socket: PathBuf,
+    /// The listening socket, shut down by [`Server::close`] to end the accepting thread's wait.
+    listener: UnixListener,
     accept: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -127,12 +130,14 @@ impl Server {
             publish_prefilled(&shared, &engine);
         }
         let s = shared.clone();
+        let accepting = listener.try_clone()?;
         let accept = std::thread::Builder::new()
             .name("cv-agent-accept".into())
-            .spawn(move || accept_loop(s, listener))?;
+            .spawn(move || accept_loop(s, accepting))?;
         Ok(Server {
             shared,
             socket: socket.to_path_buf(),
+            listener,
             accept: Mutex::new(Some(accept)),
         })
     }
@@ -207,8 +212,11 @@ impl Server {
         if self.shared.closing.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Wake the accept loop.
-        let _ = UnixStream::connect(&self.socket);
+        // Wake the accept loop: shutting the listening socket down ends its wait in accept()
+        // (which then fails at once), also when the socket's path is gone and no connection
+        // can reach it.
+        // SAFETY: the descriptor is the listener's, open while `self` lives.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.accept.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
@@ -304,7 +312,6 @@ fn accept_loop(shared: Arc<Shared>, listener: UnixListener) {
 }
 
 fn peer_uid(conn: &UnixStream) -> Option<u32> {
-    use std::os::fd::AsRawFd;
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: cred and len are valid for writes of the sizes given.

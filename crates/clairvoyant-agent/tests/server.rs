@@ -553,3 +553,25 @@ fn a_claim_whose_program_is_gone_does_not_hold_up_a_lookup() {
     assert!(dir.take_over(key, pid, std::process::id()));
     server.close();
 }
+
+/// An agent whose folder was removed under it (a cleaner of /tmp or /dev/shm, a user's `rm -r`)
+/// still closes: nothing can connect to its socket's path any more, so closing must not rely on
+/// a connection to wake the thread that accepts them.
+#[test]
+fn an_agent_whose_socket_path_is_gone_still_closes() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, rels) = dataset(t.path(), 4);
+    let folder = t.path().join("agent");
+    std::fs::create_dir(&folder).unwrap();
+    let (server, _sock) = start(None, &folder, &root, &rels);
+    std::fs::remove_dir_all(&folder).unwrap();
+    let (done, closed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        server.close();
+        let _ = done.send(());
+    });
+    assert!(
+        closed.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "close() still waits for its accepting thread 10 s after its folder was removed"
+    );
+}
