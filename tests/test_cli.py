@@ -213,6 +213,13 @@ def test_a_plan_larger_than_the_machine_is_refused_before_it_starts():
         assert "the plan of 4000000000 samples" in r.stderr and "needs about" in r.stderr and "is available" in r.stderr, r.stderr
 
 
+def _probe(code: str):
+    """What ``code``, run in a fresh interpreter, prints as JSON."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def test_the_package_imports_its_heavy_parts_at_first_use():
     """`import clairvoyant` (what the launcher, the agent and the sampler hook pay) leaves the job,
     the sources and numpy unimported; their names and the submodules resolve at first use, and an
@@ -229,9 +236,7 @@ def test_the_package_imports_its_heavy_parts_at_first_use():
         "    missing = str(e)\n"
         "print(json.dumps([before, job, src, missing, 'Job' in dir(clairvoyant)]))\n"
     )
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    before, job, src, missing, listed = json.loads(r.stdout)
+    before, job, src, missing, listed = _probe(probe)
     assert before == [], f"imported with the package: {before}"
     assert (job, src, listed) == ("clairvoyant.job", "clairvoyant.sources", True)
     assert missing is not None and "no_such_name" in missing
@@ -247,6 +252,5 @@ def test_the_launcher_starts_a_program_without_the_clusters_modules():
         "heavy = ('typing', 'dataclasses', 'inspect', 'pathlib', 'clairvoyant._cluster', 'datetime', 'socket')\n"
         "print(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == [], f"imported before the program starts: {r.stdout}"
+    imported = _probe(probe)
+    assert imported == [], f"imported before the program starts: {imported}"

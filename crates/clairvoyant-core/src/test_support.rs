@@ -137,3 +137,13 @@ pub fn one_class_model(class: ClassSpec, staging: StagingSpec, pfs: PfsSpec) -> 
 pub fn memory_model(capacity: u64, staging: StagingSpec, pfs: PfsSpec) -> SystemModel {
     one_class_model(fast_class("memory", ClassKind::Memory, capacity), staging, pfs)
 }
+
+/// Invert the byte at `at` of the file `path` (a cache file damaged under the engine).
+pub fn flip_byte(path: &std::path::Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0xff;
+    f.write_all_at(&b, at).unwrap();
+}

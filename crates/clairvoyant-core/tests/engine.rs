@@ -10,6 +10,7 @@ use clairvoyant_core::engine::{Engine, JobSpec, Src};
 use clairvoyant_core::model::{ClassKind, ClassSpec, Curve, PfsSpec, StagingSpec, SystemModel};
 use clairvoyant_core::schedule::Schedule;
 use clairvoyant_core::source::Source;
+use clairvoyant_core::test_support::flip_byte;
 use clairvoyant_core::{Error, Result};
 
 /// Deterministic bytes for sample k, of varying sizes; counts reads per sample.
@@ -401,15 +402,6 @@ fn resumed_job_serves_the_same_later_epochs() {
 }
 
 /// Flip one byte in every file below `dir` (the SSD class) or in the file `path`.
-fn flip(path: &std::path::Path, at: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    b[0] ^= 0xff;
-    f.write_all_at(&b, at).unwrap();
-}
-
 fn files_below(p: &std::path::Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(p).unwrap() {
         let e = e.unwrap();
@@ -433,7 +425,7 @@ fn a_corrupted_memory_class_is_detected_and_refetched() {
     // Let the class prefetchers run ahead, then overwrite a span of the arena.
     std::thread::sleep(Duration::from_millis(200));
     for at in (0..20_000u64).step_by(97) {
-        flip(&arena, at);
+        flip_byte(&arena, at);
     }
     let mut wrong = 0;
     for &k in &order {
@@ -503,7 +495,7 @@ fn ssd_bit_flips_are_detected_and_repaired() {
     files.retain(|f| f.file_name().unwrap() != ".owner");
     assert_eq!(files.len(), 200, "every sample cached, no temporary file left");
     for f in &files {
-        flip(f, 3);
+        flip_byte(f, 3);
     }
     // consume_all checks every byte of epochs 1 and 2 (and 0 again through begin_epoch order).
     let mut corrupt = 0;

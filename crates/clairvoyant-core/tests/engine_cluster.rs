@@ -14,7 +14,7 @@ use clairvoyant_core::model::{StagingSpec, SystemModel};
 use clairvoyant_core::plan::{node_access, ClusterAccess, ClusterPlacement};
 use clairvoyant_core::schedule::Schedule;
 use clairvoyant_core::source::Source;
-use clairvoyant_core::test_support::{memory_model, pfs, PatternSource};
+use clairvoyant_core::test_support::{flip_byte, memory_model, pfs, PatternSource};
 use clairvoyant_core::tier::checksum;
 
 type Dataset = PatternSource;
@@ -318,7 +318,7 @@ fn bytes_damaged_in_a_peers_arena_reach_no_rank() {
             let arena = peers.arenas.lock().unwrap()[0].clone().expect("node 0's arena");
             let len = std::fs::metadata(&arena).unwrap().len();
             for at in (0..len).step_by(61) {
-                flip(&arena, at);
+                flip_byte(&arena, at);
             }
         }
     });
@@ -327,15 +327,6 @@ fn bytes_damaged_in_a_peers_arena_reach_no_rank() {
         run.peers.corrupt.load(Ordering::Relaxed) > 0,
         "no damaged reply was sent: the test did not reach the asker's check"
     );
-}
-
-fn flip(path: &std::path::Path, at: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    b[0] ^= 0xff;
-    f.write_all_at(&b, at).unwrap();
 }
 
 /// Node agents (transparent mode): one engine per node, no consumer of its own, serving random
