@@ -257,6 +257,7 @@ def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
     """Serve until the programs are done (and, with several nodes, the other nodes' agents);
     True on a clean end. Closes the server, the engine and the peer server."""
     try:
+        lingered = False
         while True:
             if engine is None:
                 # Placed when the program says its order, or at its first read without one.
@@ -268,10 +269,12 @@ def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
                     server.set_engine(engine)
             if engine is not None:
                 server.wait_idle(args.idle_wait)
-            if _left_alone(server, args):
+            if peers is not None and not lingered:
+                # Launchers may still attach meanwhile: the look under the lock comes after.
+                _leave_together(args.node, max(1, args.nodes), args.run_id, peers.cluster["peers"])
+                lingered = True
+            if _left_alone(server, args, peers):
                 break
-        if peers is not None:
-            _leave_together(args.node, max(1, args.nodes), args.run_id, peers.cluster["peers"])
         return True
     finally:
         if peers is not None:
@@ -283,11 +286,12 @@ def _serve(server, ds: _Dataset, args, engine, peers) -> bool:
             peers.server.close()
 
 
-def _left_alone(server, args) -> bool:
-    """Whether no launcher is attached or attaching, and if so stop taking launchers. A launcher
-    attaches while it holds the agent folder's lock, so the agent looks under that lock: one
-    that took it meanwhile is attached by then (the agent stays for it), and one that takes it
-    after finds no agent and starts a new one, rather than attaching to an agent on its way out."""
+def _left_alone(server, args, peers) -> bool:
+    """Whether no launcher is attached or attaching, and if so stop taking launchers and close
+    the peer server. A launcher attaches while it holds the agent folder's lock, so the agent
+    looks under that lock: one that took it meanwhile is attached by then (the agent stays for
+    it), and one that takes it after finds no agent and starts a new one, rather than attaching
+    to an agent on its way out; the new one's peer server can bind the port this one's held."""
     import fcntl
 
     from ._run import _open_lock
@@ -301,6 +305,8 @@ def _left_alone(server, args) -> bool:
         if server.attached:
             return False
         server.close()
+        if peers is not None and peers.server is not None:
+            peers.server.close()
         return True
     finally:
         os.close(lock)
