@@ -636,12 +636,9 @@ def test_launchers_that_start_together_as_others_end_all_attach(tmp_path, datase
     cmd = [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, *(["--sampler-order"] if lazy else []), "--", sys.executable, "-c", "pass"]
     for attempt in range(6):
         procs = [
-            subprocess.Popen(cmd, env=dict(env, LOCAL_RANK=str(i)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(cmd, env=dict(env, LOCAL_RANK=str(i)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             for i in range(4)
         ]
-        results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
-        for p in procs:
-            p.stdout.close()
-            p.stderr.close()
-        for i, (code, err) in enumerate(results):
+        results = [(p.communicate(timeout=120)[1], p.returncode) for p in procs]
+        for i, (err, code) in enumerate(results):
             assert code == 0 and "error" not in err, f"attempt {attempt}, launcher {i}: exit {code}: {err}"

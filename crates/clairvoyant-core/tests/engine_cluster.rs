@@ -318,7 +318,7 @@ fn bytes_damaged_in_a_peers_arena_reach_no_rank() {
     let mut refused = 0;
     for salt in 6..11 {
         let run = Run::new(600, 2, 2, 3, 0.6, salt);
-        let all = std::sync::Barrier::new(4);
+        let all = std::sync::Barrier::new(run.nodes.iter().map(Vec::len).sum());
         run.run(|epoch, peers| {
             if epoch == 1 {
                 if all.wait().is_leader() {

@@ -70,9 +70,9 @@ class Board:
         # The folder of spilled posts (made at the first): in this user's private folder of
         # shared memory, else in the temporary folder (its name cannot be guessed).
         try:
-            from .. import _native
+            from .._dirs import user_runtime_dir
 
-            base = os.fsdecode(_native.user_runtime_dir())
+            base = user_runtime_dir()
         except Exception:  # noqa: BLE001 - no usable shared memory folder
             import tempfile
 
