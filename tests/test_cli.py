@@ -244,12 +244,13 @@ def test_the_package_imports_its_heavy_parts_at_first_use():
 
 def test_the_launcher_starts_a_program_without_the_clusters_modules():
     """What `clairvoyant run` imports before it starts the program (the CLI, the launcher, the
-    interposed library's module) leaves out typing, dataclasses (and inspect), pathlib and the
-    cluster's modules: 4 launchers starting at once on 2 cores paid them in every rank's start."""
+    interposed library's module) leaves out typing, dataclasses (and inspect), pathlib, hashlib
+    (OpenSSL), tempfile and the cluster's modules: 4 launchers starting at once on 2 cores paid
+    them in every rank's start."""
     probe = (
         "import sys, json\n"
         "import clairvoyant.cli, clairvoyant._run, clairvoyant._preload\n"
-        "heavy = ('typing', 'dataclasses', 'inspect', 'pathlib', 'clairvoyant._cluster', 'datetime', 'socket')\n"
+        "heavy = ('typing', 'dataclasses', 'inspect', 'pathlib', 'hashlib', 'tempfile', 'clairvoyant._cluster', 'datetime', 'socket')\n"
         "print(json.dumps([m for m in heavy if m in sys.modules]))\n"
     )
     imported = _probe(probe)

@@ -642,3 +642,47 @@ def test_launchers_that_start_together_as_others_end_all_attach(tmp_path, datase
         results = [(p.communicate(timeout=120)[1], p.returncode) for p in procs]
         for i, (err, code) in enumerate(results):
             assert code == 0 and "error" not in err, f"attempt {attempt}, launcher {i}: exit {code}: {err}"
+
+
+def test_an_agent_that_goes_as_a_launcher_attaches_is_replaced(tmp_path, dataset):
+    """An agent that answers a launcher and is gone before it attaches it (killed at that
+    moment): the launcher starts the next agent, and the program it already started runs to its
+    end with the dataset's bytes, not stopped as for an agent that cannot start."""
+    _preload_or_skip()
+    import socket
+    import threading
+
+    root, crcs, _ = dataset
+    env = _env(tmp_path, {"CLAIRVOYANT_RUN_ID": "replaced"})
+    probe = "from clairvoyant import _run; import sys; print(_run._short_dir(_run.agent_key(sys.argv[1], 'replaced', 1, 0, None, None, False)))"
+    folder = subprocess.run([sys.executable, "-c", probe, root], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    path = os.path.join(folder, "agent.sock")
+    # The doomed agent: it answers probes (a connection that sends nothing), and at the first
+    # request (the launcher's attach) its socket goes and the connection drops unanswered.
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(8)
+    asked = threading.Event()
+
+    def doomed():
+        while True:
+            conn, _ = srv.accept()
+            with conn:
+                conn.settimeout(30)
+                if conn.recv(1):
+                    os.unlink(path)
+                    srv.close()
+                    asked.set()
+                    return
+
+    t = threading.Thread(target=doomed, daemon=True)
+    t.start()
+    out = tmp_path / "out.json"
+    stats = tmp_path / "stats.json"
+    r = _run(["--dataset", root, "--stats-json", str(stats), "--", sys.executable, READER, root, "--epochs", "2", "--out", str(out)], env)
+    assert asked.is_set(), "the launcher never asked the doomed agent"
+    assert r.returncode == 0 and "error" not in r.stderr, r.stderr
+    got = _check_reads(out, crcs, 2)
+    assert all(len(e) == N_FILES for e in got["epochs"])
+    # The next agent served the program: epoch 1 came from its cache.
+    assert json.loads(stats.read_text())["reads"]["cached_bytes"] > 0

@@ -19,6 +19,18 @@ def user_runtime_dir() -> str:
     return os.fsdecode(_native.user_runtime_dir())
 
 
+def temp_dir() -> str:
+    """The temporary directory as :func:`tempfile.gettempdir` finds it (``TMPDIR``, ``TEMP``,
+    ``TMP``, then /tmp, /var/tmp, /usr/tmp, the current folder: the first this user may write
+    in), without importing :mod:`tempfile` (with :mod:`shutil` and :mod:`random`, 3 ms of a
+    launcher's start)."""
+    names = [os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")]
+    for d in [*(n for n in names if n), "/tmp", "/var/tmp", "/usr/tmp", os.getcwd()]:
+        if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
+            return os.path.abspath(d)
+    raise FileNotFoundError("no usable temporary directory: set TMPDIR to a folder this user may write in")
+
+
 def private_dir(path: str, create: bool = True, tighten: bool = False) -> str:
     """``path`` (made absolute) as a directory owned by this user with no group or other
     permissions: created so, parents included, when missing and ``create``; anything else (a

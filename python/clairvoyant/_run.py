@@ -9,23 +9,29 @@ root and the agent's socket in its environment; its children inherit all three."
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+try:
+    from _blake2 import blake2b  # hashlib's own, without loading OpenSSL (2 ms of a launcher's start)
+except ImportError:  # an interpreter built without it
+    from hashlib import blake2b
+
 from . import _native, _settings
-from ._dirs import private_dir, user_runtime_dir
+from ._dirs import private_dir, temp_dir, user_runtime_dir
 from ._env import _first_int
 
 #: How long a launcher waits for the node agent to index the dataset and start.
 START_TIMEOUT = 600.0
+#: How often a launcher connects (starting an agent where none answers) before it gives up,
+#: when an agent answers and then fails to attach it.
+ATTACH_TRIES = 3
 
 
 def nodes_of(env, nodes=None, node=None) -> tuple:
@@ -66,13 +72,20 @@ def run_id_of(env) -> str:
     return ""
 
 
+def agent_key(root: str, run: str, nodes: int, node: int, order_file, config, lazy: bool) -> str:
+    """The name shared by the launchers of one job on a node: their agent's folder is
+    ``agent-<key>`` (:func:`_short_dir`)."""
+    facts = json.dumps([root, run, nodes, node, order_file, config, lazy], sort_keys=True).encode()
+    return blake2b(facts, digest_size=8).hexdigest()
+
+
 def _short_dir(key: str) -> str:
     """A private directory with a short path for the socket (Unix socket paths are limited to
     107 bytes). Folders of agents that are gone, in both places, are removed first."""
     base = user_runtime_dir()
     _reclaim_agent_dirs(base, "agent-")
     d = os.path.join(base, f"agent-{key}")
-    top = os.path.join(tempfile.gettempdir(), f"clairvoyant-{os.geteuid()}")
+    top = os.path.join(temp_dir(), f"clairvoyant-{os.geteuid()}")
     if os.path.isdir(top) and not os.path.islink(top):
         _reclaim_agent_dirs(top, "a-")
     if len(os.path.join(d, "agent.sock")) > 100:
@@ -167,8 +180,7 @@ class Agent:
             raise _native.ConfigError(
                 "several nodes need a run id shared by every node's launcher: set CLAIRVOYANT_RUN_ID (Slurm's job id is used when set)"
             )
-        facts = json.dumps([root, run, nodes, node, order_file, config, lazy], sort_keys=True).encode()
-        key = hashlib.blake2b(facts, digest_size=8).hexdigest()
+        key = agent_key(root, run, nodes, node, order_file, config, lazy)
         self.started = False
         self.dir = f"agent-{key}"
         for _ in range(100):
@@ -194,13 +206,22 @@ class Agent:
         try:
             if meanwhile is not None:
                 meanwhile(self)
-            try:
-                self.client = _native.AgentClient(self.socket)
-            except ConnectionError:
-                self._start(run, order_file, nodes, node, config, env, timeout, lazy)
-                self.client = _native.AgentClient(self.socket)
-                self.started = True
-            self.client.attach()
+            for attempt in range(ATTACH_TRIES):
+                try:
+                    self.client = _native.AgentClient(self.socket)
+                except ConnectionError:
+                    self._start(run, order_file, nodes, node, config, env, timeout, lazy)
+                    self.client = _native.AgentClient(self.socket)
+                    self.started = True
+                try:
+                    self.client.attach()
+                    break
+                except ConnectionError:
+                    # The agent answered, then went (killed, or it failed): an agent that leaves
+                    # of its own accord waits for this lock, so the next try starts a new one.
+                    self.client.close()
+                    if attempt + 1 == ATTACH_TRIES:
+                        raise
         finally:
             os.close(lock)
 
