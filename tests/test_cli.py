@@ -255,3 +255,21 @@ def test_the_launcher_starts_a_program_without_the_clusters_modules():
     )
     imported = _probe(probe)
     assert imported == [], f"imported before the program starts: {imported}"
+
+
+def test_the_launchers_temporary_folder_is_tempfiles(tmp_path, monkeypatch):
+    """The launcher names the temporary folder without importing tempfile: the same folder as
+    tempfile.gettempdir() for a usable TMPDIR, a missing one, and none."""
+    import tempfile
+
+    from clairvoyant import _dirs
+
+    for tmpdir in (str(tmp_path), str(tmp_path / "missing"), None):
+        if tmpdir is None:
+            monkeypatch.delenv("TMPDIR", raising=False)
+        else:
+            monkeypatch.setenv("TMPDIR", tmpdir)
+        for k in ("TEMP", "TMP"):
+            monkeypatch.delenv(k, raising=False)
+        monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads the environment again
+        assert _dirs.temp_dir() == tempfile.gettempdir(), tmpdir

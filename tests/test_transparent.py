@@ -686,3 +686,39 @@ def test_an_agent_that_goes_as_a_launcher_attaches_is_replaced(tmp_path, dataset
     assert all(len(e) == N_FILES for e in got["epochs"])
     # The next agent served the program: epoch 1 came from its cache.
     assert json.loads(stats.read_text())["reads"]["cached_bytes"] > 0
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["order-unknown", "sampler-order"])
+def test_an_agent_for_an_unknown_order_starts_without_numpy(tmp_path, dataset, lazy):
+    """The node agent starts while the programs do, on the same cores: serving an order it does
+    not know needs no numpy (about 60 ms of a start here), so it does not load it; an agent that
+    may receive the sampler's order loads it once it is ready, before the order comes."""
+    _preload_or_skip()
+    root, crcs, _ = dataset
+    out = tmp_path / "out.json"
+    check = (
+        "import os, sys, time\n"
+        "d = os.path.dirname(os.environ['CLAIRVOYANT_AGENT'])\n"
+        "t = time.monotonic()\n"  # the program starts while the agent does
+        "while not os.path.exists(os.path.join(d, 'agent.pid')) and time.monotonic() - t < 60:\n"
+        "    time.sleep(0.02)\n"
+        "pid = open(os.path.join(d, 'agent.pid')).read().strip()\n"
+        # A lazy agent imports numpy once it is ready: looked for over 1 s (30 s when expected).
+        f"t, wait = time.monotonic(), {30.0 if lazy else 1.0}\n"
+        "while True:\n"
+        "    loaded = '_multiarray_umath' in open(f'/proc/{pid}/maps').read()\n"
+        "    if loaded or time.monotonic() - t > wait:\n"
+        "        break\n"
+        "    time.sleep(0.05)\n"
+        "print('numpy loaded' if loaded else 'numpy not loaded')\n"
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n"
+    )
+    r = _run(
+        ["--dataset", root, *(["--sampler-order"] if lazy else []), "--",
+         sys.executable, "-c", check, READER, root, "--epochs", "2", "--out", str(out)],
+        _env(tmp_path, {"CLAIRVOYANT_RUN_ID": f"numpy-{lazy}"}),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert ("numpy loaded" if lazy else "numpy not loaded") in r.stdout, r.stdout
+    got = _check_reads(out, crcs, 2)
+    assert all(len(e) == N_FILES for e in got["epochs"])

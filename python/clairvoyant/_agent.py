@@ -10,14 +10,10 @@ done or gone; on a normal exit it removes its folder (docs/transparent.md, "Life
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
-import socket
 import sys
 import threading
 import time
-
-import numpy as np
 
 from . import _native, _settings
 
@@ -78,6 +74,8 @@ def read_order_file(path: str, root: str, index: dict) -> list:
     """Per-epoch orders of sample ids from an order file: one dataset path per line (relative to
     the root or absolute), epochs separated by a blank line or a line starting with ``#``. A
     name that is not UTF-8 is read as Python's surrogate escapes (the listing's form)."""
+    import numpy as np
+
     epochs, current = [], []
     prefix = os.path.join(root, "")
     try:
@@ -114,6 +112,8 @@ def read_order_file(path: str, root: str, index: dict) -> list:
 def access_counts(epochs: list, n: int) -> tuple:
     """(counts, first need) of one node's reads: how often each sample is read over the run and
     when first (``epoch << 32 | position``, 2**64-1 when never)."""
+    import numpy as np
+
     counts = np.zeros(n, dtype=np.uint32)
     first = np.full(n, np.iinfo(np.uint64).max, dtype=np.uint64)
     for e, order in enumerate(epochs):
@@ -170,6 +170,10 @@ def _placement(ds: _Dataset, order_pattern, nodes: int) -> tuple[dict, str]:
             "with several nodes the order file must name each node's reads: put {node} in its path "
             f"(got {order_pattern})"
         )
+    import hashlib
+
+    import numpy as np
+
     total = len(ds.rel_paths)
     counts = [access_counts(read_order_file(f, ds.root, ds.index), total) for f in files]
     # Files no node's order reads are placed as without an order (hashed owners) and
@@ -323,6 +327,10 @@ def main(argv=None) -> int:
         # would directly, and hands the bytes to the node cache without waiting for an answer.
         server.let_programs_fill()
     _announce(args, ds, started)
+    if args.lazy:
+        # Placing by an order needs numpy; imported now, while the programs start, not when
+        # their order arrives. Serving an unknown order needs none (its start stays light).
+        import numpy  # noqa: F401
     if _serve(server, ds, args, engine, peers):
         # Its log goes too: a failed agent's folder stays (for its log) until the next launcher
         # on the node reclaims it.
@@ -394,6 +402,8 @@ def _leave_together(node: int, nodes: int, run_id: str, addresses: list) -> None
 def _probe(address: str) -> str | None:
     """None when a peer server listens at ``address`` (``host:port``, ``[v6]:port``), else why
     not: "refused" (nothing listens: its process is gone) or another reason."""
+    import socket
+
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:

@@ -28,7 +28,7 @@ def temp_dir() -> str:
     for d in [*(n for n in names if n), "/tmp", "/var/tmp", "/usr/tmp", os.getcwd()]:
         if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
             return os.path.abspath(d)
-    raise FileNotFoundError("no usable temporary directory: set TMPDIR to a folder this user may write in")
+    raise _native.ConfigError("no usable temporary directory: set TMPDIR to a folder this user may write in")
 
 
 def private_dir(path: str, create: bool = True, tighten: bool = False) -> str:

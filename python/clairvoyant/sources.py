@@ -8,12 +8,16 @@ import errno
 import numbers
 import operator
 import os
-from typing import Sequence
-
-import numpy as np
 
 from . import _native
 from .errors import ArgumentTypeError, ConfigError, os_error
+
+# Not `from typing import TYPE_CHECKING`: a node agent imports this module at its start.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Sequence
+
+    import numpy as np  # imported at first use: a node agent serving an unknown order needs none
 
 
 _I64 = (-(2**63), 2**63 - 1)
@@ -44,6 +48,8 @@ class _Source:
     @property
     def labels(self) -> np.ndarray:
         if getattr(self, "_labels", None) is None:
+            import numpy as np
+
             self._labels = np.asarray(self._native.labels(), dtype=np.int64)
         return self._labels
 
