@@ -273,3 +273,16 @@ def test_the_launchers_temporary_folder_is_tempfiles(tmp_path, monkeypatch):
             monkeypatch.delenv(k, raising=False)
         monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads the environment again
         assert _dirs.temp_dir() == tempfile.gettempdir(), tmpdir
+
+
+def test_the_launchers_temporary_folder_in_a_removed_working_folder(tmp_path, monkeypatch):
+    """A launcher started in a folder that was removed still finds the temporary folder (the
+    current folder is only the last candidate, and is not resolved before it is needed)."""
+    from clairvoyant import _dirs
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert _dirs.temp_dir() == str(tmp_path)

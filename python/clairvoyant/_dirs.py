@@ -25,7 +25,7 @@ def temp_dir() -> str:
     in), without importing :mod:`tempfile` (with :mod:`shutil` and :mod:`random`, 3 ms of a
     launcher's start)."""
     names = [os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")]
-    for d in [*(n for n in names if n), "/tmp", "/var/tmp", "/usr/tmp", os.getcwd()]:
+    for d in [*(n for n in names if n), "/tmp", "/var/tmp", "/usr/tmp", os.curdir]:
         if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
             return os.path.abspath(d)
     raise _native.ConfigError("no usable temporary directory: set TMPDIR to a folder this user may write in")
