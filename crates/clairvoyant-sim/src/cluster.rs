@@ -40,7 +40,7 @@ pub fn cluster_placement(
     };
     let caps: Vec<Vec<u64>> = counts.iter().map(|_| capacities.to_vec()).collect();
     let detail: Vec<(usize, &AccessCounts)> = counts.iter().enumerate().collect();
-    let p = ClusterPlacement::compute(&access, size, &caps, &detail);
+    let p = ClusterPlacement::compute_classes(&access, size, &caps, &detail);
     let home = p
         .primary
         .iter()

@@ -195,10 +195,11 @@ impl<'a> Run<'a> {
     }
 
     /// Simulate several policies side by side: each epoch's order is shuffled once and handed
-    /// to every policy, which runs until it needs the next epoch (so at most a few epochs'
-    /// orders are held at a time). Policies are set up and advanced on all cores.
+    /// to every policy. Policies are set up and advanced, an epoch at a time, on all cores; a
+    /// policy may run one epoch ahead of the slowest (so at most two epochs' orders are held at
+    /// a time, and a long set-up does not leave a core idle).
     pub fn simulate_all(&self, policies: &[Policy]) -> Result<Vec<PolicyResult>> {
-        let mut slots: Vec<PolicySlot> = policies
+        let slots: Vec<PolicySlot> = policies
             .iter()
             .map(|&p| match p {
                 Policy::Perfect => PolicySlot::Perfect,
@@ -206,7 +207,7 @@ impl<'a> Run<'a> {
             })
             .collect();
         let want_perfect = slots.iter().any(|s| matches!(s, PolicySlot::Perfect));
-        let perfect = self.run_epochs(&mut slots, want_perfect)?;
+        let (slots, perfect) = self.run_epochs(slots, want_perfect)?;
         slots
             .into_iter()
             .map(|slot| match slot {
@@ -218,62 +219,174 @@ impl<'a> Run<'a> {
             .collect()
     }
 
-    /// Every epoch through every slot that simulates; returns Perfect's epoch times (when
-    /// `want_perfect`).
-    fn run_epochs<'r>(&'r self, slots: &mut [PolicySlot<'r, 'a>], want_perfect: bool) -> Result<Vec<f64>> {
+    /// Every epoch through every slot that simulates, on all cores; returns the slots and
+    /// Perfect's epoch times (when `want_perfect`).
+    fn run_epochs<'r>(
+        &'r self,
+        slots: Vec<PolicySlot<'r, 'a>>,
+        want_perfect: bool,
+    ) -> Result<(Vec<PolicySlot<'r, 'a>>, Vec<f64>)> {
         let layout = self.layout();
         let batches: Vec<Vec<std::ops::Range<u64>>> =
             (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
         let per_epoch: u64 = batches.iter().flatten().map(|b| b.end - b.start).sum();
-        let mut perfect = Vec::with_capacity(self.scenario.epochs as usize);
-        // Advance the costliest simulations first so that none starts last and runs alone; the
-        // next epoch's order is shuffled meanwhile.
-        let mut busy: Vec<(usize, &mut PolicySlot)> = slots
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, PolicySlot::Pending(_)))
-            .collect();
-        busy.sort_by_key(|(i, s)| (std::cmp::Reverse(crate::cost(s.policy())), *i));
-        let mut next = (self.scenario.epochs > 0).then(|| EpochData::new(self, 0));
-        for e in 0..self.scenario.epochs {
-            check_cancel(self.progress)?;
-            let data = Arc::new(next.take().expect("prepared"));
-            if want_perfect {
-                perfect.push(data.perfect_seconds(&batches, self.scenario.compute_bps()));
-                self.progress.done.fetch_add(per_epoch, AtOrd::Relaxed);
+        let epochs = self.scenario.epochs;
+        let board = std::sync::Mutex::new(Board::new(slots, epochs, want_perfect));
+        let changed = std::sync::Condvar::new();
+        let threads = rayon::current_num_threads().max(1);
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    let lock = || board.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut b = lock();
+                    loop {
+                        if let Err(e) = check_cancel(self.progress) {
+                            b.error.get_or_insert(e);
+                        }
+                        if b.error.is_some() || b.finished() {
+                            break;
+                        }
+                        let Some(task) = b.pick() else {
+                            b = changed.wait(b).unwrap_or_else(|e| e.into_inner());
+                            continue;
+                        };
+                        drop(b);
+                        match task {
+                            Task::Prepare(e) => {
+                                let data = EpochData::new(self, e);
+                                let seconds =
+                                    want_perfect.then(|| data.perfect_seconds(&batches, self.scenario.compute_bps()));
+                                b = lock();
+                                if let Some(s) = seconds {
+                                    b.perfect[e as usize] = s;
+                                    self.progress.done.fetch_add(per_epoch, AtOrd::Relaxed);
+                                }
+                                b.data.insert(e, Arc::new(data));
+                                b.preparing = false;
+                            }
+                            Task::Advance(i, mut slot, e, data) => {
+                                let r = slot.build(self).and_then(|()| match &mut slot {
+                                    PolicySlot::Sim(sim) => sim.advance(e, data),
+                                    _ => Ok(()),
+                                });
+                                b = lock();
+                                b.next[i] = match slot {
+                                    PolicySlot::Sim(_) => e + 1,
+                                    _ => epochs, // could not run: nothing more to do
+                                };
+                                b.slots[i] = Some(slot);
+                                b.running -= 1;
+                                if let Err(e) = r {
+                                    b.error.get_or_insert(e);
+                                }
+                            }
+                        }
+                        changed.notify_all();
+                    }
+                    drop(b);
+                    changed.notify_all();
+                });
             }
-            next = self.advance_epoch(&mut busy, e, data)?;
-            busy.retain(|(_, s)| matches!(s, PolicySlot::Sim(_)));
+        });
+        let mut b = board.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = b.error.take() {
+            return Err(e);
         }
+        let mut slots: Vec<PolicySlot> = b
+            .slots
+            .into_iter()
+            .map(|s| s.expect("every task returned its slot"))
+            .collect();
         // Without epochs nothing was advanced: set up what is left (for its errors).
-        busy.par_iter_mut()
+        slots
+            .par_iter_mut()
             .with_max_len(1)
-            .try_for_each(|(_, slot)| slot.build(self))?;
-        Ok(perfect)
+            .try_for_each(|slot| slot.build(self))?;
+        Ok((slots, b.perfect))
+    }
+}
+
+/// How many epochs a policy may run ahead of the slowest: an epoch's order is shuffled when
+/// the slowest policy is at most this many epochs before it, and dropped once every policy
+/// has taken it.
+const LEAD: u32 = 1;
+
+/// What a thread of [`Run::run_epochs`] does next.
+enum Task<'r, 'a> {
+    /// Shuffle epoch e's order.
+    Prepare(u32),
+    /// Run slot i (taken from the board meanwhile) through epoch e.
+    Advance(usize, PolicySlot<'r, 'a>, u32, Arc<EpochData>),
+}
+
+/// The shared state of [`Run::run_epochs`]: which policy is where, and the epochs' orders.
+struct Board<'r, 'a> {
+    /// Every slot; None while a thread advances it.
+    slots: Vec<Option<PolicySlot<'r, 'a>>>,
+    /// Per slot, the epoch it runs next (or is running); `epochs` when it has nothing to do.
+    next: Vec<u32>,
+    epochs: u32,
+    /// Orders prepared and not yet taken by every policy.
+    data: std::collections::BTreeMap<u32, Arc<EpochData>>,
+    /// Epochs whose order is prepared or being prepared.
+    prepared: u32,
+    preparing: bool,
+    running: usize,
+    /// Perfect's epoch times, when it is asked for (every epoch's order is then shuffled).
+    want_perfect: bool,
+    perfect: Vec<f64>,
+    error: Option<Error>,
+}
+
+impl<'r, 'a> Board<'r, 'a> {
+    fn new(slots: Vec<PolicySlot<'r, 'a>>, epochs: u32, want_perfect: bool) -> Self {
+        let next = slots
+            .iter()
+            .map(|s| if matches!(s, PolicySlot::Pending(_)) { 0 } else { epochs })
+            .collect();
+        Board {
+            slots: slots.into_iter().map(Some).collect(),
+            next,
+            epochs,
+            data: Default::default(),
+            prepared: 0,
+            preparing: false,
+            running: 0,
+            want_perfect,
+            perfect: vec![0.0; epochs as usize],
+            error: None,
+        }
     }
 
-    /// Epoch `e` (`data`) through every slot in `busy`, on all cores, while the next epoch's
-    /// order is prepared; returns that order (None after the last epoch).
-    fn advance_epoch<'r>(
-        &'r self,
-        busy: &mut [(usize, &mut PolicySlot<'r, 'a>)],
-        e: u32,
-        data: Arc<EpochData>,
-    ) -> Result<Option<EpochData>> {
-        let (advanced, prepared) = rayon::join(
-            || {
-                busy.par_iter_mut().with_max_len(1).try_for_each(|(_, slot)| {
-                    slot.build(self)?;
-                    match slot {
-                        PolicySlot::Sim(sim) => sim.advance(e, data.clone()),
-                        _ => Ok(()),
-                    }
-                })
-            },
-            || (e + 1 < self.scenario.epochs).then(|| EpochData::new(self, e + 1)),
-        );
-        advanced?;
-        Ok(prepared)
+    /// Every policy has run every epoch (and Perfect has every epoch's time).
+    fn finished(&self) -> bool {
+        self.running == 0
+            && !self.preparing
+            && self.next.iter().all(|&e| e >= self.epochs)
+            && (!self.want_perfect || self.prepared == self.epochs)
+    }
+
+    /// The next task, or None when every task possible now is taken: first the next epoch's
+    /// order (when the slowest policy is near enough), then the policy furthest behind (the
+    /// costliest first, so that none starts last and runs alone).
+    fn pick(&mut self) -> Option<Task<'r, 'a>> {
+        let slowest = self.next.iter().copied().min().unwrap_or(self.epochs);
+        while self.data.first_key_value().is_some_and(|(&e, _)| e < slowest) {
+            self.data.pop_first();
+        }
+        if !self.preparing && self.prepared < self.epochs && self.prepared <= slowest + LEAD {
+            self.preparing = true;
+            self.prepared += 1;
+            return Some(Task::Prepare(self.prepared - 1));
+        }
+        let i = (0..self.slots.len())
+            .filter(|&i| self.next[i] < self.epochs && self.data.contains_key(&self.next[i]))
+            .filter_map(|i| self.slots[i].as_ref().map(|s| (i, s)))
+            .min_by_key(|&(i, s)| (self.next[i], std::cmp::Reverse(crate::cost(s.policy())), i))?
+            .0;
+        let e = self.next[i];
+        self.running += 1;
+        Some(Task::Advance(i, self.slots[i].take()?, e, self.data[&e].clone()))
     }
 }
 

@@ -279,6 +279,39 @@ fn cancel_stops_a_run() {
 }
 
 #[test]
+fn policies_run_together_give_what_each_gives_alone() {
+    // Policies side by side run at different epochs at once (a long set-up does not hold the
+    // others back); each result is still the one it gives alone.
+    let sc = with_classes(&[("workers", "4"), ("dataset.samples", "3000"), ("epochs", "4")], RAM);
+    let all = simulate(&sc, &[], &Progress::default()).unwrap();
+    assert!(all.policies.len() > 5);
+    for p in &all.policies {
+        let alone = simulate(&sc, &[p.policy], &Progress::default()).unwrap();
+        let mine = alone.policies.iter().find(|r| r.policy == p.policy).unwrap();
+        assert_eq!(mine, p, "{}", p.policy);
+    }
+}
+
+#[test]
+fn cancel_during_a_run_stops_it() {
+    let sc = with_classes(&[("workers", "4"), ("dataset.samples", "100000"), ("epochs", "40")], RAM);
+    let progress = Progress::default();
+    let (err, done) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while progress.done.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            progress.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        let err = simulate(&sc, &[], &progress).unwrap_err();
+        (err, progress.done.load(std::sync::atomic::Ordering::Relaxed))
+    });
+    assert!(matches!(err, clairvoyant_core::Error::Cancelled), "{err}");
+    let total = progress.total.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(done < total / 2, "stopped at {done} of {total} samples");
+}
+
+#[test]
 fn policies_that_need_storage_say_what_is_missing() {
     // No classes at all.
     let sc = scenario(&[]);

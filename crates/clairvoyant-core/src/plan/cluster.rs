@@ -535,10 +535,32 @@ impl ClusterPlacement {
         capacities: &[Vec<u64>],
         detail: &[(usize, &AccessCounts)],
     ) -> ClusterPlacement {
+        Self::compute_with(access, size, capacities, detail, true)
+    }
+
+    /// [`ClusterPlacement::compute`] without the samples' offsets (each detail node's
+    /// `Placement::offset` left empty): the same classes and fill orders, for a model of the
+    /// placement that never writes the classes (8 bytes per sample and detail node less).
+    pub fn compute_classes(
+        access: &ClusterAccess,
+        size: impl Fn(u32) -> u64 + Sync,
+        capacities: &[Vec<u64>],
+        detail: &[(usize, &AccessCounts)],
+    ) -> ClusterPlacement {
+        Self::compute_with(access, size, capacities, detail, false)
+    }
+
+    fn compute_with(
+        access: &ClusterAccess,
+        size: impl Fn(u32) -> u64 + Sync,
+        capacities: &[Vec<u64>],
+        detail: &[(usize, &AccessCounts)],
+        offsets: bool,
+    ) -> ClusterPlacement {
         let m = capacities.len();
         assert!(m < NO_NODE as usize);
         let keyed = coverage_order(access);
-        let mut cover = Coverage::new(capacities, access.samples.len(), detail);
+        let mut cover = Coverage::new(capacities, access.samples.len(), detail, offsets);
         const AHEAD: usize = 8;
         for (at, &(_, _, k)) in keyed.iter().enumerate() {
             if let Some(&(_, _, ahead)) = keyed.get(at + AHEAD) {
@@ -632,8 +654,8 @@ struct Coverage<'a> {
 }
 
 impl<'a> Coverage<'a> {
-    /// Nothing covered yet, over `f` samples.
-    fn new(capacities: &'a [Vec<u64>], f: usize, detail: &[(usize, &AccessCounts)]) -> Coverage<'a> {
+    /// Nothing covered yet, over `f` samples; `offsets`: lay out the detail nodes' offsets.
+    fn new(capacities: &'a [Vec<u64>], f: usize, detail: &[(usize, &AccessCounts)], offsets: bool) -> Coverage<'a> {
         let m = capacities.len();
         let used: Vec<Vec<u64>> = capacities.iter().map(|c| vec![0u64; c.len()]).collect();
         let mut slot_of = vec![usize::MAX; m];
@@ -650,7 +672,10 @@ impl<'a> Coverage<'a> {
             primary: huge_vec(f, NO_NODE),
             slot_of,
             class_of: detail.iter().map(|_| huge_vec(f, UNCACHED)).collect(),
-            offset: detail.iter().map(|_| huge_vec(f, 0u64)).collect(),
+            offset: detail
+                .iter()
+                .map(|_| if offsets { huge_vec(f, 0u64) } else { Vec::new() })
+                .collect(),
             by_room,
         }
     }
@@ -695,7 +720,9 @@ impl<'a> Coverage<'a> {
             .expect("fits");
         if self.slot_of[i] != usize::MAX {
             self.class_of[self.slot_of[i]][k as usize] = j as u8;
-            self.offset[self.slot_of[i]][k as usize] = self.used[i][j];
+            if let Some(o) = self.offset[self.slot_of[i]].get_mut(k as usize) {
+                *o = self.used[i][j];
+            }
         }
         self.used[i][j] += s;
         self.primary[k as usize] = i as u16;
@@ -762,7 +789,9 @@ fn add_replicas(own: &AccessCounts, size: &(impl Fn(u32) -> u64 + Sync), caps: &
         let s = size(k);
         if let Some(j) = caps.iter().zip(&p.used).position(|(c, u)| u + s <= *c) {
             p.class_of[k as usize] = j as u8;
-            p.offset[k as usize] = p.used[j];
+            if let Some(o) = p.offset.get_mut(k as usize) {
+                *o = p.used[j];
+            }
             p.used[j] += s;
             p.samples[j] += 1;
             left -= s;
@@ -1086,6 +1115,29 @@ mod tests {
         // The streams kept are the ranks' own.
         assert_eq!(streams.len(), 3);
         assert_eq!(streams[1][1], s.rank_epoch(3, 1).unwrap());
+    }
+
+    #[test]
+    fn a_placement_without_offsets_has_the_same_classes_and_fill_orders() {
+        // Two classes (a sample's size varies) so that replicas and coverage both fill both.
+        let s = Schedule::shuffle(1800, 6, 4, 3, 17, false).unwrap();
+        let g = groups(3, 2);
+        let access = AccessCounts::compute_groups(&s, &g).unwrap();
+        let summary = ClusterAccess::from_nodes(&access).unwrap();
+        let caps = vec![vec![150 * 100, 300 * 100]; 3];
+        let detail: Vec<(usize, &AccessCounts)> = access.iter().enumerate().collect();
+        let size = |k: u32| 60 + (k as u64 * 37) % 80;
+        let full = ClusterPlacement::compute(&summary, size, &caps, &detail);
+        let classes = ClusterPlacement::compute_classes(&summary, size, &caps, &detail);
+        assert_eq!(classes.primary, full.primary);
+        assert_eq!(classes.coverage_used, full.coverage_used);
+        for (c, f) in classes.nodes.iter().zip(&full.nodes) {
+            assert!(c.offset.is_empty());
+            assert_eq!(f.offset.len(), 1800);
+            assert_eq!((&c.class_of, &c.used, &c.samples), (&f.class_of, &f.used, &f.samples));
+            assert_eq!(c.fill_order, f.fill_order);
+            assert!(f.used.iter().all(|&u| u > 0), "both classes are used: {:?}", f.used);
+        }
     }
 
     #[test]
