@@ -265,14 +265,16 @@ impl<'a> Run<'a> {
                                 b.preparing = false;
                             }
                             Task::Advance(i, mut slot, e, data) => {
-                                let r = slot.build(self).and_then(|()| match &mut slot {
-                                    PolicySlot::Sim(sim) => sim.advance(e, data),
+                                let ran = data.is_some();
+                                let r = slot.build(self).and_then(|()| match (&mut slot, data) {
+                                    (PolicySlot::Sim(sim), Some(data)) => sim.advance(e, data),
                                     _ => Ok(()),
                                 });
                                 b = lock();
                                 b.next[i] = match slot {
-                                    PolicySlot::Sim(_) => e + 1,
-                                    _ => epochs, // could not run: nothing more to do
+                                    PolicySlot::Sim(_) if ran => e + 1,
+                                    PolicySlot::Sim(_) => e, // set up only: its epoch's order was not ready
+                                    _ => epochs,             // could not run: nothing more to do
                                 };
                                 b.slots[i] = Some(slot);
                                 b.running -= 1;
@@ -315,8 +317,9 @@ const LEAD: u32 = 1;
 enum Task<'r, 'a> {
     /// Shuffle epoch e's order.
     Prepare(u32),
-    /// Run slot i (taken from the board meanwhile) through epoch e.
-    Advance(usize, PolicySlot<'r, 'a>, u32, Arc<EpochData>),
+    /// Set slot i (taken from the board meanwhile) up if it is not, and run it through epoch e
+    /// when its order is given.
+    Advance(usize, PolicySlot<'r, 'a>, u32, Option<Arc<EpochData>>),
 }
 
 /// The shared state of [`Run::run_epochs`]: which policy is where, and the epochs' orders.
@@ -368,7 +371,8 @@ impl<'r, 'a> Board<'r, 'a> {
 
     /// The next task, or None when every task possible now is taken: first the next epoch's
     /// order (when the slowest policy is near enough), then the policy furthest behind (the
-    /// costliest first, so that none starts last and runs alone).
+    /// costliest first, so that none starts last and runs alone), else the set-up of a policy
+    /// whose first epoch's order is not ready yet.
     fn pick(&mut self) -> Option<Task<'r, 'a>> {
         let slowest = self.next.iter().copied().min().unwrap_or(self.epochs);
         while self.data.first_key_value().is_some_and(|(&e, _)| e < slowest) {
@@ -379,14 +383,20 @@ impl<'r, 'a> Board<'r, 'a> {
             self.prepared += 1;
             return Some(Task::Prepare(self.prepared - 1));
         }
-        let i = (0..self.slots.len())
-            .filter(|&i| self.next[i] < self.epochs && self.data.contains_key(&self.next[i]))
-            .filter_map(|i| self.slots[i].as_ref().map(|s| (i, s)))
-            .min_by_key(|&(i, s)| (self.next[i], std::cmp::Reverse(crate::cost(s.policy())), i))?
-            .0;
+        let (i, ready) = (0..self.slots.len())
+            .filter(|&i| self.next[i] < self.epochs)
+            .filter_map(|i| {
+                self.slots[i]
+                    .as_ref()
+                    .map(|s| (i, s, self.data.contains_key(&self.next[i])))
+            })
+            .filter(|&(_, s, ready)| ready || matches!(s, PolicySlot::Pending(_)))
+            .min_by_key(|&(i, s, ready)| (!ready, self.next[i], std::cmp::Reverse(crate::cost(s.policy())), i))
+            .map(|(i, _, ready)| (i, ready))?;
         let e = self.next[i];
         self.running += 1;
-        Some(Task::Advance(i, self.slots[i].take()?, e, self.data[&e].clone()))
+        let data = ready.then(|| self.data[&e].clone());
+        Some(Task::Advance(i, self.slots[i].take()?, e, data))
     }
 }
 

@@ -294,7 +294,10 @@ fn policies_run_together_give_what_each_gives_alone() {
 
 #[test]
 fn cancel_during_a_run_stops_it() {
-    let sc = with_classes(&[("workers", "4"), ("dataset.samples", "100000"), ("epochs", "40")], RAM);
+    let sc = with_classes(
+        &[("workers", "4"), ("dataset.samples", "100000"), ("epochs", "40")],
+        RAM,
+    );
     let progress = Progress::default();
     let (err, done) = std::thread::scope(|s| {
         s.spawn(|| {
