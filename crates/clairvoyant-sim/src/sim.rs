@@ -525,10 +525,12 @@ enum Cache {
     /// Every sample is already in this class on every node (the staging buffer reads from it).
     Everywhere(usize),
     /// One copy per sample (`held`), filled on first read (`admit`) or preassigned and
-    /// preloaded; `cached[n]` lists the samples node n holds, in the order they were taken.
+    /// preloaded; where `lists` (DeepIO's substitutes are drawn from them), `cached[n]` lists
+    /// the samples node n has taken, in the order it took them.
     Single {
         held: Vec<Held>,
-        cached: Vec<Vec<u32>>,
+        cached: Vec<Vec<Taken>>,
+        lists: bool,
         /// Bytes used, per node and class.
         used: Vec<Vec<u64>>,
         /// Classes a read sample may be admitted to, in order.
@@ -563,6 +565,30 @@ struct Held {
     avail: f64,
     /// `node << 8 | class`, the node's 24 bits all set for NONE.
     place: u32,
+}
+
+/// A sample in a node's list of those it has taken (`Cache::Single::cached`): its number, size
+/// (`u32::MAX`: look it up, it does not fit), class, and from when it is there, as in its
+/// `Held` (kept equal to it: set when the sample is taken and when its copy is written). A
+/// substitute drawn from the list is decided from this one record, without the lookups of its
+/// entry and size in the big per-sample tables.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
+struct Taken {
+    avail: f64,
+    k: u32,
+    size: u32,
+    class: u8,
+}
+
+impl Taken {
+    #[inline]
+    fn size(self, sizes: &[u64]) -> u64 {
+        match self.size {
+            u32::MAX => sizes[self.k as usize],
+            s => s as u64,
+        }
+    }
 }
 
 /// Nodes a `Held` can name (its 24 bits, all set meaning none).
@@ -1118,11 +1144,11 @@ impl Sim<'_, '_> {
         let (epoch, pos) = (self.fetchers[w].epoch, self.fetchers[w].pos);
         let at = pos - mine.lo;
         let (mut k, mut s) = (mine.samples[at], mine.sizes[at]);
+        let mut known = mine.known.get(at).copied();
         self.prefetch_ahead(w, mine, at);
         if epoch > 0 && matches!(self.order, Order::Opportunistic) {
-            let known = mine.known.get(at).copied();
-            if let Some(other) = self.substitute(w / self.wpn, k, s, epoch, pos, known) {
-                (k, s) = (other, self.run.sizes[other as usize]);
+            if let Some((other, size, entry)) = self.substitute(w / self.wpn, k, s, epoch, pos, known) {
+                (k, s, known) = (other, size, Some(entry));
                 self.substituted += 1;
             }
         }
@@ -1154,11 +1180,6 @@ impl Sim<'_, '_> {
         }
         let epoch = f.epoch;
         let node = w / self.wpn;
-        let known = if k == mine.samples[at] {
-            mine.known.get(at).copied()
-        } else {
-            None
-        };
         let (loc, fetched) = match known.and_then(|h| self.fetch_known(node, h, s, t)) {
             Some(done) => done,
             None => self.fetch(node, k, s, t, epoch),
@@ -1276,6 +1297,7 @@ impl Sim<'_, '_> {
             Cache::Single {
                 held,
                 cached,
+                lists,
                 used,
                 admit_to,
                 admit,
@@ -1307,7 +1329,14 @@ impl Sim<'_, '_> {
                     if let Some(j) = slot {
                         used[node][j] += s;
                         held[ku].set(node as u32, j as u8);
-                        cached[node].push(k);
+                        if *lists {
+                            cached[node].push(Taken {
+                                avail: f64::INFINITY,
+                                k,
+                                size: u32::try_from(s).unwrap_or(u32::MAX),
+                                class: j as u8,
+                            });
+                        }
                     }
                     Decision::Pfs(slot)
                 }
@@ -1441,8 +1470,17 @@ impl Sim<'_, '_> {
     /// (cached nowhere, or on another node without an interconnect) is replaced by one that can
     /// (any node's, or only this node's without an interconnect), chosen by a hash of epoch,
     /// node and position: the PFS is not read again.
-    /// `known` is the sample's entry when the stream was made (see `Stream::known`).
-    fn substitute(&self, node: usize, k: u32, s: u64, epoch: u32, pos: usize, known: Option<Held>) -> Option<u32> {
+    /// `known` is the sample's entry when the stream was made (see `Stream::known`). Returns the
+    /// substitute, its size and its entry as its node's list holds it.
+    fn substitute(
+        &self,
+        node: usize,
+        k: u32,
+        s: u64,
+        epoch: u32,
+        pos: usize,
+        known: Option<Held>,
+    ) -> Option<(u32, u64, Held)> {
         let Cache::Single {
             held,
             cached,
@@ -1466,14 +1504,15 @@ impl Sim<'_, '_> {
         if owner == node as u32 || (owner != NONE && peers) {
             return None;
         }
-        let (list, i) = substitute_pick(cached, peers, node, epoch, pos)?;
-        Some(list[i])
+        let (owner, list, i) = substitute_pick(cached, peers, node, epoch, pos)?;
+        let e = list[i];
+        Some((e.k, e.size(self.run.sizes), Held::new(e.avail, owner as u32, e.class)))
     }
 
     /// Start loading what staging the sample `ahead` positions after worker `w`'s current one
     /// will look up: its cache entry when the window's is not final, and under the
-    /// opportunistic order the entries of the sample that would replace it (a hint: the
-    /// choice is made again when the sample is staged).
+    /// opportunistic order the record of the sample that would replace it (a hint: the choice
+    /// is made again when the sample is staged).
     #[inline(always)]
     fn prefetch_ahead(&self, w: usize, mine: &Stream, at: usize) {
         let i = at + PREFETCH_AHEAD;
@@ -1489,17 +1528,11 @@ impl Sim<'_, '_> {
         if epoch == 0 || !matches!(self.order, Order::Opportunistic) {
             return;
         }
-        let Cache::Single { held, cached, .. } = &self.cache else {
+        let Cache::Single { cached, .. } = &self.cache else {
             return;
         };
         let peers = self.run.scenario.system.interconnect_mbps.is_some();
-        let pos = mine.lo + i;
-        if let Some((list, j)) = substitute_pick(cached, peers, node, epoch, pos) {
-            let other = list[j] as usize;
-            prefetch(held, other);
-            prefetch(self.run.sizes, other);
-        }
-        if let Some((list, j)) = substitute_pick(cached, peers, node, epoch, pos + PREFETCH_AHEAD) {
+        if let Some((_, list, j)) = substitute_pick(cached, peers, node, epoch, mine.lo + i) {
             prefetch(list, j);
         }
     }
@@ -1532,7 +1565,15 @@ impl Sim<'_, '_> {
                     };
                 }
             }
-            Cache::Single { held, .. } => held[ku].avail = at,
+            Cache::Single {
+                held, cached, lists, ..
+            } => {
+                held[ku].avail = at;
+                // A sample is written right after it is taken: its record is its node's last.
+                if let Some(e) = cached[node].last_mut().filter(|e| *lists && e.k == k) {
+                    e.avail = at;
+                }
+            }
             _ => {}
         }
     }

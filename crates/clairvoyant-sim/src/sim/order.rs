@@ -4,24 +4,25 @@
 use super::*;
 
 /// DeepIO's opportunistic choice for `node` at (`epoch`, `pos`): a list of cached samples (any
-/// node's with peers, else the node's own) and an index in it, by a hash of the three.
+/// node's with peers, else the node's own), the node whose list it is, and an index in it, by a
+/// hash of the three.
 #[inline]
-pub(super) fn substitute_pick(
-    cached: &[Vec<u32>],
+pub(super) fn substitute_pick<T>(
+    cached: &[Vec<T>],
     peers: bool,
     node: usize,
     epoch: u32,
     pos: usize,
-) -> Option<(&[u32], usize)> {
+) -> Option<(usize, &[T], usize)> {
     let h = splitmix64(((epoch as u64) << 32) ^ ((node as u64) << 48) ^ pos as u64);
-    let list = if peers {
-        let lists = || cached.iter().filter(|c| !c.is_empty());
+    let (owner, list) = if peers {
+        let lists = || cached.iter().enumerate().filter(|(_, c)| !c.is_empty());
         let n = lists().count();
         lists().nth((h % n.max(1) as u64) as usize)?
     } else {
-        Some(&cached[node]).filter(|c| !c.is_empty())?
+        Some((node, &cached[node])).filter(|(_, c)| !c.is_empty())?
     };
-    Some((list, (splitmix64(h) % list.len() as u64) as usize))
+    Some((owner, list, (splitmix64(h) % list.len() as u64) as usize))
 }
 
 /// Yang and Cong's reordering: every global batch keeps its samples and every worker its batch
