@@ -231,9 +231,11 @@ impl<'a> Run<'a> {
             (0..self.scenario.workers).map(|r| layout.rank_batches(r)).collect();
         let per_epoch: u64 = batches.iter().flatten().map(|b| b.end - b.start).sum();
         let epochs = self.scenario.epochs;
+        // No more threads than tasks that can run at once: every policy, and one shuffle.
+        let busy = slots.iter().filter(|s| matches!(s, PolicySlot::Pending(_))).count();
+        let threads = rayon::current_num_threads().clamp(1, busy + 1);
         let board = std::sync::Mutex::new(Board::new(slots, epochs, want_perfect));
         let changed = std::sync::Condvar::new();
-        let threads = rayon::current_num_threads().max(1);
         std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| {
