@@ -239,13 +239,17 @@ impl<'a> Run<'a> {
         std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| {
+                    let _unwind = Unwind {
+                        board: &board,
+                        changed: &changed,
+                    };
                     let lock = || board.lock().unwrap_or_else(|e| e.into_inner());
                     let mut b = lock();
                     loop {
                         if let Err(e) = check_cancel(self.progress) {
                             b.error.get_or_insert(e);
                         }
-                        if b.error.is_some() || b.finished() {
+                        if b.error.is_some() || b.panicked || b.finished() {
                             break;
                         }
                         let Some(task) = b.pick() else {
@@ -315,6 +319,22 @@ impl<'a> Run<'a> {
 /// has taken it.
 const LEAD: u32 = 1;
 
+/// Stops the other threads of [`Run::run_epochs`] when this one unwinds from a panic (they would
+/// otherwise wait for its task forever); the scope then raises the panic.
+struct Unwind<'b, 'r, 'a> {
+    board: &'b std::sync::Mutex<Board<'r, 'a>>,
+    changed: &'b std::sync::Condvar,
+}
+
+impl Drop for Unwind<'_, '_, '_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.board.lock().unwrap_or_else(|e| e.into_inner()).panicked = true;
+            self.changed.notify_all();
+        }
+    }
+}
+
 /// What a thread of [`Run::run_epochs`] does next.
 enum Task<'r, 'a> {
     /// Shuffle epoch e's order.
@@ -341,6 +361,8 @@ struct Board<'r, 'a> {
     want_perfect: bool,
     perfect: Vec<f64>,
     error: Option<Error>,
+    /// A thread panicked: the others stop.
+    panicked: bool,
 }
 
 impl<'r, 'a> Board<'r, 'a> {
@@ -360,6 +382,7 @@ impl<'r, 'a> Board<'r, 'a> {
             want_perfect,
             perfect: vec![0.0; epochs as usize],
             error: None,
+            panicked: false,
         }
     }
 
@@ -1626,3 +1649,37 @@ impl Sim<'_, '_> {
 
 /// How many samples ahead of a thread the cache entries of its next samples are prefetched.
 const PREFETCH_AHEAD: usize = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_that_panics_mid_task_wakes_the_others() {
+        // A task in progress never ends when its thread panics: the threads waiting for it are
+        // woken and stop instead of waiting forever.
+        let board = std::sync::Mutex::new(Board::new(Vec::new(), 1, false));
+        board.lock().unwrap().running = 1;
+        let changed = std::sync::Condvar::new();
+        let stopped = std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| {
+                let mut b = board.lock().unwrap_or_else(|e| e.into_inner());
+                while !b.panicked && !b.finished() {
+                    b = changed.wait(b).unwrap_or_else(|e| e.into_inner());
+                }
+                b.panicked
+            });
+            let worker = scope.spawn(|| {
+                let _unwind = Unwind {
+                    board: &board,
+                    changed: &changed,
+                };
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                panic!("a bug in a task");
+            });
+            assert!(worker.join().is_err());
+            waiter.join().unwrap()
+        });
+        assert!(stopped);
+    }
+}
