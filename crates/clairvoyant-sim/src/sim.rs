@@ -550,12 +550,11 @@ enum Cache {
     /// Every sample is already in this class on every node (the staging buffer reads from it).
     Everywhere(usize),
     /// One copy per sample (`held`), filled on first read (`admit`) or preassigned and
-    /// preloaded; where `lists` (DeepIO's substitutes are drawn from them), `cached[n]` lists
-    /// the samples node n has taken, in the order it took them.
+    /// preloaded; under the opportunistic order (its substitutes are drawn from them),
+    /// `cached[n]` lists the samples node n has taken, in the order it took them.
     Single {
         held: Vec<Held>,
         cached: Vec<Vec<Taken>>,
-        lists: bool,
         /// Bytes used, per node and class.
         used: Vec<Vec<u64>>,
         /// Classes a read sample may be admitted to, in order.
@@ -1316,13 +1315,13 @@ impl Sim<'_, '_> {
     fn decide(&mut self, node: usize, k: u32, s: u64, t: f64, epoch: u32) -> Decision {
         let ku = k as usize;
         let sf = s as f64;
+        let lists = matches!(self.order, Order::Opportunistic);
         match &mut self.cache {
             Cache::None => Decision::Pfs(None),
             Cache::Everywhere(j) => Decision::Done(LOC_CLASS + *j, t + sf * self.class_read_spb[*j]),
             Cache::Single {
                 held,
                 cached,
-                lists,
                 used,
                 admit_to,
                 admit,
@@ -1354,7 +1353,7 @@ impl Sim<'_, '_> {
                     if let Some(j) = slot {
                         used[node][j] += s;
                         held[ku].set(node as u32, j as u8);
-                        if *lists {
+                        if lists {
                             cached[node].push(Taken {
                                 avail: f64::INFINITY,
                                 k,
@@ -1579,6 +1578,7 @@ impl Sim<'_, '_> {
     /// Sample `k` is in class `j` of `node` from time `at`.
     fn publish(&mut self, node: usize, k: u32, j: usize, at: f64) {
         let ku = k as usize;
+        let lists = matches!(self.order, Order::Opportunistic);
         match &mut self.cache {
             Cache::Placed { local, first } => {
                 local[node][ku].avail = at;
@@ -1590,12 +1590,10 @@ impl Sim<'_, '_> {
                     };
                 }
             }
-            Cache::Single {
-                held, cached, lists, ..
-            } => {
+            Cache::Single { held, cached, .. } => {
                 held[ku].avail = at;
                 // A sample is written right after it is taken: its record is its node's last.
-                if let Some(e) = cached[node].last_mut().filter(|e| *lists && e.k == k) {
+                if let Some(e) = cached[node].last_mut().filter(|e| lists && e.k == k) {
                     e.avail = at;
                 }
             }

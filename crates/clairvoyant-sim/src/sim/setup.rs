@@ -61,7 +61,6 @@ fn single_cache(run: &Run, admit_to: Vec<usize>, admit: Admit, remote: bool) -> 
     Cache::Single {
         held: huge_vec(run.sizes.len(), Held::new(f64::INFINITY, NONE, UNCACHED)),
         cached: vec![Vec::new(); nodes],
-        lists: false,
         used: vec![vec![0; run.scenario.system.classes.len()]; nodes],
         admit_to,
         admit,
@@ -90,13 +89,10 @@ pub(super) fn cache_setup(run: &Run, policy: Policy, threads: usize) -> Setup<Ca
             let Some(mem) = memory else {
                 return Ok(Err("DeepIO caches in memory; the system has no memory class".into()));
             };
-            setup.cache = single_cache(run, vec![mem], Admit::Always, true);
             if policy == Policy::DeepIoOpportunistic {
                 setup.order = Order::Opportunistic;
-                if let Cache::Single { lists, .. } = &mut setup.cache {
-                    *lists = true; // its substitutes are drawn from them
-                }
             }
+            setup.cache = single_cache(run, vec![mem], Admit::Always, true);
         }
         Policy::LbannDynamic | Policy::LbannPreloading => {
             let Some(mem) = memory else {
