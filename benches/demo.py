@@ -160,7 +160,11 @@ def _train_rank(ctx: RankContext, cfg: dict) -> dict:
                 first_batch = time.perf_counter() - start
             labels = batch[1]
             if len(batch) > 2:
-                fingerprints.extend(int(x) for x in batch[2])
+                # The demo's own check of which samples the epoch saw, in one call. Converting
+                # the tensor element by element gives up the GIL once per sample, and on 2 cores
+                # getting it back waited 4-8 ms at about a fifth of the steps, charged to the
+                # loader (docs/benchmarks.md, "The demo's own bookkeeping in the timed step").
+                fingerprints.extend(batch[2].tolist())
             acc.step(len(labels) * mean_bytes)
             ctx.sync()  # the gradient all-reduce: ranks advance together
         epoch_seconds = time.perf_counter() - start
