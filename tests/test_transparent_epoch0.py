@@ -192,3 +192,27 @@ def test_order_known_the_prefill_is_the_only_read_and_is_published(tmp_path, mou
     assert _per_file(fs, sizes) == once, "each file opened and read exactly once over both epochs"
     assert s["pfs_files"] == N_FILES and s["cached_files"] == N_FILES, s
     assert s["reads"]["direct_bytes"] == 0, s
+
+
+def test_order_known_an_open_of_a_file_being_filled_waits_in_the_directory(tmp_path, mounted):
+    """The agent holds the claim of each file its prefill reads: an open of such a file waits on
+    the claim and takes the entry once it is settled, without asking the agent. Opens take
+    100 ms here, and the order's first epoch is the order of the program's first pair of
+    threads, so their first opens find files the agent is reading."""
+    _, crcs, sizes = mounted
+    back = tmp_path / "back"
+    rels = sorted(sizes)
+    random.Random(0).shuffle(rels)  # what transparent_threads.py's threads 0 and 1 read in epoch 0
+    order = tmp_path / "order.txt"
+    order.write_text("\n".join(rels) + "\n\n" + "\n".join(sorted(sizes)) + "\n")
+    with emu.FuseMount(back, tmp_path / "slow", open_latency_ms=100, bandwidth=2000) as slow:
+        got, s = _run(tmp_path, slow.path, ["--order-file", str(order)], epochs=2)
+        _check(got, crcs, 2)
+        once = {rel: (1, n) for rel, n in sizes.items()}
+        assert _per_file(slow, sizes) == once, "each file opened and read exactly once over both epochs"
+    reads = s["reads"]
+    assert reads["direct_bytes"] == 0 and reads["fallbacks"] == 0 and reads["corrupt"] == 0, s
+    assert reads["fill_waits"] >= 1, f"no open waited in the directory for the agent's fill: {s}"
+    # An open that waited there asked the agent nothing: every open is one or the other, or found
+    # the file published.
+    assert reads["fill_waits"] + reads["lookups"] <= reads["opens"], s

@@ -27,6 +27,10 @@
 //! [`claim::NOT_CACHED`]), waking the processes that wait on the word (a futex on the shared
 //! mapping). A claim whose process is gone may be taken over.
 //!
+//! When the order is known the agent fills files itself, ahead of the programs: it claims each
+//! file for its own pid while it reads it and settles the claim once the entry is recorded, so
+//! that a program opening the file meanwhile waits on the word instead of asking the agent.
+//!
 //! `mtime_ns` is the file's last change as the engine defines it
 //! (`clairvoyant_core::source::last_change_ns`: the later of mtime and ctime, in ns since the
 //! epoch) when the entry was filled; a reader compares it with `fstat` of its open file.
@@ -119,8 +123,11 @@ pub mod counter {
     pub const FILLS: usize = 13;
     /// Bytes of those files.
     pub const FILL_BYTES: usize = 14;
+    /// Opens that waited in the directory for the agent's own fill (known order) of the file,
+    /// instead of asking the agent.
+    pub const FILL_WAITS: usize = 15;
     /// Names of the counters above, in index order (for stats output).
-    pub const NAMES: [&str; 15] = [
+    pub const NAMES: [&str; 16] = [
         "opens",
         "cached_reads",
         "cached_bytes",
@@ -136,6 +143,7 @@ pub mod counter {
         "standins",
         "fills",
         "fill_bytes",
+        "fill_waits",
     ];
 }
 
@@ -482,6 +490,27 @@ impl DirWriter {
             .map_or(claim::FREE, |w| w.load(Ordering::Acquire))
     }
 
+    /// Claim `key` for process `pid` (the agent, filling the file itself) when nobody holds it
+    /// and it is not settled; true when `pid` holds it now. Programs that find the claim wait
+    /// for [`DirWriter::settle`] instead of asking the agent.
+    pub fn claim(&self, key: u64, pid: u32) -> bool {
+        self.map.claim_word(key, true).is_some_and(|w| {
+            w.compare_exchange(claim::FREE, pid, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+    }
+
+    /// Give back `pid`'s claim on `key` (the file was not filled) and wake the waiters.
+    pub fn release(&self, key: u64, pid: u32) {
+        if let Some(w) = self.map.claim_word(key, false) {
+            if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                clairvoyant_futex::wake_all(w);
+            }
+        }
+    }
+
     /// Wait at most `timeout` for `key`'s claim to change from `seen`.
     pub fn wait_claim(&self, key: u64, seen: u32, timeout: std::time::Duration) {
         if let Some(w) = self.map.claim_word(key, false) {
@@ -620,6 +649,13 @@ impl DirReader {
     /// The agent's process id, as it recorded it.
     pub fn agent_pid(&self) -> u32 {
         self.map.u32_at(AGENT_PID_OFF).load(Ordering::Relaxed)
+    }
+
+    /// The word of `key`'s claim ([`claim::FREE`] when there is none), without making one.
+    pub fn claim_state(&self, key: u64) -> u32 {
+        self.map
+            .claim_word(key, false)
+            .map_or(claim::FREE, |w| w.load(Ordering::Acquire))
     }
 
     /// Claim `key` for process `pid` (see the module documentation).
@@ -847,6 +883,52 @@ mod tests {
         assert_eq!(b.claim(k2, 5), Claimed::NotCached);
         assert_eq!(w.claim_state(path_key(b"never")), claim::FREE);
         assert!(claim::is_pid(5) && !claim::is_pid(claim::DONE) && !claim::is_pid(claim::FREE));
+    }
+
+    #[test]
+    fn the_agent_claims_what_it_fills_and_readers_wait_for_the_settle() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("dir");
+        let w = Arc::new(DirWriter::create(&p, 10).unwrap());
+        let r = DirReader::open(&p).unwrap();
+        let agent = std::process::id();
+        let k = path_key(b"c/z.bin");
+        assert_eq!(r.claim_state(k), claim::FREE, "no claim made by looking");
+        assert!(w.claim(k, agent));
+        assert!(!w.claim(k, agent), "held already");
+        assert_eq!(r.claim_state(k), agent);
+        w.release(k, agent + 1); // not the holder: no effect
+        assert_eq!(r.claim_state(k), agent);
+        w.release(k, agent);
+        assert_eq!(r.claim_state(k), claim::FREE, "a failed fill gives the claim back");
+        assert!(w.claim(k, agent));
+        let settler = {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                w.insert(
+                    k,
+                    &Entry {
+                        file: 3,
+                        offset: 0,
+                        size: 1,
+                        checksum: 0,
+                        mtime_ns: 0,
+                    },
+                );
+                w.settle(k, claim::DONE);
+            })
+        };
+        let t = std::time::Instant::now();
+        while r.claim_state(k) == agent {
+            r.wait_claim(k, agent, std::time::Duration::from_secs(5));
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(5), "woken by the settle");
+        assert_eq!(r.lookup(k).map(|e| e.file), Some(3), "the entry is there once settled");
+        settler.join().unwrap();
+        let k2 = path_key(b"c/done.bin");
+        w.settle(k2, claim::DONE);
+        assert!(!w.claim(k2, agent), "a settled file is not claimed again");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::dir::{claim, counter, path_key, DirWriter, Entry};
 use crate::proto::{self, Reply, Request};
-use clairvoyant_core::engine::{Adopted, Engine, Local};
+use clairvoyant_core::engine::{Adopted, Engine, Local, Prefill};
 
 /// Connections served at once; more wait in the listen queue.
 const MAX_CONNECTIONS: usize = 4096;
@@ -400,9 +400,28 @@ fn publish_prefilled(shared: &Arc<Shared>, engine: &Arc<Engine>) {
     let weak = Arc::downgrade(shared);
     let weak_engine = Arc::downgrade(engine);
     // The engine holds the hook: weak references, so that neither keeps the other alive.
-    let hooked = engine.on_prefilled(Box::new(move |file| {
-        if let (Some(s), Some(e)) = (weak.upgrade(), weak_engine.upgrade()) {
-            publish(&s, &e, file);
+    let pid = std::process::id();
+    let hooked = engine.on_prefilled(Box::new(move |file, event| {
+        let (Some(s), Some(e)) = (weak.upgrade(), weak_engine.upgrade()) else {
+            return;
+        };
+        let key = s.keys[file as usize];
+        match event {
+            // Programs that open the file meanwhile wait for it in the directory.
+            Prefill::Started => {
+                s.dir.claim(key, pid);
+            }
+            Prefill::Filled => {
+                let word = if publish(&s, &e, file) {
+                    claim::DONE
+                } else {
+                    claim::FREE
+                };
+                if s.dir.claim_state(key) == pid {
+                    s.dir.settle(key, word);
+                }
+            }
+            Prefill::Failed => s.dir.release(key, pid),
         }
     }));
     if hooked {
@@ -414,13 +433,15 @@ fn publish_prefilled(shared: &Arc<Shared>, engine: &Arc<Engine>) {
     }
 }
 
-/// Record filled `file` in the shared directory (it is not filled here if it is not).
-fn publish(s: &Shared, engine: &Engine, file: u32) {
+/// Record filled `file` in the shared directory (it is not filled here if it is not); whether
+/// its entry is there now.
+fn publish(s: &Shared, engine: &Engine, file: u32) -> bool {
     if !engine.filled(file) {
-        return;
+        return false;
     }
-    if let Local::Mapped { offset, len, checksum } = engine.local(file, Duration::ZERO) {
-        record(s, file, offset, len, checksum);
+    match engine.local(file, Duration::ZERO) {
+        Local::Mapped { offset, len, checksum } => record(s, file, offset, len, checksum),
+        _ => false,
     }
 }
 

@@ -399,8 +399,10 @@ fn start_agents_with(
 /// [`Engine::on_prefilled`] event); fails when no fill comes for 30 s while it is not done.
 fn await_prefill(agent: &Engine, done: impl Fn(&Engine) -> bool) {
     let (filled, fills) = std::sync::mpsc::channel();
-    let hooked = agent.on_prefilled(Box::new(move |_| {
-        let _ = filled.send(());
+    let hooked = agent.on_prefilled(Box::new(move |_, event| {
+        if event != clairvoyant_core::engine::Prefill::Started {
+            let _ = filled.send(());
+        }
     }));
     assert!(hooked, "the prefill event was taken already");
     while !done(agent) {

@@ -6,6 +6,10 @@
 //! until the agent has recorded the copy, so the file system is read once per file. A claim
 //! whose process is gone is taken over; while the agent is gone, or after the round-trip
 //! time-out, a waiter reads the file directly.
+//!
+//! When the order is known programs do not fill: the agent fills ahead of them and holds a
+//! file's claim while it reads it, so an open of that file waits on the claim the same way and
+//! then finds the entry, without a round trip to the agent.
 
 use crate::client::{self, count, Found, Session};
 use crate::paths::Config;
@@ -58,13 +62,16 @@ pub(crate) fn miss(cfg: &Config, session: &Arc<Session>, rel: &[u8], size: u64) 
     let Some(dir) = session.dir.as_ref() else {
         return Miss::Ask;
     };
-    if !dir.programs_fill() || size > MAX_FILL || session.arena.is_none() || client::agent_down() {
+    let key = path_key(rel);
+    let until = Instant::now() + cfg.timeout;
+    if !dir.programs_fill() {
+        return agent_fill(session, key, until);
+    }
+    if size > MAX_FILL || session.arena.is_none() || client::agent_down() {
         // (An agent that failed is not asked: the lookup reads the file directly at once.)
         return Miss::Ask;
     }
-    let key = path_key(rel);
     let pid = std::process::id();
-    let until = Instant::now() + cfg.timeout;
     loop {
         if let Some(e) = dir.lookup(key) {
             return Miss::Cached(e);
@@ -87,6 +94,37 @@ pub(crate) fn miss(cfg: &Config, session: &Arc<Session>, rel: &[u8], size: u64) 
             return Miss::Direct;
         }
         dir.wait_claim(key, holder, WAIT_STEP);
+    }
+}
+
+/// Programs do not fill (the order is known): when the agent is reading the file now (it
+/// holds its claim), wait for that fill in the directory rather than ask the agent, which
+/// would wait for it too; else ask.
+fn agent_fill(session: &Arc<Session>, key: u64, until: Instant) -> Miss {
+    let Some(dir) = session.dir.as_ref() else {
+        return Miss::Ask;
+    };
+    let agent = dir.agent_pid();
+    let mut waited = false;
+    loop {
+        let word = dir.claim_state(key);
+        if word != agent || !clairvoyant_agent::dir::claim::is_pid(word) {
+            break;
+        }
+        if client::agent_down() || !alive(agent) || Instant::now() >= until {
+            return Miss::Ask;
+        }
+        dir.wait_claim(key, word, WAIT_STEP);
+        waited = true;
+    }
+    match dir.lookup(key) {
+        Some(e) => {
+            if waited {
+                count(Some(session), counter::FILL_WAITS, 1);
+            }
+            Miss::Cached(e)
+        }
+        None => Miss::Ask,
     }
 }
 

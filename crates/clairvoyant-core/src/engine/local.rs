@@ -61,13 +61,26 @@ pub enum Adopted {
     Refused,
 }
 
-/// What a node agent runs for each sample its prefill has filled (see [`Engine::on_prefilled`]).
-pub type Prefilled = Box<dyn Fn(u32) + Send + Sync>;
+/// What a node agent's prefill tells of a sample (see [`Engine::on_prefilled`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefill {
+    /// Its read starts: this prefill thread holds the sample until one of the two below.
+    Started,
+    /// Filled and published in the node cache.
+    Filled,
+    /// The read failed: the sample is not filled, and a program's open reads it another way.
+    Failed,
+}
+
+/// What a node agent runs for the samples its prefill fills (see [`Engine::on_prefilled`]).
+pub type Prefilled = Box<dyn Fn(u32, Prefill) + Send + Sync>;
 
 impl Engine {
-    /// Run `f(sample)` on the prefill thread after each sample a node agent's prefill (known
-    /// order) has filled and published in the node cache, from now on; the first call only
-    /// (false when one was set already). Samples filled before: see [`Engine::filled`].
+    /// Run `f(sample, event)` on the prefill thread as a node agent's prefill (known order)
+    /// starts each sample's read and once it has filled and published it in the node cache (or
+    /// failed), from now on (a read in progress when it is set is told of its end only); the
+    /// first call only (false when one was set already). Samples filled before: see
+    /// [`Engine::filled`].
     pub fn on_prefilled(&self, f: Prefilled) -> bool {
         self.inner.prefilled.set(f).is_ok()
     }

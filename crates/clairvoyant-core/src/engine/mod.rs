@@ -36,7 +36,7 @@ mod staging;
 mod stats;
 
 use key::node_key;
-pub use local::{Adopted, Local, Prefilled};
+pub use local::{Adopted, Local, Prefill, Prefilled};
 use node_plan::shared_plan;
 pub use node_plan::PlanOrigin;
 use peer::ClusterShare;
@@ -277,7 +277,7 @@ struct Inner {
     /// Served to peers (by this process).
     served_samples: AtomicU64,
     served_bytes: AtomicU64,
-    /// Told of each sample a node agent's prefill has filled ([`Engine::on_prefilled`]).
+    /// Told of each sample a node agent's prefill reads and fills ([`Engine::on_prefilled`]).
     prefilled: std::sync::OnceLock<local::Prefilled>,
 }
 

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::staging::Slot;
-use super::{ClassStore, Inner, Src};
+use super::{ClassStore, Inner, Prefill, Src};
 use crate::error::Result;
 use crate::tier::{Acquire, Filled, Verified};
 
@@ -180,14 +180,19 @@ impl Inner {
                 continue;
             }
             permit.start();
+            if let Some(f) = self.prefilled.get() {
+                f(k, Prefill::Started);
+            }
             // A failed read gives the claim back: the program's own open reads it then.
-            if self.fill_claimed(class, k, &mut buf).is_ok() {
+            let filled = self.fill_claimed(class, k, &mut buf).is_ok();
+            if filled {
                 permit.finish(self.source.size(k));
-                // Published now (the agent's shared directory), so that programs find it
-                // without asking.
-                if let Some(f) = self.prefilled.get() {
-                    f(k);
-                }
+            }
+            // Published now (the agent's shared directory), so that programs find it without
+            // asking; those waiting for it there are woken. (Looked up again: a hook set during
+            // the read is told of its end, not of its start.)
+            if let Some(f) = self.prefilled.get() {
+                f(k, if filled { Prefill::Filled } else { Prefill::Failed });
             }
         }
     }
