@@ -326,6 +326,23 @@ impl Map {
         self.u32_at(FLAGS_OFF)
     }
 
+    /// The word of `key`'s claim ([`claim::FREE`] when there is none), without making one.
+    fn claim_state(&self, key: u64) -> u32 {
+        self.claim_word(key, false)
+            .map_or(claim::FREE, |w| w.load(Ordering::Acquire))
+    }
+
+    /// Give back `pid`'s claim on `key` and wake the waiters (nothing when `pid` does not hold it).
+    fn release(&self, key: u64, pid: u32) {
+        if let Some(w) = self.claim_word(key, false) {
+            if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                clairvoyant_futex::wake_all(w);
+            }
+        }
+    }
+
     fn lookup(&self, key: u64) -> Option<Entry> {
         if key == 0 {
             return None;
@@ -485,9 +502,7 @@ impl DirWriter {
 
     /// The word of `key`'s claim ([`claim::FREE`] when there is none).
     pub fn claim_state(&self, key: u64) -> u32 {
-        self.map
-            .claim_word(key, false)
-            .map_or(claim::FREE, |w| w.load(Ordering::Acquire))
+        self.map.claim_state(key)
     }
 
     /// Claim `key` for process `pid` (the agent, filling the file itself) when nobody holds it
@@ -502,13 +517,7 @@ impl DirWriter {
 
     /// Give back `pid`'s claim on `key` (the file was not filled) and wake the waiters.
     pub fn release(&self, key: u64, pid: u32) {
-        if let Some(w) = self.map.claim_word(key, false) {
-            if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                clairvoyant_futex::wake_all(w);
-            }
-        }
+        self.map.release(key, pid)
     }
 
     /// Wait at most `timeout` for `key`'s claim to change from `seen`.
@@ -653,9 +662,7 @@ impl DirReader {
 
     /// The word of `key`'s claim ([`claim::FREE`] when there is none), without making one.
     pub fn claim_state(&self, key: u64) -> u32 {
-        self.map
-            .claim_word(key, false)
-            .map_or(claim::FREE, |w| w.load(Ordering::Acquire))
+        self.map.claim_state(key)
     }
 
     /// Claim `key` for process `pid` (see the module documentation).
@@ -689,13 +696,7 @@ impl DirReader {
 
     /// Give back `pid`'s claim on `key` (the file was not handed over) and wake the waiters.
     pub fn release(&self, key: u64, pid: u32) {
-        if let Some(w) = self.map.claim_word(key, false) {
-            if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                clairvoyant_futex::wake_all(w);
-            }
-        }
+        self.map.release(key, pid)
     }
 
     /// Wait at most `timeout` for `key`'s claim to change from `seen`.
