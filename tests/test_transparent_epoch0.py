@@ -216,3 +216,40 @@ def test_order_known_an_open_of_a_file_being_filled_waits_in_the_directory(tmp_p
     # An open that waited there asked the agent nothing: every open is one or the other, or found
     # the file published.
     assert reads["fill_waits"] + reads["lookups"] <= reads["opens"], s
+
+
+def test_order_known_the_agent_killed_while_programs_wait_on_its_fills(tmp_path, mounted):
+    """The agent is killed -9 while its prefill holds claims that programs' opens wait on (opens
+    take 100 ms): the waiters notice it is gone and read the file system, and every thread gets
+    the file system's bytes; nothing hangs."""
+    _, crcs, sizes = mounted
+    back = tmp_path / "back"
+    env = _env(tmp_path)
+    rels = sorted(sizes)
+    random.Random(0).shuffle(rels)  # the order of the programs' first two threads in epoch 0
+    order = tmp_path / "order.txt"
+    order.write_text("\n".join(rels) + "\n")
+    outs = [tmp_path / "out0.json"]
+    with emu.FuseMount(back, tmp_path / "slow", open_latency_ms=100, bandwidth=2000) as slow:
+        program = [sys.executable, PROGRAM, str(slow.path), "--epochs", "1", "--threads", "8", "--out"]
+        script = " & ".join(" ".join([*program, str(o)]) for o in outs) + "; wait"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "clairvoyant", "run", "--dataset", str(slow.path), "--order-file", str(order),
+             "--", "sh", "-c", script],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            opened = sum(f.get("opens", 0) for f in slow.stats()["files"].values())
+            pid = _agent_pid(env["CLAIRVOYANT_SHM_DIR"], slow.path)
+            if pid is not None and opened >= 1:
+                time.sleep(0.05)  # the prefill's first reads in progress, programs waiting on them
+                os.kill(pid, signal.SIGKILL)
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the agent never started reading, or the programs finished before it could be killed")
+        _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    for o in outs:
+        _check(json.loads(o.read_text()), crcs, 1)
