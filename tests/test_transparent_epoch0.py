@@ -153,29 +153,40 @@ def test_the_agent_killed_while_programs_fill_leaves_them_reading_the_right_byte
     once some files have been read. Claims in progress, waiters on them and later opens all end
     in the file system's bytes, and nothing hangs."""
     fs, crcs, sizes = mounted
-    env = _env(tmp_path)
     outs = [tmp_path / f"out{i}.json" for i in range(3)]
-    program = [sys.executable, PROGRAM, str(fs.path), "--epochs", "3", "--threads", "8", "--out"]
-    script = " & ".join(" ".join([*program, str(o)]) for o in outs) + "; wait"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "clairvoyant", "run", "--dataset", str(fs.path), "--", "sh", "-c", script],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    # Wait for the condition (some files read by the programs), then kill the agent.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        opened = sum(f.get("opens", 0) for f in fs.stats()["files"].values())
-        pid = _agent_pid(env["CLAIRVOYANT_SHM_DIR"], fs.path)
-        if pid is not None and opened >= N_FILES // 4:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the programs never started reading, or finished before the agent could be killed")
-    _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err
+    # Killed once some files have been read by the programs.
+    returncode, err = _kill_agent_during(tmp_path, fs, [], outs, epochs=3, opened=N_FILES // 4)
+    assert returncode == 0, err
     for o in outs:
         _check(json.loads(o.read_text()), crcs, 3)
+
+
+def _kill_agent_during(tmp_path, fs, extra, outs, epochs, opened, after=0.0):
+    """Run the threaded reader (one process per ``outs``) under ``clairvoyant run`` with
+    ``extra`` on mount ``fs``; kill the agent -9 ``after`` seconds after the file system has seen
+    ``opened`` opens. Returns the run's exit code and its stderr."""
+    env = _env(tmp_path)
+    program = [sys.executable, PROGRAM, str(fs.path), "--epochs", str(epochs), "--threads", "8", "--out"]
+    script = " & ".join(" ".join([*program, str(o)]) for o in outs) + "; wait"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clairvoyant", "run", "--dataset", str(fs.path), *extra, "--", "sh", "-c", script],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        seen = sum(f.get("opens", 0) for f in fs.stats()["files"].values())
+        pid = _agent_pid(env["CLAIRVOYANT_SHM_DIR"], fs.path)
+        if pid is not None and seen >= opened:
+            time.sleep(after)
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    else:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the agent never started reading, or the programs finished before it could be killed")
+    _, err = proc.communicate(timeout=180)
+    return proc.returncode, err
 
 
 def test_order_known_the_prefill_is_the_only_read_and_is_published(tmp_path, mounted):
@@ -224,32 +235,15 @@ def test_order_known_the_agent_killed_while_programs_wait_on_its_fills(tmp_path,
     the file system's bytes; nothing hangs."""
     _, crcs, sizes = mounted
     back = tmp_path / "back"
-    env = _env(tmp_path)
     rels = sorted(sizes)
     random.Random(0).shuffle(rels)  # the order of the programs' first two threads in epoch 0
     order = tmp_path / "order.txt"
     order.write_text("\n".join(rels) + "\n")
     outs = [tmp_path / "out0.json"]
     with emu.FuseMount(back, tmp_path / "slow", open_latency_ms=100, bandwidth=2000) as slow:
-        program = [sys.executable, PROGRAM, str(slow.path), "--epochs", "1", "--threads", "8", "--out"]
-        script = " & ".join(" ".join([*program, str(o)]) for o in outs) + "; wait"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "clairvoyant", "run", "--dataset", str(slow.path), "--order-file", str(order),
-             "--", "sh", "-c", script],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            opened = sum(f.get("opens", 0) for f in slow.stats()["files"].values())
-            pid = _agent_pid(env["CLAIRVOYANT_SHM_DIR"], slow.path)
-            if pid is not None and opened >= 1:
-                time.sleep(0.05)  # the prefill's first reads in progress, programs waiting on them
-                os.kill(pid, signal.SIGKILL)
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail("the agent never started reading, or the programs finished before it could be killed")
-        _, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err
+        # Killed while the prefill's first reads are in progress, programs waiting on them.
+        extra = ["--order-file", str(order)]
+        returncode, err = _kill_agent_during(tmp_path, slow, extra, outs, epochs=1, opened=1, after=0.05)
+    assert returncode == 0, err
     for o in outs:
         _check(json.loads(o.read_text()), crcs, 1)

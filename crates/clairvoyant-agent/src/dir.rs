@@ -332,10 +332,11 @@ impl Map {
             .map_or(claim::FREE, |w| w.load(Ordering::Acquire))
     }
 
-    /// Give back `pid`'s claim on `key` and wake the waiters (nothing when `pid` does not hold it).
-    fn release(&self, key: u64, pid: u32) {
+    /// Settle `pid`'s claim on `key` to `word` and wake the waiters (nothing when `pid` does not
+    /// hold it).
+    fn settle_held(&self, key: u64, pid: u32, word: u32) {
         if let Some(w) = self.claim_word(key, false) {
-            if w.compare_exchange(pid, claim::FREE, Ordering::AcqRel, Ordering::Acquire)
+            if w.compare_exchange(pid, word, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
                 clairvoyant_futex::wake_all(w);
@@ -507,7 +508,7 @@ impl DirWriter {
 
     /// Claim `key` for process `pid` (the agent, filling the file itself) when nobody holds it
     /// and it is not settled; true when `pid` holds it now. Programs that find the claim wait
-    /// for [`DirWriter::settle`] instead of asking the agent.
+    /// for [`DirWriter::settle_held`] instead of asking the agent.
     pub fn claim(&self, key: u64, pid: u32) -> bool {
         self.map.claim_word(key, true).is_some_and(|w| {
             w.compare_exchange(claim::FREE, pid, Ordering::AcqRel, Ordering::Acquire)
@@ -515,9 +516,11 @@ impl DirWriter {
         })
     }
 
-    /// Give back `pid`'s claim on `key` (the file was not filled) and wake the waiters.
-    pub fn release(&self, key: u64, pid: u32) {
-        self.map.release(key, pid)
+    /// Settle the claim on `key` that `pid` (the agent's prefill) holds to `word`: [`claim::DONE`]
+    /// once the entry is recorded, [`claim::FREE`] when the file was not filled; wake the
+    /// waiters. Nothing when `pid` does not hold it.
+    pub fn settle_held(&self, key: u64, pid: u32, word: u32) {
+        self.map.settle_held(key, pid, word)
     }
 
     /// Wait at most `timeout` for `key`'s claim to change from `seen`.
@@ -696,7 +699,7 @@ impl DirReader {
 
     /// Give back `pid`'s claim on `key` (the file was not handed over) and wake the waiters.
     pub fn release(&self, key: u64, pid: u32) {
-        self.map.release(key, pid)
+        self.map.settle_held(key, pid, claim::FREE)
     }
 
     /// Wait at most `timeout` for `key`'s claim to change from `seen`.
@@ -898,9 +901,9 @@ mod tests {
         assert!(w.claim(k, agent));
         assert!(!w.claim(k, agent), "held already");
         assert_eq!(r.claim_state(k), agent);
-        w.release(k, agent + 1); // not the holder: no effect
+        w.settle_held(k, agent + 1, claim::FREE); // not the holder: no effect
         assert_eq!(r.claim_state(k), agent);
-        w.release(k, agent);
+        w.settle_held(k, agent, claim::FREE);
         assert_eq!(r.claim_state(k), claim::FREE, "a failed fill gives the claim back");
         assert!(w.claim(k, agent));
         let settler = {

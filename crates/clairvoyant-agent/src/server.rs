@@ -411,17 +411,8 @@ fn publish_prefilled(shared: &Arc<Shared>, engine: &Arc<Engine>) {
             Prefill::Started => {
                 s.dir.claim(key, pid);
             }
-            Prefill::Filled => {
-                let word = if publish(&s, &e, file) {
-                    claim::DONE
-                } else {
-                    claim::FREE
-                };
-                if s.dir.claim_state(key) == pid {
-                    s.dir.settle(key, word);
-                }
-            }
-            Prefill::Failed => s.dir.release(key, pid),
+            Prefill::Filled if publish(&s, &e, file) => s.dir.settle_held(key, pid, claim::DONE),
+            Prefill::Filled | Prefill::Failed => s.dir.settle_held(key, pid, claim::FREE),
         }
     }));
     if hooked {

@@ -14,7 +14,7 @@
 use crate::client::{self, count, Found, Session};
 use crate::paths::Config;
 use crate::{last_change_ns, real, real_fstat};
-use clairvoyant_agent::dir::{alive, counter, path_key, Claimed, Entry};
+use clairvoyant_agent::dir::{alive, counter, path_key, Claimed, DirReader, Entry};
 use clairvoyant_agent::proto::MAX_FILL;
 use libc::{c_int, c_void, off_t};
 use std::sync::Arc;
@@ -65,7 +65,7 @@ pub(crate) fn miss(cfg: &Config, session: &Arc<Session>, rel: &[u8], size: u64) 
     let key = path_key(rel);
     let until = Instant::now() + cfg.timeout;
     if !dir.programs_fill() {
-        return agent_fill(session, key, until);
+        return agent_fill(session, dir, key, until);
     }
     if size > MAX_FILL || session.arena.is_none() || client::agent_down() {
         // (An agent that failed is not asked: the lookup reads the file directly at once.)
@@ -100,10 +100,7 @@ pub(crate) fn miss(cfg: &Config, session: &Arc<Session>, rel: &[u8], size: u64) 
 /// Programs do not fill (the order is known): when the agent is reading the file now (it
 /// holds its claim), wait for that fill in the directory rather than ask the agent, which
 /// would wait for it too; else ask.
-fn agent_fill(session: &Arc<Session>, key: u64, until: Instant) -> Miss {
-    let Some(dir) = session.dir.as_ref() else {
-        return Miss::Ask;
-    };
+fn agent_fill(session: &Session, dir: &DirReader, key: u64, until: Instant) -> Miss {
     let agent = dir.agent_pid();
     let mut waited = false;
     loop {
