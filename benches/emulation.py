@@ -270,28 +270,6 @@ def run_ranks(
     procs = []
     scratch = tempfile.mkdtemp(prefix="clairvoyant-nodes-", dir=shm_root()) if nodes > 1 else None
     calls = tempfile.mkdtemp(prefix="clairvoyant-ranks-")
-    call = os.path.join(calls, "call.pickle")
-    with open(call, "wb") as f:
-        pickle.dump((fn, tuple(args)), f)
-    for rank in range(world_size):
-        node = rank // per_node
-        penv = {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank % per_node),
-            "LOCAL_WORLD_SIZE": str(per_node),
-            "MASTER_ADDR": "127.0.0.1",
-        }
-        if scratch is not None:
-            shm = os.path.join(scratch, f"node{node}")
-            os.makedirs(shm, mode=0o700, exist_ok=True)
-            os.makedirs(os.path.join(scratch, "shared"), mode=0o700, exist_ok=True)
-            penv.update(node_env(node, shm, os.path.join(scratch, "shared"), f"emulated-{os.getpid()}-{os.path.basename(scratch)}"))
-            penv.update(per_node_env(node) if per_node_env else {})
-        penv.update(env or {})
-        p = ctx.Process(target=_rank_main, args=(call, rank, world_size, barrier, results, penv), daemon=False)
-        p.start()
-        procs.append(p)
     outs: dict[int, Any] = {}
     errors: list[str] = []
     reported: set[int] = set()
@@ -299,6 +277,28 @@ def run_ranks(
     # Ranks that outlived the timeout are hung: a few seconds to exit, then terminated.
     grace = 30.0
     try:
+        call = os.path.join(calls, "call.pickle")
+        with open(call, "wb") as f:
+            pickle.dump((fn, tuple(args)), f)
+        for rank in range(world_size):
+            node = rank // per_node
+            penv = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank % per_node),
+                "LOCAL_WORLD_SIZE": str(per_node),
+                "MASTER_ADDR": "127.0.0.1",
+            }
+            if scratch is not None:
+                shm = os.path.join(scratch, f"node{node}")
+                os.makedirs(shm, mode=0o700, exist_ok=True)
+                os.makedirs(os.path.join(scratch, "shared"), mode=0o700, exist_ok=True)
+                penv.update(node_env(node, shm, os.path.join(scratch, "shared"), f"emulated-{os.getpid()}-{os.path.basename(scratch)}"))
+                penv.update(per_node_env(node) if per_node_env else {})
+            penv.update(env or {})
+            p = ctx.Process(target=_rank_main, args=(call, rank, world_size, barrier, results, penv), daemon=False)
+            p.start()
+            procs.append(p)
         while len(reported) < world_size:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             # A rank's report is in the queue before the rank has exited: one that had exited
