@@ -784,8 +784,8 @@ def markdown(
 ONLY = ("training", "overhead", "memory", "simulator", "fuse", "resume", "formats", "cluster", "decode", "transparent", "scale", "epoch0")
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benches", description=__doc__.split("\n\n")[0])
+def _parser(program: str = "python -m benches") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=program, description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the figures as JSON (progress goes to stderr)")
     ap.add_argument("--samples", type=int, default=4 * demo.DEFAULT_SAMPLES, help="JPEGs for the training benchmark")
     ap.add_argument("--epochs", type=int, default=3)
@@ -956,10 +956,10 @@ def _print_report(r: dict, figures: dict) -> None:
             print("\n".join(module.markdown(r[name])))
 
 
-def main(argv: Optional[list] = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Optional[list] = None, program: str = "python -m benches") -> int:
+    args = _parser(program).parse_args(argv)
     out = Path(args.out)
-    command = "python -m benches " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = program + " " + " ".join(argv if argv is not None else sys.argv[1:])
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)

@@ -24,6 +24,23 @@ def test_the_benchmarks_run_from_the_checkout():
         assert name in out, name
 
 
+def test_the_package_runs_the_checkouts_benchmarks_from_anywhere(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "clairvoyant.bench", "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m clairvoyant.bench"), proc.stdout
+    assert "epoch0" in proc.stdout
+
+
+def test_the_package_without_a_checkout_says_where_the_benchmarks_are(monkeypatch, capsys):
+    import clairvoyant.bench
+
+    monkeypatch.setattr(clairvoyant.bench, "checkout", lambda: None)
+    assert clairvoyant.bench.main(["--only", "epoch0"]) == 2
+    assert "./dev bench" in capsys.readouterr().err
+
+
 def test_the_demo_runs_from_the_checkout():
     assert _help("benches.demo").startswith("usage: python -m benches.demo")
 

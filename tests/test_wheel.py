@@ -101,14 +101,15 @@ def venv_path(venv: Path) -> str:
     return os.pathsep.join([str(venv / "bin"), str(system_bin(venv))])
 
 
-def run(venv: Path, *args, cwd=None, **extra) -> subprocess.CompletedProcess:
-    """A command in the fresh environment with no Rust toolchain (nor the source tree) in sight."""
+def run(venv: Path, *args, cwd=None, expect: int = 0, **extra) -> subprocess.CompletedProcess:
+    """A command in the fresh environment with no Rust toolchain (nor the source tree) in sight,
+    which must exit with ``expect``."""
     path = venv_path(venv)
     env = clean_env(PATH=path, VIRTUAL_ENV=str(venv), **extra)
     for k in ("PYTHONPATH", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_TARGET_DIR"):
         env.pop(k, None)
     proc = subprocess.run([str(a) for a in args], env=env, cwd=cwd or venv, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"{' '.join(str(a) for a in args)} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}"
+    assert proc.returncode == expect, f"{' '.join(str(a) for a in args)} exited {proc.returncode}, not {expect}:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return proc
 
 
@@ -144,6 +145,11 @@ def test_version_and_plan(venv):
         "--json",
     )
     assert '"placement"' in plan.stdout or '"histogram"' in plan.stdout, plan.stdout[:500]
+
+
+def test_the_benchmarks_stay_in_the_checkout_and_the_package_says_so(venv):
+    err = run(venv, venv / "bin" / "python", "-m", "clairvoyant.bench", "--only", "epoch0", expect=2).stderr
+    assert "./dev bench" in err and "benches/" in err, err
 
 
 def test_one_epoch_of_a_job(venv, tmp_path):
