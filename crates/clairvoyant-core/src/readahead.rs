@@ -21,18 +21,6 @@
 //! every step (the ranks cannot step down together; as with known figures, the model's level is
 //! the floor).
 //!
-//! Ranks that share a file system whose figures are only defaults start low and ramp up
-//! together ([`Phase::Ramp`]): a default that is far too high for the file system they share
-//! (the defaults assume 2,000 MB/s; a slow shared one may be kept busy by one or two readers)
-//! fills its queue with every rank's reads at once, each read then waits for the whole queue,
-//! and which rank's first batch comes first is left to who queued first. They all begin at the
-//! same moment (after the job's rendezvous, or the node cache's set-up), at [`RAMP_START`], and
-//! double while a doubling raised their throughput by at least [`Config::ramp_gain`], up to the
-//! model's figure (each level is measured in the window after the one in which the ranks moved,
-//! so that all have moved: one rank's own gain then is its part of the job's). Where reads are
-//! fast, the windows are milliseconds long; the level they stop at is the one no rank goes below
-//! afterwards.
-//!
 //! Ranks adapt independently. Where the file system is saturated, one rank that adds reads
 //! takes a larger share from the others, which looks like a gain to that rank; the saturation
 //! estimate weighs a probe by the rank's part of the file system's reads, which counts every
@@ -131,19 +119,10 @@ pub struct Config {
     pub far_per_fetch: u64,
     /// Most concurrent fetches while staging is not urgent (at least 1).
     pub relaxed: usize,
-    /// A window of the ramp ([`Phase::Ramp`]) closes after this long and twice the level's
-    /// completed reads (at least 4).
-    pub ramp_window_s: f64,
-    /// Relative gain a doubling of the ramp must bring to go on (one of at least [`Config::gain`]
-    /// is kept, and ends the ramp).
-    pub ramp_gain: f64,
 }
 
 /// Most concurrent staging fetches of one rank.
 pub const MAX_FETCHES: usize = 32;
-
-/// Where ranks that share a file system of default figures start (see the module docs).
-pub const RAMP_START: usize = 2;
 
 /// Probe times ranks are spread over (see [`Controller::sharing`]): ranks in the same slot
 /// probe together, so the first probe of a rank waits at most `2 * (STAGGER_SLOTS - 1)` windows
@@ -165,8 +144,6 @@ impl Default for Config {
             far_min: 128,
             far_per_fetch: 16,
             relaxed: 1,
-            ramp_window_s: 0.01,
-            ramp_gain: 0.25,
         }
     }
 }
@@ -182,14 +159,6 @@ struct Window {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
-    /// Starting low, doubling while a doubling pays (see the module docs): `base` is the level
-    /// before the current one and its window (None until the first window). The first window
-    /// at each level is not measured (`settled` false): the ranks' moves are not quite at the
-    /// same moment, and the window measured is one in which all have made theirs.
-    Ramp {
-        base: Option<(usize, Window)>,
-        settled: bool,
-    },
     /// Measure the current level, then probe.
     Measure,
     /// Trying a level above `from`, measured at `base`.
@@ -205,16 +174,9 @@ enum Phase {
 pub struct Controller {
     cfg: Config,
     target: usize,
-    /// The level staging's distance from the consumer is measured against (the model's, the
-    /// same for every rank that reads the file system the same way; see [`Controller::far`]).
+    /// The level staging's distance from the consumer is measured against (the starting one,
+    /// the same for every rank that reads the file system the same way; see [`Controller::far`]).
     far_basis: usize,
-    /// Where ranks share the file system, no level below this one is tried: the one they all
-    /// started at, or the one their ramp stopped at.
-    floor: usize,
-    /// The ramp's highest level (the model's).
-    ceiling: usize,
-    /// Windows a probe waits after the ramp: this rank's stagger (see [`Controller::sharing`]).
-    stagger: u32,
     /// The file system's figures are defaults: probe down too.
     explore_down: bool,
     /// This rank's part of the file system's reads (1 / the ranks that read it).
@@ -248,9 +210,6 @@ impl Controller {
             cfg,
             target,
             far_basis: target,
-            floor: target,
-            ceiling: target,
-            stagger: 0,
             explore_down,
             share: 1.0,
             phase: Phase::Measure,
@@ -268,19 +227,8 @@ impl Controller {
 
     /// Starts from the model's figures, as rank number `index` of the node's `f.ranks`.
     pub fn from_figures(cfg: Config, f: &FsFigures, index: u32, now: f64) -> Controller {
-        let model = from_model(f, &cfg);
-        let start = RAMP_START.clamp(cfg.min, cfg.max);
-        if f.known || f.ranks <= 1 || model <= start {
-            return Controller::new(cfg, model, !f.known, now).sharing(f.ranks, index);
-        }
-        let mut ctl = Controller::new(cfg, start, true, now);
-        ctl.far_basis = model;
-        ctl.ceiling = model;
-        ctl.phase = Phase::Ramp {
-            base: None,
-            settled: false,
-        };
-        ctl.sharing(f.ranks, index)
+        let initial = from_model(f, &cfg);
+        Controller::new(cfg, initial, !f.known, now).sharing(f.ranks, index)
     }
 
     /// This rank is number `index` of the `ranks` that read the same file system the same way
@@ -294,10 +242,8 @@ impl Controller {
         let slots = ranks.min(STAGGER_SLOTS);
         let slot = index % slots;
         self.cfg.window_s *= 1.0 + 0.3 * slot as f64 / slots as f64;
-        self.stagger = 2 * slot;
-        // A ramp is made together: the stagger applies to the probes after it.
-        if slot > 0 && !matches!(self.phase, Phase::Ramp { .. }) {
-            self.phase = Phase::Hold { left: self.stagger };
+        if slot > 0 {
+            self.phase = Phase::Hold { left: 2 * slot };
         }
         self
     }
@@ -308,8 +254,7 @@ impl Controller {
     }
 
     /// Samples staging must be ahead of the consumer to be not urgent (see [`Config::far_min`]),
-    /// per fetch of the model's level (where the ranks start, unless they ramp up to it), not of
-    /// the current one: ranks that share a file system
+    /// per fetch of the starting level, not of the current one: ranks that share a file system
     /// start at the same level but climb apart, and a rank whose own climb moved its mark would
     /// read further ahead at full concurrency while the others wait for their next batches
     /// (synchronous training goes at the pace of the rank that is behind).
@@ -357,11 +302,7 @@ impl Controller {
         self.bytes += bytes;
         self.reads += 1;
         let length = now - self.start;
-        let full = if matches!(self.phase, Phase::Ramp { .. }) {
-            length >= self.cfg.ramp_window_s && self.reads >= (2 * self.target as u64).max(4)
-        } else {
-            length >= self.cfg.window_s && self.reads >= self.cfg.window_reads
-        };
+        let full = length >= self.cfg.window_s && self.reads >= self.cfg.window_reads;
         if !(full || length >= self.cfg.window_max_s) {
             return false;
         }
@@ -428,26 +369,6 @@ impl Controller {
         let gain = self.cfg.gain;
         let x = cur.throughput;
         match self.phase {
-            Phase::Ramp { base, settled: false } => {
-                self.phase = Phase::Ramp { base, settled: true };
-                false
-            }
-            Phase::Ramp { base: None, .. } => self.ramp_up(now, cur),
-            Phase::Ramp {
-                base: Some((from, base)),
-                ..
-            } => {
-                // Every rank has doubled (the window after the move was not measured), so this
-                // rank's own throughput is its part of what all of them get: it grows where the
-                // file system was not saturated and stays where it was.
-                if x >= base.throughput * (1.0 + self.cfg.ramp_gain) {
-                    self.ramp_up(now, cur)
-                } else if x >= base.throughput * (1.0 + gain) {
-                    self.end_ramp(now, self.target, x)
-                } else {
-                    self.end_ramp(now, from, x)
-                }
-            }
             Phase::Measure => self.probe_up(now, cur),
             Phase::Up { from, base } => {
                 let down = from.saturating_sub((from / 3).max(1));
@@ -498,29 +419,7 @@ impl Controller {
     /// own throughput held, such a step was undone on a saturated file system, after a window
     /// at the lower share that let this rank fall behind.
     fn may_step_to(&self, level: usize) -> bool {
-        self.share >= 1.0 || level >= self.floor
-    }
-
-    /// The ramp's next doubling from the level `cur` measured, or its end at the ceiling.
-    fn ramp_up(&mut self, now: f64, cur: Window) -> bool {
-        if self.target >= self.ceiling {
-            return self.end_ramp(now, self.target, cur.throughput);
-        }
-        self.phase = Phase::Ramp {
-            base: Some((self.target, cur)),
-            settled: false,
-        };
-        let up = (2 * self.target).min(self.ceiling);
-        self.set(now, up, cur.throughput)
-    }
-
-    /// The ramp stops at `level`: the floor from now on; probes follow after this rank's stagger.
-    fn end_ramp(&mut self, now: f64, level: usize, throughput: f64) -> bool {
-        self.floor = level.clamp(self.cfg.min, self.cfg.max);
-        self.phase = Phase::Hold {
-            left: self.cfg.hold_windows + self.stagger,
-        };
-        self.set(now, level, throughput)
+        self.share >= 1.0 || level >= self.far_basis
     }
 
     fn probe_up(&mut self, now: f64, cur: Window) -> bool {
@@ -785,12 +684,8 @@ mod tests {
     /// Seconds per read of 100 KB with `n` reads in flight on the node of the table's file
     /// system (2 ms per open, processor sharing of t(γ) between transfers).
     fn node_read_seconds(n: f64) -> f64 {
-        read_seconds(&table(), 2e-3, 100_000.0, n)
-    }
-
-    /// Seconds per read of `s` bytes with `n` reads in flight on a file system of curve `c` and
-    /// `l` seconds per open (processor sharing of t(γ) between transfers).
-    fn read_seconds(c: &Curve, l: f64, s: f64, n: f64) -> f64 {
+        let (s, l) = (100_000.0, 2e-3);
+        let c = table();
         let mut g = n.max(1.0);
         for _ in 0..200 {
             let x = s / (c.at(g.max(1.0)) * 1e6 / g.max(1.0));
@@ -802,12 +697,7 @@ mod tests {
     /// Ranks sharing one synthetic file system, in steps of 1 ms, for `seconds`; returns the
     /// node's throughput over the last second, bytes/s.
     fn drive_node(ctls: &mut [Controller], seconds: f64) -> f64 {
-        drive_shared(ctls, seconds, 100_000, 1e-3, node_read_seconds)
-    }
-
-    /// Ranks sharing a file system that takes `read(n)` seconds per read of `s` bytes with `n`
-    /// in flight, in steps of `dt`, for `seconds`; returns the throughput over the last second.
-    fn drive_shared(ctls: &mut [Controller], seconds: f64, s: u64, dt: f64, read: impl Fn(f64) -> f64) -> f64 {
+        let dt = 1e-3;
         let mut busy = vec![0usize; ctls.len()];
         let mut due = vec![0.0f64; ctls.len()];
         let (mut now, mut last_second) = (0.0, 0u64);
@@ -819,16 +709,16 @@ mod tests {
                 }
             }
             let n: usize = busy.iter().sum();
-            let w = read(n as f64);
+            let w = node_read_seconds(n as f64);
             now += dt;
             for (i, c) in ctls.iter_mut().enumerate() {
                 due[i] += busy[i] as f64 * dt / w;
                 while due[i] >= 1.0 && busy[i] > 0 {
                     due[i] -= 1.0;
                     busy[i] -= 1;
-                    c.fetch_ended(now, s);
+                    c.fetch_ended(now, 100_000);
                     if now > seconds - 1.0 {
-                        last_second += s;
+                        last_second += 100_000;
                     }
                 }
             }
@@ -892,81 +782,6 @@ mod tests {
             ctls.iter().map(|c| &c.history).collect::<Vec<_>>()
         );
         assert!(rate > 0.9 * 200e6, "{rate}");
-    }
-
-    /// 8 ranks of 4 nodes with the detected defaults, reading samples of 23.5 KB: the model
-    /// gives each 12 reads in flight.
-    fn ramping_ranks() -> Vec<Controller> {
-        let f = figures(&detected_model(), 23_500, 8);
-        assert_eq!(from_model(&f, &Config::default()), 12);
-        (0..8)
-            .map(|i| Controller::from_figures(Config::default(), &f, i, 0.0))
-            .collect()
-    }
-
-    #[test]
-    fn ranks_sharing_a_slow_file_system_ramp_no_further_than_it_pays() {
-        // 12 MB/s whatever the readers, 2 ms per open (the demo's emulation): two readers keep
-        // it busy. Started at the model's 12 each, the 8 ranks queued 96 reads on it.
-        let mut ctls = ramping_ranks();
-        assert!(ctls.iter().all(|c| c.target() == RAMP_START));
-        let slow = |n: f64| read_seconds(&Curve::constant(12.0), 2e-3, 23_500.0, n);
-        let rate = drive_shared(&mut ctls, 20.0, 23_500, 1e-4, slow);
-        for c in &ctls {
-            // Never above the first doubling, and back to where the ramp stopped.
-            assert!(
-                c.history.iter().all(|&(_, t, _)| t <= 2 * RAMP_START),
-                "{:?}",
-                c.history
-            );
-            assert!(c.target() <= 3, "{:?}", c.history);
-        }
-        assert!(rate > 0.95 * 12e6, "{rate}");
-    }
-
-    #[test]
-    fn ranks_sharing_a_fast_file_system_ramp_to_the_model_at_once() {
-        // The defaults' own file system (200 MB/s per reader up to 2,000 MB/s, 1 ms per open):
-        // each doubling pays, and the ramp's windows are milliseconds long.
-        let mut ctls = ramping_ranks();
-        let m = detected_model();
-        let fast = |n: f64| read_seconds(&m.pfs.read_mbps, m.pfs.open_latency_s, 23_500.0, n);
-        drive_shared(&mut ctls, 0.12, 23_500, 1e-5, fast);
-        for c in &ctls {
-            // 2, 4, 8, 12 and the windows that confirm 12: two of 10 ms at each level.
-            assert_eq!(c.target(), 12, "{:?}", c.history);
-            assert!(c.history.last().unwrap().0 < 0.07, "{:?}", c.history);
-            assert!(!matches!(c.phase, Phase::Ramp { .. }), "{:?}", c.phase);
-        }
-    }
-
-    #[test]
-    fn a_doubling_that_pays_a_little_is_kept_and_ends_the_ramp() {
-        // The benchmarks' FUSE emulation (the table: 60 MB/s for one reader up to 200 MB/s for 8,
-        // 2 ms per open), 100 KB files, 4 ranks: 8 reads in flight get about 180 MB/s, 16 nearly
-        // 200. That last doubling pays less than the ramp's 25 % but is worth keeping.
-        let f = figures(&detected_model(), 100_000, 4);
-        let mut ctls: Vec<Controller> = (0..4)
-            .map(|i| Controller::from_figures(Config::default(), &f, i, 0.0))
-            .collect();
-        let rate = drive_shared(&mut ctls, 1.0, 100_000, 1e-4, node_read_seconds);
-        for c in &ctls {
-            assert!(!matches!(c.phase, Phase::Ramp { .. }), "{:?}", c.history);
-            assert!(c.target() >= 2 * RAMP_START, "{:?}", c.history);
-        }
-        assert!(rate > 0.95 * 200e6, "{rate}");
-    }
-
-    #[test]
-    fn only_ranks_that_share_default_figures_ramp() {
-        let cfg = Config::default();
-        for f in [table_figures(4, true), table_figures(1, false)] {
-            let c = Controller::from_figures(cfg.clone(), &f, 0, 0.0);
-            assert_eq!(c.target(), from_model(&f, &cfg));
-            assert!(!matches!(c.phase, Phase::Ramp { .. }));
-        }
-        let c = Controller::from_figures(cfg.clone(), &table_figures(2, false), 1, 0.0);
-        assert!(matches!(c.phase, Phase::Ramp { base: None, .. }), "{:?}", c.phase);
     }
 
     #[test]
