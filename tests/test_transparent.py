@@ -227,6 +227,59 @@ def test_the_agent_killed_mid_run_leaves_the_program_reading_directly(tmp_path, 
     _check_reads(out, crcs, 3)
 
 
+def _children(pid: int) -> list:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie not yet reaped by its new parent counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_program_and_then_its_agent(tmp_path, dataset):
+    # A rank is its launcher and its program: killing the launcher with -9 (a user, or a job
+    # launcher stopping its ranks) must not leave the program running unattended.
+    _preload_or_skip()
+    root, _, _ = dataset
+    env = _env(tmp_path, {"CLAIRVOYANT_AGENT_LINGER": "0"})
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--",
+         sys.executable, READER, root, "--epochs", "1000", "--delay", "0.01", "--out", str(tmp_path / "out.json")],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    program, agents = [], []
+    while not (program and agents) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        program = [c for c in _children(launcher.pid) if b"transparent_reader.py" in open(f"/proc/{c}/cmdline", "rb").read()]
+        agents = _agent_pids(env["CLAIRVOYANT_SHM_DIR"], root)
+    assert program and agents, "the program or its agent did not start"
+    time.sleep(1.0)  # the program reads
+    assert not _gone(program[0])
+    launcher.kill()
+    launcher.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while not _gone(program[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = not _gone(program[0])
+    if alive:
+        os.kill(program[0], signal.SIGKILL)
+    assert not alive, "the program outlived its launcher"
+    # With no launcher and no program left, the agent leaves too (and removes its folder).
+    deadline = time.monotonic() + 30
+    while not all(_gone(a) for a in agents) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(a) for a in agents), "the agent outlived its launcher and program"
+
+
 def _two_nodes(tmp_path, root, memory, program, extra_args=(), kill_node=None, run_args=()):
     """Run `program` (args after it get --rank/--world-size or --shard) under `clairvoyant run`
     on two emulated nodes; returns (per-node stats, per-node output path)."""

@@ -415,8 +415,12 @@ def _final_stats(args, agent, lock: threading.Lock, show: bool, started: float) 
 
 
 def _start_program(command: list, env: dict) -> subprocess.Popen:
+    """The program, killed with this launcher: a launcher killed with SIGKILL (by a user, or by a
+    job launcher that stops its ranks) takes the program with it, as killing the program alone
+    would. Launchers that stop normally (SIGTERM, SIGINT, SIGHUP) forward the signal instead."""
+    parent = os.getpid()
     try:
-        return subprocess.Popen(command, env=env)
+        return subprocess.Popen(command, env=env, preexec_fn=lambda: _native.die_with_launcher(parent))
     except OSError as e:
         raise _native.ConfigError(f"cannot run {command[0]}: {e.strerror}") from e
 

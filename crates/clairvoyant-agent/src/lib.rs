@@ -2,6 +2,8 @@
 //! ([`proto`]) and the shared-memory directory of cached files ([`dir`]) that lets an interposed
 //! process find a cached file without a round trip to the agent.
 //!
+//! [`launch`] is what a launcher asks of the system for the program it starts.
+//!
 //! The agent's server itself ([`server`], feature `server`, on by default) answers those
 //! processes from the engine's node cache; [`client`] is a launcher's and a test's side of it.
 //!
@@ -14,6 +16,7 @@
 
 pub mod client;
 pub mod dir;
+pub mod launch;
 pub mod proto;
 #[cfg(feature = "server")]
 pub mod server;

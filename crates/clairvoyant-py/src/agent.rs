@@ -216,7 +216,17 @@ fn agent_dir_counters(path: PathBuf) -> PyResult<Vec<(&'static str, u64)>> {
         .collect())
 }
 
+/// In the program `clairvoyant run` starts, between fork and exec: killed when the launcher
+/// `parent` dies without stopping it (`clairvoyant_agent::launch::die_with_launcher`). No GIL
+/// release: nothing else runs in a freshly forked child.
+#[pyfunction]
+pub fn die_with_launcher(parent: i32) -> bool {
+    clairvoyant_agent::launch::die_with_launcher(parent)
+}
+
+/// Register the agent's classes and functions.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(die_with_launcher, m)?)?;
     m.add_function(wrap_pyfunction!(agent_dir_counters, m)?)?;
     m.add("AGENT_COUNTERS", counter::NAMES.to_vec())?;
     m.add_class::<PyAgentServer>()?;
