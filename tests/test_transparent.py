@@ -105,6 +105,31 @@ def test_reads_are_the_file_systems_bytes_and_the_dataset_is_read_once(tmp_path,
     assert "clairvoyant run:" in r.stderr and "total" in r.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a small tmpfs in a private mount namespace)")
+def test_a_shared_memory_with_no_room_caches_in_a_disk_file_and_says_so(tmp_path, dataset):
+    # A container's /dev/shm (64 MB by default) can hold nothing for the node cache: the
+    # memory class becomes a file on disk (the page cache keeps it in memory), and the launcher
+    # repeats the agent's warnings, so the user knows why.
+    _preload_or_skip()
+    root, crcs, total = dataset
+    shm = tmp_path / "small-shm"
+    shm.mkdir()
+    out, stats = tmp_path / "out.json", tmp_path / "stats.json"
+    env = _env(tmp_path, {"CLAIRVOYANT_SHM_DIR": str(shm)})
+    shell = f'mount -t tmpfs -o size=8m,mode=1777 tmpfs {shm} && exec "$@"'
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell, "sh",
+         sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--stats-json", str(stats), "--",
+         sys.executable, READER, root, "--epochs", "2", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    _check_reads(out, crcs, 2)
+    assert "is a file on disk" in r.stderr and f"{shm}" in r.stderr, r.stderr
+    s = json.loads(stats.read_text())
+    assert s["reads"]["cached_bytes"] == total, s  # epoch 1 from the node cache
+
+
 def test_shell_tools_read_identical_bytes(tmp_path, dataset):
     _preload_or_skip()
     root, crcs, _ = dataset

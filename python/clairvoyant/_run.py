@@ -288,11 +288,13 @@ class Agent:
             if not ready:
                 code = proc.wait(timeout=10)
                 raise _native.ConfigError(f"the node agent exited ({code}) before it was ready:\n{_tail(self.log)}")
-            # What the agent left out of the dataset (loops, sockets, ...) is the user's to know.
+            # What the agent left out of the dataset (loops, sockets, ...) and what it could not
+            # have as configured (a shared memory too small for the memory class, ...) are the
+            # user's to know.
             try:
                 with open(self.log, errors="replace") as f:
                     for line in f:
-                        if line.startswith("clairvoyant agent: skipping"):
+                        if line.startswith(("clairvoyant agent: skipping", "clairvoyant: warning:")):
                             print(line.rstrip("\n"), file=sys.stderr, flush=True)
             except OSError:
                 pass

@@ -314,6 +314,7 @@ impl NodeCache {
     /// what it holds after the staging rings, else on disk, else none. Its capacity and where
     /// it is.
     fn create_arena(&self, class: &ClassRequest, cap: u64, ring_reserve: u64, arenas: &Arenas) -> (u64, ArenaAt) {
+        let asked = cap;
         let mut cap = cap;
         let field = format!("class.{}.capacity", class.name);
         let free = crate::sysinfo::free_space(&self.dir).unwrap_or(0);
@@ -335,6 +336,11 @@ impl NodeCache {
         }
         if cap > 0 && MemoryTier::create(&arenas.shm, cap).is_ok() {
             return (cap, ArenaAt::Shm);
+        }
+        // Shared memory with no room at all (a container's 64 MB /dev/shm): the class asks the
+        // disk for its whole capacity, where the page cache keeps what it can in memory.
+        if cap == 0 {
+            cap = asked;
         }
         let disk_free = crate::sysinfo::free_space(&arenas.disk).unwrap_or(0);
         cap = cap.min(disk_free.saturating_sub(SHM_MARGIN));
