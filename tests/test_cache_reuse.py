@@ -144,3 +144,54 @@ def test_a_changed_file_is_not_reused(tmp_path):
     assert r2.returncode == 0, r2.stderr
     assert second["bad"] == 0, "the old bytes of the changed file were served"
     assert second["fs"] == 1000, "only the changed file is read again"
+
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    import clairvoyant
+    job = clairvoyant.Job(clairvoyant.FileList(sys.argv[1]), batch_size=8, epochs=2, seed=3, config=sys.argv[2])
+    for _ in job.batches(0):
+        pass
+    print("ready", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def test_clean_removes_what_killed_runs_left_and_keeps_a_running_jobs_cache(tmp_path):
+    _dataset(tmp_path)
+    shm, env = _node(tmp_path)
+    env["TMPDIR"] = str(tmp_path / "tmp")  # the disk fallback's folder, this test's own
+    os.makedirs(env["TMPDIR"])
+    mine = shm / f"clairvoyant-{os.getuid()}"
+    # A job that runs all along, under another run id (started first: a job that starts after the
+    # killed one would reuse its cache).
+    hold = tmp_path / "hold.py"
+    hold.write_text(HOLD)
+    live = subprocess.Popen(
+        [sys.executable, str(hold), str(tmp_path / "list.txt"), str(tmp_path / "system.toml")],
+        env={**env, "CLAIRVOYANT_RUN_ID": "live"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert live.stdout.readline().strip() == "ready", live.stderr.read() if live.poll() is not None else ""
+        running = set(os.listdir(mine))
+        assert any(n.endswith(".state") for n in running), running
+        first, r1 = _run(tmp_path, env, world=2, batch=8, die=True)
+        assert r1.returncode == -9 and first["bad"] == 0
+        left = sorted(set(os.listdir(mine)) - running)
+        assert any(n.endswith(".mem") for n in left), left
+        r = subprocess.run([sys.executable, "-m", "clairvoyant", "clean"], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "clairvoyant clean: removed" in r.stdout and "MB" in r.stdout, r.stdout
+        after = set(os.listdir(mine))
+        # Every file of the killed run is gone (its copies kept for reuse included) ...
+        assert not [n for n in left if n in after], (left, after)
+        assert not [n for n in after if n.startswith("salvage-")], after
+        # ... and the running job's are all there.
+        assert running <= after
+        again = subprocess.run([sys.executable, "-m", "clairvoyant", "clean"], env=env, capture_output=True, text=True, timeout=60)
+        assert "nothing to remove" in again.stdout, again.stdout
+    finally:
+        live.kill()
+        live.communicate()

@@ -79,15 +79,23 @@ def agent_key(root: str, run: str, nodes: int, node: int, order_file, config, la
     return blake2b(facts, digest_size=8).hexdigest()
 
 
+def reclaim_agent_dirs() -> int:
+    """Remove the folders of agents that are gone, in both places a folder can be (see
+    :func:`_short_dir`); how many were removed."""
+    removed = _reclaim_agent_dirs(user_runtime_dir(), "agent-")
+    top = os.path.join(temp_dir(), f"clairvoyant-{os.geteuid()}")
+    if os.path.isdir(top) and not os.path.islink(top):
+        removed += _reclaim_agent_dirs(top, "a-")
+    return removed
+
+
 def _short_dir(key: str) -> str:
     """A private directory with a short path for the socket (Unix socket paths are limited to
     107 bytes). Folders of agents that are gone, in both places, are removed first."""
+    reclaim_agent_dirs()
     base = user_runtime_dir()
-    _reclaim_agent_dirs(base, "agent-")
     d = os.path.join(base, f"agent-{key}")
     top = os.path.join(temp_dir(), f"clairvoyant-{os.geteuid()}")
-    if os.path.isdir(top) and not os.path.islink(top):
-        _reclaim_agent_dirs(top, "a-")
     if len(os.path.join(d, "agent.sock")) > 100:
         try:
             os.mkdir(top, 0o700)
@@ -151,15 +159,14 @@ def reclaim_agent_dir(d: str) -> bool:
         os.close(lock)
 
 
-def _reclaim_agent_dirs(base: str, prefix: str) -> None:
+def _reclaim_agent_dirs(base: str, prefix: str) -> int:
     """Remove the ``prefix*`` folders under ``base`` of agents that are gone (killed, or failed
-    after starting: what a crashed run left)."""
+    after starting: what a crashed run left); how many were removed."""
     try:
         names = [n for n in os.listdir(base) if n.startswith(prefix)]
     except OSError:
-        return
-    for name in names:
-        reclaim_agent_dir(os.path.join(base, name))
+        return 0
+    return sum(reclaim_agent_dir(os.path.join(base, name)) for name in names)
 
 
 class Agent:

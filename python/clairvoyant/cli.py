@@ -452,6 +452,32 @@ def _run_parser(sub) -> argparse.ArgumentParser:
     return ru
 
 
+def _clean(args) -> int:
+    from . import _native
+    from ._run import reclaim_agent_dirs
+
+    files, nbytes = _native.clean_node_caches()
+    agents = reclaim_agent_dirs()
+    if files or agents:
+        what = f"{files} file(s), {nbytes / 1e6:.1f} MB" + (f", and {agents} agent folder(s)" if agents else "")
+        print(f"clairvoyant clean: removed {what}, of jobs whose processes are gone")
+    else:
+        print("clairvoyant clean: nothing to remove (caches of running jobs are kept)")
+    return 0
+
+
+def _clean_parser(sub) -> None:
+    cl = sub.add_parser(
+        "clean",
+        help="remove this user's node-cache files of jobs whose processes are gone (for a job's epilog)",
+        description="Remove this user's node-cache files that no running process uses: caches of jobs that were killed, "
+        "their staging rings, the copies kept for reuse after a crash, and the folders of node agents that are gone. "
+        "The next job on the node does the same when it starts (keeping the copies for reuse for an hour); run this "
+        "where no job follows, in a Slurm epilog for instance. Caches of running jobs are kept.",
+    )
+    cl.set_defaults(fn=_clean)
+
+
 def _check(p: argparse.ArgumentParser, pl: argparse.ArgumentParser, si: argparse.ArgumentParser, args) -> None:
     """What argparse cannot check alone; exits with a usage error naming the argument."""
     if args.cmd == "plan" and args.nodes is not None and args.world_size % args.nodes:
@@ -500,6 +526,7 @@ def main(argv=None) -> int:
     _config_parser(sub)
     si = _simulate_parser(sub)
     _run_parser(sub)
+    _clean_parser(sub)
     args = p.parse_args(argv)
     _check(p, pl, si, args)
     return _dispatch(args)

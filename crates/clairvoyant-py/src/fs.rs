@@ -33,6 +33,15 @@ pub fn user_runtime_dir(py: Python<'_>) -> PyResult<OsString> {
 
 /// The bytes of a file only this user may read (regular, owned by this user, mode 0600, never
 /// through a symlink); anything else is refused (`AccessDeniedError` naming it).
+/// Remove this user's node-cache files that no live process uses (`tier::clean`), under the
+/// node-shared memory folder (`CLAIRVOYANT_SHM_DIR`, else `/dev/shm`) and the disk fallback's:
+/// (files, bytes) removed.
+#[pyfunction]
+pub fn clean_node_caches(py: Python<'_>) -> (u64, u64) {
+    let c = py.detach(|| clairvoyant_core::tier::clean(&secure::shm_base()));
+    (c.files, c.bytes)
+}
+
 #[pyfunction]
 pub fn read_private<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyBytes>> {
     let bytes = py.detach(|| secure::read_private(&path)).py_err()?;
@@ -41,6 +50,7 @@ pub fn read_private<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, 
 
 /// Add this module's functions to `m`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(clean_node_caches, m)?)?;
     m.add_function(wrap_pyfunction!(private_dir, m)?)?;
     m.add_function(wrap_pyfunction!(user_runtime_dir, m)?)?;
     m.add_function(wrap_pyfunction!(read_private, m)?)?;

@@ -675,8 +675,58 @@ fn pid_alive(pid: u32) -> bool {
 /// Remove, in a private directory, the caches whose recorded processes all died (state, arena
 /// next to it and in the disk directory), staging rings of dead processes and temporary files
 /// older than a minute.
+/// What [`clean`] removed: files, and the bytes they held (allocated blocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Files removed.
+    pub files: u64,
+    /// Bytes those files held.
+    pub bytes: u64,
+}
+
+/// Remove this user's node-cache files that no live process uses, in
+/// `<shm>/clairvoyant-<uid>` and the disk fallback's `<tmp>/clairvoyant-<uid>`: caches whose
+/// processes all died (state, arena, layout, plan), staging rings of dead processes, stale
+/// temporary files, and the copies kept for the next job's reuse after a crash (`salvage-*`).
+/// What a live process uses is kept. The next job's start removes the same files (keeping the
+/// salvaged copies for an hour); this is for a node where none follows (a job's epilog).
+/// Directory classes are emptied by the next job that uses them.
+pub fn clean(shm: &Path) -> Cleaned {
+    use std::os::unix::fs::MetadataExt;
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for base in [shm.to_path_buf(), secure::disk_base()] {
+        let dir = base.join(format!("clairvoyant-{}", secure::uid()));
+        if dir.is_dir() && secure::check_private_dir(&dir).is_ok() && !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    let files = |dirs: &[PathBuf]| -> std::collections::HashMap<PathBuf, u64> {
+        dirs.iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|entries| entries.flatten())
+            .filter_map(|e| Some((e.path(), e.metadata().ok()?)))
+            .filter(|(_, m)| m.is_file())
+            .map(|(p, m)| (p, m.blocks() * 512))
+            .collect()
+    };
+    let before = files(&dirs);
+    for d in &dirs {
+        remove_dead_caches(d);
+        salvage::expire(d, std::time::Duration::ZERO);
+    }
+    let after = files(&dirs);
+    let mut out = Cleaned::default();
+    for (path, bytes) in &before {
+        if !after.contains_key(path) {
+            out.files += 1;
+            out.bytes += bytes;
+        }
+    }
+    out
+}
+
 fn remove_dead_caches(dir: &Path) {
-    salvage::expire(dir);
+    salvage::expire(dir, salvage::KEEP_FOR);
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let disk = secure::private_dir(&secure::disk_base()).ok();
     for entry in entries.flatten() {

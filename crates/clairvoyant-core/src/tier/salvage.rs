@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"CVLAYOU1";
 /// How long a salvaged cache waits for a run to reuse it.
-const KEEP_FOR: Duration = Duration::from_secs(3600);
+pub(super) const KEEP_FOR: Duration = Duration::from_secs(3600);
 /// Offset of a sample outside the memory class.
 pub const NOT_HELD: u64 = u64::MAX;
 
@@ -116,7 +116,7 @@ pub(super) fn keep(dir: &Path, stem: &str) -> bool {
 }
 
 /// Remove salvaged caches older than an hour (and claimed ones whose claimant died).
-pub(super) fn expire(dir: &Path) {
+pub(super) fn expire(dir: &Path, keep_for: Duration) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -128,7 +128,7 @@ pub(super) fn expire(dir: &Path) {
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_some_and(|d| d > KEEP_FOR);
+            .is_some_and(|d| d >= keep_for);
         if !old {
             continue;
         }
