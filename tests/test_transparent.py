@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from benches.emulation import memory_config, node_env
+from test_cache_trust import in_small_tmpfs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 READER = os.path.join(HERE, "transparent_reader.py")
@@ -116,12 +117,11 @@ def test_a_shared_memory_with_no_room_caches_in_a_disk_file_and_says_so(tmp_path
     shm.mkdir()
     out, stats = tmp_path / "out.json", tmp_path / "stats.json"
     env = _env(tmp_path, {"CLAIRVOYANT_SHM_DIR": str(shm)})
-    shell = f'mount -t tmpfs -o size=8m,mode=1777 tmpfs {shm} && exec "$@"'
-    r = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", shell, "sh",
-         sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--stats-json", str(stats), "--",
+    r = in_small_tmpfs(
+        str(shm), "8m",
+        [sys.executable, "-m", "clairvoyant", "run", "--dataset", root, "--stats-json", str(stats), "--",
          sys.executable, READER, root, "--epochs", "2", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=180,
+        env,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     _check_reads(out, crcs, 2)

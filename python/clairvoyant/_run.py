@@ -79,11 +79,13 @@ def agent_key(root: str, run: str, nodes: int, node: int, order_file, config, la
     return blake2b(facts, digest_size=8).hexdigest()
 
 
-def reclaim_agent_dirs() -> int:
-    """Remove the folders of agents that are gone, in both places a folder can be (see
-    :func:`_short_dir`); how many were removed."""
-    removed = _reclaim_agent_dirs(user_runtime_dir(), "agent-")
-    top = os.path.join(temp_dir(), f"clairvoyant-{os.geteuid()}")
+def reclaim_agent_dirs(base: str | None = None, top: str | None = None) -> int:
+    """Remove the folders of agents that are gone, in both places a folder can be: ``agent-*``
+    in the user's runtime folder ``base`` and ``a-*`` in ``top`` (see :func:`_short_dir`); how
+    many were removed."""
+    base = user_runtime_dir() if base is None else base
+    top = os.path.join(temp_dir(), f"clairvoyant-{os.geteuid()}") if top is None else top
+    removed = _reclaim_agent_dirs(base, "agent-")
     if os.path.isdir(top) and not os.path.islink(top):
         removed += _reclaim_agent_dirs(top, "a-")
     return removed
@@ -92,10 +94,10 @@ def reclaim_agent_dirs() -> int:
 def _short_dir(key: str) -> str:
     """A private directory with a short path for the socket (Unix socket paths are limited to
     107 bytes). Folders of agents that are gone, in both places, are removed first."""
-    reclaim_agent_dirs()
     base = user_runtime_dir()
-    d = os.path.join(base, f"agent-{key}")
     top = os.path.join(temp_dir(), f"clairvoyant-{os.geteuid()}")
+    reclaim_agent_dirs(base, top)
+    d = os.path.join(base, f"agent-{key}")
     if len(os.path.join(d, "agent.sock")) > 100:
         try:
             os.mkdir(top, 0o700)

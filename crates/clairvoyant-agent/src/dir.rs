@@ -333,9 +333,9 @@ impl Map {
     }
 
     /// Move `key`'s claim word from `from` to `to` in one compare-and-swap (making the word when
-    /// `create`); true when it was `from`. Wakes nobody.
-    fn swap_claim(&self, key: u64, from: u32, to: u32, create: bool) -> bool {
-        self.claim_word(key, create).is_some_and(|w| {
+    /// `create`); the word when it was `from`. Wakes nobody.
+    fn swap_claim(&self, key: u64, from: u32, to: u32, create: bool) -> Option<&AtomicU32> {
+        self.claim_word(key, create).filter(|w| {
             w.compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         })
@@ -344,10 +344,8 @@ impl Map {
     /// Settle `pid`'s claim on `key` to `word` and wake the waiters (nothing when `pid` does not
     /// hold it).
     fn settle_held(&self, key: u64, pid: u32, word: u32) {
-        if self.swap_claim(key, pid, word, false) {
-            if let Some(w) = self.claim_word(key, false) {
-                clairvoyant_futex::wake_all(w);
-            }
+        if let Some(w) = self.swap_claim(key, pid, word, false) {
+            clairvoyant_futex::wake_all(w);
         }
     }
 
@@ -517,7 +515,7 @@ impl DirWriter {
     /// and it is not settled; true when `pid` holds it now. Programs that find the claim wait
     /// for [`DirWriter::settle_held`] instead of asking the agent.
     pub fn claim(&self, key: u64, pid: u32) -> bool {
-        self.map.swap_claim(key, claim::FREE, pid, true)
+        self.map.swap_claim(key, claim::FREE, pid, true).is_some()
     }
 
     /// Settle the claim on `key` that `pid` (the agent's prefill) holds to `word`: [`claim::DONE`]
@@ -695,7 +693,7 @@ impl DirReader {
 
     /// Take over `key`'s claim from `from` (a process that is gone); true when `pid` holds it now.
     pub fn take_over(&self, key: u64, from: u32, pid: u32) -> bool {
-        self.map.swap_claim(key, from, pid, false)
+        self.map.swap_claim(key, from, pid, false).is_some()
     }
 
     /// Give back `pid`'s claim on `key` (the file was not handed over) and wake the waiters.

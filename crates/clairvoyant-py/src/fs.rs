@@ -31,8 +31,6 @@ pub fn user_runtime_dir(py: Python<'_>) -> PyResult<OsString> {
         .into_os_string())
 }
 
-/// The bytes of a file only this user may read (regular, owned by this user, mode 0600, never
-/// through a symlink); anything else is refused (`AccessDeniedError` naming it).
 /// Remove this user's node-cache files that no live process uses (`tier::clean`), under the
 /// node-shared memory folder (`CLAIRVOYANT_SHM_DIR`, else `/dev/shm`) and the disk fallback's:
 /// (files, bytes) removed.
@@ -42,6 +40,8 @@ pub fn clean_node_caches(py: Python<'_>) -> (u64, u64) {
     (c.files, c.bytes)
 }
 
+/// The bytes of a file only this user may read (regular, owned by this user, mode 0600, never
+/// through a symlink); anything else is refused (`AccessDeniedError` naming it).
 #[pyfunction]
 pub fn read_private<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyBytes>> {
     let bytes = py.detach(|| secure::read_private(&path)).py_err()?;

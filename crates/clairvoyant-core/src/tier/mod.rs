@@ -672,9 +672,6 @@ fn pid_alive(pid: u32) -> bool {
     secure::start_time(pid).is_some()
 }
 
-/// Remove, in a private directory, the caches whose recorded processes all died (state, arena
-/// next to it and in the disk directory), staging rings of dead processes and temporary files
-/// older than a minute.
 /// What [`clean`] removed: files, and the bytes they held (allocated blocks).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cleaned {
@@ -725,6 +722,9 @@ pub fn clean(shm: &Path) -> Cleaned {
     out
 }
 
+/// Remove, in a private directory, the caches whose recorded processes all died (state, arena
+/// next to it and in the disk directory), staging rings of dead processes and temporary files
+/// older than a minute.
 fn remove_dead_caches(dir: &Path) {
     salvage::expire(dir, salvage::KEEP_FOR);
     let Ok(entries) = std::fs::read_dir(dir) else { return };
