@@ -195,3 +195,58 @@ def test_clean_removes_what_killed_runs_left_and_keeps_a_running_jobs_cache(tmp_
     finally:
         live.kill()
         live.communicate()
+
+
+def test_clean_empties_the_directory_classes_a_killed_job_filled(tmp_path):
+    total = _dataset(tmp_path)
+    (tmp_path / "system.toml").write_text(
+        '[staging]\ncapacity = "1 MiB"\nthreads = 2\n'
+        f'[[class]]\nname = "memory"\nkind = "memory"\ncapacity = {total // 4}\nthreads = 1\n'
+        f'[[class]]\nname = "ssd"\nkind = "directory"\npath = "ssd"\ncapacity = {2 * total}\nthreads = 1\n'
+    )  # fmt: skip
+    shm, env = _node(tmp_path)
+    env.pop("CLAIRVOYANT_CONFIG", None)
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    os.makedirs(env["TMPDIR"])
+    ssd = tmp_path / "ssd" / f"clairvoyant-{os.getuid()}"
+
+    def caches():
+        return {d: sorted(os.listdir(ssd / d)) for d in os.listdir(ssd)} if ssd.is_dir() else {}
+
+    hold = tmp_path / "hold.py"
+    hold.write_text(HOLD)
+    live = subprocess.Popen(
+        [sys.executable, str(hold), str(tmp_path / "list.txt"), str(tmp_path / "system.toml")],
+        env={**env, "CLAIRVOYANT_RUN_ID": "live"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert live.stdout.readline().strip() == "ready", live.stderr.read() if live.poll() is not None else ""
+        running = caches()
+        assert len(running) == 1 and any(running.values()), running
+        first, r1 = _run(tmp_path, env, world=1, batch=8, die=True)
+        assert r1.returncode == -9 and first["bad"] == 0
+        killed = {d: f for d, f in caches().items() if d not in running}
+        assert len(killed) == 1 and any(killed.values()), caches()
+        # Without the description, only the node's memory is cleaned ...
+        r = subprocess.run([sys.executable, "-m", "clairvoyant", "clean"], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert set(killed) <= set(caches())
+        # ... with it, the killed job's folder in the directory class goes too, and the running job's stays.
+        r = subprocess.run(
+            [sys.executable, "-m", "clairvoyant", "clean", "--config", str(tmp_path / "system.toml")],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert f"removed {len(next(iter(killed.values())))} file(s)" in r.stdout, (r.stdout, killed)
+        assert caches() == running
+        # A description that cannot be read is an error naming it, and removes nothing.
+        bad = tmp_path / "bad.toml"
+        bad.write_text("[[class]]\nkind = 3\n")
+        r = subprocess.run(
+            [sys.executable, "-m", "clairvoyant", "clean", "--config", str(bad)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 1 and "bad.toml" in r.stderr, r.stderr
+        assert caches() == running
+    finally:
+        live.kill()
+        live.communicate()

@@ -455,8 +455,19 @@ def _run_parser(sub) -> argparse.ArgumentParser:
 def _clean(args) -> int:
     from . import _native
     from ._run import reclaim_agent_dirs
+    from .config import resolve
+    from .errors import ClairvoyantError
 
-    files, nbytes = _native.clean_node_caches()
+    try:
+        model = resolve(args.config)
+    except ClairvoyantError as e:
+        if args.config is not None:
+            raise
+        # The node's memory is still cleaned; only the directory classes are not known.
+        print(f"clairvoyant clean: warning: directory classes not cleaned: {e}", file=sys.stderr)
+        model = None
+    classes = [c.path for c in model.classes if c.kind == "directory"] if model is not None else []
+    files, nbytes = _native.clean_node_caches(classes)
     agents = reclaim_agent_dirs()
     if files or agents:
         what = f"{files} file(s), {nbytes / 1e6:.1f} MB" + (f", and {agents} agent folder(s)" if agents else "")
@@ -471,9 +482,15 @@ def _clean_parser(sub) -> None:
         "clean",
         help="remove this user's node-cache files of jobs whose processes are gone (for a job's epilog)",
         description="Remove this user's node-cache files that no running process uses: caches of jobs that were killed, "
-        "their staging rings, the copies kept for reuse after a crash, and the folders of node agents that are gone. "
-        "The next job on the node does the same when it starts (keeping the copies for reuse for an hour); run this "
-        "where no job follows, in a Slurm epilog for instance. Caches of running jobs are kept.",
+        "their staging rings, the copies kept for reuse after a crash, the folders of node agents that are gone, and "
+        "the killed jobs' folders in the directory classes of the system description (--config, else the one every "
+        "job uses). The next job on the node does the same when it starts (keeping the copies for reuse for an hour); "
+        "run this where no job follows, in a Slurm epilog for instance. Caches of running jobs are kept.",
+    )
+    cl.add_argument(
+        "--config",
+        metavar="TOML",
+        help="the system description whose directory classes to clean (default: $CLAIRVOYANT_CONFIG, else <cache dir>/system.toml)",
     )
     cl.set_defaults(fn=_clean)
 

@@ -32,11 +32,12 @@ pub fn user_runtime_dir(py: Python<'_>) -> PyResult<OsString> {
 }
 
 /// Remove this user's node-cache files that no live process uses (`tier::clean`), under the
-/// node-shared memory folder (`CLAIRVOYANT_SHM_DIR`, else `/dev/shm`) and the disk fallback's:
-/// (files, bytes) removed.
+/// node-shared memory folder (`CLAIRVOYANT_SHM_DIR`, else `/dev/shm`) and the disk fallback's,
+/// and in the folders of the directory classes `classes`: (files, bytes) removed.
 #[pyfunction]
-pub fn clean_node_caches(py: Python<'_>) -> (u64, u64) {
-    let c = py.detach(|| clairvoyant_core::tier::clean(&secure::shm_base()));
+#[pyo3(signature = (classes=Vec::new()))]
+pub fn clean_node_caches(py: Python<'_>, classes: Vec<PathBuf>) -> (u64, u64) {
+    let c = py.detach(|| clairvoyant_core::tier::clean(&secure::shm_base(), &classes));
     (c.files, c.bytes)
 }
 

@@ -685,33 +685,43 @@ pub struct Cleaned {
 /// `<shm>/clairvoyant-<uid>` and the disk fallback's `<tmp>/clairvoyant-<uid>`: caches whose
 /// processes all died (state, arena, layout, plan), staging rings of dead processes, stale
 /// temporary files, and the copies kept for the next job's reuse after a crash (`salvage-*`).
-/// What a live process uses is kept. The next job's start removes the same files (keeping the
-/// salvaged copies for an hour); this is for a node where none follows (a job's epilog).
-/// Directory classes are emptied by the next job that uses them.
-pub fn clean(shm: &Path) -> Cleaned {
-    use std::os::unix::fs::MetadataExt;
+/// Then, in each directory class's folder of `classes` (the paths a configuration names), the
+/// per-cache folders whose cache is gone. What a live process uses is kept. The next job's start
+/// removes the same files (keeping the salvaged copies for an hour, and each directory class it
+/// uses); this is for a node where none follows (a job's epilog).
+pub fn clean(shm: &Path, classes: &[PathBuf]) -> Cleaned {
+    let mine = format!("clairvoyant-{}", secure::uid());
+    let private = |base: &Path| {
+        let dir = base.join(&mine);
+        (dir.is_dir() && secure::check_private_dir(&dir).is_ok()).then_some(dir)
+    };
     let mut dirs: Vec<PathBuf> = Vec::new();
     for base in [shm.to_path_buf(), secure::disk_base()] {
-        let dir = base.join(format!("clairvoyant-{}", secure::uid()));
-        if dir.is_dir() && secure::check_private_dir(&dir).is_ok() && !dirs.contains(&dir) {
+        if let Some(dir) = private(&base).filter(|d| !dirs.contains(d)) {
             dirs.push(dir);
         }
     }
-    let files = |dirs: &[PathBuf]| -> std::collections::HashMap<PathBuf, u64> {
-        dirs.iter()
-            .filter_map(|d| std::fs::read_dir(d).ok())
-            .flat_map(|entries| entries.flatten())
-            .filter_map(|e| Some((e.path(), e.metadata().ok()?)))
-            .filter(|(_, m)| m.is_file())
-            .map(|(p, m)| (p, m.blocks() * 512))
-            .collect()
+    let class_dirs: Vec<PathBuf> = classes.iter().filter_map(|c| private(c)).collect();
+    let files = || {
+        let mut found = std::collections::HashMap::new();
+        for d in &dirs {
+            sizes(d, 0, &mut found);
+        }
+        for d in &class_dirs {
+            sizes(d, 1, &mut found); // a folder per cache
+        }
+        found
     };
-    let before = files(&dirs);
+    let before = files();
     for d in &dirs {
         remove_dead_caches(d);
         salvage::expire(d, std::time::Duration::ZERO);
     }
-    let after = files(&dirs);
+    let states = shm.join(&mine);
+    for d in &class_dirs {
+        remove_dead_class_dirs(d, &states, "");
+    }
+    let after = files();
     let mut out = Cleaned::default();
     for (path, bytes) in &before {
         if !after.contains_key(path) {
@@ -720,6 +730,21 @@ pub fn clean(shm: &Path) -> Cleaned {
         }
     }
     out
+}
+
+/// The regular files in `dir` and, `depth` levels down, in its folders (never through a
+/// symlink), with the bytes each holds (allocated blocks), added to `found`.
+fn sizes(dir: &Path, depth: u32, found: &mut std::collections::HashMap<PathBuf, u64>) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let Ok(m) = e.metadata() else { continue }; // of the entry itself: a symlink is no folder
+        if m.is_file() {
+            found.insert(e.path(), m.blocks() * 512);
+        } else if m.is_dir() && depth > 0 {
+            sizes(&e.path(), depth - 1, found);
+        }
+    }
 }
 
 /// Remove, in a private directory, the caches whose recorded processes all died (state, arena
