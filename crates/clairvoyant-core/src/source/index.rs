@@ -4,7 +4,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, IoSliceMut, Read};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
@@ -746,8 +746,14 @@ impl Source for FileSource {
 }
 
 /// Reads the file at `path`, which must be exactly `buf.len()` bytes long. A missing file is
-/// `NotFound`; a shorter or longer one is `Changed` (longer is detected by reading one byte more,
-/// which costs nothing extra on the common path because EOF comes back in the same call).
+/// `NotFound`; a shorter or longer one is `Changed`.
+///
+/// Each read asks for one byte past the indexed size (a vectored read into `buf` and a byte
+/// beside it), so a longer file shows in the same call. A read of a regular file that returns
+/// less than it asked for has reached the file's end, so the read that fills `buf` short by that
+/// one byte ends it: no second read confirms the end. Where every read is a request to a server
+/// (a FUSE file system opened for direct I/O, as object-store mounts are), that is one request
+/// a file fewer.
 pub(crate) fn read_exact_file(sample: u64, path: &Path, buf: &mut [u8], index: &Path) -> Result<()> {
     let mut f = File::open(path).map_err(|e| match e.kind() {
         ErrorKind::NotFound => Error::NotFound {
@@ -769,21 +775,27 @@ pub(crate) fn read_exact_file(sample: u64, path: &Path, buf: &mut [u8], index: &
         }
     };
     let mut filled = 0;
-    while filled < buf.len() {
-        match f.read(&mut buf[filled..]) {
-            Ok(0) => return Err(changed(&f, "file is shorter than indexed")),
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::io(path, e)),
-        }
-    }
     let mut extra = [0u8; 1];
     loop {
-        match f.read(&mut extra) {
-            Ok(0) => return Ok(()),
-            Ok(_) => return Err(changed(&f, "file is longer than indexed")),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+        let asked = want - filled + 1;
+        let got = match f.read_vectored(&mut [IoSliceMut::new(&mut buf[filled..]), IoSliceMut::new(&mut extra)]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(Error::io(path, e)),
+        };
+        if got == asked {
+            return Err(changed(&f, "file is longer than indexed"));
+        }
+        if got == 0 {
+            return if filled == want {
+                Ok(())
+            } else {
+                Err(changed(&f, "file is shorter than indexed"))
+            };
+        }
+        filled += got;
+        if filled == want {
+            return Ok(()); // a short read: the file's end
         }
     }
 }
@@ -888,6 +900,40 @@ mod tests {
             Err(Error::NotFound { sample: 7, path }) => assert_eq!(path, missing),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A file is read with one read where it can be: the read that comes back short of the byte
+    /// past the indexed size ends it. A FIFO whose writer stays open stands for a server that
+    /// answers each read once: a second read would wait for the writer.
+    #[test]
+    fn read_exact_file_ends_at_a_short_read_without_a_second() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("fifo");
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let writer = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut f = fs::OpenOptions::new().write(true).open(&p).unwrap();
+                std::io::Write::write_all(&mut f, b"hello").unwrap();
+                let _ = wait.recv_timeout(Duration::from_secs(10)); // holds the FIFO open
+            })
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 5];
+                let r = read_exact_file(0, &p, &mut buf, Path::new("ix")).map(|_| buf);
+                let _ = tx.send(r);
+            });
+        }
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        done.send(()).unwrap();
+        writer.join().unwrap();
+        assert_eq!(&got.expect("a second read waited for the end").unwrap(), b"hello");
     }
 
     /// A dataset folder `data` in `parent`, back-dated so that a first scan of it is not racy.
