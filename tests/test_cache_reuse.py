@@ -4,6 +4,7 @@ of reading the dataset again, and every byte is still checked."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -38,8 +39,15 @@ def _run(tmp_path, env, world, batch, die, rank=0, local=1):
     script.write_text(SCRIPT)
     r = subprocess.run(
         [
-            sys.executable, str(script), str(tmp_path / "list.txt"), str(tmp_path / "system.toml"),
-            str(world), str(batch), "die" if die else "live", str(rank), str(local),
+            sys.executable,
+            str(script),
+            str(tmp_path / "list.txt"),
+            str(tmp_path / "system.toml"),
+            str(world),
+            str(batch),
+            "die" if die else "live",
+            str(rank),
+            str(local),
         ],
         env=env,
         capture_output=True,
@@ -159,14 +167,13 @@ HOLD = textwrap.dedent(
 )
 
 
-def test_clean_removes_what_killed_runs_left_and_keeps_a_running_jobs_cache(tmp_path):
-    _dataset(tmp_path)
-    shm, env = _node(tmp_path)
-    env["TMPDIR"] = str(tmp_path / "tmp")  # the disk fallback's folder, this test's own
+@contextlib.contextmanager
+def _running_job(tmp_path, env):
+    """A job that runs all along beside the test's, under its own run id and with its own folder
+    for the disk fallback (``env["TMPDIR"]``, set here). Started before a job that is killed: one
+    that starts after it would reuse its cache."""
+    env["TMPDIR"] = str(tmp_path / "tmp")
     os.makedirs(env["TMPDIR"])
-    mine = shm / f"clairvoyant-{os.getuid()}"
-    # A job that runs all along, under another run id (started first: a job that starts after the
-    # killed one would reuse its cache).
     hold = tmp_path / "hold.py"
     hold.write_text(HOLD)
     live = subprocess.Popen(
@@ -175,13 +182,28 @@ def test_clean_removes_what_killed_runs_left_and_keeps_a_running_jobs_cache(tmp_
     )  # fmt: skip
     try:
         assert live.stdout.readline().strip() == "ready", live.stderr.read() if live.poll() is not None else ""
+        yield
+    finally:
+        live.kill()
+        live.communicate()
+
+
+def _clean(env, *args):
+    return subprocess.run([sys.executable, "-m", "clairvoyant", "clean", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_clean_removes_what_killed_runs_left_and_keeps_a_running_jobs_cache(tmp_path):
+    _dataset(tmp_path)
+    shm, env = _node(tmp_path)
+    mine = shm / f"clairvoyant-{os.getuid()}"
+    with _running_job(tmp_path, env):
         running = set(os.listdir(mine))
         assert any(n.endswith(".state") for n in running), running
         first, r1 = _run(tmp_path, env, world=2, batch=8, die=True)
         assert r1.returncode == -9 and first["bad"] == 0
         left = sorted(set(os.listdir(mine)) - running)
         assert any(n.endswith(".mem") for n in left), left
-        r = subprocess.run([sys.executable, "-m", "clairvoyant", "clean"], env=env, capture_output=True, text=True, timeout=60)
+        r = _clean(env)
         assert r.returncode == 0, r.stderr
         assert "clairvoyant clean: removed" in r.stdout and "MB" in r.stdout, r.stdout
         after = set(os.listdir(mine))
@@ -190,11 +212,8 @@ def test_clean_removes_what_killed_runs_left_and_keeps_a_running_jobs_cache(tmp_
         assert not [n for n in after if n.startswith("salvage-")], after
         # ... and the running job's are all there.
         assert running <= after
-        again = subprocess.run([sys.executable, "-m", "clairvoyant", "clean"], env=env, capture_output=True, text=True, timeout=60)
+        again = _clean(env)
         assert "nothing to remove" in again.stdout, again.stdout
-    finally:
-        live.kill()
-        live.communicate()
 
 
 def test_clean_empties_the_directory_classes_a_killed_job_filled(tmp_path):
@@ -206,21 +225,12 @@ def test_clean_empties_the_directory_classes_a_killed_job_filled(tmp_path):
     )  # fmt: skip
     shm, env = _node(tmp_path)
     env.pop("CLAIRVOYANT_CONFIG", None)
-    env["TMPDIR"] = str(tmp_path / "tmp")
-    os.makedirs(env["TMPDIR"])
     ssd = tmp_path / "ssd" / f"clairvoyant-{os.getuid()}"
 
     def caches():
         return {d: sorted(os.listdir(ssd / d)) for d in os.listdir(ssd)} if ssd.is_dir() else {}
 
-    hold = tmp_path / "hold.py"
-    hold.write_text(HOLD)
-    live = subprocess.Popen(
-        [sys.executable, str(hold), str(tmp_path / "list.txt"), str(tmp_path / "system.toml")],
-        env={**env, "CLAIRVOYANT_RUN_ID": "live"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert live.stdout.readline().strip() == "ready", live.stderr.read() if live.poll() is not None else ""
+    with _running_job(tmp_path, env):
         running = caches()
         assert len(running) == 1 and any(running.values()), running
         first, r1 = _run(tmp_path, env, world=1, batch=8, die=True)
@@ -228,25 +238,17 @@ def test_clean_empties_the_directory_classes_a_killed_job_filled(tmp_path):
         killed = {d: f for d, f in caches().items() if d not in running}
         assert len(killed) == 1 and any(killed.values()), caches()
         # Without the description, only the node's memory is cleaned ...
-        r = subprocess.run([sys.executable, "-m", "clairvoyant", "clean"], env=env, capture_output=True, text=True, timeout=60)
+        r = _clean(env)
         assert r.returncode == 0, r.stderr
         assert set(killed) <= set(caches())
         # ... with it, the killed job's folder in the directory class goes too, and the running job's stays.
-        r = subprocess.run(
-            [sys.executable, "-m", "clairvoyant", "clean", "--config", str(tmp_path / "system.toml")],
-            env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        r = _clean(env, "--config", str(tmp_path / "system.toml"))
         assert r.returncode == 0, r.stderr
         assert f"removed {len(next(iter(killed.values())))} file(s)" in r.stdout, (r.stdout, killed)
         assert caches() == running
         # A description that cannot be read is an error naming it, and removes nothing.
         bad = tmp_path / "bad.toml"
         bad.write_text("[[class]]\nkind = 3\n")
-        r = subprocess.run(
-            [sys.executable, "-m", "clairvoyant", "clean", "--config", str(bad)], env=env, capture_output=True, text=True, timeout=60
-        )
+        r = _clean(env, "--config", str(bad))
         assert r.returncode == 1 and "bad.toml" in r.stderr, r.stderr
         assert caches() == running
-    finally:
-        live.kill()
-        live.communicate()
